@@ -1,0 +1,30 @@
+#pragma once
+// GGML tensor element types as stored in GGUF files, and products on packed weights.
+// Block layouts follow the GGUF/GGML specification; see weight_formats.cpp.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace vq {
+
+enum class GGMLType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+  I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
+};
+
+std::string ggml_type_name(GGMLType t);       // "q4_K", ... or "type(N)" when unknown
+bool ggml_type_supported(GGMLType t);         // can be decoded and multiplied here
+int64_t ggml_block_elems(GGMLType t);         // elements per block (1 for F32/F16/BF16)
+size_t ggml_block_bytes(GGMLType t);          // bytes per block
+// Bytes of one row of n elements; throws naming the type when n is not a multiple of the block.
+size_t ggml_row_bytes(GGMLType t, int64_t n);
+
+// Decodes one row of n elements (n a multiple of the block size) into float32.
+void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n);
+
+// y[M, rows] = x[M, cols] @ W^T, W: [rows, cols] in type t, row-major, rows packed back to back
+// (ggml_row_bytes(t, cols) each). Blocks are decoded on the fly; threads over rows.
+void matmul(GGMLType t, const void* W, int64_t rows, int64_t cols, const float* x, int64_t M, float* y);
+
+}  // namespace vq

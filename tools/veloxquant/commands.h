@@ -1,0 +1,11 @@
+#pragma once
+// Each subcommand lives in its own cmd_<name>.cpp and registers itself on the app.
+#include <CLI/CLI.hpp>
+
+namespace vq::cli {
+void add_generate(CLI::App& app);
+void add_info(CLI::App& app);
+void add_calibrate(CLI::App& app);
+void add_perplexity(CLI::App& app);
+void add_bench(CLI::App& app);
+}  // namespace vq::cli
