@@ -1,0 +1,224 @@
+#include "codec/calibration_file.h"
+
+#include <bit>
+#include <cstring>
+
+#include "codec/key_transform.h"
+#include "core/atomic_file.h"
+#include "core/checksum.h"
+#include "core/error.h"
+#include "core/mmap_file.h"
+
+static_assert(std::endian::native == std::endian::little, "calibration files are little-endian");
+
+namespace vq {
+
+namespace {
+
+constexpr char kMagic[8] = {'V', 'Q', 'C', 'A', 'L', 'I', 'B', '\0'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kMaxModelLen = 1024;
+// Fixed part of the header: magic + 13 u32 + 2 u64 + u32 model_len.
+constexpr size_t kFixedHeader = 8 + 13 * 4 + 2 * 8 + 4;
+
+bool valid_sub_dim(int d) { return d == 2 || d == 4 || d == 8 || d == 16; }
+
+void check_params(const char* side, const CodecParams& p, int head_dim) {
+  VQ_CHECK(valid_sub_dim(p.sub_dim), "calibration: {} sub_dim = {} must be 2, 4, 8 or 16", side, p.sub_dim);
+  VQ_CHECK(p.bits >= 4 && p.bits <= 12, "calibration: {} bits = {} must be in 4..12", side, p.bits);
+  VQ_CHECK(head_dim % p.sub_dim == 0, "calibration: head_dim = {} is not divisible by {} sub_dim = {}", head_dim,
+           side, p.sub_dim);
+}
+
+class Writer {
+ public:
+  void u32(uint32_t v) { raw(&v, 4); }
+  void u64(uint64_t v) { raw(&v, 8); }
+  void raw(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    buf_.insert(buf_.end(), b, b + n);
+  }
+  void floats(const std::vector<float>& v) { raw(v.data(), v.size() * sizeof(float)); }
+  std::vector<uint8_t>& bytes() { return buf_; }
+
+ private:
+  std::vector<uint8_t> buf_;
+};
+
+class Reader {
+ public:
+  Reader(const std::string& path, const uint8_t* p, size_t n) : path_(path), p_(p), n_(n) {}
+  void need(size_t bytes, const char* what) const {
+    VQ_CHECK(bytes <= n_ - off_, "{}: truncated: {} needs {} bytes at offset {} but the file has {} bytes", path_, what,
+             bytes, off_, n_);
+  }
+  uint32_t u32(const char* what) {
+    uint32_t v;
+    need(4, what);
+    std::memcpy(&v, p_ + off_, 4);
+    off_ += 4;
+    return v;
+  }
+  uint64_t u64(const char* what) {
+    uint64_t v;
+    need(8, what);
+    std::memcpy(&v, p_ + off_, 8);
+    off_ += 8;
+    return v;
+  }
+  void raw(void* dst, size_t bytes, const char* what) {
+    need(bytes, what);
+    if (bytes) std::memcpy(dst, p_ + off_, bytes);
+    off_ += bytes;
+  }
+  size_t offset() const { return off_; }
+
+ private:
+  const std::string& path_;
+  const uint8_t* p_;
+  size_t n_, off_ = 0;
+};
+
+// A header field read as u32 that must fit a positive int no larger than `max`.
+int header_int(Reader& r, const std::string& path, const char* field, uint32_t max) {
+  const uint32_t v = r.u32(field);
+  VQ_CHECK(v >= 1 && v <= max, "{}: header field {} = {} out of range 1..{}", path, field, v, max);
+  return int(v);
+}
+
+}  // namespace
+
+const char* granularity_name(Granularity g) { return g == Granularity::shared ? "shared" : "per_subspace"; }
+
+int Calibration::key_books() const { return granularity == Granularity::shared ? 1 : head_dim / key.sub_dim; }
+int Calibration::value_books() const { return granularity == Granularity::shared ? 1 : head_dim / value.sub_dim; }
+size_t Calibration::key_codebook_floats() const {
+  return size_t(n_kv_heads) * key_books() * (size_t(1) << key.bits) * key.sub_dim;
+}
+size_t Calibration::value_codebook_floats() const {
+  return size_t(n_kv_heads) * value_books() * (size_t(1) << value.bits) * value.sub_dim;
+}
+
+void Calibration::validate() const {
+  VQ_CHECK(n_layers >= 1 && n_layers <= 4096, "calibration: n_layers = {} must be in 1..4096", n_layers);
+  VQ_CHECK(n_kv_heads >= 1 && n_kv_heads <= 4096, "calibration: n_kv_heads = {} must be in 1..4096", n_kv_heads);
+  VQ_CHECK(head_dim >= 2 && head_dim <= 4096, "calibration: head_dim = {} must be in 2..4096", head_dim);
+  (void)hadamard_block(head_dim);
+  check_params("key", key, head_dim);
+  check_params("value", value, head_dim);
+  VQ_CHECK(granularity == Granularity::shared || granularity == Granularity::per_subspace,
+           "calibration: granularity = {} must be 0 (shared) or 1 (per_subspace)", uint32_t(granularity));
+  VQ_CHECK(kmeans_iters >= 0, "calibration: kmeans_iters = {} must be >= 0", kmeans_iters);
+  VQ_CHECK(model.size() <= kMaxModelLen, "calibration: model name of {} bytes exceeds {}", model.size(),
+           kMaxModelLen);
+  VQ_CHECK(layers.size() == size_t(n_layers), "calibration: {} layers present, n_layers = {}", layers.size(),
+           n_layers);
+  const size_t n_smooth = size_t(n_kv_heads) * head_dim;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const CalibrationLayer& L = layers[l];
+    VQ_CHECK(L.smoothing.size() == n_smooth, "calibration: layer {} smoothing has {} floats, expected [{}, {}] = {}",
+             l, L.smoothing.size(), n_kv_heads, head_dim, n_smooth);
+    VQ_CHECK(L.key_codebooks.size() == key_codebook_floats(),
+             "calibration: layer {} key codebooks have {} floats, expected [{}, {}, {}, {}] = {}", l,
+             L.key_codebooks.size(), n_kv_heads, key_books(), 1 << key.bits, key.sub_dim, key_codebook_floats());
+    VQ_CHECK(L.value_codebooks.size() == value_codebook_floats(),
+             "calibration: layer {} value codebooks have {} floats, expected [{}, {}, {}, {}] = {}", l,
+             L.value_codebooks.size(), n_kv_heads, value_books(), 1 << value.bits, value.sub_dim,
+             value_codebook_floats());
+  }
+}
+
+void save_calibration(const std::string& path, const Calibration& c) {
+  c.validate();
+  Writer w;
+  w.raw(kMagic, 8);
+  w.u32(kVersion);
+  w.u32(uint32_t(kFixedHeader + c.model.size()));
+  for (int v : {c.n_layers, c.n_kv_heads, c.head_dim, c.key.sub_dim, c.key.bits, c.value.sub_dim, c.value.bits})
+    w.u32(uint32_t(v));
+  w.u32(uint32_t(c.granularity));
+  w.u32(uint32_t(hadamard_block(c.head_dim)));
+  w.u32(uint32_t(c.kmeans_iters));
+  w.u64(c.seed);
+  w.u64(c.n_calib_tokens);
+  w.u32(uint32_t(c.model.size()));
+  w.raw(c.model.data(), c.model.size());
+  for (const CalibrationLayer& L : c.layers) {
+    w.floats(L.smoothing);
+    w.floats(L.key_codebooks);
+    w.floats(L.value_codebooks);
+  }
+  const uint64_t sum = checksum64(w.bytes().data(), w.bytes().size());
+  w.u64(sum);
+  write_file_atomic(path, w.bytes().data(), w.bytes().size());
+}
+
+Calibration load_calibration(const std::string& path) {
+  const MappedFile f(path);
+  Reader r(path, f.data(), f.size());
+  char magic[8];
+  r.raw(magic, 8, "magic");
+  VQ_CHECK(std::memcmp(magic, kMagic, 8) == 0, "{}: not a VeloxQuant calibration file (bad magic)", path);
+  const uint32_t version = r.u32("version");
+  VQ_CHECK(version == kVersion, "{}: calibration file version {} is not supported (this build reads version {})",
+           path, version, kVersion);
+  const uint32_t header_bytes = r.u32("header_bytes");
+  Calibration c;
+  c.n_layers = header_int(r, path, "n_layers", 4096);
+  c.n_kv_heads = header_int(r, path, "n_kv_heads", 4096);
+  c.head_dim = header_int(r, path, "head_dim", 4096);
+  c.key.sub_dim = header_int(r, path, "key_sub_dim", 16);
+  c.key.bits = header_int(r, path, "key_bits", 12);
+  c.value.sub_dim = header_int(r, path, "value_sub_dim", 16);
+  c.value.bits = header_int(r, path, "value_bits", 12);
+  const uint32_t gran = r.u32("granularity");
+  VQ_CHECK(gran <= 1, "{}: header field granularity = {} must be 0 (shared) or 1 (per_subspace)", path, gran);
+  c.granularity = Granularity(gran);
+  const uint32_t block = r.u32("hadamard_block");
+  c.kmeans_iters = int(r.u32("kmeans_iters") & 0x7fffffffu);
+  c.seed = r.u64("seed");
+  c.n_calib_tokens = r.u64("n_calib_tokens");
+  const uint32_t model_len = r.u32("model_len");
+  VQ_CHECK(model_len <= kMaxModelLen, "{}: header field model_len = {} exceeds {}", path, model_len, kMaxModelLen);
+  VQ_CHECK(header_bytes == kFixedHeader + model_len, "{}: header_bytes = {} but the header holds {} bytes", path,
+           header_bytes, kFixedHeader + model_len);
+  c.model.resize(model_len);
+  r.raw(c.model.data(), model_len, "model name");
+  try {  // header parameters must be mutually consistent before the sizes below mean anything
+    check_params("key", c.key, c.head_dim);
+    check_params("value", c.value, c.head_dim);
+    VQ_CHECK(int(block) == hadamard_block(c.head_dim), "hadamard_block = {} but head_dim {} implies {}", block,
+             c.head_dim, hadamard_block(c.head_dim));
+  } catch (const Error& e) {
+    VQ_FAIL("{}: inconsistent header: {}", path, e.what());
+  }
+  const size_t per_layer = size_t(c.n_kv_heads) * c.head_dim + c.key_codebook_floats() + c.value_codebook_floats();
+  const size_t expected = r.offset() + size_t(c.n_layers) * per_layer * sizeof(float) + 8;
+  VQ_CHECK(f.size() >= expected, "{}: truncated: {} bytes, the header implies {}", path, f.size(), expected);
+  VQ_CHECK(f.size() == expected, "{}: {} trailing bytes after the data the header implies ({} bytes)", path,
+           f.size() - expected, expected);
+  uint64_t stored;
+  std::memcpy(&stored, f.data() + expected - 8, 8);
+  const uint64_t actual = checksum64(f.data(), expected - 8);
+  VQ_CHECK(stored == actual, "{}: checksum mismatch (stored {:016x}, computed {:016x}): the file is corrupt", path,
+           stored, actual);
+  c.layers.resize(size_t(c.n_layers));
+  for (CalibrationLayer& L : c.layers) {
+    L.smoothing.resize(size_t(c.n_kv_heads) * c.head_dim);
+    L.key_codebooks.resize(c.key_codebook_floats());
+    L.value_codebooks.resize(c.value_codebook_floats());
+    r.raw(L.smoothing.data(), L.smoothing.size() * 4, "smoothing");
+    r.raw(L.key_codebooks.data(), L.key_codebooks.size() * 4, "key codebooks");
+    r.raw(L.value_codebooks.data(), L.value_codebooks.size() * 4, "value codebooks");
+  }
+  c.validate();
+  return c;
+}
+
+void check_calibration_geometry(const Calibration& c, int n_layers, int n_kv_heads, int head_dim) {
+  VQ_CHECK(c.n_layers == n_layers, "calibration: n_layers = {} but the model has {}", c.n_layers, n_layers);
+  VQ_CHECK(c.n_kv_heads == n_kv_heads, "calibration: n_kv_heads = {} but the model has {}", c.n_kv_heads, n_kv_heads);
+  VQ_CHECK(c.head_dim == head_dim, "calibration: head_dim = {} but the model has {}", c.head_dim, head_dim);
+}
+
+}  // namespace vq

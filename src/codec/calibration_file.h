@@ -1,0 +1,62 @@
+#pragma once
+// VecInfer calibration data (API.md) and its versioned binary file.
+//
+// File layout (all integers and floats little-endian):
+//   magic "VQCALIB\0" (8 bytes) | u32 version (=1) | u32 header_bytes (from file start)
+//   u32 n_layers, n_kv_heads, head_dim | u32 key_sub_dim, key_bits, value_sub_dim, value_bits
+//   u32 granularity (0 shared, 1 per_subspace) | u32 hadamard_block | u32 kmeans_iters
+//   u64 seed | u64 n_calib_tokens | u32 model_len | model bytes (<= 1024)
+//   then per layer: smoothing [n_kv_heads, head_dim] f32,
+//                   key codebooks [n_kv_heads, k_books, 2^key_bits, key_sub_dim] f32,
+//                   value codebooks [n_kv_heads, v_books, 2^value_bits, value_sub_dim] f32
+//   then u64 xxh64 (seed 0) of every preceding byte.
+// The file size must equal exactly what the header implies. Written atomically.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vq {
+
+enum class Granularity : uint32_t { shared = 0, per_subspace = 1 };
+const char* granularity_name(Granularity g);
+
+struct CodecParams {
+  int sub_dim = 4;  // floats per sub-vector: 2, 4, 8 or 16
+  int bits = 8;     // log2 of the codebook size: 4..12
+};
+
+struct CalibrationLayer {
+  std::vector<float> smoothing;        // [n_kv_heads, head_dim] f32 (lambda)
+  std::vector<float> key_codebooks;    // [n_kv_heads, key_books, 2^key.bits, key.sub_dim] f32
+  std::vector<float> value_codebooks;  // [n_kv_heads, value_books, 2^value.bits, value.sub_dim] f32
+};
+
+struct Calibration {
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0;
+  CodecParams key, value;
+  Granularity granularity = Granularity::shared;
+  // Method parameters, stored for provenance.
+  int kmeans_iters = 0;
+  uint64_t seed = 0;
+  uint64_t n_calib_tokens = 0;
+  std::string model;  // free text (model name / file), <= 1024 bytes
+  std::vector<CalibrationLayer> layers;  // [n_layers]
+
+  // Codebooks per KV head: 1 (shared) or head_dim / sub_dim (per_subspace).
+  int key_books() const;
+  int value_books() const;
+  size_t key_codebook_floats() const;    // per layer
+  size_t value_codebook_floats() const;  // per layer
+  // Throws vq::Error naming the field at fault unless every parameter and array size is consistent.
+  void validate() const;
+};
+
+void save_calibration(const std::string& path, const Calibration& c);
+// Throws vq::Error naming the path and the problem (truncated, bad magic, unsupported version,
+// checksum mismatch, inconsistent header, trailing bytes).
+Calibration load_calibration(const std::string& path);
+// Throws vq::Error naming the mismatched field unless c fits a model of this geometry.
+void check_calibration_geometry(const Calibration& c, int n_layers, int n_kv_heads, int head_dim);
+
+}  // namespace vq
