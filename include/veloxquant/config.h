@@ -1,0 +1,61 @@
+#pragma once
+// KVCacheConfig: how the KV cache of a model stores keys and values. Public API (no CUDA types,
+// no internal headers). validate() throws vq::Error naming the field at fault; every cache
+// constructor and the factory call it, so an invalid combination fails at construction.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace vq {
+
+struct Calibration;  // src/codec/calibration_file.h: smoothing factors + codebooks per layer
+
+enum class KVMethod { fp16, fp32, q8_0, q4_0, kivi, vecinfer };
+// auto: a GPU when one is present (and the CUDA backend is built), else the CPU, silently.
+// require: construction fails without a usable GPU. forbid: CPU only.
+enum class GpuKernels { auto_select, require, forbid };
+// shared: one codebook for every sub-space of a head; per_subspace: one per sub-space.
+enum class CodebookGranularity { shared, per_subspace };
+
+// One product-quantizer preset: sub-vectors of sub_dim elements, codebooks of 2^bits entries.
+// d4b8 = 2 bits/element, d8b12 = 1.5, d8b8 = 1.
+struct PQPreset {
+  int sub_dim = 4;
+  int bits = 8;
+  double bits_per_element() const { return double(bits) / double(sub_dim); }
+  std::string name() const;  // "d4b8"
+  bool operator==(const PQPreset&) const = default;
+};
+
+struct KVCacheConfig {
+  KVMethod method = KVMethod::fp16;
+  // 0: take it from the model; otherwise must equal the model's head_dim (checked per cache).
+  int head_dim = 0;
+  // VecInfer key / value product quantizers.
+  PQPreset key{4, 8};
+  PQPreset value{4, 8};
+  CodebookGranularity granularity = CodebookGranularity::per_subspace;
+  // Most recent tokens kept in fp16 by kivi and vecinfer (q8_0/q4_0 have none, as llama.cpp).
+  int residual_length = 128;
+  // KIVI: bits per code (2 or 4) and group size G (tokens per key group = channels per value group).
+  int kivi_bits = 2;
+  int kivi_group = 32;
+  // VecInfer calibration: either in memory or a file written by `veloxquant calibrate`.
+  std::shared_ptr<const Calibration> calibration;
+  std::string calibration_file;
+  GpuKernels use_gpu_kernels = GpuKernels::auto_select;
+
+  // Throws vq::Error naming the field ("kv_cache.key.sub_dim: 3 ..."). head_dim_model > 0 also
+  // checks head_dim and the sub_dims against the model's head size.
+  void validate(int head_dim_model = 0) const;
+  // Canonical spec string: "fp16", "kivi2", "vecinfer:d4b8", "vecinfer:k=d4b8,v=d8b8,r=64".
+  std::string name() const;
+  // Nominal bits per element of the compressed part (16 for fp16, 8.5 for q8_0, ...), excluding
+  // the fp16 residual window.
+  double nominal_bits_per_element() const;
+};
+
+const char* method_name(KVMethod m);
+const char* gpu_kernels_name(GpuKernels g);
+
+}  // namespace vq
