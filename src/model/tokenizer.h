@@ -6,7 +6,8 @@
 //              "smollm"), implemented as hand-written scanners (tokenizer_pretok.cpp).
 //   - "llama": SentencePiece-style (Llama 2, TinyLlama): spaces become U+2581, an optional dummy
 //              prefix space, pieces merged by score, bytes without a piece fall back to <0xXX>.
-// Control and user-defined tokens are matched literally in the text when parse_special is true.
+// Special tokens are matched literally in the text: user-defined ones always, control and unknown
+// ones when parse_special is true (longest match first).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -32,6 +33,7 @@ struct TokenizerData {
   int32_t bos = -1, eos = -1, eot = -1, pad = -1, unk = -1;  // -1: absent
   bool add_bos = false;                 // tokenizer.ggml.add_bos_token
   bool add_space_prefix = true;         // SentencePiece dummy prefix (tokenizer.ggml.add_space_prefix)
+  std::string chat_template;            // tokenizer.chat_template (Jinja source) or ""
 };
 
 class Tokenizer {
@@ -47,8 +49,12 @@ class Tokenizer {
   static TokenizerData data_from_gguf(const GGUFFile& gguf);
 
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special = true) const;
-  std::string decode(const std::vector<int32_t>& ids) const;   // control tokens decode to ""
-  std::string piece(int32_t id) const;  // the bytes this token contributes (for streaming; may be partial UTF-8)
+  // special = false: control/unknown/unused tokens contribute nothing; true: their text.
+  // SentencePiece: the dummy-prefix space of the first text token is dropped.
+  std::string decode(const std::vector<int32_t>& ids, bool special = false) const;
+  // The bytes this token contributes (for streaming; may be partial UTF-8). SentencePiece pieces
+  // keep their leading space. Throws for an id outside the vocabulary.
+  std::string piece(int32_t id, bool special = false) const;
   const std::string& token_text(int32_t id) const;  // the vocabulary string as stored
 
   int32_t bos() const;
@@ -61,6 +67,7 @@ class Tokenizer {
   const std::string& model() const;     // "gpt2" or "llama"
   const std::string& pre() const;
   int32_t find_token(std::string_view text) const;  // exact vocabulary string -> id, or -1
+  const std::string& chat_template() const;
 
  private:
   struct Impl;
