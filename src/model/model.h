@@ -1,0 +1,113 @@
+#pragma once
+// A loaded llama-family model (weights stay in the memory-mapped GGUF) and a Session that runs
+// one sequence through it with one KV cache per layer.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/buffer.h"
+#include "model/gguf.h"
+#include "model/model_config.h"
+#include "model/tokenizer.h"
+#include "model/weight_formats.h"
+#include "veloxquant/kv_cache.h"
+
+namespace vq {
+
+// A matrix W: [rows, cols] of `type`, row-major, rows packed back to back in the mapping.
+struct WeightMatrix {
+  std::string name;
+  GGMLType type = GGMLType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;    // [n_embd]
+  std::vector<float> q_bias, k_bias, v_bias;  // [q_dim], [kv_dim], [kv_dim]; empty without biases
+  std::vector<float> q_norm, k_norm;          // [head_dim]; empty without per-head q/k norm
+  WeightMatrix wq, wk, wv, wo;                // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim]
+  WeightMatrix w_gate, w_up, w_down;          // [n_ff, n_embd] x2, [n_embd, n_ff]
+};
+
+class Model {
+ public:
+  // Maps the file, reads the configuration and checks every tensor's presence, shape and type;
+  // throws vq::Error naming the file and the tensor or key at fault.
+  static std::unique_ptr<Model> load(const std::string& path);
+
+  const ModelConfig& config() const { return cfg_; }
+  const GGUFFile& gguf() const { return *gguf_; }
+  bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  const Tokenizer& tokenizer() const;  // throws when the file has no tokenizer metadata
+
+  const WeightMatrix& token_embd() const { return token_embd_; }  // [n_vocab, n_embd]
+  const WeightMatrix& output() const { return output_; }          // [n_vocab, n_embd] (tied: token_embd)
+  const std::vector<float>& output_norm() const { return output_norm_; }  // [n_embd]
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const std::vector<double>& rope_inv_freqs() const { return inv_freqs_; }  // [n_rot/2]
+  KVGeometry kv_geometry() const { return {cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim}; }
+  // Per-type tensor counts, e.g. {"q4_1": 210, "f32": 61, ...}.
+  std::vector<std::pair<std::string, int>> tensor_type_counts() const;
+  size_t weight_bytes() const;  // bytes of all tensor data
+
+ private:
+  Model() = default;
+  std::unique_ptr<GGUFFile> gguf_;
+  ModelConfig cfg_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  WeightMatrix token_embd_, output_;
+  std::vector<float> output_norm_;
+  std::vector<LayerWeights> layers_;
+  std::vector<double> inv_freqs_;
+};
+
+// One sequence: its position and one KVCache per layer. Not thread-safe; the products inside
+// use the process-wide pool (vq::set_num_threads). forward() allocates nothing per token.
+class Session {
+ public:
+  static constexpr int kDefaultChunk = 512;
+  // n_ctx: the most positions this session will hold. max_chunk: tokens per prefill batch.
+  Session(const Model& model, const KVCacheFactory& factory, int n_ctx, int max_chunk = kDefaultChunk);
+
+  // Runs tokens at positions pos()..pos()+n-1 through all layers (in chunks of max_chunk).
+  // logits: [n, n_vocab] when all_logits, else [1, n_vocab] for the last token; may be nullptr
+  // to skip the output head (e.g. warming the cache). Throws when a token id is out of range
+  // or the context would exceed n_ctx.
+  void forward(const int32_t* tokens, int n, float* logits, bool all_logits = false);
+
+  int64_t pos() const { return pos_; }
+  int n_ctx() const { return n_ctx_; }
+  void reset();  // clears the caches, back to position 0
+  const std::vector<std::unique_ptr<KVCache>>& caches() const { return caches_; }
+  const Model& model() const { return model_; }
+  size_t kv_bytes() const;        // sum over layers of KVCache::bytes()
+  size_t kv_fp16_bytes() const;   // what an fp16 cache would hold for the same tokens
+  size_t kv_codebook_bytes() const;
+
+ private:
+  void forward_chunk(const int32_t* tokens, int n, float* logits, bool all_logits);
+  void attention_block(int layer, int n);
+  void mlp_block(int layer, int n);
+
+  const Model& model_;
+  const ModelConfig& cfg_;
+  int n_ctx_, max_chunk_;
+  int64_t pos_ = 0;
+  std::vector<std::unique_ptr<KVCache>> caches_;
+  // Scratch, sized for max_chunk tokens, all row-major:
+  AlignedBuffer<float> x_;      // [chunk, n_embd] residual stream
+  AlignedBuffer<float> xn_;     // [chunk, n_embd] normalised input of a block
+  AlignedBuffer<float> q_;      // [chunk, q_dim] queries (n_heads x head_dim per token)
+  AlignedBuffer<float> k_;      // [chunk, kv_dim] keys
+  AlignedBuffer<float> v_;      // [chunk, kv_dim] values
+  AlignedBuffer<float> attn_;   // [chunk, q_dim] attention output
+  AlignedBuffer<float> proj_;   // [chunk, n_embd] output of wo / w_down before the residual add
+  AlignedBuffer<float> gate_;   // [chunk, n_ff]
+  AlignedBuffer<float> up_;     // [chunk, n_ff]
+  AlignedBuffer<float> cos_;    // [chunk, n_rot/2] rotary cos per token
+  AlignedBuffer<float> sin_;    // [chunk, n_rot/2] rotary sin per token
+};
+
+}  // namespace vq

@@ -1,0 +1,206 @@
+"""Independent NumPy forward pass of llama-family GGUF models (llama, qwen2, qwen3).
+
+Reads and dequantises the GGUF through the `gguf` PyPI package (not through VeloxQuant's
+reader), keeps the weights in float32 and computes activations in float64, with exact causal
+softmax attention over fp64 keys/values. It is a reference: slow and obvious, never fast.
+
+Conventions (checked by `python -m tests.reference.check_rope`, see that file):
+  - "llama" GGUFs store attn_q/attn_k rows permuted by the converter so that rotary pairs are
+    adjacent: dims (2i, 2i+1) rotate together ("normal" rope).
+  - "qwen2"/"qwen3" keep the Hugging Face layout: dims (i, i + n_rot/2) rotate together (NeoX).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+
+
+def _field(reader: GGUFReader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    t = f.types[0]
+    if t == GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8")
+    if t == GGUFValueType.ARRAY:
+        return [f.parts[i].tolist()[0] if f.types[1] != GGUFValueType.STRING
+                else bytes(f.parts[i]).decode("utf-8") for i in f.data]
+    return f.parts[f.data[0]].tolist()[0]
+
+
+@dataclass
+class Config:
+    arch: str
+    n_layers: int
+    n_embd: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    rope_theta: float
+    n_rot: int
+    norm_eps: float
+    neox: bool
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    llama3: dict = field(default_factory=dict)
+
+
+class NumpyModel:
+    def __init__(self, path: str):
+        r = GGUFReader(path)
+        arch = _field(r, "general.architecture")
+        if arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"unsupported architecture {arch!r}")
+        a = arch
+        n_embd = int(_field(r, f"{a}.embedding_length"))
+        n_heads = int(_field(r, f"{a}.attention.head_count"))
+        head_dim = int(_field(r, f"{a}.attention.key_length", n_embd // n_heads))
+        self.tensors = {t.name: t for t in r.tensors}
+        emb = self.tensors["token_embd.weight"]
+        n_vocab = int(emb.shape[1])
+        scaling = _field(r, f"{a}.rope.scaling.type", "none")
+        self.cfg = Config(
+            arch=arch,
+            n_layers=int(_field(r, f"{a}.block_count")),
+            n_embd=n_embd,
+            n_heads=n_heads,
+            n_kv_heads=int(_field(r, f"{a}.attention.head_count_kv", n_heads)),
+            head_dim=head_dim,
+            n_ff=int(_field(r, f"{a}.feed_forward_length")),
+            n_vocab=n_vocab,
+            rope_theta=float(_field(r, f"{a}.rope.freq_base", 10000.0)),
+            n_rot=int(_field(r, f"{a}.rope.dimension_count", head_dim)),
+            norm_eps=float(_field(r, f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
+            neox=arch in ("qwen2", "qwen3"),
+            rope_scaling=scaling,
+            rope_factor=float(_field(r, f"{a}.rope.scaling.factor", 1.0)),
+            llama3=dict(
+                low=float(_field(r, f"{a}.rope.scaling.low_freq_factor", 1.0)),
+                high=float(_field(r, f"{a}.rope.scaling.high_freq_factor", 4.0)),
+                orig=float(_field(r, f"{a}.rope.scaling.original_context_length", 8192)),
+            ),
+        )
+        self._cache: dict[str, np.ndarray] = {}
+        self.freqs = self._rope_freqs()
+
+    def w(self, name: str) -> np.ndarray | None:
+        """Dequantised tensor in numpy order ([ne1, ne0] for matrices), float32."""
+        if name in self._cache:
+            return self._cache[name]
+        t = self.tensors.get(name)
+        if t is None:
+            return None
+        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        arr = arr.reshape([int(d) for d in reversed(t.shape.tolist())]).squeeze()
+        self._cache[name] = arr
+        return arr
+
+    def _rope_freqs(self) -> np.ndarray:
+        c = self.cfg
+        i = np.arange(0, c.n_rot, 2, dtype=np.float64)
+        freqs = c.rope_theta ** (-i / c.n_rot)
+        ff = self.w("rope_freqs.weight")
+        if ff is not None:  # Llama 3.1 style: divisors stored as a tensor
+            freqs = freqs / ff.astype(np.float64)
+        elif c.rope_scaling == "linear":
+            freqs = freqs / c.rope_factor
+        elif c.rope_scaling == "llama3":
+            lo, hi, orig = c.llama3["low"], c.llama3["high"], c.llama3["orig"]
+            out = []
+            for f in freqs:
+                wavelen = 2 * math.pi / f
+                if wavelen < orig / hi:
+                    out.append(f)
+                elif wavelen > orig / lo:
+                    out.append(f / c.rope_factor)
+                else:
+                    s = (orig / wavelen - lo) / (hi - lo)
+                    out.append((1 - s) * f / c.rope_factor + s * f)
+            freqs = np.array(out)
+        elif c.rope_scaling not in ("none", ""):
+            raise ValueError(f"unsupported rope scaling {c.rope_scaling!r}")
+        return freqs
+
+    def rope(self, x: np.ndarray, pos: np.ndarray, neox: bool | None = None) -> np.ndarray:
+        """x: [n, heads, head_dim]; rotates the first n_rot dims of each head."""
+        c = self.cfg
+        neox = c.neox if neox is None else neox
+        ang = pos[:, None].astype(np.float64) * self.freqs[None, :]  # [n, n_rot/2]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        out = x.copy()
+        if neox:
+            half = c.n_rot // 2
+            a, b = x[..., :half], x[..., half:c.n_rot]
+            out[..., :half] = a * cos - b * sin
+            out[..., half:c.n_rot] = a * sin + b * cos
+        else:
+            a, b = x[..., 0:c.n_rot:2], x[..., 1:c.n_rot:2]
+            out[..., 0:c.n_rot:2] = a * cos - b * sin
+            out[..., 1:c.n_rot:2] = a * sin + b * cos
+        return out
+
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.cfg.norm_eps) * w
+
+    def forward(self, tokens, neox: bool | None = None) -> np.ndarray:
+        """Logits [n, n_vocab] (float64) for every position of `tokens` from position 0."""
+        c = self.cfg
+        tokens = np.asarray(tokens, dtype=np.int64)
+        n = len(tokens)
+        pos = np.arange(n)
+        x = self.w("token_embd.weight")[tokens].astype(np.float64)  # [n, n_embd]
+        mask = np.triu(np.full((n, n), -np.inf), k=1)
+        group = c.n_heads // c.n_kv_heads
+        for l in range(c.n_layers):
+            p = f"blk.{l}."
+            h = self.rmsnorm(x, self.w(p + "attn_norm.weight"))
+            q = h @ self.w(p + "attn_q.weight").T
+            k = h @ self.w(p + "attn_k.weight").T
+            v = h @ self.w(p + "attn_v.weight").T
+            for name, t in (("attn_q.bias", "q"), ("attn_k.bias", "k"), ("attn_v.bias", "v")):
+                b = self.w(p + name)
+                if b is not None:
+                    if t == "q": q = q + b
+                    elif t == "k": k = k + b
+                    else: v = v + b
+            q = q.reshape(n, c.n_heads, c.head_dim)
+            k = k.reshape(n, c.n_kv_heads, c.head_dim)
+            v = v.reshape(n, c.n_kv_heads, c.head_dim)
+            qn, kn = self.w(p + "attn_q_norm.weight"), self.w(p + "attn_k_norm.weight")
+            if qn is not None:
+                q = self.rmsnorm(q, qn)
+            if kn is not None:
+                k = self.rmsnorm(k, kn)
+            q, k = self.rope(q, pos, neox), self.rope(k, pos, neox)
+            att = np.empty((n, c.n_heads, c.head_dim))
+            for hq in range(c.n_heads):
+                hk = hq // group
+                s = (q[:, hq, :] @ k[:, hk, :].T) / math.sqrt(c.head_dim) + mask
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                s /= s.sum(axis=1, keepdims=True)
+                att[:, hq, :] = s @ v[:, hk, :]
+            x = x + att.reshape(n, -1) @ self.w(p + "attn_output.weight").T
+            h = self.rmsnorm(x, self.w(p + "ffn_norm.weight"))
+            g = h @ self.w(p + "ffn_gate.weight").T
+            u = h @ self.w(p + "ffn_up.weight").T
+            x = x + (g / (1.0 + np.exp(-g)) * u) @ self.w(p + "ffn_down.weight").T
+        x = self.rmsnorm(x, self.w("output_norm.weight"))
+        out = self.w("output.weight")
+        if out is None:
+            out = self.w("token_embd.weight")  # tied embeddings
+        return x @ out.T
+
+    def greedy(self, prompt, n_new: int) -> list[int]:
+        """Greedy continuation (recomputes the prefix each step; for short checks only)."""
+        ids = list(prompt)
+        for _ in range(n_new):
+            ids.append(int(np.argmax(self.forward(ids)[-1])))
+        return ids[len(prompt):]
