@@ -42,9 +42,21 @@ void DenseCache::append(const float* k, const float* v, int n_tokens) {
     for (int kind = 0; kind < 2; ++kind) {
       const float* src = (kind == 0 ? k : v) + (int64_t(i) * H) * D;
       for (int h = 0; h < H; ++h) {
-        uint8_t* dst = const_cast<uint8_t*>(rows(page, kind, h)) + size_t(slot) * D * elem_bytes();
-        if (fp32_) std::memcpy(dst, src + int64_t(h) * D, size_t(D) * 4);
-        else f32_to_f16(src + int64_t(h) * D, reinterpret_cast<uint16_t*>(dst), size_t(D));
+        uint8_t* base = const_cast<uint8_t*>(rows(page, kind, h));
+        const float* x = src + int64_t(h) * D;
+        if (kind == 0) {  // keys channel-major: [D][kPageTokens]
+          if (fp32_) {
+            float* dst = reinterpret_cast<float*>(base) + slot;
+            for (int c = 0; c < D; ++c) dst[size_t(c) * kPageTokens] = x[c];
+          } else {
+            uint16_t* dst = reinterpret_cast<uint16_t*>(base) + slot;
+            for (int c = 0; c < D; ++c) dst[size_t(c) * kPageTokens] = f32_to_f16(x[c]);
+          }
+        } else {  // values row-major: [kPageTokens][D]
+          uint8_t* dst = base + size_t(slot) * D * elem_bytes();
+          if (fp32_) std::memcpy(dst, x, size_t(D) * 4);
+          else f32_to_f16(x, reinterpret_cast<uint16_t*>(dst), size_t(D));
+        }
       }
     }
   }
@@ -74,6 +86,7 @@ void DenseCache::attend(const float* q, int n_q, float scale, float* out) const 
         a.k16 = reinterpret_cast<const uint16_t*>(rows(page, 0, kvh));
         a.v16 = reinterpret_cast<const uint16_t*>(rows(page, 1, kvh));
       }
+      a.k_stride = kPageTokens;
       a.n_keys = nk;
       a.n_visible = vis.data();
       a.m = m;
@@ -94,13 +107,16 @@ size_t DenseCache::bytes() const { return pages_.size() * page_bytes(); }
 void DenseCache::read(int64_t t, int h, float* k, float* v) const {
   VQ_CHECK(t >= 0 && t < n_ && h >= 0 && h < geo_.n_kv_heads, "{} cache read: token {} head {} out of range", name(), t, h);
   const size_t page = size_t(t / kPageTokens);
-  const size_t off = size_t(t % kPageTokens) * geo_.head_dim * elem_bytes();
-  for (int kind = 0; kind < 2; ++kind) {
-    const uint8_t* src = rows(page, kind, h) + off;
-    float* dst = kind == 0 ? k : v;
-    if (fp32_) std::memcpy(dst, src, size_t(geo_.head_dim) * 4);
-    else f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, size_t(geo_.head_dim));
+  const int slot = int(t % kPageTokens);
+  const int D = geo_.head_dim;
+  for (int c = 0; c < D; ++c) {
+    const size_t idx = size_t(c) * kPageTokens + size_t(slot);
+    k[c] = fp32_ ? reinterpret_cast<const float*>(rows(page, 0, h))[idx]
+                 : f16_to_f32(reinterpret_cast<const uint16_t*>(rows(page, 0, h))[idx]);
   }
+  const uint8_t* src = rows(page, 1, h) + size_t(slot) * D * elem_bytes();
+  if (fp32_) std::memcpy(v, src, size_t(D) * 4);
+  else f16_to_f32(reinterpret_cast<const uint16_t*>(src), v, size_t(D));
 }
 
 }  // namespace vq

@@ -36,7 +36,8 @@ class DenseCache final : public KVCache {
   KVGeometry geo_;
   bool fp32_;
   int64_t n_ = 0;
-  // pages_[p]: [2 (K, V)][n_kv_heads][kPageTokens][head_dim] fp16 bits or f32, row-major.
+  // pages_[p]: keys [n_kv_heads][head_dim][kPageTokens] (channel-major), then values
+  // [n_kv_heads][kPageTokens][head_dim] (row-major); fp16 bits or f32.
   std::vector<AlignedBuffer<uint8_t>> pages_;
 };
 

@@ -59,13 +59,14 @@ TEST(Dense, CpuKernelMatchesRefKernel) {
   std::mt19937 rng(3);
   for (int D : {64, 128, 24}) {
     const int nq = 5, G = 4, nk = 77;
-    auto q = randn(size_t(nq) * G * D, rng), k = randn(size_t(nk) * D, rng), v = randn(size_t(nk) * D, rng);
+    const int ks = 80;  // keys channel-major [D][ks]
+    auto q = randn(size_t(nq) * G * D, rng), k = randn(size_t(ks) * D, rng), v = randn(size_t(nk) * D, rng);
     std::vector<int64_t> vis = {0, 1, 40, 77, 200};
     std::vector<float> m1(nq * G, -INFINITY), d1(nq * G, 0), o1(size_t(nq) * G * D, 0);
     auto m2 = m1, d2 = d1, o2 = o1;
     ref::DenseAttnArgs a;
     a.n_q = nq; a.group = G; a.head_dim = D; a.q = q.data(); a.q_stride = int64_t(G) * D; a.scale = 0.3f;
-    a.k32 = k.data(); a.v32 = v.data(); a.n_keys = nk; a.n_visible = vis.data();
+    a.k32 = k.data(); a.v32 = v.data(); a.k_stride = ks; a.n_keys = nk; a.n_visible = vis.data();
     a.m = m1.data(); a.d = d1.data(); a.o = o1.data();
     ref::dense_attention(a);
     a.m = m2.data(); a.d = d2.data(); a.o = o2.data();

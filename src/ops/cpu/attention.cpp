@@ -1,6 +1,7 @@
-// Dense partial attention: keys/values in tiles of 32 rows are widened to f32 once per tile and
-// serve every query and every head of the GQA group; scores and the softmax update are
-// vectorised per tile (one rescale of the accumulator per tile, not per key).
+// Dense partial attention. Keys are channel-major (k[c * k_stride + t]), so the scores of a
+// vector of keys are one FMA chain over channels with the query channel broadcast: no
+// horizontal sums. Up to four heads of the GQA group share each widened key vector, and each
+// value row is widened once for them. Softmax runs per tile of 64 keys (one rescale per tile).
 #include "ops/cpu/attention.h"
 
 #include <algorithm>
@@ -21,119 +22,141 @@ namespace vq {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int kTile = 32;
+constexpr int kTile = 64;  // keys per softmax step (a multiple of every vector width)
 
 template <class DF>
-void DenseAttnImpl(DF df, const ref::DenseAttnArgs& a) {
+HWY_INLINE hn::Vec<DF> LoadKV(DF df, const float* p) {
+  return hn::LoadU(df, p);
+}
+template <class DF>
+HWY_INLINE hn::Vec<DF> LoadKV(DF df, const uint16_t* p) {
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+}
+
+// Scores of keys [t0, t0 + nt) for heads g0..g0+NG-1: s[g][0..nt) (lanes past nt: -inf).
+template <int NG, class DF, class KT>
+HWY_INLINE void Scores(DF df, const KT* K, int64_t ks, int D, const float* q, int t0, int nt, float* s) {
   using V = hn::Vec<DF>;
-  const int D = a.head_dim;
   const int N = int(hn::Lanes(df));
-  const int G = a.group;
-  // Scratch per thread: the widened tile and the scaled queries.
-  thread_local AlignedBuffer<float> kt_buf, vt_buf, q_buf;  // [kTile, D], [kTile, D], [n_q*G, D]
-  if (kt_buf.size() < size_t(kTile * D)) {
-    kt_buf.resize(size_t(kTile * D));
-    vt_buf.resize(size_t(kTile * D));
+  for (int tt = 0; tt < nt; tt += N) {
+    V a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    const KT* kp = K + t0 + tt;
+    for (int c = 0; c < D; ++c) {
+      const V kc = LoadKV(df, kp + int64_t(c) * ks);
+      a0 = hn::MulAdd(hn::Set(df, q[c]), kc, a0);
+      if (NG > 1) a1 = hn::MulAdd(hn::Set(df, q[D + c]), kc, a1);
+      if (NG > 2) a2 = hn::MulAdd(hn::Set(df, q[2 * D + c]), kc, a2);
+      if (NG > 3) a3 = hn::MulAdd(hn::Set(df, q[3 * D + c]), kc, a3);
+    }
+    const auto valid = hn::FirstN(df, size_t(nt - tt));
+    const V ninf = hn::Set(df, -INFINITY);
+    hn::Store(hn::IfThenElse(valid, a0, ninf), df, s + tt);
+    if (NG > 1) hn::Store(hn::IfThenElse(valid, a1, ninf), df, s + kTile + tt);
+    if (NG > 2) hn::Store(hn::IfThenElse(valid, a2, ninf), df, s + 2 * kTile + tt);
+    if (NG > 3) hn::Store(hn::IfThenElse(valid, a3, ninf), df, s + 3 * kTile + tt);
   }
-  if (q_buf.size() < size_t(a.n_q) * G * D) q_buf.resize(size_t(a.n_q) * G * D);
+}
+
+// o_g = o_g * alpha_g + sum_t p_g[t] * V[t] for NG heads; p in s[g][t].
+template <int NG, class DV, class KT>
+HWY_INLINE void AccumulateV(DV dv, const KT* Vt, int D, int nt, const float* s, const float* alpha, float* o) {
+  using V = hn::Vec<DV>;
+  const int N = int(hn::Lanes(dv));
+  for (int c = 0; c < D; c += N) {
+    V o0 = hn::Mul(hn::LoadU(dv, o + c), hn::Set(dv, alpha[0]));
+    V o1 = NG > 1 ? hn::Mul(hn::LoadU(dv, o + D + c), hn::Set(dv, alpha[1])) : hn::Zero(dv);
+    V o2 = NG > 2 ? hn::Mul(hn::LoadU(dv, o + 2 * D + c), hn::Set(dv, alpha[2])) : hn::Zero(dv);
+    V o3 = NG > 3 ? hn::Mul(hn::LoadU(dv, o + 3 * D + c), hn::Set(dv, alpha[3])) : hn::Zero(dv);
+    for (int t = 0; t < nt; ++t) {
+      const V v = LoadKV(dv, Vt + int64_t(t) * D + c);
+      o0 = hn::MulAdd(hn::Set(dv, s[t]), v, o0);
+      if (NG > 1) o1 = hn::MulAdd(hn::Set(dv, s[kTile + t]), v, o1);
+      if (NG > 2) o2 = hn::MulAdd(hn::Set(dv, s[2 * kTile + t]), v, o2);
+      if (NG > 3) o3 = hn::MulAdd(hn::Set(dv, s[3 * kTile + t]), v, o3);
+    }
+    hn::StoreU(o0, dv, o + c);
+    if (NG > 1) hn::StoreU(o1, dv, o + D + c);
+    if (NG > 2) hn::StoreU(o2, dv, o + 2 * D + c);
+    if (NG > 3) hn::StoreU(o3, dv, o + 3 * D + c);
+  }
+}
+
+template <int NG, class DV, class KT>
+void HeadGroupTile(DV dv, const KT* K, const KT* Vv, const ref::DenseAttnArgs& a, const float* q, int t0, int nt,
+                   float* s, float* m, float* d, float* o) {
+  const hn::ScalableTag<float> df;
+  const int D = a.head_dim;
+  Scores<NG>(df, K, a.k_stride, D, q, t0, nt, s);
+  alignas(64) float alpha[4];
+  const int N = int(hn::Lanes(df));
+  for (int g = 0; g < NG; ++g) {
+    float* sg = s + g * kTile;
+    auto vmax = hn::Set(df, -INFINITY);
+    for (int t = 0; t < nt; t += N) vmax = hn::Max(vmax, hn::Load(df, sg + t));
+    const float tile_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    const float m_new = std::max(m[g], tile_max);
+    alpha[g] = m[g] == -INFINITY ? 0.0f : std::exp(m[g] - m_new);
+    const auto vm = hn::Set(df, m_new);
+    auto vsum = hn::Zero(df);
+    for (int t = 0; t < nt; t += N) {
+      const auto p = hn::Exp(df, hn::Sub(hn::Load(df, sg + t), vm));  // -inf lanes -> 0
+      hn::Store(p, df, sg + t);
+      vsum = hn::Add(vsum, p);
+    }
+    d[g] = d[g] * alpha[g] + hn::GetLane(hn::SumOfLanes(df, vsum));
+    m[g] = m_new;
+  }
+  AccumulateV<NG>(dv, Vv + int64_t(t0) * D, D, nt, s, alpha, o);
+}
+
+template <class DV, class KT>
+void DenseAttnImpl(DV dv, const KT* K, const KT* Vv, const ref::DenseAttnArgs& a) {
+  const int D = a.head_dim, G = a.group;
+  thread_local AlignedBuffer<float> q_buf, s_buf;  // q: [G, D] scaled; s: [4, kTile]
+  if (q_buf.size() < size_t(G) * D) q_buf.resize(size_t(G) * D);
+  if (s_buf.size() < size_t(4) * kTile) s_buf.resize(size_t(4) * kTile);
   float* qs = q_buf.data();
-  int64_t n_max = 0;
+  float* s = s_buf.data();
   for (int i = 0; i < a.n_q; ++i) {
-    n_max = std::max(n_max, std::min(a.n_visible[i], a.n_keys));
-    for (int g = 0; g < G; ++g) {
-      const float* src = a.q + i * a.q_stride + int64_t(g) * D;
-      float* dst = qs + (int64_t(i) * G + g) * D;
-      for (int c = 0; c < D; ++c) dst[c] = src[c] * a.scale;
-    }
-  }
-  alignas(64) float s[kTile];
-  for (int64_t t0 = 0; t0 < n_max; t0 += kTile) {
-    const int nt = int(std::min<int64_t>(kTile, n_max - t0));
-    const float* kt;
-    const float* vt;
-    if (a.k16) {
-      f16_to_f32(a.k16 + t0 * D, kt_buf.data(), size_t(nt) * D);
-      f16_to_f32(a.v16 + t0 * D, vt_buf.data(), size_t(nt) * D);
-      kt = kt_buf.data();
-      vt = vt_buf.data();
-    } else {
-      kt = a.k32 + t0 * D;
-      vt = a.v32 + t0 * D;
-    }
-    for (int i = 0; i < a.n_q; ++i) {
-      const int64_t vis = std::min(a.n_visible[i], a.n_keys) - t0;
-      if (vis <= 0) continue;
-      const int nv = int(std::min<int64_t>(nt, vis));
-      for (int g = 0; g < G; ++g) {
-        const float* qv = qs + (int64_t(i) * G + g) * D;
-        float tile_max = -INFINITY;
-        int t = 0;
-        for (; t + 4 <= nv; t += 4) {  // four keys at once hide the FMA latency
-          const float* k0 = kt + int64_t(t) * D;
-          V a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-          for (int c = 0; c < D; c += N) {
-            const V qc = hn::Load(df, qv + c);
-            a0 = hn::MulAdd(qc, hn::LoadU(df, k0 + c), a0);
-            a1 = hn::MulAdd(qc, hn::LoadU(df, k0 + D + c), a1);
-            a2 = hn::MulAdd(qc, hn::LoadU(df, k0 + 2 * D + c), a2);
-            a3 = hn::MulAdd(qc, hn::LoadU(df, k0 + 3 * D + c), a3);
-          }
-          s[t] = hn::GetLane(hn::SumOfLanes(df, a0));
-          s[t + 1] = hn::GetLane(hn::SumOfLanes(df, a1));
-          s[t + 2] = hn::GetLane(hn::SumOfLanes(df, a2));
-          s[t + 3] = hn::GetLane(hn::SumOfLanes(df, a3));
-        }
-        for (; t < nv; ++t) {
-          V acc = hn::Zero(df);
-          for (int c = 0; c < D; c += N) acc = hn::MulAdd(hn::Load(df, qv + c), hn::LoadU(df, kt + int64_t(t) * D + c), acc);
-          s[t] = hn::GetLane(hn::SumOfLanes(df, acc));
-        }
-        for (t = 0; t < nv; ++t) tile_max = std::max(tile_max, s[t]);
-        float& m = a.m[i * G + g];
-        float& d = a.d[i * G + g];
-        float* o = a.o + (int64_t(i) * G + g) * D;
-        const float m_new = std::max(m, tile_max);
-        const float alpha = m == -INFINITY ? 0.0f : std::exp(m - m_new);
-        // p = exp(s - m_new), vectorised over the tile.
-        const hn::ScalableTag<float> dfe;
-        const int NE = int(hn::Lanes(dfe));
-        const auto vm = hn::Set(dfe, m_new);
-        auto vsum = hn::Zero(dfe);
-        for (t = 0; t < nv; t += NE) {
-          const size_t rem = size_t(nv - t);
-          auto x = hn::Sub(hn::LoadU(dfe, s + t), vm);
-          auto p = hn::Exp(dfe, x);
-          if (rem < size_t(NE)) p = hn::IfThenElseZero(hn::FirstN(dfe, rem), p);
-          hn::StoreU(p, dfe, s + t);
-          vsum = hn::Add(vsum, p);
-        }
-        d = d * alpha + hn::GetLane(hn::SumOfLanes(dfe, vsum));
-        m = m_new;
-        const V va = hn::Set(df, alpha);
-        for (int c = 0; c < D; c += N) {
-          V acc0 = hn::Mul(hn::LoadU(df, o + c), va);
-          V acc1 = hn::Zero(df);
-          int u = 0;
-          for (; u + 2 <= nv; u += 2) {
-            acc0 = hn::MulAdd(hn::Set(df, s[u]), hn::LoadU(df, vt + int64_t(u) * D + c), acc0);
-            acc1 = hn::MulAdd(hn::Set(df, s[u + 1]), hn::LoadU(df, vt + int64_t(u + 1) * D + c), acc1);
-          }
-          if (u < nv) acc0 = hn::MulAdd(hn::Set(df, s[u]), hn::LoadU(df, vt + int64_t(u) * D + c), acc0);
-          hn::StoreU(hn::Add(acc0, acc1), df, o + c);
+    const int64_t nv = std::clamp<int64_t>(a.n_visible[i], 0, a.n_keys);
+    if (nv == 0) continue;
+    const float* qi = a.q + i * a.q_stride;
+    for (int c = 0; c < G * D; ++c) qs[c] = qi[c] * a.scale;
+    float* m = a.m + int64_t(i) * G;
+    float* d = a.d + int64_t(i) * G;
+    float* o = a.o + int64_t(i) * G * D;
+    for (int64_t t0 = 0; t0 < nv; t0 += kTile) {
+      const int nt = int(std::min<int64_t>(kTile, nv - t0));
+      for (int g0 = 0; g0 < G; g0 += 4) {
+        const int ng = std::min(4, G - g0);
+        const float* qg = qs + int64_t(g0) * D;
+        float* og = o + int64_t(g0) * D;
+        switch (ng) {
+          case 1: HeadGroupTile<1>(dv, K, Vv, a, qg, int(t0), nt, s, m + g0, d + g0, og); break;
+          case 2: HeadGroupTile<2>(dv, K, Vv, a, qg, int(t0), nt, s, m + g0, d + g0, og); break;
+          case 3: HeadGroupTile<3>(dv, K, Vv, a, qg, int(t0), nt, s, m + g0, d + g0, og); break;
+          default: HeadGroupTile<4>(dv, K, Vv, a, qg, int(t0), nt, s, m + g0, d + g0, og); break;
         }
       }
     }
   }
 }
 
-void DenseAttention(const ref::DenseAttnArgs& a) {
+template <class KT>
+void DenseAttnTyped(const KT* K, const KT* Vv, const ref::DenseAttnArgs& a) {
   const hn::ScalableTag<float> df;
   const hn::CappedTag<float, 8> d8;
   const hn::CappedTag<float, 4> d4;
-  if (a.head_dim % int(hn::Lanes(df)) == 0) return DenseAttnImpl(df, a);
-  if (a.head_dim % int(hn::Lanes(d8)) == 0) return DenseAttnImpl(d8, a);
-  if (a.head_dim % int(hn::Lanes(d4)) == 0) return DenseAttnImpl(d4, a);
+  if (a.head_dim % int(hn::Lanes(df)) == 0) return DenseAttnImpl(df, K, Vv, a);
+  if (a.head_dim % int(hn::Lanes(d8)) == 0) return DenseAttnImpl(d8, K, Vv, a);
+  if (a.head_dim % int(hn::Lanes(d4)) == 0) return DenseAttnImpl(d4, K, Vv, a);
   ref::dense_attention(a);
+}
+
+void DenseAttention(const ref::DenseAttnArgs& a) {
+  if (a.k16) DenseAttnTyped(a.k16, a.v16, a);
+  else DenseAttnTyped(a.k32, a.v32, a);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -146,6 +169,8 @@ HWY_EXPORT(DenseAttention);
 void dense_attention(const DenseAttnArgs& a) {
   VQ_CHECK(a.head_dim > 0 && a.group > 0 && a.n_q >= 0, "cpu::dense_attention: bad geometry head_dim {} group {} n_q {}",
            a.head_dim, a.group, a.n_q);
+  VQ_CHECK(a.k_stride % 16 == 0 && a.k_stride >= a.n_keys,
+           "cpu::dense_attention: k_stride {} must be a multiple of 16 and >= n_keys {}", a.k_stride, a.n_keys);
   HWY_DYNAMIC_DISPATCH(DenseAttention)(a);
 }
 }  // namespace vq::cpu

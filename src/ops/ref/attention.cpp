@@ -56,7 +56,7 @@ void dense_attention(const DenseAttnArgs& a) {
       float* o = a.o + (int64_t(i) * a.group + g) * D;
       for (int64_t t = 0; t < nv; ++t) {
         for (int c = 0; c < D; ++c) {
-          krow[size_t(c)] = a.k16 ? f16_to_f32(a.k16[t * D + c]) : a.k32[t * D + c];
+          krow[size_t(c)] = a.k16 ? f16_to_f32(a.k16[c * a.k_stride + t]) : a.k32[c * a.k_stride + t];
           vrow[size_t(c)] = a.v16 ? f16_to_f32(a.v16[t * D + c]) : a.v32[t * D + c];
         }
         double dot = 0;

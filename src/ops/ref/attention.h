@@ -20,10 +20,13 @@ struct DenseAttnArgs {
   const float* q = nullptr;  // query i, head g at q + i*q_stride + g*head_dim (not scaled)
   int64_t q_stride = 0;
   float scale = 1.0f;
-  const uint16_t* k16 = nullptr;  // [n_keys, head_dim] fp16 bits, or null and then k32
+  // Keys are stored transposed (channel-major) so 16 keys' scores are 16 lanes of one FMA chain:
+  // key t, channel c at k[c * k_stride + t] (k_stride >= n_keys). Values are row-major.
+  const uint16_t* k16 = nullptr;  // [head_dim, k_stride] fp16 bits, or null and then k32
   const uint16_t* v16 = nullptr;  // [n_keys, head_dim] fp16 bits, or null and then v32
-  const float* k32 = nullptr;     // [n_keys, head_dim] f32
+  const float* k32 = nullptr;     // [head_dim, k_stride] f32
   const float* v32 = nullptr;     // [n_keys, head_dim] f32
+  int64_t k_stride = 0;  // vq::cpu needs a multiple of 16 (it reads whole vectors of keys)
   int64_t n_keys = 0;
   const int64_t* n_visible = nullptr;  // [n_q]: query i sees rows [0, clamp(n_visible[i], 0, n_keys))
   float* m = nullptr;  // [n_q, group] running max (start: -inf)
