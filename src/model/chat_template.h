@@ -1,29 +1,47 @@
 #pragma once
 // Chat prompt formatting for the common instruct formats, chosen from the contents of the GGUF's
-// tokenizer.chat_template (Jinja source; we only recognise it, we do not execute it).
-//   ChatML:  <|im_start|>role\ncontent<|im_end|>\n ... (SmolLM2, Qwen2/2.5/3)
-//   Llama3:  <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> ...
-//   Llama2:  [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] assistant</s><s>[INST] ... (Llama 2, TinyLlama chat v0.x, Mistral)
-//   Zephyr:  <|user|>\ncontent</s>\n<|assistant|>\n (TinyLlama-1.1B-Chat-v1.0)
-// Unknown or absent template: ChatML (documented choice: it is the most widespread format and its
-// markers are plain text when the vocabulary lacks them). The leading BOS is never written here;
-// the caller encodes the result with the tokenizer's add_bos default.
+// tokenizer.chat_template (Jinja source: recognised by its markers, never executed).
+//   ChatML:  <|im_start|>role\ncontent<|im_end|>\n ... [<|im_start|>assistant\n]   (SmolLM2, Qwen2/2.5/3)
+//   Llama3:  <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> ...     (Llama 3.x, Falcon3-like)
+//   Llama2:  [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] ... (Llama 2, Mistral)
+//   Zephyr:  <|system|>\nsys</s>\n<|user|>\ncontent</s>\n<|assistant|>\n             (TinyLlama-Chat v1.0)
+// Detection order: <|im_start|>, <|start_header_id|>, [INST], <|user|>. Unknown or absent
+// template: ChatML (documented choice: the most widespread format, used by the default model).
+// ChatML templates that insert a default system turn when none is given (SmolLM2, Qwen2.5) have
+// that text extracted from the template and inserted the same way.
+// The leading BOS is never written: the caller encodes the prompt with the tokenizer's add_bos
+// default (later BOS/EOS of Llama2/Zephyr turns are written as text and parsed as special tokens).
+// Not reproduced: Llama 3.1's "Cutting Knowledge Date" system preamble and tool-calling sections.
 #include <string>
 #include <vector>
 
 namespace vq {
 
 class GGUFFile;
+class Tokenizer;
 
 struct ChatMessage {
-  std::string role, content;  // role: "system", "user" or "assistant"
+  std::string role, content;  // role: "system", "user" or "assistant" (ChatML/Llama3 accept any)
 };
 
 enum class ChatFormat { ChatML, Llama3, Llama2, Zephyr };
 
-ChatFormat detect_chat_format(const std::string& template_source);  // "" -> ChatML
+struct ChatTemplate {
+  ChatFormat format = ChatFormat::ChatML;
+  std::string default_system;   // ChatML: system turn inserted when the first message is not one
+  std::string bos_text = "<s>";  // Llama2 turn separators
+  std::string eos_text = "</s>";  // Llama2/Zephyr end of turn
+};
+
+ChatFormat detect_chat_format(const std::string& template_source);
 const char* chat_format_name(ChatFormat f);
-std::string format_chat(ChatFormat f, const std::vector<ChatMessage>& messages, bool add_generation_prompt);
+ChatTemplate parse_chat_template(const std::string& template_source, const std::string& bos_text = "<s>",
+                                 const std::string& eos_text = "</s>");
+std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& messages, bool add_generation_prompt);
+
+// From the model: tokenizer.chat_template and the BOS/EOS token texts.
+std::string apply_chat_template(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt);
 std::string apply_chat_template(const GGUFFile& gguf, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt);
 

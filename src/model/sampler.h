@@ -1,10 +1,14 @@
 #pragma once
-// Token sampler with llama.cpp-compatible semantics:
-//   repetition penalty over the last repeat_last_n accepted tokens (positive logits divided by the
-//   penalty, negative ones multiplied), then temp <= 0 -> greedy argmax; otherwise top-k (k <= 0:
-//   all), softmax at temperature, top-p (smallest prefix of the sorted distribution whose mass
-//   reaches p), min-p (drop tokens with p < min_p * p_max), renormalise, draw with a seeded
-//   std::mt19937_64. Same seed and same inputs -> same tokens.
+// Token sampler with llama.cpp's semantics and default order:
+//   1. repetition penalty on each distinct token among the last repeat_last_n accepted ones
+//      (positive logits divided by the penalty, negative ones multiplied);
+//   2. temp <= 0 (or top_k == 1): greedy argmax, lowest id on ties;
+//   3. top-k (k <= 0 or k >= n_vocab: all tokens);
+//   4. top-p: the smallest prefix of the descending-sorted softmax (at temperature 1, as llama.cpp)
+//      whose mass reaches top_p (top_p >= 1: off);
+//   5. min-p: drop tokens whose probability is below min_p * p_max (min_p <= 0: off);
+//   6. softmax of logit / temp over the survivors and one draw from a std::mt19937_64 seeded with
+//      `seed` (uniforms from its 53 high bits, so a seed gives the same tokens on every platform).
 #include <cstdint>
 #include <deque>
 #include <random>
@@ -37,7 +41,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::deque<int32_t> history_;  // last repeat_last_n accepted tokens, oldest first
   std::vector<Cand> cands_;      // [n_vocab] scratch
-  std::vector<float> probs_;     // [n_kept] scratch
+  std::vector<double> probs_;    // [n_kept] scratch: unnormalised probabilities
 };
 
 }  // namespace vq
