@@ -77,4 +77,12 @@ class GGUFFile {
   std::map<std::string, size_t> tensor_index_;
 };
 
+// Products on a tensor of the file: each checks the type first and throws naming the tensor and
+// its type when it cannot be decoded here (reading a file lists such tensors without error).
+void require_supported(const GGUFTensorInfo& t);
+// Rows [row0, row0+n_rows) of a tensor seen as [numel/dims[0], dims[0]] -> dst [n_rows, dims[0]] f32.
+void dequantize_rows(const GGUFTensorInfo& t, int64_t row0, int64_t n_rows, float* dst);
+// y[M, dims[1]] = x[M, dims[0]] @ W^T for a 2-D weight W (dims = {cols, rows}).
+void matmul(const GGUFTensorInfo& w, const float* x, int64_t M, float* y);
+
 }  // namespace vq

@@ -27,4 +27,42 @@ void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n);
 // (ggml_row_bytes(t, cols) each). Blocks are decoded on the fly; threads over rows.
 void matmul(GGMLType t, const void* W, int64_t rows, int64_t cols, const float* x, int64_t M, float* y);
 
+// Scalar reference of matmul: dequantize_row then a float64-accumulated dot (slow; for tests).
+void matmul_ref(GGMLType t, const void* W, int64_t rows, int64_t cols, const float* x, int64_t M, float* y);
+
+// Encodes one row of n floats (n a multiple of the block size) into type t with plain
+// round-to-nearest quantizers (min/max or absmax per block, 6-bit K-quant scales relative to
+// the super-block maxima). Used to write GGUF files in tests and tools; not an optimal
+// (error-minimising) quantizer like llama.cpp's.
+void quantize_row(GGMLType t, const float* src, void* dst, int64_t n);
+
+// Activations quantized for the integer products: x rows cut into blocks of 32, each stored as
+// int16 values q (|q| <= 127) with scale d and s = d * sum(q), so x ~= d * q per block.
+// Quantize once and reuse for several weights with the same input (q, k, v; gate, up).
+struct QuantizedRows {
+  int64_t M = 0, cols = 0;   // cols: a multiple of 32
+  int16_t* q = nullptr;      // q: [M, cols] int16, row-major
+  float* d = nullptr;        // d: [M, cols/32] f32
+  float* s = nullptr;        // s: [M, cols/32] f32
+  const float* x = nullptr;  // the float rows [M, cols] (used by the f32/f16/bf16 weights)
+};
+// Owning storage for QuantizedRows (64-byte aligned); reuses its memory across calls.
+class ActivationBuffer {
+ public:
+  ActivationBuffer();
+  ~ActivationBuffer();
+  ActivationBuffer(const ActivationBuffer&) = delete;
+  ActivationBuffer& operator=(const ActivationBuffer&) = delete;
+  // Quantizes x [M, cols] (cols a multiple of 32); x must stay valid while the result is used.
+  const QuantizedRows& quantize(const float* x, int64_t M, int64_t cols);
+  const QuantizedRows& rows() const { return rows_; }
+
+ private:
+  struct Storage;
+  Storage* st_;
+  QuantizedRows rows_;
+};
+// y[M, rows] = X @ W^T with X quantized by ActivationBuffer (cols must equal X.cols).
+void matmul_q(GGMLType t, const void* W, int64_t rows, int64_t cols, const QuantizedRows& X, float* y);
+
 }  // namespace vq

@@ -1,0 +1,183 @@
+// Plain round-to-nearest encoders for the GGML weight types (layouts in quant_blocks.h).
+// They exist to write GGUF files (tests, tiny models); scales are chosen from block minima and
+// maxima, not by error minimisation.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "model/quant_blocks.h"
+#include "model/weight_formats.h"
+
+namespace vq {
+
+namespace {
+
+inline void st16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+inline int clampi(int v, int lo, int hi) { return std::min(hi, std::max(lo, v)); }
+inline int rnd(float v) { return int(std::lrintf(v)); }
+// Multiplier 1/d that maps x to quantized steps, 0 when d rounds to 0 (all-zero block).
+inline float inv(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
+
+// The element of largest magnitude, keeping its sign (symmetric types put it at q = -2^(b-1)).
+float signed_absmax(const float* x, int n) {
+  float best = 0;
+  for (int i = 0; i < n; ++i)
+    if (std::fabs(x[i]) > std::fabs(best)) best = x[i];
+  return best;
+}
+
+void q8_0(const float* x, uint8_t* b) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const uint16_t dh = f32_to_f16(amax / 127.0f);
+  const float id = inv(f16_to_f32(dh));
+  st16(b, dh);
+  for (int i = 0; i < 32; ++i) b[2 + i] = uint8_t(int8_t(clampi(rnd(x[i] * id), -128, 127)));
+}
+
+// Q4_0 / Q5_0: d = -max/2^(bits-1), q = round(x/d) + 2^(bits-1).
+void q_sym(const float* x, uint8_t* b, int bits) {
+  const int half = 1 << (bits - 1);
+  const uint16_t dh = f32_to_f16(signed_absmax(x, 32) / float(-half));
+  const float id = inv(f16_to_f32(dh));
+  st16(b, dh);
+  uint8_t q[32];
+  for (int i = 0; i < 32; ++i) q[i] = uint8_t(clampi(rnd(x[i] * id) + half, 0, 2 * half - 1));
+  uint8_t* qs = b + (bits == 4 ? 2 : 6);
+  for (int i = 0; i < 16; ++i) qs[i] = uint8_t((q[i] & 15) | (q[i + 16] & 15) << 4);
+  if (bits == 5) {
+    uint32_t qh = 0;
+    for (int i = 0; i < 32; ++i) qh |= uint32_t(q[i] >> 4) << i;
+    std::memcpy(b + 2, &qh, 4);
+  }
+}
+
+// Q4_1 / Q5_1: m = min, d = (max - min)/(2^bits - 1), q = round((x - m)/d).
+void q_asym(const float* x, uint8_t* b, int bits) {
+  const int qmax = (1 << bits) - 1;
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < 32; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  const uint16_t dh = f32_to_f16((hi - lo) / float(qmax)), mh = f32_to_f16(lo);
+  const float id = inv(f16_to_f32(dh)), m = f16_to_f32(mh);
+  st16(b, dh);
+  st16(b + 2, mh);
+  uint8_t q[32];
+  for (int i = 0; i < 32; ++i) q[i] = uint8_t(clampi(rnd((x[i] - m) * id), 0, qmax));
+  uint8_t* qs = b + (bits == 4 ? 4 : 8);
+  for (int i = 0; i < 16; ++i) qs[i] = uint8_t((q[i] & 15) | (q[i + 16] & 15) << 4);
+  if (bits == 5) {
+    uint32_t qh = 0;
+    for (int i = 0; i < 32; ++i) qh |= uint32_t(q[i] >> 4) << i;
+    std::memcpy(b + 4, &qh, 4);
+  }
+}
+
+// Q4_K / Q5_K super-block: per sub-block scale (max - min)/qmax and min -min (min <= 0),
+// both stored as 6-bit multiples of the super-block's d and dmin.
+void q_k(const float* x, uint8_t* b, int bits) {
+  const int qmax = (1 << bits) - 1;
+  float scale[8], mn[8];
+  float max_scale = 0, max_mn = 0;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0, hi = x[32 * j];
+    for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * j + l]), hi = std::max(hi, x[32 * j + l]);
+    scale[j] = (hi - lo) / float(qmax);
+    mn[j] = -lo;
+    max_scale = std::max(max_scale, scale[j]);
+    max_mn = std::max(max_mn, mn[j]);
+  }
+  const uint16_t dh = f32_to_f16(max_scale / 63.0f), dminh = f32_to_f16(max_mn / 63.0f);
+  const float d = f16_to_f32(dh), dmin = f16_to_f32(dminh);
+  int sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = clampi(rnd(scale[j] * inv(d)), 0, 63);
+    m[j] = clampi(rnd(mn[j] * inv(dmin)), 0, 63);
+  }
+  st16(b, dh);
+  st16(b + 2, dminh);
+  uint8_t* scales = b + 4;
+  for (int j = 0; j < 4; ++j) {
+    scales[j] = uint8_t((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+    scales[j + 4] = uint8_t((m[j] & 63) | (m[j + 4] >> 4) << 6);
+    scales[j + 8] = uint8_t((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+  }
+  uint8_t q[256];
+  for (int j = 0; j < 8; ++j) {
+    const float a = d * float(sc[j]), off = dmin * float(m[j]);
+    const float ia = inv(a);
+    for (int l = 0; l < 32; ++l) q[32 * j + l] = uint8_t(clampi(rnd((x[32 * j + l] + off) * ia), 0, qmax));
+  }
+  uint8_t* qh = b + 16;
+  uint8_t* qs = b + (bits == 4 ? 16 : 48);
+  if (bits == 5) std::memset(qh, 0, 32);
+  for (int g = 0; g < 4; ++g) {
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t q0 = q[64 * g + l], q1 = q[64 * g + 32 + l];
+      qs[32 * g + l] = uint8_t((q0 & 15) | (q1 & 15) << 4);
+      if (bits == 5) qh[l] |= uint8_t((q0 >> 4) << (2 * g) | (q1 >> 4) << (2 * g + 1));
+    }
+  }
+}
+
+// Q6_K super-block: 16 sub-blocks of 16 with int8 scales relative to d; q in -32..31.
+void q6_k(const float* x, uint8_t* b) {
+  float scale[16];
+  float max_abs_scale = 0, max_scale = 0;
+  for (int j = 0; j < 16; ++j) {
+    scale[j] = signed_absmax(x + 16 * j, 16) / -32.0f;
+    if (std::fabs(scale[j]) > max_abs_scale) max_abs_scale = std::fabs(scale[j]), max_scale = scale[j];
+  }
+  const uint16_t dh = f32_to_f16(max_scale / -128.0f);
+  const float d = f16_to_f32(dh);
+  int8_t sc[16];
+  for (int j = 0; j < 16; ++j) sc[j] = int8_t(clampi(rnd(scale[j] * inv(d)), -128, 127));
+  uint8_t q[256];
+  for (int j = 0; j < 16; ++j) {
+    const float ia = inv(d * float(sc[j]));
+    for (int l = 0; l < 16; ++l) q[16 * j + l] = uint8_t(clampi(rnd(x[16 * j + l] * ia), -32, 31) + 32);
+  }
+  uint8_t* ql = b;
+  uint8_t* qh = b + 128;
+  std::memset(b, 0, 192);
+  std::memcpy(b + 192, sc, 16);
+  st16(b + 208, dh);
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t v = q[128 * n + 32 * k + l];
+        ql[64 * n + l + 32 * (k & 1)] |= uint8_t((v & 15) << (4 * (k >> 1)));
+        qh[32 * n + l] |= uint8_t((v >> 4) << (2 * k));
+      }
+}
+
+}  // namespace
+
+void quantize_row(GGMLType t, const float* src, void* dst, int64_t n) {
+  VQ_CHECK(ggml_type_supported(t), "weight type {} ({}) is not supported", ggml_type_name(t), uint32_t(t));
+  const size_t rb = ggml_row_bytes(t, n);  // checks the block multiple
+  (void)rb;
+  uint8_t* p = static_cast<uint8_t*>(dst);
+  const int64_t be = ggml_block_elems(t);
+  const size_t bb = ggml_block_bytes(t);
+  for (int64_t i = 0; i < n; i += be, p += bb) {
+    const float* x = src + i;
+    switch (t) {
+      case GGMLType::F32: std::memcpy(p, x, 4); break;
+      case GGMLType::F16: st16(p, f32_to_f16(*x)); break;
+      case GGMLType::BF16: st16(p, f32_to_bf16(*x)); break;
+      case GGMLType::Q8_0: q8_0(x, p); break;
+      case GGMLType::Q4_0: q_sym(x, p, 4); break;
+      case GGMLType::Q5_0: q_sym(x, p, 5); break;
+      case GGMLType::Q4_1: q_asym(x, p, 4); break;
+      case GGMLType::Q5_1: q_asym(x, p, 5); break;
+      case GGMLType::Q4_K: q_k(x, p, 4); break;
+      case GGMLType::Q5_K: q_k(x, p, 5); break;
+      case GGMLType::Q6_K: q6_k(x, p); break;
+      default: VQ_FAIL("weight type {} cannot be encoded", ggml_type_name(t));
+    }
+  }
+}
+
+}  // namespace vq
