@@ -3,7 +3,12 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "codec/calibration_file.h"
 #include "kvcache/dense_cache.h"
+#include "kvcache/vecinfer_cache.h"
+#ifdef VQ_HAVE_CUDA
+#include "ops/cuda/device.h"
+#endif
 
 namespace vq {
 
@@ -14,8 +19,21 @@ std::string calibration_howto(const KVCacheConfig& c) {
       c.name(), c.name());
 }
 
+// use_gpu_kernels: require fails here (construction) without a usable device. The GPU attention
+// path is the CUDA helper's; until a cache routes to it, auto and forbid both run on the CPU.
+static void check_gpu_switch(const KVCacheConfig& c) {
+  if (c.use_gpu_kernels != GpuKernels::require) return;
+#ifdef VQ_HAVE_CUDA
+  VQ_CHECK(cuda::cuda_device_available(), "kv_cache.use_gpu_kernels: require but no CUDA device can be used ({})",
+           cuda::cuda_unavailable_reason());
+#else
+  VQ_FAIL("kv_cache.use_gpu_kernels: require but no CUDA device can be used (this build has no CUDA backend)");
+#endif
+}
+
 KVCacheFactory make_kv_cache_factory(const KVCacheConfig& config, const std::string& calib_path) {
   config.validate();
+  check_gpu_switch(config);
   switch (config.method) {
     case KVMethod::fp16:
     case KVMethod::fp32: {
@@ -25,6 +43,17 @@ KVCacheFactory make_kv_cache_factory(const KVCacheConfig& config, const std::str
         config.validate(g.head_dim);
         (void)hd;
         return std::make_unique<DenseCache>(g, fp32);
+      };
+    }
+    case KVMethod::vecinfer: {
+      std::shared_ptr<const Calibration> calib = config.calibration;
+      const std::string path = !calib_path.empty() ? calib_path : config.calibration_file;
+      if (!calib) {
+        VQ_CHECK(!path.empty(), "{}", calibration_howto(config));
+        calib = std::make_shared<const Calibration>(load_calibration(path));
+      }
+      return [config, calib](int layer, const KVGeometry& g) -> std::unique_ptr<KVCache> {
+        return std::make_unique<VecInferCache>(g, config, calib, layer);
       };
     }
     default:

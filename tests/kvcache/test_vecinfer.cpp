@@ -1,0 +1,258 @@
+// VecInfer: LUT attention on codes vs dequantise-then-attend, the cache against the dense
+// reference, residual-window flushes, bytes accounting, calibration round trip.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "codec/bitpack.h"
+#include "core/error.h"
+#include "kvcache/calibration_train.h"
+#include "kvcache/dense_cache.h"
+#include "kvcache/factory.h"
+#include "kvcache/vecinfer_cache.h"
+#include "ops/cpu/pq_attention.h"
+#include "ops/ref/attention.h"
+#include "ops/ref/pq_attention.h"
+#include "test_util.h"
+
+using namespace vq;
+
+namespace {
+
+struct PQCase { int D, G, ksd, kb, vsd, vb; bool per_sub; int n; };
+
+void run_pq_case(const PQCase& c, std::mt19937& rng) {
+  const int nks = c.D / c.ksd, nvs = c.D / c.vsd;
+  const int kbooks = c.per_sub ? nks : 1, vbooks = c.per_sub ? nvs : 1;
+  auto q = randn(size_t(c.G) * c.D, rng, 0.3f);
+  auto kcb = randn(size_t(kbooks) << c.kb, rng), vcb = randn(size_t(vbooks) << c.vb, rng);
+  kcb.resize((size_t(kbooks) << c.kb) * c.ksd);
+  vcb.resize((size_t(vbooks) << c.vb) * c.vsd);
+  for (auto& x : kcb) x = std::normal_distribution<float>(0, 1)(rng);
+  for (auto& x : vcb) x = std::normal_distribution<float>(0, 1)(rng);
+  const size_t kr = packed_row_bytes(nks, c.kb), vr = packed_row_bytes(nvs, c.vb);
+  std::vector<uint8_t> kc(kr * c.n), vc(vr * c.n);
+  std::vector<uint16_t> codes(std::max(nks, nvs));
+  for (int t = 0; t < c.n; ++t) {
+    for (int j = 0; j < nks; ++j) codes[j] = uint16_t(rng() & ((1u << c.kb) - 1));
+    pack_codes(codes.data(), nks, c.kb, kc.data() + t * kr);
+    for (int j = 0; j < nvs; ++j) codes[j] = uint16_t(rng() & ((1u << c.vb) - 1));
+    pack_codes(codes.data(), nvs, c.vb, vc.data() + t * vr);
+  }
+  PQAttnArgs a;
+  a.n_tokens = c.n; a.group = c.G; a.head_dim = c.D;
+  a.k_sub_dim = c.ksd; a.k_bits = c.kb; a.k_books = kbooks;
+  a.v_sub_dim = c.vsd; a.v_bits = c.vb; a.v_books = vbooks;
+  a.q = q.data(); a.k_codes = kc.data(); a.k_codebook = kcb.data(); a.v_codes = vc.data(); a.v_codebook = vcb.data();
+  std::vector<float> m[3], d[3], o[3];
+  for (int r = 0; r < 3; ++r) {
+    m[r].assign(c.G, 7.0f); d[r].assign(c.G, 7.0f); o[r].assign(size_t(c.G) * c.D, 7.0f);  // poisoned
+    a.m = m[r].data(); a.d = d[r].data(); a.o = o[r].data();
+    if (r == 0) ref::pq_attention_dequantized(a);
+    else if (r == 1) ref::pq_attention(a);
+    else cpu::pq_attention(a);
+  }
+  for (int r = 1; r < 3; ++r) {
+    for (int g = 0; g < c.G; ++g) {
+      if (c.n == 0) {
+        EXPECT_TRUE(std::isinf(m[r][g]) && m[r][g] < 0);
+        EXPECT_EQ(d[r][g], 0.0f);
+        continue;
+      }
+      // scores are sums of D products of O(1) terms: fp32 rounding ~1e-6 relative
+      EXPECT_NEAR(m[r][g], m[0][g], 1e-4 * (1 + std::fabs(m[0][g]))) << r;
+      EXPECT_NEAR(d[r][g], d[0][g], 1e-4 * d[0][g]) << r;
+    }
+    // fp32 rounding of the scores enters through exp: normalized MSE ~1e-10 expected
+    if (c.n > 0) EXPECT_LT(nmse(o[r], o[0]), 1e-9) << "impl " << r << " D" << c.D << " G" << c.G << " k d" << c.ksd
+                                                    << "b" << c.kb << " v d" << c.vsd << "b" << c.vb;
+    else for (float x : o[r]) EXPECT_EQ(x, 0.0f);
+  }
+}
+
+// A calibration trained on random "activations" with per-channel outliers (as real keys have).
+std::shared_ptr<const Calibration> random_calibration(const KVCacheConfig& cfg, int L, int H, int D, int n,
+                                                      std::mt19937& rng, std::vector<std::vector<float>>* kv = nullptr) {
+  std::vector<std::vector<float>> ks, vs;
+  std::vector<const float*> kp, vp;
+  for (int l = 0; l < L; ++l) {
+    auto k = randn(size_t(n) * H * D, rng), v = randn(size_t(n) * H * D, rng);
+    for (size_t i = 0; i < k.size(); ++i) if (i % D == 3) k[i] *= 8.0f;  // an outlier channel
+    ks.push_back(std::move(k));
+    vs.push_back(std::move(v));
+  }
+  for (int l = 0; l < L; ++l) { kp.push_back(ks[l].data()); vp.push_back(vs[l].data()); }
+  CalibTrainOptions opt;
+  opt.kmeans_iters = 6;
+  auto c = std::make_shared<Calibration>(train_calibration(cfg, H, D, kp, vp, n, opt, "random"));
+  if (kv) { kv->push_back(ks[0]); kv->push_back(vs[0]); }
+  return c;
+}
+
+KVCacheConfig vi_config(const char* spec, std::shared_ptr<const Calibration> c) {
+  KVCacheConfig cfg = parse_kv_cache_spec(spec);
+  cfg.calibration = std::move(c);
+  return cfg;
+}
+
+}  // namespace
+
+TEST(PQAttention, LutEqualsDequantizeThenAttend) {
+  std::mt19937 rng(11);
+  const PQCase cases[] = {
+      {64, 3, 4, 8, 4, 8, true, 200},  {64, 1, 4, 8, 4, 8, false, 65}, {128, 4, 8, 12, 8, 12, true, 130},
+      {64, 8, 8, 8, 8, 8, false, 64},  {128, 2, 4, 8, 8, 8, true, 1},  {64, 3, 2, 4, 16, 6, true, 77},
+      {256, 5, 8, 8, 4, 8, true, 40},  {64, 3, 4, 8, 4, 8, true, 0},
+  };
+  for (const auto& c : cases) run_pq_case(c, rng);
+}
+
+TEST(PQAttention, BadArgsError) {
+  PQAttnArgs a;
+  a.group = 1; a.head_dim = 64; a.k_sub_dim = 3; a.k_bits = 8; a.k_books = 1;
+  a.v_sub_dim = 4; a.v_bits = 8; a.v_books = 1;
+  float x[64];
+  a.q = a.m = a.d = a.o = x;
+  EXPECT_THROW(cpu::pq_attention(a), Error);
+}
+
+TEST(VecInfer, MissingCalibrationSaysHowToMakeIt) {
+  try {
+    make_kv_cache_factory(parse_kv_cache_spec("vecinfer:d4b8"));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("veloxquant calibrate"), std::string::npos) << e.what();
+  }
+}
+
+TEST(VecInfer, FlushesAtResidualBoundaries) {
+  std::mt19937 rng(5);
+  const int H = 2, HQ = 4, D = 64, R = 40;
+  auto calib = random_calibration(parse_kv_cache_spec("vecinfer:d4b8"), 1, H, D, 512, rng);
+  const int B = VecInferCache::kBlock;
+  for (int n : {0, 1, R - 1, R, R + 1, R + B - 1, R + B, R + B + 1, 700}) {
+    for (int step : {1, 7, 1000}) {
+      if (n > 200 && step == 1) continue;
+      auto cfg = vi_config("vecinfer:d4b8,r=40", calib);
+      VecInferCache c(KVGeometry{HQ, H, D}, cfg, calib, 0);
+      auto k = randn(size_t(n + 1) * H * D, rng), v = randn(size_t(n + 1) * H * D, rng);
+      for (int done = 0; done < n; done += step) {
+        const int m = std::min(step, n - done);
+        c.append(k.data() + size_t(done) * H * D, v.data() + size_t(done) * H * D, m);
+        // invariant: before an append, whole blocks leave while >= R stay; so window >= min(size, R)
+        // and the window before the last append held < R + B tokens
+        EXPECT_EQ(c.coded_tokens() % B, 0);
+        EXPECT_GE(c.window_tokens(), std::min<int64_t>(c.size(), R));
+        EXPECT_LT(c.window_tokens() - m, R + B);
+      }
+      EXPECT_EQ(c.size(), n);
+      if (n == 0) continue;
+      auto q = randn(size_t(HQ) * D, rng);
+      std::vector<float> out(q.size()), deq(q.size()), ref_out(q.size());
+      c.attend(q.data(), 1, 0.125f, out.data());
+      c.attend_dequantized(q.data(), 1, 0.125f, deq.data());
+      EXPECT_LT(nmse(out, deq), 1e-9) << "n=" << n << " step=" << step;
+      ref::attention(q.data(), 1, k.data(), v.data(), n, HQ, H, D, 0.125f, ref_out.data());
+      if (c.coded_tokens() == 0) EXPECT_LT(nmse(out, ref_out), 1e-5) << "all fp16, n=" << n;
+      else EXPECT_LT(nmse(out, ref_out), 0.25) << "n=" << n;  // random data: PQ error, see DenseAgreement
+    }
+  }
+}
+
+TEST(VecInfer, AgreesWithDenseOnStructuredData) {
+  // Keys/values are i.i.d. Gaussians, the worst case for any quantizer: at 2 bits/element the
+  // rate-distortion bound alone leaves 2^-4 of each K and V element's energy as error, and the
+  // attention output (a weighted mean of near-independent values) is small, which amplifies the
+  // relative error (measured 0.18 for d4b8, 0.41 for d8b8 at 1 bit/element). The thresholds
+  // (0.3, 0.6) catch broken codes (NMSE ~1 or more); quality is judged on real activations.
+  std::mt19937 rng(9);
+  const int H = 3, HQ = 9, D = 64, n = 1200;
+  std::vector<std::vector<float>> kv;
+  const std::pair<const char*, double> specs[] = {{"vecinfer:d4b8", 0.3}, {"vecinfer:k=d4b8,v=d8b8", 0.6}};
+  for (auto [spec, limit] : specs) {
+    kv.clear();
+    auto base = parse_kv_cache_spec(spec);
+    auto calib = random_calibration(base, 1, H, D, 1024, rng, &kv);
+    auto cfg = vi_config(spec, calib);
+    auto cache = make_kv_cache_factory(cfg)(0, KVGeometry{HQ, H, D});
+    auto k = randn(size_t(n) * H * D, rng), v = randn(size_t(n) * H * D, rng);
+    for (size_t i = 0; i < k.size(); ++i) if (i % D == 3) k[i] *= 8.0f;
+    for (int done = 0; done < n; done += 100) cache->append(k.data() + size_t(done) * H * D, v.data() + size_t(done) * H * D, 100);
+    const int nq = 5;
+    auto q = randn(size_t(nq) * HQ * D, rng, 0.5f);
+    std::vector<float> out(q.size()), ref_out(q.size());
+    cache->attend(q.data(), nq, 0.125f, out.data());
+    ref::attention(q.data(), nq, k.data(), v.data(), n, HQ, H, D, 0.125f, ref_out.data());
+    const double e = nmse(out, ref_out);
+    std::printf("[ %s ] attention NMSE vs fp32 on random data: %.4f, %.3f bits/elem\n", spec, e, cache->bits_per_element());
+    EXPECT_LT(e, limit) << spec;
+  }
+}
+
+TEST(VecInfer, BytesAreAllocatedBytes) {
+  std::mt19937 rng(3);
+  const int H = 3, D = 64;
+  auto calib = random_calibration(parse_kv_cache_spec("vecinfer:d4b8"), 1, H, D, 512, rng);
+  VecInferCache c(KVGeometry{9, H, D}, vi_config("vecinfer:d4b8", calib), calib, 0);
+  const int n = 5000;
+  auto k = randn(size_t(n) * H * D, rng);
+  for (int done = 0; done < n; done += 500) c.append(k.data() + size_t(done) * H * D, k.data() + size_t(done) * H * D, 500);
+  c.append(k.data(), k.data(), 1);  // flushes the last chunk
+  // codes: 16 bytes per token per head for keys (16 sub-spaces x 8 bits) and for values;
+  // pages of 512 tokens; window: capacity x head_dim x 2 bytes x 2 (K, V).
+  const int64_t pages = (c.coded_tokens() + VecInferCache::kPageTokens - 1) / VecInferCache::kPageTokens;
+  EXPECT_GE(c.bytes(), size_t(pages) * VecInferCache::kPageTokens * H * 32);
+  const size_t code_bytes = size_t(pages) * VecInferCache::kPageTokens * H * 32;
+  const size_t window_min = size_t(c.window_tokens()) * H * D * 4;
+  EXPECT_GE(c.bytes(), code_bytes + window_min);
+  EXPECT_LE(c.bytes(), code_bytes + 2 * window_min + size_t(H) * D * 16 * 4);
+  c.clear();
+  EXPECT_EQ(c.bytes(), 0u);
+  EXPECT_EQ(c.size(), 0);
+}
+
+TEST(VecInfer, CalibrationFileRoundTrip) {
+  std::mt19937 rng(4);
+  auto spec = parse_kv_cache_spec("vecinfer:d8b8");
+  auto calib = random_calibration(spec, 2, 2, 64, 300, rng);
+  const std::string path = std::string(VQ_BINARY_DIR) + "/test_vecinfer_roundtrip.vqcal";
+  save_calibration(path, *calib);
+  auto from_file = make_kv_cache_factory(spec, path);
+  KVCacheConfig in_mem = spec;
+  in_mem.calibration = calib;
+  auto from_mem = make_kv_cache_factory(in_mem);
+  auto a = from_file(1, KVGeometry{4, 2, 64}), b = from_mem(1, KVGeometry{4, 2, 64});
+  auto k = randn(size_t(300) * 2 * 64, rng);
+  a->append(k.data(), k.data(), 300);
+  b->append(k.data(), k.data(), 300);
+  a->append(k.data(), k.data(), 1);
+  b->append(k.data(), k.data(), 1);
+  auto q = randn(size_t(4) * 64, rng);
+  std::vector<float> oa(q.size()), ob(q.size());
+  a->attend(q.data(), 1, 0.1f, oa.data());
+  b->attend(q.data(), 1, 0.1f, ob.data());
+  EXPECT_EQ(oa, ob);
+  EXPECT_THROW(from_file(2, KVGeometry{4, 2, 64}), Error);  // layer beyond the calibration
+  EXPECT_THROW(from_file(0, KVGeometry{4, 1, 64}), Error);  // wrong KV heads
+  EXPECT_THROW(make_kv_cache_factory(parse_kv_cache_spec("vecinfer:d4b8"), path)(0, KVGeometry{4, 2, 64}), Error);
+  std::remove(path.c_str());
+}
+
+TEST(GpuSwitch, RequireWithoutGpuErrorsAtConstruction) {
+#ifdef VQ_HAVE_CUDA
+  GTEST_SKIP() << "CUDA build: covered where no device is present";
+#endif
+  try {
+    make_kv_cache_factory(parse_kv_cache_spec("fp16,gpu=forbid"));
+    KVCacheConfig c;
+    c.use_gpu_kernels = GpuKernels::require;
+    make_kv_cache_factory(c);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use_gpu_kernels: require but no CUDA device"), std::string::npos) << e.what();
+  }
+}
