@@ -209,7 +209,8 @@ TEST(VecInfer, BytesAreAllocatedBytes) {
   const size_t code_bytes = size_t(pages) * VecInferCache::kPageTokens * H * 32;
   const size_t window_min = size_t(c.window_tokens()) * H * D * 4;
   EXPECT_GE(c.bytes(), code_bytes + window_min);
-  EXPECT_LE(c.bytes(), code_bytes + 2 * window_min + size_t(H) * D * 16 * 4);
+  // the window's capacity grows by 1.5x; it peaked at R + B + 500 tokens (+16 padding tokens)
+  EXPECT_LE(c.bytes(), code_bytes + size_t(1.5 * (128 + 32 + 500 + 16)) * H * D * 4);
   c.clear();
   EXPECT_EQ(c.bytes(), 0u);
   EXPECT_EQ(c.size(), 0);
