@@ -1,0 +1,40 @@
+#pragma once
+// Model-level calibration for VecInfer: run the model over text, record every layer's real
+// (post-RoPE) keys and values, train smoothing + codebooks (kvcache/calibration_train.h).
+// Plus the first-use calibration of the default model, so `generate --kv-cache vecinfer:d4b8`
+// works out of the box.
+#include <functional>
+#include <string>
+
+#include "codec/calibration_file.h"
+#include "kvcache/calibration_train.h"
+#include "model/model.h"
+#include "veloxquant/config.h"
+
+namespace vq {
+
+// Progress callback: (stage, done, total); stage is "prefill" or "train".
+using CalibProgress = std::function<void(const char*, int, int)>;
+
+// Reads a text file; ".gz" files through `gzip -dc`; HTML tags are stripped from ".html" files.
+std::string read_text_file(const std::string& path);
+
+// Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens).
+// Runs them through the model (fp16 cache) in chunks and trains the calibration.
+Calibration calibrate_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
+                            const CalibTrainOptions& opt, const std::string& model_name,
+                            const CalibProgress& progress = {});
+
+// The Jargon File (Debian package jargon-text) if installed, else "".
+std::string default_calibration_text_path();
+// <cache>/calib/<first 16 hex of the model's sha256>-<preset>.vqcal, next to <cache>/models.
+std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg);
+
+// For vecinfer: calib_flag when given; else, for the default model, the cached first-use
+// calibration (made now from the Jargon File, ~2048 tokens, when absent); else an error saying
+// how to make one. Other methods: "". `made` is set when a new file was written.
+std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,
+                                const KVCacheConfig& cfg, const std::string& calib_flag,
+                                const CalibProgress& progress = {}, bool* made = nullptr);
+
+}  // namespace vq
