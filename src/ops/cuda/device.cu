@@ -1,0 +1,113 @@
+#include "ops/cuda/device.h"
+
+#include <mutex>
+
+#include "ops/cuda/cuda_check.cuh"
+
+namespace vq::cuda {
+namespace {
+
+struct Probe {
+  bool ok = false;
+  std::string reason;
+};
+
+__global__ void probe_kernel(int* out) { *out = 42; }
+
+Probe run_probe() {
+  Probe p;
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    p.reason = std::string("no usable CUDA driver/device: ") + cudaGetErrorString(e);
+    cudaGetLastError();
+    return p;
+  }
+  if (n == 0) {
+    p.reason = "no CUDA device";
+    return p;
+  }
+  // Launch a tiny kernel: proves the driver can load this build's sm_90 code or PTX.
+  int* d = nullptr;
+  if ((e = cudaMalloc(&d, sizeof(int))) != cudaSuccess) {
+    p.reason = std::string("cudaMalloc failed: ") + cudaGetErrorString(e);
+    cudaGetLastError();
+    return p;
+  }
+  probe_kernel<<<1, 1>>>(d);
+  int h = 0;
+  e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  if (e != cudaSuccess || h != 42) {
+    p.reason = std::string("CUDA device cannot run this build's kernels: ") + cudaGetErrorString(e);
+    cudaGetLastError();
+    return p;
+  }
+  p.ok = true;
+  return p;
+}
+
+const Probe& probe() {
+  static Probe p;
+  static std::once_flag once;
+  std::call_once(once, [] { p = run_probe(); });
+  return p;
+}
+
+}  // namespace
+
+bool cuda_device_available() { return probe().ok; }
+std::string cuda_unavailable_reason() { return probe().ok ? std::string() : probe().reason; }
+
+std::string cuda_device_description() {
+  VQ_CHECK(cuda_device_available(), "CUDA: {}", cuda_unavailable_reason());
+  cudaDeviceProp prop{};
+  VQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return fmt::format("{} (sm_{}{}, {} SMs, {} MiB, L2 {} MiB)", prop.name, prop.major, prop.minor,
+                     prop.multiProcessorCount, prop.totalGlobalMem >> 20, prop.l2CacheSize >> 20);
+}
+
+void device_synchronize() { VQ_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  VQ_CHECK(cuda_device_available(), "CUDA: cannot allocate {} bytes: {}", bytes, cuda_unavailable_reason());
+  if (bytes) VQ_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = o.ptr_, bytes_ = o.bytes_;
+    o.ptr_ = nullptr, o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
+  VQ_CHECK(offset + bytes <= bytes_, "DeviceBuffer::upload: {} bytes at offset {} exceed size {}", bytes, offset,
+           bytes_);
+  if (bytes) VQ_CUDA_CHECK(cudaMemcpy(static_cast<char*>(ptr_) + offset, src, bytes, cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
+  VQ_CHECK(offset + bytes <= bytes_, "DeviceBuffer::download: {} bytes at offset {} exceed size {}", bytes, offset,
+           bytes_);
+  if (bytes) VQ_CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost));
+}
+
+void DeviceBuffer::fill_bytes(int value) {
+  if (bytes_) VQ_CUDA_CHECK(cudaMemset(ptr_, value, bytes_));
+}
+
+DeviceBuffer to_device(const void* src, size_t bytes) {
+  DeviceBuffer b(bytes);
+  b.upload(src, bytes);
+  return b;
+}
+
+}  // namespace vq::cuda

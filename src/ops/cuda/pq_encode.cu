@@ -1,0 +1,383 @@
+// Fused nearest-centroid encoder (see pq.h). Design and measured variants: docs/CUDA_NOTES.md.
+//
+// One block = one head x a tile of TT = 32*R tokens, 256 threads (8 warps).
+//  phase 1: the tile's vectors are loaded (f32/f16/bf16), smoothed and Walsh-Hadamard rotated
+//           (one warp per token, butterflies across lanes by shuffles) into shared memory;
+//  phase 2: a warp takes one sub-space at a time; each lane owns R tokens of it, keeps -2x in
+//           registers and scans the codebook from shared memory (broadcast reads), computing
+//           |c|^2 - 2 x.c with fp32 FMAs. The running argmin is one FMNMX per pair: the centroid
+//           index (low 8 bits, blocks of 256 centroids) is spliced into the distance's low
+//           mantissa bits, so a float min carries the index (costs 8 of 23 mantissa bits).
+//  phase 3: codes are bit-packed from shared memory and written as whole rows.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/device.h"
+#include "ops/cuda/pq.h"
+
+namespace vq::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kPad = 4;  // floats of padding per x row: lanes on consecutive rows hit different banks
+
+struct EncodeParams {
+  int64_t n_tokens;
+  int n_heads, head_dim, n_sub, K, books;
+  int elem;  // 0 f32, 1 f16, 2 bf16
+  const void* x;
+  int64_t x_token_stride, x_head_stride;  // elements
+  const float* lambda;                    // [n_heads, head_dim] or null
+  int hblock;                             // Walsh-Hadamard block (0: none)
+  const float* codebooks;                 // [n_heads, books, K, DS]
+  uint16_t* codes16;                      // plain output [n_tokens, n_sub] (n_heads == 1), or null
+  uint8_t* packed;                        // packed output, or null
+  int bits, row_bytes;
+  int64_t code_head_stride, code_token_stride;
+};
+
+__device__ __forceinline__ float load_elem(const void* p, int64_t i, int elem) {
+  if (elem == 0) return static_cast<const float*>(p)[i];
+  if (elem == 1) return __half2float(static_cast<const __half*>(p)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+
+// Phase 1, warp per token, head_dim % 32 == 0 and <= 256: element e = lane + 32*i.
+__device__ void transform_rows_warp(const EncodeParams& p, int h, int64_t t0, int tt, float* s_x, int ldx) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int epl = p.head_dim / 32;
+  const float scale = p.hblock ? rsqrtf(float(p.hblock)) : 1.0f;
+  for (int r = warp; r < tt; r += kWarps) {
+    const int64_t base = (t0 + r) * p.x_token_stride + int64_t(h) * p.x_head_stride;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (i < epl) {
+        const int e = lane + 32 * i;
+        float x = load_elem(p.x, base + e, p.elem);
+        if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + e];
+        v[i] = x;
+      }
+    if (p.hblock) {
+      // Stages with partner distance < 32: across lanes (same i).
+      for (int hh = 1; hh < 32 && hh < p.hblock; hh <<= 1) {
+        const bool upper = lane & hh;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i < epl) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[i], hh);
+            v[i] = upper ? (o - v[i]) : (v[i] + o);
+          }
+      }
+      // Stages with distance >= 32: within the lane (i and i ^ hh/32).
+      for (int hh = 32; hh < p.hblock; hh <<= 1) {
+        const int m = hh >> 5;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i < epl && !(i & m)) {
+            // partner index i|m is > i; both < epl since epl is a multiple of 2m here
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              if (j == (i | m)) {
+                const float a = v[i], b = v[j];
+                v[i] = a + b;
+                v[j] = a - b;
+              }
+          }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (i < epl) s_x[r * ldx + lane + 32 * i] = v[i] * scale;
+  }
+}
+
+// Phase 1 without a Hadamard rotation (any head_dim): plain strided copy with smoothing.
+__device__ void load_rows_plain(const EncodeParams& p, int h, int64_t t0, int tt, float* s_x, int ldx) {
+  const int n = tt * p.head_dim;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const int r = i / p.head_dim, e = i - r * p.head_dim;
+    float x = load_elem(p.x, (t0 + r) * p.x_token_stride + int64_t(h) * p.x_head_stride + e, p.elem);
+    if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + e];
+    s_x[r * ldx + e] = x;
+  }
+}
+
+template <int DS, int R>
+__global__ void __launch_bounds__(kThreads) encode_kernel(EncodeParams p) {
+  constexpr int TT = 32 * R;
+  extern __shared__ __align__(16) float smem[];
+  const int h = blockIdx.y;
+  const int64_t t0 = int64_t(blockIdx.x) * TT;
+  const int tt = int(p.n_tokens - t0 < TT ? p.n_tokens - t0 : TT);
+  const int ldx = p.head_dim + kPad;
+  const int book_floats = p.books * p.K * DS;
+  // smem: s_x [TT, ldx] f32 | s_book [books, K, DS] f32 | s_cn [books, K] f32 | s_codes [TT, n_sub] u16
+  float* s_x = smem;
+  float* s_book = s_x + TT * ldx;
+  float* s_cn = s_book + book_floats;
+  uint16_t* s_codes = reinterpret_cast<uint16_t*>(s_cn + p.books * p.K);
+
+  // Stage this head's codebook(s), then |c|^2, while the tile's vectors are transformed.
+  const float* g_book = p.codebooks + int64_t(h) * book_floats;
+  if ((reinterpret_cast<uintptr_t>(g_book) & 15) == 0) {
+    for (int i = threadIdx.x; i < book_floats / 4; i += kThreads)
+      reinterpret_cast<float4*>(s_book)[i] = __ldg(reinterpret_cast<const float4*>(g_book) + i);
+  } else {
+    for (int i = threadIdx.x; i < book_floats; i += kThreads) s_book[i] = __ldg(g_book + i);
+  }
+  if (p.hblock) transform_rows_warp(p, h, t0, tt, s_x, ldx);
+  else load_rows_plain(p, h, t0, tt, s_x, ldx);
+  __syncthreads();
+  for (int c = threadIdx.x; c < p.books * p.K; c += kThreads) {
+    const float* cp = s_book + c * DS;
+    float n = 0.0f;
+#pragma unroll
+    for (int e = 0; e < DS; ++e) n = fmaf(cp[e], cp[e], n);
+    s_cn[c] = n;
+  }
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int sub = warp; sub < p.n_sub; sub += kWarps) {
+    const int bk = p.books > 1 ? sub : 0;
+    const float* book = s_book + bk * p.K * DS;
+    const float* cn = s_cn + bk * p.K;
+    float x2[R][DS];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int t = lane + 32 * r;
+      const float* xp = s_x + (t < tt ? t : 0) * ldx + sub * DS;
+#pragma unroll
+      for (int e = 0; e < DS; e += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(xp + e);
+        x2[r][e] = -2.0f * v.x, x2[r][e + 1] = -2.0f * v.y, x2[r][e + 2] = -2.0f * v.z, x2[r][e + 3] = -2.0f * v.w;
+      }
+    }
+    float best[R];
+    uint32_t best_code[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) best[r] = __uint_as_float(0x7f800000u), best_code[r] = 0;
+    for (int c0 = 0; c0 < p.K; c0 += 256) {
+      const int cend = min(256, p.K - c0);
+      float kb[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) kb[r] = __uint_as_float(0x7f800000u);
+      const float* bp = book + c0 * DS;
+      const float* np = cn + c0;
+#pragma unroll 2
+      for (int c = 0; c < cend; ++c) {
+        float cc[DS];
+#pragma unroll
+        for (int e = 0; e < DS; e += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(bp + c * DS + e);
+          cc[e] = v.x, cc[e + 1] = v.y, cc[e + 2] = v.z, cc[e + 3] = v.w;
+        }
+        const float n = np[c];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float acc = n;
+#pragma unroll
+          for (int e = 0; e < DS; ++e) acc = fmaf(x2[r][e], cc[e], acc);
+          kb[r] = fminf(kb[r], __uint_as_float((__float_as_uint(acc) & 0xffffff00u) | uint32_t(c)));
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (kb[r] < best[r]) best[r] = kb[r], best_code[r] = uint32_t(c0) + (__float_as_uint(kb[r]) & 0xffu);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int t = lane + 32 * r;
+      if (t < tt) s_codes[t * p.n_sub + sub] = uint16_t(best_code[r]);
+    }
+  }
+  __syncthreads();
+
+  if (p.codes16) {
+    for (int i = threadIdx.x; i < tt * p.n_sub; i += kThreads) p.codes16[t0 * p.n_sub + i] = s_codes[i];
+    return;
+  }
+  // Bit-pack: thread per (token, byte).
+  for (int i = threadIdx.x; i < tt * p.row_bytes; i += kThreads) {
+    const int r = i / p.row_bytes, bi = i - r * p.row_bytes;
+    const uint16_t* cr = s_codes + r * p.n_sub;
+    const int lo = 8 * bi;
+    uint32_t v = 0;
+    for (int j = lo / p.bits; j < p.n_sub && j * p.bits < lo + 8; ++j) {
+      const int off = j * p.bits - lo;
+      const uint32_t c = cr[j];
+      v |= off >= 0 ? (c << off) : (c >> (-off));
+    }
+    p.packed[int64_t(h) * p.code_head_stride + (t0 + r) * p.code_token_stride + bi] = uint8_t(v & 0xffu);
+  }
+}
+
+// Generic fallback (any sub_dim, codebooks too large for shared memory): one thread per
+// row (token, head), direct sum of squared differences, codebook read through the L1 cache.
+// Transforms are not supported here (the host routes those to the fast kernel or throws).
+__global__ void encode_generic_kernel(EncodeParams p, int DS) {
+  const int h = blockIdx.y;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < p.n_tokens;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    uint8_t* row = p.packed ? p.packed + int64_t(h) * p.code_head_stride + t * p.code_token_stride : nullptr;
+    uint32_t acc_bits = 0;  // pending packed bits, LSB-first
+    int n_pending = 0, out_byte = 0;
+    for (int sub = 0; sub < p.n_sub; ++sub) {
+      const float* book = p.codebooks + (int64_t(h) * p.books + (p.books > 1 ? sub : 0)) * p.K * DS;
+      const int64_t xb = t * p.x_token_stride + int64_t(h) * p.x_head_stride + int64_t(sub) * DS;
+      float best = INFINITY;
+      int bc = 0;
+      for (int c = 0; c < p.K; ++c) {
+        float acc = 0.0f;
+        for (int e = 0; e < DS; ++e) {
+          float x = load_elem(p.x, xb + e, p.elem);
+          if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + sub * DS + e];
+          const float d = x - __ldg(book + int64_t(c) * DS + e);
+          acc = fmaf(d, d, acc);
+        }
+        if (acc < best) best = acc, bc = c;
+      }
+      if (p.codes16) {
+        p.codes16[t * p.n_sub + sub] = uint16_t(bc);
+      } else {
+        acc_bits |= uint32_t(bc) << n_pending;
+        n_pending += p.bits;
+        while (n_pending >= 8) {
+          row[out_byte++] = uint8_t(acc_bits & 0xffu);
+          acc_bits >>= 8;
+          n_pending -= 8;
+        }
+      }
+    }
+    if (row && n_pending > 0) row[out_byte] = uint8_t(acc_bits & 0xffu);
+  }
+}
+
+int max_smem_per_block() {
+  static int v = [] {
+    int dev = 0, bytes = 0;
+    VQ_CUDA_CHECK(cudaGetDevice(&dev));
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return bytes;
+  }();
+  return v;
+}
+
+size_t fast_smem_bytes(const EncodeParams& p, int DS, int R) {
+  const size_t tt = 32 * size_t(R);
+  return tt * (p.head_dim + kPad) * 4 + size_t(p.books) * p.K * DS * 4 + size_t(p.books) * p.K * 4 +
+         tt * p.n_sub * 2 + 16;
+}
+
+template <int DS, int R>
+bool try_launch(const EncodeParams& p, cudaStream_t st) {
+  const size_t smem = fast_smem_bytes(p, DS, R);
+  if (smem > size_t(max_smem_per_block())) return false;
+  auto k = encode_kernel<DS, R>;
+  VQ_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned((p.n_tokens + 32 * R - 1) / (32 * R)), unsigned(p.n_heads));
+  k<<<grid, kThreads, smem, st>>>(p);
+  VQ_CUDA_LAUNCHED("encode_kernel");
+  return true;
+}
+
+template <int DS>
+bool try_fast(const EncodeParams& p, cudaStream_t st) {
+  if constexpr (DS <= 8) {
+    if (try_launch<DS, 8>(p, st)) return true;
+  }
+  if (try_launch<DS, 4>(p, st)) return true;
+  return try_launch<DS, 2>(p, st);
+}
+
+void launch_encode(EncodeParams p, int DS, cudaStream_t st) {
+  VQ_CHECK(cuda_device_available(), "CUDA pq encode: {}", cuda_unavailable_reason());
+  if (p.n_tokens == 0) return;
+  VQ_CHECK(p.n_tokens <= int64_t(65535) * 1024 * 64, "CUDA pq encode: n = {} too large", p.n_tokens);
+  VQ_CHECK(p.n_heads >= 1 && p.n_heads <= 65535, "CUDA pq encode: n_heads = {} out of range", p.n_heads);
+  bool done = false;
+  if (DS == 4) done = try_fast<4>(p, st);
+  else if (DS == 8) done = try_fast<8>(p, st);
+  else if (DS == 16) done = try_fast<16>(p, st);
+  if (done) return;
+  VQ_CHECK(p.hblock == 0,
+           "CUDA fused encode: head_dim {} / sub_dim {} / {} centroids with the Hadamard rotation does not fit "
+           "the fast kernel (sub_dim must be 4, 8 or 16 and the codebooks must fit in shared memory)",
+           p.head_dim, DS, p.K);
+  const unsigned blocks = unsigned(std::min<int64_t>((p.n_tokens + 127) / 128, 65535));
+  encode_generic_kernel<<<dim3(blocks, unsigned(p.n_heads)), 128, 0, st>>>(p, DS);
+  VQ_CUDA_LAUNCHED("encode_generic_kernel");
+}
+
+}  // namespace
+
+void pq_encode_device(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes, void* stream) {
+  check_pq_shape(s, "cuda::pq_encode");
+  EncodeParams p{};
+  p.n_tokens = s.n;
+  p.n_heads = 1;
+  p.head_dim = s.n_sub * s.sub_dim;
+  p.n_sub = s.n_sub;
+  p.K = s.n_centroids;
+  p.books = s.per_subspace ? s.n_sub : 1;
+  p.elem = 0;
+  p.x = x;
+  p.x_token_stride = p.head_dim;
+  p.x_head_stride = 0;
+  p.codebooks = codebooks;
+  p.codes16 = codes;
+  launch_encode(p, s.sub_dim, as_stream(stream));
+}
+
+void fused_encode_device(const FusedEncodeArgs& a, void* stream) {
+  VQ_CHECK(a.n_tokens >= 0, "cuda::fused_encode: n_tokens = {} < 0", a.n_tokens);
+  VQ_CHECK(a.sub_dim >= 1 && a.head_dim >= 1 && a.head_dim % a.sub_dim == 0,
+           "cuda::fused_encode: head_dim {} is not a multiple of sub_dim {}", a.head_dim, a.sub_dim);
+  VQ_CHECK(a.bits >= 1 && a.bits <= 16, "cuda::fused_encode: bits = {} must be in 1..16", a.bits);
+  VQ_CHECK(a.x && a.codebooks && a.codes, "cuda::fused_encode: null x, codebooks or codes");
+  int hblock = 0;
+  if (a.hadamard) {
+    hblock = a.head_dim & -a.head_dim;
+    VQ_CHECK(a.head_dim % 32 == 0 && a.head_dim <= 256 && hblock >= 8,
+             "cuda::fused_encode: the Hadamard rotation needs head_dim % 32 == 0 and <= 256, got {}", a.head_dim);
+  }
+  EncodeParams p{};
+  p.n_tokens = a.n_tokens;
+  p.n_heads = a.n_heads;
+  p.head_dim = a.head_dim;
+  p.n_sub = a.head_dim / a.sub_dim;
+  p.K = 1 << a.bits;
+  p.books = a.per_subspace ? p.n_sub : 1;
+  p.elem = a.in_type == ElemType::f32 ? 0 : a.in_type == ElemType::f16 ? 1 : 2;
+  p.x = a.x;
+  p.x_token_stride = a.x_token_stride ? a.x_token_stride : int64_t(a.n_heads) * a.head_dim;
+  p.x_head_stride = a.head_dim;
+  p.lambda = a.lambda;
+  p.hblock = hblock;
+  p.codebooks = a.codebooks;
+  p.packed = a.codes;
+  p.bits = a.bits;
+  p.row_bytes = int(code_row_bytes(p.n_sub, a.bits));
+  p.code_head_stride = a.code_head_stride;
+  p.code_token_stride = a.code_token_stride ? a.code_token_stride : p.row_bytes;
+  launch_encode(p, a.sub_dim, as_stream(stream));
+}
+
+void pq_encode(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes) {
+  check_pq_shape(s, "cuda::pq_encode");
+  const size_t xb = size_t(s.n) * s.n_sub * s.sub_dim * 4;
+  const size_t cb = size_t(pq_n_books(s)) * s.n_centroids * s.sub_dim * 4;
+  const size_t ob = size_t(s.n) * s.n_sub * 2;
+  DeviceBuffer dx = to_device(x, xb), dc = to_device(codebooks, cb), dout(ob);
+  pq_encode_device(s, dx.as<float>(), dc.as<float>(), dout.as<uint16_t>());
+  device_synchronize();
+  dout.download(codes, ob);
+}
+
+}  // namespace vq::cuda
