@@ -1,0 +1,114 @@
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/atomic_file.h"
+#include "core/checksum.h"
+#include "core/error.h"
+#include "core/mmap_file.h"
+#include "core/tensor.h"
+
+namespace vq {
+namespace {
+
+std::string tmp(const std::string& name) {
+  return std::string(::testing::TempDir()) + "vq_core_" + std::to_string(::getpid()) + "_" + name;
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TensorView, ShapesAndErrors) {
+  std::vector<float> buf(24);
+  TensorView<float> v(buf.data(), {2, 3, 4});
+  EXPECT_EQ(v.rank(), 3);
+  EXPECT_EQ(v.numel(), 24);
+  EXPECT_EQ(&v.at(1, 2, 3), &buf[23]);
+  EXPECT_NO_THROW(v.expect_shape("x", {2, 3, 4}));
+  const std::string m = error_of([&] { v.expect_shape("keys", {2, 4, 4}); });
+  EXPECT_NE(m.find("keys"), std::string::npos) << m;
+  EXPECT_NE(m.find("[2, 3, 4]"), std::string::npos) << m;
+  EXPECT_NE(m.find("[2, 4, 4]"), std::string::npos) << m;
+  EXPECT_FALSE(error_of([&] { v.expect_shape("x", {2, 3}); }).empty());  // rank differs
+  EXPECT_NE(error_of([&] { TensorView<float>(buf.data(), {2, -1}); }).find("-1"), std::string::npos);
+  EXPECT_FALSE(error_of([&] { TensorView<float>(buf.data(), {1, 1, 1, 1, 1}); }).empty());
+}
+
+TEST(MappedFile, ReadsAndNamesMissingFiles) {
+  const std::string p = tmp("mmap");
+  {
+    std::ofstream f(p, std::ios::binary);
+    f << "hello mmap";
+  }
+  MappedFile m(p);
+  ASSERT_EQ(m.size(), 10u);
+  EXPECT_EQ(std::memcmp(m.data(), "hello mmap", 10), 0);
+  MappedFile moved(std::move(m));
+  EXPECT_EQ(moved.size(), 10u);
+  EXPECT_EQ(m.data(), nullptr);
+  std::remove(p.c_str());
+  const std::string missing = tmp("no_such_file");
+  const std::string msg = error_of([&] { MappedFile x(missing); });
+  EXPECT_NE(msg.find(missing), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
+  EXPECT_NE(error_of([] { MappedFile x("/"); }).find("not a regular file"), std::string::npos);
+}
+
+size_t count_temp_files(const std::string& dir, const std::string& prefix) {
+  size_t n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind(prefix, 0) == 0 && std::string(e->d_name).find(".tmp.") != std::string::npos)
+        ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+TEST(AtomicFile, WritesReplacesAndLeavesNoTemp) {
+  const std::string dir = ::testing::TempDir();
+  const std::string name = "vq_core_" + std::to_string(::getpid()) + "_atomic";
+  const std::string p = dir + name;
+  write_file_atomic(p, "first", 5);
+  write_file_atomic(p, "second!", 7);
+  std::ifstream f(p, std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(s, "second!");
+  EXPECT_EQ(count_temp_files(dir, name), 0u);
+  std::remove(p.c_str());
+  // A failing write (directory missing) throws naming the path and leaves nothing behind.
+  const std::string bad = dir + "vq_no_such_dir_" + std::to_string(::getpid()) + "/out.bin";
+  EXPECT_NE(error_of([&] { write_file_atomic(bad, "x", 1); }).find("vq_no_such_dir_"), std::string::npos);
+}
+
+TEST(Checksum, DetectsEverySingleBitFlip) {
+  EXPECT_EQ(checksum64("", 0), 0xEF46DB3751D8E999ull);  // XXH64 of empty input, seed 0
+  std::vector<uint8_t> buf(257);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = uint8_t(i * 31 + 7);
+  const uint64_t base = checksum64(buf.data(), buf.size());
+  EXPECT_EQ(checksum64(buf.data(), buf.size()), base);
+  for (size_t i = 0; i < buf.size(); ++i)
+    for (int bit = 0; bit < 8; ++bit) {
+      buf[i] ^= uint8_t(1 << bit);
+      ASSERT_NE(checksum64(buf.data(), buf.size()), base) << i << " " << bit;
+      buf[i] ^= uint8_t(1 << bit);
+    }
+  EXPECT_NE(checksum64(buf.data(), buf.size() - 1), base);  // truncation
+}
+
+}  // namespace
+}  // namespace vq
