@@ -1,8 +1,63 @@
+// veloxquant calibrate: trains VecInfer smoothing factors and codebooks on a model's real keys
+// and values over a text, and writes the calibration file.
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "cli_model.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
+#include "kvcache/factory.h"
+#include "model/calibrate.h"
 
 namespace vq::cli {
-void add_calibrate(CLI::App& app) {
-  app.add_subcommand("calibrate", "(calibrate: not built yet)")->callback([] { VQ_FAIL("calibrate: not implemented yet"); });
+namespace {
+
+struct CalibrateOptions {
+  std::string model, text, kv_cache = "vecinfer:d4b8", out;
+  int tokens = 4096, threads = 0, iters = 12;
+  uint64_t seed = 1234;
+};
+
+void run_calibrate(const CalibrateOptions& o) {
+  VQ_CHECK(!o.out.empty(), "-o: output file required");
+  VQ_CHECK(o.iters >= 1 && o.iters <= 1000, "--iters: {} must be in 1..1000", o.iters);
+  set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
+  VQ_CHECK(cfg.method == KVMethod::vecinfer, "--kv-cache: {} has no codebooks to calibrate (use vecinfer:d4b8, ...)",
+           cfg.name());
+  const std::string text = read_text_file(o.text);
+  const std::string path = model_path_or_default(o.model);
+  const auto model = Model::load(path);
+  CalibTrainOptions opt;
+  opt.kmeans_iters = o.iters;
+  opt.seed = o.seed;
+  ProgressBar bar;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Calibration c = calibrate_model(*model, text, o.tokens, cfg, opt, std::filesystem::path(path).filename().string(),
+                                        [&](const char* stage, int d, int t) { bar.update(stage, d, t); });
+  save_calibration(o.out, c);
+  std::fprintf(stderr, "calibrate: %s, %llu tokens, %d layers x %d KV heads, %.1f s -> %s\n", cfg.name().c_str(),
+               (unsigned long long)c.n_calib_tokens, c.n_layers, c.n_kv_heads,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), o.out.c_str());
 }
+
+}  // namespace
+
+void add_calibrate(CLI::App& app) {
+  auto o = std::make_shared<CalibrateOptions>();
+  auto* c = app.add_subcommand("calibrate", "Train VecInfer codebooks on a model's real keys/values");
+  c->add_option("-m,--model", o->model, "GGUF model (default: SmolLM2-135M-Instruct, fetched on first use)");
+  c->add_option("--text", o->text, "Calibration text (.txt, .gz, .html)")->required();
+  c->add_option("--tokens", o->tokens, "Tokens of the text to use")->capture_default_str();
+  c->add_option("--kv-cache", o->kv_cache, "VecInfer preset, e.g. vecinfer:d4b8, vecinfer:k=d4b8,v=d8b8")
+      ->capture_default_str();
+  c->add_option("-o,--output", o->out, "Calibration file to write")->required();
+  c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  c->add_option("--iters", o->iters, "k-means iterations")->capture_default_str();
+  c->add_option("--seed", o->seed, "k-means seed")->capture_default_str();
+  c->callback([o] { run_calibrate(*o); });
+}
+
 }  // namespace vq::cli

@@ -1,8 +1,90 @@
+// veloxquant perplexity: the quality harness. Perplexity of a text with a KV cache, and the KL
+// divergence / top-1 agreement of its next-token distributions against the fp16 cache's.
+#include <nlohmann/json.hpp>
+
+#include <thread>
+
+#include "cli_model.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
+#include "kvcache/factory.h"
+#include "model/calibrate.h"
+#include "model/perplexity.h"
 
 namespace vq::cli {
-void add_perplexity(CLI::App& app) {
-  app.add_subcommand("perplexity", "(perplexity: not built yet)")->callback([] { VQ_FAIL("perplexity: not implemented yet"); });
+namespace {
+
+struct PplOptions {
+  std::string model, text, kv_cache = "fp16", calib;
+  int n_ctx = 2048, chunk = 32, windows = 1, threads = 0;
+  bool json = false, no_reference = false;
+};
+
+void run_perplexity(const PplOptions& o) {
+  set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
+  const std::string text = read_text_file(o.text);
+  bool is_default = false;
+  const std::string path = model_path_or_default(o.model, &is_default);
+  const auto model = Model::load(path);
+  ProgressBar bar;
+  bool made = false;
+  const std::string calib = resolve_calibration(*model, path, is_default, cfg, o.calib,
+                                                [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
+  if (made) std::fprintf(stderr, "perplexity: made the default calibration %s\n", calib.c_str());
+  const KVCacheFactory method = make_kv_cache_factory(cfg, calib);
+  const KVCacheFactory reference = make_kv_cache_factory(parse_kv_cache_spec("fp16"));
+  const std::vector<int32_t> ids = model->tokenizer().encode(text, model->tokenizer().add_bos_default());
+  PerplexityOptions po;
+  po.n_ctx = o.n_ctx;
+  po.chunk = o.chunk;
+  po.max_windows = o.windows;
+  const PerplexityResult r = evaluate_perplexity(*model, ids, method, o.no_reference ? nullptr : &reference, po);
+  if (o.json) {
+    nlohmann::json j = {{"model", path},          {"text", o.text},        {"kv_cache", cfg.name()},
+                        {"n_ctx", o.n_ctx},       {"chunk", o.chunk},      {"tokens_scored", r.n_scored},
+                        {"perplexity", r.perplexity}, {"nll", r.nll},      {"seconds", r.seconds},
+                        {"kv_bytes", r.kv_bytes}, {"kv_fp16_bytes", r.kv_fp16_bytes},
+                        {"bits_per_element", r.bits_per_element}};
+    if (!o.no_reference) {
+      j["kl_vs_fp16"] = r.kl;
+      j["top1_agreement_vs_fp16"] = r.top1;
+      j["fp16_perplexity"] = r.ref_perplexity;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("kv cache      %s\n", cfg.name().c_str());
+    std::printf("tokens scored %lld (ctx %d, chunks of %d)\n", (long long)r.n_scored, o.n_ctx, o.chunk);
+    std::printf("perplexity    %.4f\n", r.perplexity);
+    if (!o.no_reference) {
+      std::printf("fp16 ppl      %.4f (%+.2f%%)\n", r.ref_perplexity, 100.0 * (r.perplexity / r.ref_perplexity - 1.0));
+      std::printf("KL vs fp16    %.5f nats/token\n", r.kl);
+      std::printf("top-1 agree   %.2f%%\n", 100.0 * r.top1);
+    }
+    std::printf("KV cache      %.2f MB (fp16 %.2f MB, %.2f bits/element)\n", r.kv_bytes / 1e6, r.kv_fp16_bytes / 1e6,
+                r.bits_per_element);
+    std::printf("time          %.1f s\n", r.seconds);
+  }
 }
+
+}  // namespace
+
+void add_perplexity(CLI::App& app) {
+  auto o = std::make_shared<PplOptions>();
+  auto* c = app.add_subcommand("perplexity", "Perplexity, KL and top-1 agreement vs fp16 with a KV cache");
+  c->add_option("-m,--model", o->model, "GGUF model (default: SmolLM2-135M-Instruct)");
+  c->add_option("--text", o->text, "Evaluation text (.txt, .gz, .html)")->required();
+  c->add_option("--kv-cache", o->kv_cache, "KV cache: fp16, fp32, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, ...")
+      ->capture_default_str();
+  c->add_option("--calib", o->calib, "Calibration file for vecinfer");
+  c->add_option("-c,--ctx-size", o->n_ctx, "Tokens per window")->capture_default_str();
+  c->add_option("--chunk", o->chunk, "Tokens per forward call")->capture_default_str();
+  c->add_option("--windows", o->windows, "Windows of ctx tokens to evaluate")->capture_default_str();
+  c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  c->add_flag("--no-reference", o->no_reference, "Skip the fp16 reference (no KL / agreement)");
+  c->add_flag("--json", o->json, "Print JSON");
+  c->callback([o] { run_perplexity(*o); });
+}
+
 }  // namespace vq::cli
