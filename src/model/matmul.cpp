@@ -34,7 +34,7 @@ void check_args(GGMLType t, int64_t rows, int64_t cols, int64_t M) {
 }  // namespace
 
 struct ActivationBuffer::Storage {
-  AlignedBuffer<int16_t> q;  // q: [M, cols] int16
+  AlignedBuffer<int8_t> q;   // q: [M, cols] int8
   AlignedBuffer<float> d;    // d: [M, cols/32] f32
   AlignedBuffer<float> s;    // s: [M, cols/32] f32
 };

@@ -1,8 +1,8 @@
 // Per-target kernels of the weight products (Highway, runtime dispatch). Quantized weights meet
-// activations quantized to int16 blocks of 32 (|q| <= 127): each 32-element weight block is
-// decoded in registers to int16 lanes w with w_true = a * w + b, and
+// activations quantized to int8 blocks of 32 (|q| <= 127): each 32-element weight block is
+// decoded in registers to 8-bit codes w with w_true = a * w + b, and
 //   dot(block) = a * d_x * sum(w * q_x) + b * s_x        (s_x = d_x * sum(q_x))
-// where sum(w * q_x) is exact in int32 (pairwise multiply-add of int16 lanes). The float
+// where sum(w * q_x) is exact in int32. The float
 // weights (f32, f16, bf16) use the float activations and fused multiply-adds.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "model/matmul_kernels.cpp"
@@ -34,18 +34,18 @@ inline uint32_t ld32(const uint8_t* p) {
 
 // ------------------------------------------------------------------ activation quantization
 
-void QuantizeRowsImpl(const float* x, int64_t M, int64_t cols, int16_t* q, float* d, float* s) {
+void QuantizeRowsImpl(const float* x, int64_t M, int64_t cols, int8_t* q, float* d, float* s) {
 #if HWY_TARGET == HWY_SCALAR
   quantize_rows_scalar(x, M, cols, q, d, s);
 #else
   const hn::FixedTag<float, 4> df;
   const hn::FixedTag<int32_t, 4> di;
-  const hn::FixedTag<int16_t, 4> d16;
+  const hn::FixedTag<int8_t, 4> d8;
   const int64_t nb = cols / 32;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + m * cols + b * 32;
-      int16_t* qb = q + m * cols + b * 32;
+      int8_t* qb = q + m * cols + b * 32;
       auto vmax = hn::Zero(df);
       for (int i = 0; i < 32; i += 4) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xb + i)));
       const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
@@ -56,7 +56,7 @@ void QuantizeRowsImpl(const float* x, int64_t M, int64_t cols, int16_t* q, float
       for (int i = 0; i < 32; i += 4) {
         const auto qi = hn::NearestInt(hn::Mul(hn::LoadU(df, xb + i), vid));
         vsum = hn::Add(vsum, qi);
-        hn::StoreU(hn::DemoteTo(d16, qi), d16, qb + i);
+        hn::StoreU(hn::DemoteTo(d8, qi), d8, qb + i);
       }
       const int32_t sum = hn::GetLane(hn::SumOfLanes(di, vsum));
       d[m * nb + b] = db;
@@ -74,104 +74,111 @@ void QuantizeRowsImpl(const float* x, int64_t M, int64_t cols, int16_t* q, float
 #endif
 
 #if VQ_MATMUL_SIMD
-// 256-bit vectors: one 32-element block = two int16 vectors (elements 0..15 and 16..31).
-using D8 = hn::FixedTag<uint8_t, 16>;
-using DI8 = hn::FixedTag<int8_t, 16>;
-using DU16 = hn::FixedTag<uint16_t, 16>;
-using D16 = hn::FixedTag<int16_t, 16>;
-using D32 = hn::FixedTag<int32_t, 8>;
+// x86 (AVX2 and up): a 32-element block is one 256-bit vector of 8-bit lanes. Unsigned weight
+// codes (0..63) meet the signed activations (|q| <= 127) in vpmaddubsw (u8 x s8 -> pairwise
+// int16 sums, at most 2*63*127 < 2^15, no saturation), then vpmaddwd against ones (or against
+// the Q6_K sub-block scales) gives int32 sums. Signed weights (Q8_0, Q6_K) use |w| and
+// sign(x, w): |w| <= 128, 2*128*127 < 2^15.
 using DF = hn::FixedTag<float, 8>;
-using V16 = hn::Vec<D16>;
-using V8 = hn::Vec<D8>;
 using VF = hn::Vec<DF>;
 
 struct Decoded {
-  V16 lo, hi;  // int16 lanes: elements 0..15 and 16..31 of the block
-  float a, b;  // weight = a * lane + b
+  __m256i w;   // 32 weight codes, u8 (or s8 for the signed types)
+  float a, b;  // weight = a * code + b
+  __m256i sc;  // Q6_K only: int16 scales of the two 16-element halves, broadcast 8 lanes each
 };
 
-HWY_INLINE V16 U8ToI16(V8 v) { return hn::BitCast(D16(), hn::PromoteTo(DU16(), v)); }
-HWY_INLINE V8 LowNib(V8 v) { return hn::And(v, hn::Set(D8(), 15)); }
-HWY_INLINE V8 HighNib(V8 v) { return hn::ShiftRight<4>(v); }
-HWY_INLINE float H2F(const uint8_t* p) { return f16_to_f32(ld16(p)); }
-
-// Fifth bits of Q5_0/Q5_1: lane i of the result is 16 when bit i of `bits` is set.
-HWY_INLINE hn::Vec<DU16> FifthBits(uint32_t bits16) {
-  alignas(32) static constexpr uint16_t kBit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
-                                                   8192, 16384, 32768};
-  const DU16 du;
-  const auto m = hn::TestBit(hn::Set(du, uint16_t(bits16)), hn::Load(du, kBit));
-  return hn::IfThenElseZero(m, hn::Set(du, 16));
+HWY_INLINE Decoded Mk(__m256i w, float a, float b) {
+  Decoded o;
+  o.w = w, o.a = a, o.b = b, o.sc = _mm256_setzero_si256();
+  return o;
 }
+HWY_INLINE __m256i Ones16() { return _mm256_set1_epi16(1); }
+HWY_INLINE __m256i Nibbles(const uint8_t* qs) {  // 16 bytes -> low nibbles | high nibbles
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+// Fifth bits of Q5_0/Q5_1: byte i = 16 when bit i of qh is set.
+HWY_INLINE __m256i FifthBits(uint32_t qh) {
+  // Spread qh so byte i holds the byte of qh that contains bit i, then test bit (i % 8).
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
+                                            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                              0x0101010101010101, 0x0000000000000000));
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+// Two scalars from two adjacent fp16 values (d and m) with the F16C instruction.
+HWY_INLINE void H2F2(const uint8_t* p, float* lo, float* hi) {
+  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(int(ld32(p))));
+  *lo = _mm_cvtss_f32(f);
+  *hi = _mm_cvtss_f32(_mm_shuffle_ps(f, f, 1));
+}
+HWY_INLINE float H2F(const uint8_t* p) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(ld16(p)))); }
 
-// One decoder per type: Begin(row) once per row, Block(b) for the b-th 32-element block.
 struct DecQ8_0 {
   static constexpr bool kOffset = false;
   const uint8_t* row;
   HWY_INLINE void Begin(const uint8_t* r) { row = r; }
   HWY_INLINE Decoded Block(int64_t b) const {
     const uint8_t* p = row + b * 34;
-    const DI8 di8;
-    const D16 d16;
-    return {hn::PromoteTo(d16, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p + 2))),
-            hn::PromoteTo(d16, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p + 18))), H2F(p), 0.0f};
+    return Mk(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2)), H2F(p), 0.0f);
+  }
+  static HWY_INLINE __m256i Dot(const Decoded& w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.w), _mm256_sign_epi8(x, w.w)), Ones16());
   }
 };
-struct DecQ4_0 {
+struct DecU8 {  // shared Dot for the unsigned codes
+  static HWY_INLINE __m256i Dot(const Decoded& w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w.w, x), Ones16());
+  }
+};
+struct DecQ4_0 : DecU8 {
   static constexpr bool kOffset = true;
   const uint8_t* row;
   HWY_INLINE void Begin(const uint8_t* r) { row = r; }
   HWY_INLINE Decoded Block(int64_t b) const {
     const uint8_t* p = row + b * 18;
-    const V8 v = hn::LoadU(D8(), p + 2);
     const float d = H2F(p);
-    return {U8ToI16(LowNib(v)), U8ToI16(HighNib(v)), d, -8.0f * d};
+    return Mk(Nibbles(p + 2), d, -8.0f * d);
   }
 };
-struct DecQ4_1 {
+struct DecQ4_1 : DecU8 {
   static constexpr bool kOffset = true;
   const uint8_t* row;
   HWY_INLINE void Begin(const uint8_t* r) { row = r; }
   HWY_INLINE Decoded Block(int64_t b) const {
     const uint8_t* p = row + b * 20;
-    const V8 v = hn::LoadU(D8(), p + 4);
-    return {U8ToI16(LowNib(v)), U8ToI16(HighNib(v)), H2F(p), H2F(p + 2)};
+    float d, m;
+    H2F2(p, &d, &m);
+    return Mk(Nibbles(p + 4), d, m);
   }
 };
-struct DecQ5_0 {
+struct DecQ5_0 : DecU8 {
   static constexpr bool kOffset = true;
   const uint8_t* row;
   HWY_INLINE void Begin(const uint8_t* r) { row = r; }
   HWY_INLINE Decoded Block(int64_t b) const {
     const uint8_t* p = row + b * 22;
-    const uint32_t qh = ld32(p + 2);
-    const V8 v = hn::LoadU(D8(), p + 6);
-    const DU16 du;
-    const D16 d16;
-    const auto lo = hn::Or(hn::PromoteTo(du, LowNib(v)), FifthBits(qh & 0xffff));
-    const auto hi = hn::Or(hn::PromoteTo(du, HighNib(v)), FifthBits(qh >> 16));
     const float d = H2F(p);
-    return {hn::BitCast(d16, lo), hn::BitCast(d16, hi), d, -16.0f * d};
+    return Mk(_mm256_or_si256(Nibbles(p + 6), FifthBits(ld32(p + 2))), d, -16.0f * d);
   }
 };
-struct DecQ5_1 {
+struct DecQ5_1 : DecU8 {
   static constexpr bool kOffset = true;
   const uint8_t* row;
   HWY_INLINE void Begin(const uint8_t* r) { row = r; }
   HWY_INLINE Decoded Block(int64_t b) const {
     const uint8_t* p = row + b * 24;
-    const uint32_t qh = ld32(p + 4);
-    const V8 v = hn::LoadU(D8(), p + 8);
-    const DU16 du;
-    const D16 d16;
-    const auto lo = hn::Or(hn::PromoteTo(du, LowNib(v)), FifthBits(qh & 0xffff));
-    const auto hi = hn::Or(hn::PromoteTo(du, HighNib(v)), FifthBits(qh >> 16));
-    return {hn::BitCast(d16, lo), hn::BitCast(d16, hi), H2F(p), H2F(p + 2)};
+    float d, m;
+    H2F2(p, &d, &m);
+    return Mk(_mm256_or_si256(Nibbles(p + 8), FifthBits(ld32(p + 4))), d, m);
   }
 };
 // Q4_K / Q5_K: activation block b is sub-block j = b % 8 of super-block b / 8.
 template <bool kFive>
-struct DecQK {
+struct DecQK : DecU8 {
   static constexpr bool kOffset = true;
   static constexpr int kBytes = kFive ? 176 : 144;
   const uint8_t* row;
@@ -187,7 +194,8 @@ struct DecQK {
     const uint8_t* p = row + sb * kBytes;
     if (sb != cur) {
       cur = sb;
-      const float d = H2F(p), dmin = H2F(p + 2);
+      float d, dmin;
+      H2F2(p, &d, &dmin);
       for (int k = 0; k < 8; ++k) {
         int sc, m;
         blocks::k_scale_min(p + 4, k, &sc, &m);
@@ -195,28 +203,21 @@ struct DecQK {
         off[k] = -(dmin * float(m));
       }
     }
-    const uint8_t* qs = p + (kFive ? 48 : 16) + 32 * (j >> 1);
-    const D8 d8;
-    V8 lo = hn::LoadU(d8, qs), hi = hn::LoadU(d8, qs + 16);
-    if (j & 1) {
-      lo = HighNib(lo);
-      hi = HighNib(hi);
-    } else {
-      lo = LowNib(lo);
-      hi = LowNib(hi);
-    }
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (kFive ? 48 : 16) + 32 * (j >> 1)));
+    const __m256i m15 = _mm256_set1_epi8(15);
+    __m256i w = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), m15) : _mm256_and_si256(v, m15);
     if constexpr (kFive) {
-      const uint8_t* qh = p + 16;
-      const auto bit = hn::Set(d8, uint8_t(1u << j));
-      const auto sixteen = hn::Set(d8, 16);
-      lo = hn::Or(lo, hn::IfThenElseZero(hn::TestBit(hn::LoadU(d8, qh), bit), sixteen));
-      hi = hn::Or(hi, hn::IfThenElseZero(hn::TestBit(hn::LoadU(d8, qh + 16), bit), sixteen));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+      const __m256i bit = _mm256_set1_epi8(char(1u << j));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+      w = _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(16)));
     }
-    return {U8ToI16(lo), U8ToI16(hi), a[j], off[j]};
+    return Mk(w, a[j], off[j]);
   }
 };
-// Q6_K: activation block b is quarter k = b % 4 of half n = (b / 4) % 2 of super-block b / 8;
-// the two 16-element scales are multiplied into the int16 lanes (|q * sc| <= 32 * 128).
+// Q6_K: activation block b is quarter k = b % 4 of half n = (b / 4) % 2 of super-block b / 8.
+// Codes are made signed (q - 32); vpmaddwd multiplies the int16 pair sums by the two
+// 16-element scales (|pair| <= 2*32*127, times |scale| <= 128: fits int32).
 struct DecQ6_K {
   static constexpr bool kOffset = false;
   const uint8_t* row;
@@ -224,45 +225,32 @@ struct DecQ6_K {
   HWY_INLINE Decoded Block(int64_t b) const {
     const uint8_t* p = row + (b >> 3) * 210;
     const int n = int((b >> 2) & 1), k = int(b & 3);
-    const D8 d8;
-    const uint8_t* ql = p + 64 * n + 32 * (k & 1);
-    const uint8_t* qh = p + 128 + 32 * n;
-    V8 l0 = hn::LoadU(d8, ql), l1 = hn::LoadU(d8, ql + 16);
-    V8 h0 = hn::LoadU(d8, qh), h1 = hn::LoadU(d8, qh + 16);
-    if (k >> 1) {
-      l0 = HighNib(l0);
-      l1 = HighNib(l1);
-    } else {
-      l0 = LowNib(l0);
-      l1 = LowNib(l1);
-    }
-    const auto three = hn::Set(d8, 3);
-    switch (k) {
-      case 1: h0 = hn::ShiftRight<2>(h0), h1 = hn::ShiftRight<2>(h1); break;
-      case 2: h0 = hn::ShiftRight<4>(h0), h1 = hn::ShiftRight<4>(h1); break;
-      case 3: h0 = hn::ShiftRight<6>(h0), h1 = hn::ShiftRight<6>(h1); break;
-      default: break;
-    }
-    const V8 q0 = hn::Or(l0, hn::ShiftLeft<4>(hn::And(h0, three)));
-    const V8 q1 = hn::Or(l1, hn::ShiftLeft<4>(hn::And(h1, three)));
-    const D16 d16;
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * n + 32 * (k & 1)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * n));
+    const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    const __m256i lo = (k >> 1) ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m15) : _mm256_and_si256(ql, m15);
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), m3);
+    const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // 0..63 (no bits cross bytes)
     const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192) + 8 * n + 2 * k;
-    const auto v32 = hn::Set(d16, 32);
-    const V16 w0 = hn::Mul(hn::Sub(U8ToI16(q0), v32), hn::Set(d16, int16_t(sc[0])));
-    const V16 w1 = hn::Mul(hn::Sub(U8ToI16(q1), v32), hn::Set(d16, int16_t(sc[1])));
-    return {w0, w1, H2F(p + 208), 0.0f};
+    Decoded o;
+    o.w = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+    o.a = H2F(p + 208);
+    o.b = 0.0f;
+    o.sc = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+    return o;
+  }
+  static HWY_INLINE __m256i Dot(const Decoded& w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.w), _mm256_sign_epi8(x, w.w)), w.sc);
   }
 };
 
-// y[m, r] for rows [r0, r1) and all M activation rows, MT activation rows per weight decode.
+// y[m, r] for rows [r0, r1) and activation rows m0..m0+MT-1, one weight decode per block.
 template <class Dec, int MT>
 HWY_INLINE void RowsMT(const uint8_t* W, size_t rb, int64_t r0, int64_t r1, const QuantizedRows& X, int64_t m0,
                        float* y, int64_t ldy) {
   const DF df;
-  const D16 d16;
-  const D32 d32;
   const int64_t nb = X.cols / 32;
-  const int16_t* xq[MT];
+  const int8_t* xq[MT];
   const float* xd[MT];
   const float* xs[MT];
   for (int t = 0; t < MT; ++t) {
@@ -279,12 +267,9 @@ HWY_INLINE void RowsMT(const uint8_t* W, size_t rb, int64_t r0, int64_t r1, cons
     for (int64_t b = 0; b < nb; ++b) {
       const Decoded w = dec.Block(b);
       for (int t = 0; t < MT; ++t) {
-        const int16_t* xp = xq[t] + b * 32;
-        auto s0 = hn::Zero(d32), s1 = hn::Zero(d32);
-        s0 = hn::ReorderWidenMulAccumulate(d32, w.lo, hn::Load(d16, xp), s0, s1);
-        s0 = hn::ReorderWidenMulAccumulate(d32, w.hi, hn::Load(d16, xp + 16), s0, s1);
-        const auto si = hn::RearrangeToOddPlusEven(s0, s1);
-        acc[t] = hn::MulAdd(hn::ConvertTo(df, si), hn::Set(df, w.a * xd[t][b]), acc[t]);
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * 32));
+        const VF si{_mm256_cvtepi32_ps(Dec::Dot(w, x))};
+        acc[t] = hn::MulAdd(si, hn::Set(df, w.a * xd[t][b]), acc[t]);
         if constexpr (Dec::kOffset) accb[t] += w.b * xs[t][b];
       }
     }
@@ -415,7 +400,7 @@ HWY_EXPORT(QuantizeRowsImpl);
 HWY_EXPORT(QuantRowsImpl);
 HWY_EXPORT(FloatRowsImpl);
 
-void quantize_rows_kernel(const float* x, int64_t M, int64_t cols, int16_t* q, float* d, float* s) {
+void quantize_rows_kernel(const float* x, int64_t M, int64_t cols, int8_t* q, float* d, float* s) {
   HWY_DYNAMIC_DISPATCH(QuantizeRowsImpl)(x, M, cols, q, d, s);
 }
 void quant_rows_kernel(uint32_t type, const uint8_t* W, size_t rb, int64_t r0, int64_t r1, const QuantizedRows& X,

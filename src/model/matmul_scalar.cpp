@@ -86,7 +86,7 @@ void decode_block(GGMLType t, const uint8_t* row, int64_t blk, int32_t* w, float
 
 }  // namespace
 
-void quantize_rows_scalar(const float* x, int64_t M, int64_t cols, int16_t* q, float* d, float* s) {
+void quantize_rows_scalar(const float* x, int64_t M, int64_t cols, int8_t* q, float* d, float* s) {
   const int64_t nb = cols / 32;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < nb; ++b) {
@@ -98,7 +98,7 @@ void quantize_rows_scalar(const float* x, int64_t M, int64_t cols, int16_t* q, f
       int32_t sum = 0;
       for (int i = 0; i < 32; ++i) {
         const int v = int(std::lrintf(xb[i] * id));
-        q[m * cols + b * 32 + i] = int16_t(v);
+        q[m * cols + b * 32 + i] = int8_t(v);
         sum += v;
       }
       d[m * nb + b] = db;
@@ -118,7 +118,7 @@ void quant_rows_scalar(uint32_t type, const uint8_t* W, size_t rb, int64_t r0, i
       for (int64_t b = 0; b < nb; ++b) {
         float a, off;
         decode_block(GGMLType(type), row, b, w, &a, &off);
-        const int16_t* xq = X.q + m * X.cols + b * 32;
+        const int8_t* xq = X.q + m * X.cols + b * 32;
         int32_t dot = 0;
         for (int i = 0; i < 32; ++i) dot += w[i] * xq[i];
         acc += float(dot) * (a * X.d[m * nb + b]);

@@ -37,11 +37,11 @@ void matmul_ref(GGMLType t, const void* W, int64_t rows, int64_t cols, const flo
 void quantize_row(GGMLType t, const float* src, void* dst, int64_t n);
 
 // Activations quantized for the integer products: x rows cut into blocks of 32, each stored as
-// int16 values q (|q| <= 127) with scale d and s = d * sum(q), so x ~= d * q per block.
+// int8 values q (|q| <= 127) with scale d and s = d * sum(q), so x ~= d * q per block.
 // Quantize once and reuse for several weights with the same input (q, k, v; gate, up).
 struct QuantizedRows {
   int64_t M = 0, cols = 0;   // cols: a multiple of 32
-  int16_t* q = nullptr;      // q: [M, cols] int16, row-major
+  int8_t* q = nullptr;       // q: [M, cols] int8, row-major
   float* d = nullptr;        // d: [M, cols/32] f32
   float* s = nullptr;        // s: [M, cols/32] f32
   const float* x = nullptr;  // the float rows [M, cols] (used by the f32/f16/bf16 weights)

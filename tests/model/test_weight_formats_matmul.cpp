@@ -1,0 +1,194 @@
+// The fast products (int8 activations, SIMD, threads) against dequantize-then-fp64 products.
+//
+// Tolerance. The quantized kernels first round each block of 32 activations to
+// x ~= d_b * q (d_b = max|x_b| / 127, q integer), so |x_i - d_b q_i| <= d_b / 2 and
+//   |y - y_exact| <= sum_b (d_b / 2) * sum_{i in b} |w_i|                         (1)
+// On top of that, the kernel's float arithmetic (per-block scale products and the
+// accumulation over blocks, all in fp32) adds at most a few ulps per term:
+//   <= 1e-5 * sum_i |w_i x_i|  (a handful of fp32 roundings, 6e-8 each, over <= 64 blocks) (2)
+// The integer block sums are exact. Check 1 uses (1) + (2) against the exact product; check 2
+// rebuilds the quantized activations here (same rounding rule) and requires (2) alone, so any
+// error beyond fp32 rounding in the integer path is caught.
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/gguf_writer.h"
+#include "model/matmul_kernels.h"
+#include "model/weight_formats.h"
+
+namespace {
+
+using vq::GGMLType;
+
+struct Case {
+  int64_t rows, cols;
+};
+
+std::vector<float> random_x(int64_t n, uint64_t seed) {
+  auto x = vq::test::random_weights(size_t(n), seed, 1.0f);
+  x[0] = 0.0f;  // a block with a zero, and an all-zero block below
+  for (int64_t i = 32; i < 64 && i < n; ++i) x[size_t(i)] = 0.0f;
+  return x;
+}
+
+bool is_float(GGMLType t) { return t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16; }
+
+// Checks y [M, rows] from the fast path against the two references described at the top.
+void check_product(GGMLType t, const std::vector<uint8_t>& W, int64_t rows, int64_t cols, const std::vector<float>& x,
+                   int64_t M, const std::vector<float>& y, const std::string& what) {
+  const size_t rb = vq::ggml_row_bytes(t, cols);
+  std::vector<float> w(static_cast<size_t>(cols));  // w: [cols] one decoded weight row
+  int failures = 0;
+  for (int64_t r = 0; r < rows && failures < 5; ++r) {
+    vq::dequantize_row(t, W.data() + size_t(r) * rb, w.data(), cols);
+    for (int64_t m = 0; m < M && failures < 5; ++m) {
+      const float* xm = x.data() + m * cols;
+      double exact = 0, exact_q = 0, mag = 0, act_bound = 0;
+      for (int64_t b = 0; b < cols; b += 32) {
+        float amax = 0;
+        for (int64_t i = b; i < b + 32 && i < cols; ++i) amax = std::max(amax, std::fabs(xm[i]));
+        const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        double wsum = 0;
+        for (int64_t i = b; i < b + 32 && i < cols; ++i) {
+          exact += double(w[size_t(i)]) * xm[i];
+          exact_q += double(w[size_t(i)]) * (double(d) * std::lrintf(xm[i] * id));
+          mag += std::fabs(double(w[size_t(i)]) * xm[i]);
+          wsum += std::fabs(double(w[size_t(i)]));
+        }
+        act_bound += double(d) / 2 * wsum;
+      }
+      const double got = y[size_t(m * rows + r)];
+      const double fp_slack = 1e-5 * mag + 1e-30;
+      if (is_float(t)) {
+        if (std::fabs(got - exact) > fp_slack) ++failures;
+        EXPECT_LE(std::fabs(got - exact), fp_slack) << what << " r=" << r << " m=" << m;
+        continue;
+      }
+      const double err = std::fabs(got - exact), err_q = std::fabs(got - exact_q);
+      if (err > act_bound + fp_slack || err_q > fp_slack) ++failures;
+      EXPECT_LE(err, act_bound + fp_slack) << what << " r=" << r << " m=" << m << " exact=" << exact;
+      EXPECT_LE(err_q, fp_slack) << what << " r=" << r << " m=" << m << " exact_q=" << exact_q;
+    }
+  }
+}
+
+std::vector<uint8_t> make_weights(GGMLType t, int64_t rows, int64_t cols, bool random_bits, uint64_t seed) {
+  if (random_bits) {
+    std::mt19937_64 rng(seed);
+    return vq::test::random_blocks(t, rows * cols, rng);
+  }
+  const auto v = vq::test::random_weights(size_t(rows * cols), seed, 0.05f);
+  const size_t rb = vq::ggml_row_bytes(t, cols);
+  std::vector<uint8_t> W(rb * size_t(rows));  // W: [rows, rb] packed
+  for (int64_t r = 0; r < rows; ++r) vq::quantize_row(t, v.data() + r * cols, W.data() + size_t(r) * rb, cols);
+  return W;
+}
+
+TEST(WeightMatmul, EveryTypeShapeAndBatch) {
+  const Case cases[] = {{1, 256}, {37, 512}, {70, 768}};
+  for (GGMLType t : vq::test::supported_types()) {
+    for (const auto& c : cases) {
+      for (bool random_bits : {false, true}) {
+        const auto W = make_weights(t, c.rows, c.cols, random_bits, uint64_t(c.rows * 31 + c.cols));
+        for (int64_t M : {1, 2, 3, 4, 5, 9}) {
+          const auto x = random_x(M * c.cols, uint64_t(M));
+          std::vector<float> y(static_cast<size_t>(M * c.rows), -1.0f);
+          vq::matmul(t, W.data(), c.rows, c.cols, x.data(), M, y.data());
+          check_product(t, W, c.rows, c.cols, x, M, y,
+                        vq::ggml_type_name(t) + (random_bits ? " random-bits " : " quantized ") +
+                            std::to_string(c.rows) + "x" + std::to_string(c.cols) + " M=" + std::to_string(M));
+        }
+      }
+    }
+  }
+}
+
+TEST(WeightMatmul, FloatWeightsAnyColumnCount) {
+  for (GGMLType t : {GGMLType::F32, GGMLType::F16, GGMLType::BF16}) {
+    const int64_t rows = 19, cols = 45, M = 6;
+    const auto W = make_weights(t, rows, cols, false, 5);
+    const auto x = random_x(M * cols, 9);
+    std::vector<float> y(static_cast<size_t>(M * rows));
+    vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data());
+    check_product(t, W, rows, cols, x, M, y, vq::ggml_type_name(t) + " 19x45");
+  }
+}
+
+TEST(WeightMatmul, ThreadCountDoesNotChangeResults) {
+  const int64_t rows = 1536, cols = 576, M = 3;
+  for (GGMLType t : {GGMLType::Q4_1, GGMLType::Q8_0, GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::F16}) {
+    const int64_t c = vq::ggml_block_elems(t) == 256 ? 512 : cols;
+    const auto W = make_weights(t, rows, c, false, 3);
+    const auto x = random_x(M * c, 4);
+    std::vector<float> y1(static_cast<size_t>(M * rows)), y2(y1.size());
+    vq::set_num_threads(1);
+    vq::matmul(t, W.data(), rows, c, x.data(), M, y1.data());
+    vq::set_num_threads(2);
+    vq::matmul(t, W.data(), rows, c, x.data(), M, y2.data());
+    EXPECT_EQ(y1, y2) << vq::ggml_type_name(t);  // each row is computed by one thread, same code
+  }
+}
+
+// Every compiled SIMD target, and the portable scalar kernel, give the same products.
+TEST(WeightMatmul, AllTargetsAndScalarAgree) {
+  const int64_t rows = 40, cols = 512, M = 5;
+  for (GGMLType t : vq::test::supported_types()) {
+    const auto W = make_weights(t, rows, cols, true, 17);
+    const auto x = random_x(M * cols, 2);
+    vq::ActivationBuffer ab;
+    const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
+    std::vector<float> ys(static_cast<size_t>(M * rows));
+    const size_t rb = vq::ggml_row_bytes(t, cols);
+    if (is_float(t))
+      vq::float_rows_scalar(uint32_t(t), W.data(), rb, 0, rows, x.data(), M, cols, ys.data(), rows);
+    else
+      vq::quant_rows_scalar(uint32_t(t), W.data(), rb, 0, rows, X, ys.data(), rows);
+    check_product(t, W, rows, cols, x, M, ys, vq::ggml_type_name(t) + " scalar kernel");
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      std::vector<float> y(static_cast<size_t>(M * rows));
+      vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data());
+      check_product(t, W, rows, cols, x, M, y, vq::ggml_type_name(t) + " target " + hwy::TargetName(target));
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
+TEST(WeightMatmul, ReusedActivationsMatchDirectCall) {
+  const int64_t rows = 64, cols = 576, M = 2;
+  const auto W = make_weights(GGMLType::Q4_1, rows, cols, false, 8);
+  const auto x = random_x(M * cols, 1);
+  vq::ActivationBuffer ab;
+  const auto& X = ab.quantize(x.data(), M, cols);
+  std::vector<float> y1(static_cast<size_t>(M * rows)), y2(y1.size());
+  vq::matmul_q(GGMLType::Q4_1, W.data(), rows, cols, X, y1.data());
+  vq::matmul(GGMLType::Q4_1, W.data(), rows, cols, x.data(), M, y2.data());
+  EXPECT_EQ(y1, y2);
+  EXPECT_THROW(vq::matmul_q(GGMLType::Q4_1, W.data(), rows, 512, X, y1.data()), vq::Error);  // cols mismatch
+}
+
+TEST(WeightMatmul, BadArgumentsThrow) {
+  std::vector<uint8_t> W(4096);
+  std::vector<float> x(512), y(512);
+  try {
+    vq::matmul(GGMLType::Q2_K, W.data(), 1, 256, x.data(), 1, y.data());
+    FAIL() << "no throw";
+  } catch (const vq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q2_K"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(vq::matmul(static_cast<GGMLType>(77), W.data(), 1, 32, x.data(), 1, y.data()), vq::Error);
+  EXPECT_THROW(vq::matmul(GGMLType::Q4_1, W.data(), 1, 48, x.data(), 1, y.data()), vq::Error);
+  EXPECT_THROW(vq::matmul(GGMLType::Q4_K, W.data(), 1, 32, x.data(), 1, y.data()), vq::Error);
+  vq::ActivationBuffer ab;
+  EXPECT_THROW(ab.quantize(x.data(), 1, 40), vq::Error);
+  // Empty products are no-ops.
+  EXPECT_NO_THROW(vq::matmul(GGMLType::Q4_1, W.data(), 0, 32, x.data(), 1, y.data()));
+  EXPECT_NO_THROW(vq::matmul(GGMLType::Q4_1, W.data(), 4, 32, x.data(), 0, y.data()));
+}
+
+}  // namespace
