@@ -5,9 +5,9 @@
 //           (one warp per token, butterflies across lanes by shuffles) into shared memory;
 //  phase 2: a warp takes one sub-space at a time; each lane owns R tokens of it, keeps -2x in
 //           registers and scans the codebook from shared memory (broadcast reads), computing
-//           |c|^2 - 2 x.c with fp32 FMAs. The running argmin is one FMNMX per pair: the centroid
-//           index (low 8 bits, blocks of 256 centroids) is spliced into the distance's low
-//           mantissa bits, so a float min carries the index (costs 8 of 23 mantissa bits).
+//           |c|^2 - 2 x.c with fp32 FMAs; the running min and argmin stay in registers (exact
+//           compare + select; splicing the index into the distance's low mantissa bits would
+//           save one instruction per pair but breaks fp32 parity, see docs/CUDA_NOTES.md).
 //  phase 3: codes are bit-packed from shared memory and written as whole rows.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -162,34 +162,26 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(EncodeParams p) {
     float best[R];
     uint32_t best_code[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) best[r] = __uint_as_float(0x7f800000u), best_code[r] = 0;
-    for (int c0 = 0; c0 < p.K; c0 += 256) {
-      const int cend = min(256, p.K - c0);
-      float kb[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) kb[r] = __uint_as_float(0x7f800000u);
-      const float* bp = book + c0 * DS;
-      const float* np = cn + c0;
+    for (int r = 0; r < R; ++r) best[r] = INFINITY, best_code[r] = 0;
 #pragma unroll 2
-      for (int c = 0; c < cend; ++c) {
-        float cc[DS];
+    for (int c = 0; c < p.K; ++c) {
+      float cc[DS];
 #pragma unroll
-        for (int e = 0; e < DS; e += 4) {
-          const float4 v = *reinterpret_cast<const float4*>(bp + c * DS + e);
-          cc[e] = v.x, cc[e + 1] = v.y, cc[e + 2] = v.z, cc[e + 3] = v.w;
-        }
-        const float n = np[c];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float acc = n;
-#pragma unroll
-          for (int e = 0; e < DS; ++e) acc = fmaf(x2[r][e], cc[e], acc);
-          kb[r] = fminf(kb[r], __uint_as_float((__float_as_uint(acc) & 0xffffff00u) | uint32_t(c)));
-        }
+      for (int e = 0; e < DS; e += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(book + c * DS + e);
+        cc[e] = v.x, cc[e + 1] = v.y, cc[e + 2] = v.z, cc[e + 3] = v.w;
       }
+      const float n = cn[c];
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (kb[r] < best[r]) best[r] = kb[r], best_code[r] = uint32_t(c0) + (__float_as_uint(kb[r]) & 0xffu);
+      for (int r = 0; r < R; ++r) {
+        float acc = n;
+#pragma unroll
+        for (int e = 0; e < DS; ++e) acc = fmaf(x2[r][e], cc[e], acc);
+        // Exact running argmin (FSETP + 2 SEL). NaN never compares below; ties keep the lower index.
+        const bool lt = acc < best[r];
+        best[r] = lt ? acc : best[r];
+        best_code[r] = lt ? uint32_t(c) : best_code[r];
+      }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {

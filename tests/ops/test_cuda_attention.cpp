@@ -1,0 +1,270 @@
+// GPU-only: batched decode/prefill attention on VecInfer codes (vq::cuda::pq_attention_device)
+// against vq::ref::pq_attention (coded part) merged with the fp16 segments in double here.
+// Outputs and workspace are NaN-poisoned before each run. Skips without a device.
+#if defined(VQ_HAVE_CUDA)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/fp16.h"
+#include "cuda_test_util.h"
+#include "ops/cuda/device.h"
+#include "ops/cuda/pq.h"
+#include "ops/cuda/pq_attention_cuda.h"
+#include "ops/ref/pq_attention.h"
+
+namespace vq::test {
+namespace {
+
+struct AttnCase {
+  const char* name;
+  int n_kv_heads, group, head_dim;
+  int kd, kbits;
+  bool kper;
+  int vd, vbits;
+  bool vper;
+  std::vector<int> coded;   // per row
+  std::vector<int> resid;   // per row: fp16 residual window (segment 0)
+  int prefill = 0;          // > 0: rows share row 0's codes; segment 1 = causal chunk of this many tokens
+  float score_scale = 2.0f;
+};
+
+const AttnCase kAttn[] = {
+    {"d128_d4b8_g4_ragged", 2, 4, 128, 4, 8, false, 4, 8, false, {1, 17, 1000, 5000}, {0, 5, 16, 3}},
+    {"d64_k_d8b8per_v_d4b8_g1", 3, 1, 64, 8, 8, true, 4, 8, false, {33, 0, 700}, {3, 7, 0}},
+    {"d256_k_d4b8_v_d8b8_g8", 1, 8, 256, 4, 8, false, 8, 8, false, {2048, 300}, {4, 0}},
+    {"d128_d8b12_g4", 2, 4, 128, 8, 12, false, 8, 12, false, {1500, 64}, {2, 9}},
+    {"d128_d4b12_per_g8_global_books", 1, 8, 128, 4, 12, true, 8, 12, true, {700, 2000}, {0, 1}},
+    {"d128_d4b4_per_g3", 2, 3, 128, 4, 4, true, 4, 4, true, {999, 129}, {1, 0}},
+    {"d64_d4b8_g12_two_head_tiles", 2, 12, 64, 4, 8, false, 4, 8, false, {400, 1601}, {6, 2}},
+    {"d128_d4b8_g4_131072", 1, 4, 128, 4, 8, false, 4, 8, false, {131072, 9000}, {16, 0}, 0, 3.0f},
+    {"empty_rows", 2, 4, 64, 4, 8, false, 4, 8, false, {0, 0}, {0, 3}},
+    {"prefill_chunk_d128_g4", 2, 4, 128, 4, 8, false, 8, 8, false, {3000}, {12}, 7},
+};
+
+struct Problem {
+  int rows;
+  std::vector<float> q_code, q_plain;            // [rows, Hq, D]
+  std::vector<std::vector<uint8_t>> kc, vc;      // per code set: [Hkv][stride][row bytes]
+  std::vector<float> kbook, vbook;               // [Hkv, books, K, d]
+  std::vector<std::vector<uint16_t>> rk, rv;     // per row: residual [Hkv][R][D] fp16
+  std::vector<uint16_t> ck, cv;                  // prefill chunk [P, Hkv, D] fp16
+  int64_t stride;
+};
+
+// Reference partial (natural-log domain) over one fp16 run, merged into (m, l, o) in double.
+void attend_f16(const float* q, const uint16_t* k, const uint16_t* v, int n, int64_t tok_stride, int D, double& m,
+                double& l, std::vector<double>& o) {
+  for (int t = 0; t < n; ++t) {
+    double s = 0;
+    for (int e = 0; e < D; ++e) s += double(q[e]) * f16_to_f32(k[t * tok_stride + e]);
+    const double mn = std::max(m, s);
+    const double a = std::isinf(m) ? 0.0 : std::exp(m - mn), p = std::exp(s - mn);
+    l = l * a + p;
+    for (int e = 0; e < D; ++e) o[e] = o[e] * a + p * f16_to_f32(v[t * tok_stride + e]);
+    m = mn;
+  }
+}
+
+class CudaPQAttention : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
+  VQ_SKIP_WITHOUT_CUDA();
+  const AttnCase& c = kAttn[GetParam()];
+  std::mt19937 rng(101 + unsigned(GetParam()));
+  std::normal_distribution<float> nd;
+  const int Hkv = c.n_kv_heads, G = c.group, Hq = Hkv * G, D = c.head_dim;
+  const bool prefill = c.prefill > 0;
+  const int rows = prefill ? c.prefill : int(c.coded.size());
+  const int n_sets = prefill ? 1 : rows;  // code sets
+  const int kK = 1 << c.kbits, vK = 1 << c.vbits;
+  const int kbooks = c.kper ? D / c.kd : 1, vbooks = c.vper ? D / c.vd : 1;
+  const int kcb = int(cuda::code_row_bytes(D / c.kd, c.kbits)), vcb = int(cuda::code_row_bytes(D / c.vd, c.vbits));
+  auto coded = [&](int r) { return prefill ? c.coded[0] : c.coded[r]; };
+  auto resid = [&](int r) { return prefill ? c.resid[0] : c.resid[r]; };
+  int max_coded = 0;
+  for (int r = 0; r < rows; ++r) max_coded = std::max(max_coded, coded(r));
+  const int64_t stride = (int64_t(max_coded) + 15) / 16 * 16 + 16;
+
+  Problem P;
+  P.rows = rows;
+  P.stride = stride;
+  const float qs = c.score_scale / std::sqrt(float(D));
+  P.q_code.resize(size_t(rows) * Hq * D);
+  P.q_plain.resize(P.q_code.size());
+  for (auto& v : P.q_code) v = nd(rng) * qs;
+  for (auto& v : P.q_plain) v = nd(rng) * qs;
+  P.kbook.resize(size_t(Hkv) * kbooks * kK * c.kd);
+  P.vbook.resize(size_t(Hkv) * vbooks * vK * c.vd);
+  for (auto& v : P.kbook) v = nd(rng);
+  for (auto& v : P.vbook) v = nd(rng);
+  P.kc.resize(n_sets);
+  P.vc.resize(n_sets);
+  for (int s = 0; s < n_sets; ++s) {
+    P.kc[s].assign(size_t(Hkv) * stride * kcb, 0xEE);
+    P.vc[s].assign(size_t(Hkv) * stride * vcb, 0xEE);
+    std::vector<uint16_t> tmp(D / 4);
+    for (int h = 0; h < Hkv; ++h)
+      for (int t = 0; t < coded(s); ++t) {
+        for (int j = 0; j < D / c.kd; ++j) tmp[j] = uint16_t(rng() % unsigned(kK));
+        pack_row(tmp.data(), D / c.kd, c.kbits, P.kc[s].data() + (size_t(h) * stride + t) * kcb);
+        for (int j = 0; j < D / c.vd; ++j) tmp[j] = uint16_t(rng() % unsigned(vK));
+        pack_row(tmp.data(), D / c.vd, c.vbits, P.vc[s].data() + (size_t(h) * stride + t) * vcb);
+      }
+  }
+  const int rcap = 16;
+  P.rk.resize(rows);
+  P.rv.resize(rows);
+  for (int r = 0; r < rows; ++r) {
+    P.rk[r].resize(size_t(Hkv) * rcap * D);
+    P.rv[r].resize(P.rk[r].size());
+    for (auto& v : P.rk[r]) v = f32_to_f16(nd(rng));
+    for (auto& v : P.rv[r]) v = f32_to_f16(nd(rng));
+  }
+  if (prefill) {
+    P.ck.resize(size_t(c.prefill) * Hkv * D);
+    P.cv.resize(P.ck.size());
+    for (auto& v : P.ck) v = f32_to_f16(nd(rng));
+    for (auto& v : P.cv) v = f32_to_f16(nd(rng));
+  }
+
+  // ---- device ----
+  std::vector<uint8_t> kall, vall;
+  for (int s = 0; s < n_sets; ++s) {
+    kall.insert(kall.end(), P.kc[s].begin(), P.kc[s].end());
+    vall.insert(vall.end(), P.vc[s].begin(), P.vc[s].end());
+  }
+  cuda::DeviceBuffer dk = cuda::to_device(kall.data(), kall.size()), dv = cuda::to_device(vall.data(), vall.size());
+  std::vector<const uint8_t*> kp(rows), vp(rows);
+  for (int r = 0; r < rows; ++r) {
+    const int s = prefill ? 0 : r;
+    kp[r] = dk.as<uint8_t>() + size_t(s) * Hkv * stride * kcb;
+    vp[r] = dv.as<uint8_t>() + size_t(s) * Hkv * stride * vcb;
+  }
+  cuda::DeviceBuffer dkp = cuda::to_device(kp.data(), rows * sizeof(void*)),
+                     dvp = cuda::to_device(vp.data(), rows * sizeof(void*));
+  std::vector<int> ncoded(rows), nres(rows), nchunk(rows);
+  for (int r = 0; r < rows; ++r) ncoded[r] = coded(r), nres[r] = resid(r), nchunk[r] = r + 1;
+  cuda::DeviceBuffer dn = cuda::to_device(ncoded.data(), rows * 4), dnr = cuda::to_device(nres.data(), rows * 4),
+                     dnc = cuda::to_device(nchunk.data(), rows * 4);
+  cuda::DeviceBuffer dkb32 = cuda::to_device(P.kbook.data(), P.kbook.size() * 4),
+                     dvb32 = cuda::to_device(P.vbook.data(), P.vbook.size() * 4);
+  cuda::DeviceBuffer dkb(P.kbook.size() * 2), dvb(P.vbook.size() * 2);
+  cuda::f32_to_f16_device(dkb32.as<float>(), dkb.as<uint16_t>(), int64_t(P.kbook.size()));
+  cuda::f32_to_f16_device(dvb32.as<float>(), dvb.as<uint16_t>(), int64_t(P.vbook.size()));
+  cuda::DeviceBuffer dqc = cuda::to_device(P.q_code.data(), P.q_code.size() * 4),
+                     dqp = cuda::to_device(P.q_plain.data(), P.q_plain.size() * 4);
+  std::vector<uint16_t> rall;
+  std::vector<uint16_t> vall16;
+  for (int r = 0; r < rows; ++r) {
+    rall.insert(rall.end(), P.rk[r].begin(), P.rk[r].end());
+    vall16.insert(vall16.end(), P.rv[r].begin(), P.rv[r].end());
+  }
+  cuda::DeviceBuffer drk = cuda::to_device(rall.data(), rall.size() * 2), drv = cuda::to_device(vall16.data(), vall16.size() * 2);
+  std::vector<const uint16_t*> rkp(rows), rvp(rows);
+  for (int r = 0; r < rows; ++r)
+    rkp[r] = drk.as<uint16_t>() + size_t(r) * Hkv * rcap * D, rvp[r] = drv.as<uint16_t>() + size_t(r) * Hkv * rcap * D;
+  cuda::DeviceBuffer drkp = cuda::to_device(rkp.data(), rows * sizeof(void*)),
+                     drvp = cuda::to_device(rvp.data(), rows * sizeof(void*));
+  cuda::DeviceBuffer dck, dcv, dckp, dcvp;
+  if (prefill) {
+    dck = cuda::to_device(P.ck.data(), P.ck.size() * 2);
+    dcv = cuda::to_device(P.cv.data(), P.cv.size() * 2);
+    std::vector<const uint16_t*> a(rows, dck.as<uint16_t>()), b(rows, dcv.as<uint16_t>());
+    dckp = cuda::to_device(a.data(), rows * sizeof(void*));
+    dcvp = cuda::to_device(b.data(), rows * sizeof(void*));
+  }
+  cuda::DeviceBuffer dout(size_t(rows) * Hq * D * 4);
+
+  cuda::PQAttnBatchArgs a;
+  a.rows = rows, a.n_kv_heads = Hkv, a.group = G, a.head_dim = D;
+  a.k_sub_dim = c.kd, a.k_bits = c.kbits, a.k_per_subspace = c.kper;
+  a.v_sub_dim = c.vd, a.v_bits = c.vbits, a.v_per_subspace = c.vper;
+  a.q_code = dqc.as<float>(), a.q_plain = dqp.as<float>();
+  a.k_codes = dkp.as<const uint8_t*>(), a.v_codes = dvp.as<const uint8_t*>();
+  a.n_coded = dn.as<int>(), a.code_head_stride = stride, a.max_coded = max_coded;
+  a.k_book = dkb.as<uint16_t>(), a.v_book = dvb.as<uint16_t>();
+  a.seg[0].k = drkp.as<const uint16_t*>(), a.seg[0].v = drvp.as<const uint16_t*>(), a.seg[0].len = dnr.as<int>();
+  a.seg[0].head_stride = int64_t(rcap) * D, a.seg[0].token_stride = D;
+  if (prefill) {
+    a.seg[1].k = dckp.as<const uint16_t*>(), a.seg[1].v = dcvp.as<const uint16_t*>(), a.seg[1].len = dnc.as<int>();
+    a.seg[1].head_stride = D, a.seg[1].token_stride = int64_t(Hkv) * D;
+  }
+  a.out = dout.as<float>();
+  // Small splits on some cases so that many blocks and the log-sum-exp merge are exercised.
+  a.split_tokens = GetParam() % 2 ? 256 : 0;
+  cuda::DeviceBuffer ws(std::max<size_t>(cuda::pq_attention_workspace_bytes(a), 4));
+  a.workspace = ws.data(), a.workspace_bytes = ws.size();
+  ws.fill_bytes(0xFF);
+  dout.fill_bytes(0xFF);
+  cuda::pq_attention_device(a);
+  cuda::device_synchronize();
+  std::vector<float> got(size_t(rows) * Hq * D);
+  dout.download(got.data(), got.size() * 4);
+
+  // ---- reference: exact inputs, and inputs rounded to fp16 as the kernel sees them ----
+  for (int rounded = 0; rounded < 2; ++rounded) {
+    std::vector<float> kb = P.kbook, vb = P.vbook, qc = P.q_code;
+    if (rounded) {
+      for (auto& v : kb) v = round_f16(v);
+      for (auto& v : vb) v = round_f16(v);
+      for (auto& v : qc) v = round_f16(v);
+    }
+    std::vector<double> want(got.size());
+    for (int r = 0; r < rows; ++r)
+      for (int h = 0; h < Hkv; ++h) {
+        const int s = prefill ? 0 : r;
+        std::vector<float> m(G), d(G), o(size_t(G) * D);
+        PQAttnArgs ra;
+        ra.n_tokens = coded(r), ra.group = G, ra.head_dim = D;
+        ra.k_sub_dim = c.kd, ra.k_bits = c.kbits, ra.k_books = kbooks;
+        ra.v_sub_dim = c.vd, ra.v_bits = c.vbits, ra.v_books = vbooks;
+        ra.q = qc.data() + (size_t(r) * Hq + size_t(h) * G) * D;
+        ra.k_codes = P.kc[s].data() + size_t(h) * stride * kcb;
+        ra.k_codebook = kb.data() + size_t(h) * kbooks * kK * c.kd;
+        ra.v_codes = P.vc[s].data() + size_t(h) * stride * vcb;
+        ra.v_codebook = vb.data() + size_t(h) * vbooks * vK * c.vd;
+        ra.m = m.data(), ra.d = d.data(), ra.o = o.data();
+        ref::pq_attention(ra);
+        for (int gq = 0; gq < G; ++gq) {
+          const int qh = h * G + gq;
+          double M = m[gq], L = d[gq];
+          std::vector<double> O(D);
+          for (int e = 0; e < D; ++e) O[e] = o[size_t(gq) * D + e];
+          const float* qp = P.q_plain.data() + (size_t(r) * Hq + qh) * D;
+          attend_f16(qp, P.rk[r].data() + size_t(h) * rcap * D, P.rv[r].data() + size_t(h) * rcap * D, resid(r), D, D,
+                     M, L, O);
+          if (prefill)
+            attend_f16(qp, P.ck.data() + size_t(h) * D, P.cv.data() + size_t(h) * D, r + 1, int64_t(Hkv) * D, D, M, L, O);
+          for (int e = 0; e < D; ++e) want[(size_t(r) * Hq + qh) * D + e] = L > 0 ? O[e] / L : 0.0;
+        }
+      }
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(std::isfinite(got[i])) << "output " << i << " = " << got[i];
+    const double err = rel_l2(got, want);
+    // fp16 queries/centroids/probabilities inside the kernel (fp32 accumulation): see CUDA_NOTES.md.
+    const double tol = rounded ? 2e-3 : 5e-3;
+    EXPECT_LT(err, tol) << (rounded ? "vs fp16-rounded-input reference" : "vs exact reference");
+    if (c.coded[0] == 0 && c.resid[0] == 0)
+      for (int i = 0; i < Hq * D; ++i) ASSERT_EQ(got[i], 0.0f) << "row with no tokens must give 0";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaPQAttention, ::testing::Range<size_t>(0, std::size(kAttn)),
+                         [](const auto& p) { return std::string(kAttn[p.param].name); });
+
+TEST(CudaPQAttentionArgs, RejectsUnsupportedShapes) {
+  cuda::PQAttnBatchArgs a;
+  a.rows = 1, a.n_kv_heads = 1, a.group = 1, a.head_dim = 96;
+  EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
+  a.head_dim = 128, a.k_sub_dim = 2;
+  EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
+  a.k_sub_dim = 4, a.code_head_stride = 10;
+  EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
+}
+
+}  // namespace
+}  // namespace vq::test
+#endif
