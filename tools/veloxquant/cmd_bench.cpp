@@ -1,8 +1,56 @@
+// veloxquant bench <what>: benchmarks. `bench quantize` runs the quantize table
+// (src/codec/quantize_bench.h, the same code as bench/bench_quantize).
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "codec/quantize_bench.h"
 #include "commands.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace vq::cli {
+
+namespace {
+struct QuantizeArgs {
+  std::string json;
+  bool quick = false;
+  int max_threads = 2;
+};
+}  // namespace
+
 void add_bench(CLI::App& app) {
-  app.add_subcommand("bench", "(bench: not built yet)")->callback([] { VQ_FAIL("bench: not implemented yet"); });
+  CLI::App* bench = app.add_subcommand("bench", "Run a benchmark and print its table");
+  bench->require_subcommand(1);
+
+  auto qa = std::make_shared<QuantizeArgs>();
+  CLI::App* q = bench->add_subcommand(
+      "quantize", "Fused nearest-centroid encoder vs the materialising reference (the original's quantize table)");
+  q->add_option("--json", qa->json, "Also write the results as JSON to this file");
+  q->add_flag("--quick", qa->quick, "Smoke run: the two smallest cases, few repetitions");
+  q->add_option("--threads", qa->max_threads, "Fused runs with 1 and this many threads")->check(CLI::Range(1, 1024));
+  q->callback([qa] {
+    QuantizeBenchOptions opt;
+    opt.threads = {1};
+    if (qa->max_threads > 1) opt.threads.push_back(qa->max_threads);
+    auto cases = default_quantize_cases();
+    if (qa->quick) {
+      cases.resize(2);
+      opt.min_seconds = 0.05;
+      opt.ref_reps = 1;
+    }
+    std::printf("quantize benchmark on %s (GFLOP/s counts 3*sub_dim flops per sub-vector x centroid)\n",
+                cpu_model_name().c_str());
+    const auto rows = run_quantize_bench(cases, opt, [](const std::string& s) {
+      std::fprintf(stderr, "  %s\n", s.c_str());
+    });
+    std::printf("%s", quantize_bench_table(rows).c_str());
+    if (!qa->json.empty()) {
+      const std::string doc = quantize_bench_json(rows);
+      write_file_atomic(qa->json, doc.data(), doc.size());
+      std::printf("wrote %s\n", qa->json.c_str());
+    }
+  });
 }
+
 }  // namespace vq::cli

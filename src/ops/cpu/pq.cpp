@@ -21,6 +21,7 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 int Lanes32() { return int(hn::Lanes(hn::ScalableTag<float>())); }
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 // One block of R sub-vectors against a whole codebook.
 // ct: [kv, D, L] transposed centroids (kv = k_pad / L vectors); norms: [k_pad] (kDot only).
@@ -170,6 +171,9 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace vq::cpu {
 HWY_EXPORT(Lanes32);
+HWY_EXPORT(TargetName);
+
+const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 HWY_EXPORT(EncodeRunAny);
 
 namespace {

@@ -20,6 +20,9 @@ void pq_encode(const PQShape& s, const float* x, const float* codebooks, uint16_
 // out: [n, n_sub*sub_dim] f32 = gathered centroids. Codes >= n_centroids throw vq::Error.
 void pq_decode(const PQShape& s, const uint16_t* codes, const float* codebooks, float* out);
 
+// Name of the SIMD target the runtime dispatch chose (e.g. "AVX3", "AVX2", "NEON").
+const char* simd_target_name();
+
 // How distances are formed. direct: sum (x - c)^2 (2 ops per element: sub + fma).
 // dot: |c|^2 - 2 x.c (1 fma per element; rounding error scales with |x|^2 + |c|^2, not with
 // the distance). auto_select: the measured-faster one for the shape (see pq.cpp).
