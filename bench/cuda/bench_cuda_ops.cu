@@ -1,0 +1,200 @@
+// H200 benchmark of the CUDA ops (bench/cuda/run_all.sh runs it next to the PyTorch peers).
+// Prints one line per measurement, "key=value" pairs, medians of CUDA-event timings after warm-up;
+// inputs are rotated over several copies so that each launch reads memory, not L2, where the
+// working set is below 4x the L2 size.
+//   bench_cuda_ops [quant|attn|copy|all]
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/device.h"
+#include "ops/cuda/pq.h"
+#include "ops/cuda/pq_attention_cuda.h"
+
+namespace {
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    cudaError_t e_ = (x);                                                                       \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
+      std::exit(2);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+__global__ void fill_bytes_hash(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed ^ uint32_t(i >> 32) * 40503u;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+    p[i] = uint8_t(h >> 7);
+  }
+}
+
+__global__ void fill_normal_f32(float* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t a = uint32_t(i) * 2654435761u ^ seed, b = uint32_t(i) * 2246822519u + seed * 3266489917u;
+    a ^= a >> 15, a *= 2246822519u, a ^= a >> 13;
+    b ^= b >> 16, b *= 3266489917u, b ^= b >> 13;
+    const float u1 = (float(a >> 8) + 1.0f) / 16777217.0f, u2 = float(b >> 8) / 16777216.0f;
+    p[i] = scale * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+  }
+}
+
+template <class F>
+double median_ms(F&& launch, int batch, int reps = 15, int warm = 3) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < warm; ++i)
+    for (int j = 0; j < batch; ++j) launch(j);
+  CK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(a));
+    for (int j = 0; j < batch; ++j) launch(r * batch + j);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(double(ms) / batch);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+size_t free_mem() {
+  size_t f = 0, tot = 0;
+  CK(cudaMemGetInfo(&f, &tot));
+  return f;
+}
+
+double copy_gbps() {
+  const size_t bytes = size_t(2) << 30;
+  vq::cuda::DeviceBuffer a(bytes), b(bytes);
+  CK(cudaMemset(a.data(), 1, bytes));
+  const double ms = median_ms([&](int) { CK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); }, 1, 9);
+  const double gbps = 2.0 * bytes / (ms * 1e-3) / 1e9;
+  std::printf("copy bytes=%zu ms=%.4f GBps_rw=%.0f\n", bytes, ms, gbps);
+  return gbps;
+}
+
+void bench_quant() {
+  struct Q { int S, D, H, sub; };
+  const Q cases[] = {{128, 128, 8, 8}, {512, 128, 8, 8}, {2048, 128, 8, 8}, {8192, 128, 8, 8}, {1024, 256, 4, 4}, {4096, 256, 4, 4}};
+  for (const Q& q : cases) {
+    const int K = 256, n_sub = q.D / q.sub;
+    const int64_t rows = int64_t(q.S) * q.H, N = rows * n_sub;
+    const size_t xn = size_t(rows) * q.D;
+    vq::cuda::DeviceBuffer x(xn * 4), xh(xn * 2), books(size_t(q.H) * K * q.sub * 4), lam(size_t(q.H) * q.D * 4);
+    fill_normal_f32<<<1024, 256>>>(x.as<float>(), xn, 1, 1.0f);
+    fill_normal_f32<<<64, 256>>>(books.as<float>(), books.size() / 4, 2, 1.0f);
+    vq::cuda::f32_to_f16_device(x.as<float>(), xh.as<uint16_t>(), int64_t(xn));
+    std::vector<float> lh(size_t(q.H) * q.D, 1.0f);
+    for (size_t i = 0; i < lh.size(); ++i) lh[i] = 0.75f + 0.5f * float(i % 7) / 7.0f;
+    lam.upload(lh.data(), lh.size() * 4);
+    vq::cuda::DeviceBuffer codes(size_t(N) * 2), packed(size_t(rows) * vq::cuda::code_row_bytes(n_sub, 8));
+    CK(cudaDeviceSynchronize());
+    const vq::PQShape s{rows, n_sub, q.sub, K, false};
+    const size_t before = free_mem();
+    const double ms_plain = median_ms([&](int) { vq::cuda::pq_encode_device(s, x.as<float>(), books.as<float>(), codes.as<uint16_t>()); }, 5);
+    const size_t after = free_mem();
+    vq::cuda::FusedEncodeArgs a;
+    a.n_tokens = q.S, a.n_heads = q.H, a.head_dim = q.D, a.sub_dim = q.sub, a.bits = 8, a.per_subspace = false;
+    a.in_type = vq::cuda::ElemType::f16, a.x = xh.data(), a.lambda = lam.as<float>(), a.hadamard = true;
+    a.codebooks = books.as<float>();  // one shared book per head: [H, 1, K, sub]
+    a.codes = packed.as<uint8_t>(), a.code_head_stride = int64_t(q.S) * n_sub, a.code_token_stride = n_sub;
+    const double ms_fused = median_ms([&](int) { vq::cuda::fused_encode_device(a); }, 5);
+    const double flop2 = double(N) * K * q.sub * 2.0;  // |c|^2 - 2 x.c form
+    std::printf("quant S=%d D=%d H=%d sub=%d N=%lld ms_plain_f32=%.4f ms_fused_f16_smooth_hadamard_pack=%.4f "
+                "TFLOPs_2flop=%.1f scratch_bytes=%lld\n",
+                q.S, q.D, q.H, q.sub, (long long)N, ms_plain, ms_fused, flop2 / (ms_plain * 1e-3) / 1e12,
+                (long long)(before - after));
+  }
+}
+
+void bench_attn(double copy_bw) {
+  const int Hkv = 8, G = 4, D = 128, Hq = Hkv * G;
+  const int kd = 4, bits = 8, K = 256;
+  const int cb = int(vq::cuda::code_row_bytes(D / kd, bits));  // 32 bytes per token per head per side
+  std::vector<uint16_t> bookh(size_t(Hkv) * K * kd);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto& v : bookh) {
+    __half h = __float2half(nd(rng));
+    std::memcpy(&v, &h, 2);
+  }
+  vq::cuda::DeviceBuffer kbook = vq::cuda::to_device(bookh.data(), bookh.size() * 2);
+  for (auto& v : bookh) {
+    __half h = __float2half(nd(rng));
+    std::memcpy(&v, &h, 2);
+  }
+  vq::cuda::DeviceBuffer vbook = vq::cuda::to_device(bookh.data(), bookh.size() * 2);
+  for (int B : {1, 8})
+    for (int S : {4096, 32768, 131072}) {
+      const size_t per_side = size_t(B) * Hkv * S * cb;  // bytes of key codes (same for values)
+      const size_t bytes = 2 * per_side;
+      const int copies = int(std::min<size_t>(64, std::max<size_t>(1, (size_t(512) << 20) / bytes)));
+      vq::cuda::DeviceBuffer kc(per_side * copies), vc(per_side * copies);
+      fill_bytes_hash<<<2048, 256>>>(kc.as<uint8_t>(), kc.size(), 11);
+      fill_bytes_hash<<<2048, 256>>>(vc.as<uint8_t>(), vc.size(), 12);
+      vq::cuda::DeviceBuffer q(size_t(B) * Hq * D * 4), out(size_t(B) * Hq * D * 4);
+      fill_normal_f32<<<64, 256>>>(q.as<float>(), size_t(B) * Hq * D, 5, 1.0f / std::sqrt(float(D)));
+      std::vector<int> lens(B, S);
+      vq::cuda::DeviceBuffer dl = vq::cuda::to_device(lens.data(), B * 4);
+      std::vector<const uint8_t*> kp(size_t(B) * copies), vp(size_t(B) * copies);
+      for (int c = 0; c < copies; ++c)
+        for (int b = 0; b < B; ++b) {
+          kp[size_t(c) * B + b] = kc.as<uint8_t>() + size_t(c) * per_side + size_t(b) * Hkv * S * cb;
+          vp[size_t(c) * B + b] = vc.as<uint8_t>() + size_t(c) * per_side + size_t(b) * Hkv * S * cb;
+        }
+      vq::cuda::DeviceBuffer dkp = vq::cuda::to_device(kp.data(), kp.size() * sizeof(void*));
+      vq::cuda::DeviceBuffer dvp = vq::cuda::to_device(vp.data(), vp.size() * sizeof(void*));
+      vq::cuda::PQAttnBatchArgs a;
+      a.rows = B, a.n_kv_heads = Hkv, a.group = G, a.head_dim = D;
+      a.k_sub_dim = kd, a.k_bits = bits, a.v_sub_dim = kd, a.v_bits = bits;
+      a.q_code = q.as<float>(), a.q_plain = q.as<float>();
+      a.n_coded = dl.as<int>(), a.code_head_stride = S, a.max_coded = S;
+      a.k_book = kbook.as<uint16_t>(), a.v_book = vbook.as<uint16_t>();
+      a.out = out.as<float>();
+      vq::cuda::DeviceBuffer ws(vq::cuda::pq_attention_workspace_bytes(a));
+      a.workspace = ws.data(), a.workspace_bytes = ws.size();
+      auto run = [&](int i) {
+        const int c = i % copies;
+        a.k_codes = dkp.as<const uint8_t*>() + size_t(c) * B;
+        a.v_codes = dvp.as<const uint8_t*>() + size_t(c) * B;
+        vq::cuda::pq_attention_device(a);
+      };
+      const double ms = median_ms(run, 10, 21, 3);
+      const double gbps = double(bytes) / (ms * 1e-3) / 1e9;
+      std::printf("attn B=%d Hq=%d Hkv=%d D=%d S=%d k=d4b8 v=d4b8 ms=%.4f code_bytes=%zu GBps_codes=%.0f "
+                  "pct_of_copy=%.1f rotate_copies=%d\n",
+                  B, Hq, Hkv, D, S, ms, bytes, gbps, 100.0 * gbps / copy_bw, copies);
+      std::fflush(stdout);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "all";
+  if (!vq::cuda::cuda_device_available()) {
+    std::printf("no CUDA device: %s\n", vq::cuda::cuda_unavailable_reason().c_str());
+    return 1;
+  }
+  std::printf("device %s\n", vq::cuda::cuda_device_description().c_str());
+  double bw = 4163.0;
+  if (what == "copy" || what == "all" || what == "attn") bw = copy_gbps();
+  if (what == "quant" || what == "all") bench_quant();
+  if (what == "attn" || what == "all") bench_attn(bw);
+  vq::cuda::device_synchronize();
+  return 0;
+}
