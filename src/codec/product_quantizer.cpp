@@ -5,7 +5,6 @@
 
 #include "codec/bitpack.h"
 #include "core/error.h"
-#include "ops/cpu/pq.h"
 
 namespace vq {
 
@@ -36,6 +35,8 @@ void ProductQuantizer::set_codebooks(std::vector<float> books) {
   for (size_t i = 0; i < books.size(); ++i)
     VQ_CHECK(std::isfinite(books[i]), "ProductQuantizer: codebook value {} at {} is not finite", books[i], i);
   codebooks_ = std::move(books);
+  const PQShape s{0, n_sub(), sub_dim(), n_centroids(), granularity_ == Granularity::per_subspace};
+  encoder_ = std::make_shared<const cpu::PQEncoder>(s, codebooks_.data());
 }
 
 void ProductQuantizer::check_trained(const char* who) const {
@@ -78,8 +79,7 @@ void ProductQuantizer::encode_codes(const float* x, int64_t n, uint16_t* codes) 
   for (int64_t i = 0; i < n * dim_; ++i)
     VQ_CHECK(std::isfinite(x[i]), "ProductQuantizer::encode: x[{}][{}] = {} is not finite", i / dim_, i % dim_,
              x[i]);
-  const PQShape s{n, n_sub(), sub_dim(), n_centroids(), granularity_ == Granularity::per_subspace};
-  cpu::pq_encode(s, x, codebooks_.data(), codes);
+  encoder_->encode(x, n, codes);
 }
 
 void ProductQuantizer::encode(const float* x, int64_t n, uint8_t* packed) const {

@@ -5,10 +5,12 @@
 // (codec/bitpack.h): code_size() = ceil(n_sub * bits / 8) bytes per vector.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "codec/calibration_file.h"  // CodecParams, Granularity
 #include "codec/kmeans.h"
+#include "ops/cpu/pq.h"
 
 namespace vq {
 
@@ -51,6 +53,9 @@ class ProductQuantizer {
   CodecParams params_;
   Granularity granularity_;
   std::vector<float> codebooks_;  // [n_books, 2^bits, sub_dim] f32
+  // Derived from codebooks_ in set_codebooks() only: the transposed SIMD layout (+|c|^2).
+  // Immutable, so copies of the quantizer share it.
+  std::shared_ptr<const cpu::PQEncoder> encoder_;
 };
 
 }  // namespace vq
