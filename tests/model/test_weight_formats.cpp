@@ -155,7 +155,9 @@ TEST(WeightFormats, DecodeQuantizedDataMatchesSpecAndApproximatesInput) {
     for (int64_t i = 0; i < n; ++i) num += std::pow(double(y[size_t(i)]) - x[size_t(i)], 2), den += std::pow(double(x[size_t(i)]), 2);
     const double rel = std::sqrt(num / den);
     EXPECT_LE(rel, lim.rel_rms) << vq::ggml_type_name(lim.t);
-    if (lim.t != GGMLType::F32) EXPECT_GT(rel, 0.0) << vq::ggml_type_name(lim.t);  // it really quantized
+    if (lim.t != GGMLType::F32) {
+      EXPECT_GT(rel, 0.0) << vq::ggml_type_name(lim.t);  // it really quantized
+    }
   }
 }
 
