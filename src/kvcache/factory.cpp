@@ -5,6 +5,8 @@
 #include "core/error.h"
 #include "codec/calibration_file.h"
 #include "kvcache/dense_cache.h"
+#include "kvcache/kivi_cache.h"
+#include "kvcache/scalar_cache.h"
 #include "kvcache/vecinfer_cache.h"
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
@@ -45,6 +47,18 @@ KVCacheFactory make_kv_cache_factory(const KVCacheConfig& config, const std::str
         return std::make_unique<DenseCache>(g, fp32);
       };
     }
+    case KVMethod::q8_0:
+    case KVMethod::q4_0: {
+      const bool q4 = config.method == KVMethod::q4_0;
+      return [q4, config](int, const KVGeometry& g) -> std::unique_ptr<KVCache> {
+        config.validate(g.head_dim);
+        return std::make_unique<BlockQuantCache>(g, q4);
+      };
+    }
+    case KVMethod::kivi:
+      return [config](int, const KVGeometry& g) -> std::unique_ptr<KVCache> {
+        return std::make_unique<KiviCache>(g, config);
+      };
     case KVMethod::vecinfer: {
       std::shared_ptr<const Calibration> calib = config.calibration;
       const std::string path = !calib_path.empty() ? calib_path : config.calibration_file;
