@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <unordered_map>
 
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
@@ -22,6 +24,7 @@ struct SplitParams {
   int n_kv_heads, group, head_tiles, n_q_heads;
   int kd, kbits, kK, kbooks, kcb;  // key sub_dim, bits, centroids, books, row bytes
   int vd, vbits, vK, vbooks, vcb;
+  int kshift, vshift;              // log2(sub_dim): sub_dim is 4, 8 or 16
   const float* q;                  // q_code
   const uint8_t* const* k_codes;
   const uint8_t* const* v_codes;
@@ -73,7 +76,7 @@ __device__ __forceinline__ uint2 ld_u2(const __half* p) { return *reinterpret_ca
 // Grid: (n_splits, n_kv_heads*head_tiles, rows). Dynamic smem: [books (if kSmemBooks)] [stages] [P tiles],
 // reused at the end for the cross-warp merge.
 template <int D, bool kSmemBooks>
-__global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
+__global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(SplitParams p) {
   constexpr int KS = D / 16;    // k-steps of the score mma (4 dims per lane each)
   constexpr int MT = D / 16;    // m-tiles of the value mma
   constexpr int VU = D / 32;    // 4-dim groups per lane on the value side
@@ -182,11 +185,11 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
         const int d0 = t * (D / 4) + 4 * ks;
-        const int sub = d0 / p.kd, off = d0 - sub * p.kd;
-        const int bk = p.kbooks > 1 ? sub : 0;
+        const int sub = d0 >> p.kshift, off = d0 & (p.kd - 1);
+        const int base = ((p.kbooks > 1 ? sub : 0) << (p.kbits + p.kshift)) + off;  // halves
         const uint32_t cg = code_at(rg, sub, p.kbits), cg8 = code_at(rg8, sub, p.kbits);
-        const uint2 ag = ld_u2(kbook + (size_t(bk) * p.kK + cg) * p.kd + off);
-        const uint2 ag8 = ld_u2(kbook + (size_t(bk) * p.kK + cg8) * p.kd + off);
+        const uint2 ag = ld_u2(kbook + base + int(cg << p.kshift));
+        const uint2 ag8 = ld_u2(kbook + base + int(cg8 << p.kshift));
         mma16816(sc, ag.x, ag8.x, ag.y, ag8.y, qf[ks][0], qf[ks][1]);
       }
     }
@@ -230,10 +233,10 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
 #pragma unroll
         for (int u = 0; u < VU; ++u) {
           const int d0 = g * (D / 8) + 4 * u;
-          const int sub = d0 / p.vd, off = d0 - sub * p.vd;
-          const int bk = p.vbooks > 1 ? sub : 0;
+          const int sub = d0 >> p.vshift, off = d0 & (p.vd - 1);
+          const int base = ((p.vbooks > 1 ? sub : 0) << (p.vbits + p.vshift)) + off;
           const uint32_t c = code_at(row, sub, p.vbits);
-          xv[s][u] = ld_u2(vbook + (size_t(bk) * p.vK + c) * p.vd + off);
+          xv[s][u] = ld_u2(vbook + base + int(c << p.vshift));
         }
       }
 #pragma unroll
@@ -336,18 +339,31 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(MergeParams p) {
 
   const int len = p.n_coded[b];
   const int nsp = (len + p.chunk - 1) / p.chunk;
-  const float* base = p.part + (((int64_t(b) * p.n_kv_heads + kh) * p.head_tiles + ht) * p.n_splits) *
-                                   (2 * kHeadsTile + kHeadsTile * D);
   const int64_t pstride = 2 * kHeadsTile + kHeadsTile * D;
-  for (int s = 0; s < nsp; ++s) M = fmaxf(M, base[s * pstride + hh]);
-  for (int s = 0; s < nsp; ++s) {
-    const float* ps = base + s * pstride;
-    const float w = ps[hh] == -INFINITY ? 0.f : exp2f(ps[hh] - M);
-    L += w * ps[kHeadsTile + hh];
+  const float* base = p.part + (((int64_t(b) * p.n_kv_heads + kh) * p.head_tiles + ht) * p.n_splits) * pstride;
+  // Split weights in shared memory (read in parallel), then independent loads per dimension.
+  float* sw = ss;  // reuses the score buffer: [nsp] weights, chunked by kSegTile
+  for (int s0 = 0; s0 < nsp; s0 += kSegTile) {
+    const int ns = min(kSegTile, nsp - s0);
+    __syncthreads();
+    for (int s = threadIdx.x; s < ns; s += kMergeThreads) sw[s] = base[(s0 + s) * pstride + hh];
+    __syncthreads();
+    float mc = -INFINITY;
+    for (int s = 0; s < ns; ++s) mc = fmaxf(mc, sw[s]);
+    const float m_new = fmaxf(M, mc);
+    const float alpha = M == -INFINITY ? 0.f : exp2f(M - m_new);
+    L *= alpha, o[0] *= alpha, o[1] *= alpha;
+    M = m_new;
+#pragma unroll 4
+    for (int s = 0; s < ns; ++s) {
+      const float* ps = base + (s0 + s) * pstride;
+      const float w = sw[s] == -INFINITY ? 0.f : exp2f(sw[s] - M);
+      L += w * ps[kHeadsTile + hh];
 #pragma unroll
-    for (int k = 0; k < per; ++k) {
-      const int d = threadIdx.x + k * kMergeThreads;
-      if (d < D) o[k] += w * ps[2 * kHeadsTile + hh * D + d];
+      for (int k = 0; k < per; ++k) {
+        const int d = threadIdx.x + k * kMergeThreads;
+        if (d < D) o[k] += w * ps[2 * kHeadsTile + hh * D + d];
+      }
     }
   }
 
@@ -425,6 +441,18 @@ int max_smem_optin() {
     return n;
   }();
   return v;
+}
+
+// cudaFuncSetAttribute costs microseconds of host time: raise each kernel's limit only when needed.
+void ensure_smem_attr(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, size_t> set;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& cur = set[kernel];
+  if (bytes > cur) {
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    cur = bytes;
+  }
 }
 
 struct Plan {
@@ -515,6 +543,8 @@ void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
   sp.kbooks = a.k_per_subspace ? a.head_dim / a.k_sub_dim : 1, sp.kcb = pl.kcb;
   sp.vd = a.v_sub_dim, sp.vbits = a.v_bits, sp.vK = 1 << a.v_bits;
   sp.vbooks = a.v_per_subspace ? a.head_dim / a.v_sub_dim : 1, sp.vcb = pl.vcb;
+  sp.kshift = a.k_sub_dim == 4 ? 2 : a.k_sub_dim == 8 ? 3 : 4;
+  sp.vshift = a.v_sub_dim == 4 ? 2 : a.v_sub_dim == 8 ? 3 : 4;
   sp.q = a.q_code;
   sp.k_codes = a.k_codes;
   sp.v_codes = a.v_codes;
@@ -532,7 +562,7 @@ void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
     const size_t smem = books_in_smem ? pl.split_smem_books : pl.split_smem_small;
     const dim3 grid(unsigned(pl.n_splits), unsigned(a.n_kv_heads * pl.head_tiles), unsigned(a.rows));
     auto launch = [&](auto kernel, const char* name) {
-      VQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      ensure_smem_attr(reinterpret_cast<const void*>(kernel), smem);
       kernel<<<grid, kThreads, smem, st>>>(sp);
       VQ_CUDA_LAUNCHED(name);
     };

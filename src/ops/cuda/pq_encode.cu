@@ -272,17 +272,34 @@ bool try_launch(const EncodeParams& p, cudaStream_t st) {
   const size_t smem = fast_smem_bytes(p, DS, R);
   if (smem > size_t(max_smem_per_block())) return false;
   auto k = encode_kernel<DS, R>;
-  VQ_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  static size_t attr_set = 0;  // cudaFuncSetAttribute costs host microseconds: only when raised
+  if (smem > attr_set) {
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attr_set = smem;
+  }
   const dim3 grid(unsigned((p.n_tokens + 32 * R - 1) / (32 * R)), unsigned(p.n_heads));
   k<<<grid, kThreads, smem, st>>>(p);
   VQ_CUDA_LAUNCHED("encode_kernel");
   return true;
 }
 
+int sm_count() {
+  static int v = [] {
+    int dev = 0, n = 0;
+    VQ_CUDA_CHECK(cudaGetDevice(&dev));
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  return v;
+}
+
+// R = 8 sub-vectors per thread amortises centroid loads best, but only when it still gives
+// two blocks per SM; otherwise R = 4 (more, smaller blocks), then 2 (shared memory).
 template <int DS>
 bool try_fast(const EncodeParams& p, cudaStream_t st) {
   if constexpr (DS <= 8) {
-    if (try_launch<DS, 8>(p, st)) return true;
+    const int64_t blocks8 = (p.n_tokens + 255) / 256 * p.n_heads;
+    if (blocks8 >= 2 * sm_count() && try_launch<DS, 8>(p, st)) return true;
   }
   if (try_launch<DS, 4>(p, st)) return true;
   return try_launch<DS, 2>(p, st);
