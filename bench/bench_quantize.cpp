@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "codec/quantize_bench.h"
 #include "core/atomic_file.h"
@@ -33,8 +34,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", s.c_str());
     });
     std::printf("%s", vq::quantize_bench_table(rows).c_str());
+    std::vector<vq::DistanceFormRow> dist;
+    if (!quick) {
+      dist = vq::run_distance_form_bench();
+      std::printf("\ndistance form, 1 thread (GFLOP/s counts 3*d per pair for both):\n%s",
+                  vq::distance_form_table(dist).c_str());
+    }
     if (!json.empty()) {
-      const std::string doc = vq::quantize_bench_json(rows);
+      const std::string doc = vq::quantize_bench_json(rows, dist);
       vq::write_file_atomic(json, doc.data(), doc.size());
       std::printf("wrote %s\n", json.c_str());
     }

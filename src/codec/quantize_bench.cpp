@@ -169,6 +169,43 @@ std::vector<QuantizeBenchRow> run_quantize_bench(const std::vector<QuantizeBench
   return rows;
 }
 
+std::vector<DistanceFormRow> run_distance_form_bench(double min_seconds, uint64_t seed) {
+  const int restore_threads = num_threads();
+  set_num_threads(1);
+  std::vector<DistanceFormRow> rows;
+  for (int k : {256, 1024, 4096})
+    for (int d : {4, 8, 16}) {
+      const int64_t n = (int64_t(1) << 28) / (int64_t(k) * d);  // ~0.8 GFLOP per encode
+      const PQShape s{n, 1, d, k, false};
+      std::mt19937 rng(static_cast<uint32_t>(seed));
+      std::normal_distribution<float> nd;
+      std::vector<float> x(size_t(n) * d), book(size_t(k) * d);  // x: [n, d]; book: [k, d]
+      for (auto& v : x) v = nd(rng);
+      for (auto& v : book) v = nd(rng);
+      std::vector<uint16_t> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));  // codes: [n]
+      const cpu::PQEncoder direct(s, book.data(), cpu::PQDistance::direct);
+      const cpu::PQEncoder dot(s, book.data(), cpu::PQDistance::dot);
+      const double flops = 3.0 * d * double(n) * k;
+      DistanceFormRow r{d, k, n, 0, 0, 0};
+      r.direct_gflops = time_runs([&] { direct.encode(x.data(), n, a.data()); }, 3, min_seconds, flops).gflops;
+      r.dot_gflops = time_runs([&] { dot.encode(x.data(), n, b.data()); }, 3, min_seconds, flops).gflops;
+      for (int64_t i = 0; i < n; ++i) r.code_differences += a[size_t(i)] != b[size_t(i)];
+      rows.push_back(r);
+    }
+  set_num_threads(restore_threads);
+  return rows;
+}
+
+std::string distance_form_table(const std::vector<DistanceFormRow>& rows) {
+  std::string out =
+      "|    k |  d |       N | direct GFLOP/s | dot GFLOP/s | dot/direct | codes differing |\n"
+      "|------|----|---------|----------------|-------------|------------|-----------------|\n";
+  for (const auto& r : rows)
+    out += fmt::format("| {:4} | {:2} | {:7} | {:14.1f} | {:11.1f} | {:9.2f}x | {:15} |\n", r.n_centroids, r.sub_dim,
+                       r.n, r.direct_gflops, r.dot_gflops, r.dot_gflops / r.direct_gflops, r.code_differences);
+  return out;
+}
+
 std::string quantize_bench_table(const std::vector<QuantizeBenchRow>& rows) {
   auto mib = [](int64_t b) { return b < 0 ? std::string("n/a") : fmt::format("{:.2f}", double(b) / (1 << 20)); };
   std::string out;
@@ -200,7 +237,8 @@ std::string quantize_bench_table(const std::vector<QuantizeBenchRow>& rows) {
   return out;
 }
 
-std::string quantize_bench_json(const std::vector<QuantizeBenchRow>& rows) {
+std::string quantize_bench_json(const std::vector<QuantizeBenchRow>& rows,
+                                const std::vector<DistanceFormRow>& distance_rows) {
   std::string o = "{\n";
   o += "  \"benchmark\": \"quantize\",\n";
   o += fmt::format("  \"date\": \"{}\",\n", today());
@@ -232,7 +270,15 @@ std::string quantize_bench_json(const std::vector<QuantizeBenchRow>& rows) {
     o += "]}";
     o += i + 1 < rows.size() ? ",\n" : "\n";
   }
-  o += "  ]\n}\n";
+  o += "  ],\n  \"distance_form\": [";
+  for (size_t i = 0; i < distance_rows.size(); ++i) {
+    const auto& r = distance_rows[i];
+    o += fmt::format(
+        "{}\n    {{\"sub_dim\": {}, \"n_centroids\": {}, \"n_sub_vectors\": {}, \"direct_gflops\": {:.3f}, "
+        "\"dot_gflops\": {:.3f}, \"code_differences\": {}}}",
+        i ? "," : "", r.sub_dim, r.n_centroids, r.n, r.direct_gflops, r.dot_gflops, r.code_differences);
+  }
+  o += distance_rows.empty() ? "]\n}\n" : "\n  ]\n}\n";
   return o;
 }
 

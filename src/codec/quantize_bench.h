@@ -56,8 +56,23 @@ std::vector<QuantizeBenchRow> run_quantize_bench(const std::vector<QuantizeBench
                                                  const std::function<void(const std::string&)>& progress = {});
 
 std::string quantize_bench_table(const std::vector<QuantizeBenchRow>& rows);
-// JSON document: {"benchmark", "date", "cpu", "simd_target", "flops_per_pair", "rows": [...]}.
 std::string quantize_bench_json(const std::vector<QuantizeBenchRow>& rows);
-std::string cpu_model_name();  // from /proc/cpuinfo ("unknown" elsewhere)
+std::string cpu_model_name();
+
+// Direct sum (x-c)^2 against the |c|^2 - 2 x.c form of the fused encoder, 1 thread, per
+// (sub_dim, n_centroids): the measurement behind the encoder's automatic choice.
+struct DistanceFormRow {
+  int sub_dim, n_centroids;
+  int64_t n;                             // sub-vectors
+  double direct_gflops, dot_gflops;      // at the median time
+  int64_t code_differences;              // sub-vectors where the two forms chose differently
+};
+std::vector<DistanceFormRow> run_distance_form_bench(double min_seconds = 0.3, uint64_t seed = 1);
+std::string distance_form_table(const std::vector<DistanceFormRow>& rows);
+
+// JSON document: {"benchmark", "date", "cpu", "simd_target", "flops_per_pair", "rows": [...],
+// "distance_form": [...]}.
+std::string quantize_bench_json(const std::vector<QuantizeBenchRow>& rows,
+                                const std::vector<DistanceFormRow>& distance_rows = {});  // from /proc/cpuinfo ("unknown" elsewhere)
 
 }  // namespace vq

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "codec/quantize_bench.h"
 #include "commands.h"
@@ -45,8 +46,14 @@ void add_bench(CLI::App& app) {
       std::fprintf(stderr, "  %s\n", s.c_str());
     });
     std::printf("%s", quantize_bench_table(rows).c_str());
+    std::vector<DistanceFormRow> dist;
+    if (!qa->quick) {
+      dist = run_distance_form_bench();
+      std::printf("\ndistance form, 1 thread (GFLOP/s counts 3*d per pair for both):\n%s",
+                  distance_form_table(dist).c_str());
+    }
     if (!qa->json.empty()) {
-      const std::string doc = quantize_bench_json(rows);
+      const std::string doc = quantize_bench_json(rows, dist);
       write_file_atomic(qa->json, doc.data(), doc.size());
       std::printf("wrote %s\n", qa->json.c_str());
     }
