@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
+#include "model/calibrate.h"
 #include "model/chat_template.h"
 #include "model/default_model.h"
 #include "model/model.h"
@@ -116,7 +117,13 @@ void run_generate(const GenerateOptions& o) {
   }
   const auto model = Model::load(path);
   const ModelConfig& cfg = model->config();
-  const KVCacheFactory factory = make_kv_cache_factory(kv_config, o.calib);
+  // vecinfer: --calib, else (default model) the first-use calibration from the Jargon File.
+  const std::string calib = resolve_calibration(*model, path, o.model.empty(), kv_config, o.calib,
+                                                [](const char* stage, int d, int t) {
+                                                  std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
+                                                  if (d == t) std::fprintf(stderr, "\n");
+                                                });
+  const KVCacheFactory factory = make_kv_cache_factory(kv_config, calib);
 
   std::vector<int32_t> ids;
   std::string shown_prompt;
