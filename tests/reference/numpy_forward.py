@@ -150,8 +150,23 @@ class NumpyModel:
     def rmsnorm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.cfg.norm_eps) * w
 
-    def forward(self, tokens, neox: bool | None = None) -> np.ndarray:
-        """Logits [n, n_vocab] (float64) for every position of `tokens` from position 0."""
+    @staticmethod
+    def int8_blocks(x: np.ndarray) -> np.ndarray:
+        """x rounded as an int8-activation product sees it: blocks of 32 along the last axis,
+        step amax/127, round to nearest (to model that error source; off by default)."""
+        shape = x.shape
+        b = x.reshape(-1, 32)
+        amax = np.abs(b).max(axis=1, keepdims=True)
+        step = np.where(amax > 0, amax / 127.0, 1.0)
+        return (np.rint(b / step) * step).reshape(shape)
+
+    def proj(self, h: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return (self.int8_blocks(h) if self.act_int8 else h) @ w.T
+
+    def forward(self, tokens, neox: bool | None = None, act_int8: bool = False) -> np.ndarray:
+        """Logits [n, n_vocab] (float64) for every position of `tokens` from position 0.
+        act_int8: round each product's input rows to int8 blocks first (diagnostics only)."""
+        self.act_int8 = act_int8
         c = self.cfg
         tokens = np.asarray(tokens, dtype=np.int64)
         n = len(tokens)
@@ -162,9 +177,9 @@ class NumpyModel:
         for l in range(c.n_layers):
             p = f"blk.{l}."
             h = self.rmsnorm(x, self.w(p + "attn_norm.weight"))
-            q = h @ self.w(p + "attn_q.weight").T
-            k = h @ self.w(p + "attn_k.weight").T
-            v = h @ self.w(p + "attn_v.weight").T
+            q = self.proj(h, self.w(p + "attn_q.weight"))
+            k = self.proj(h, self.w(p + "attn_k.weight"))
+            v = self.proj(h, self.w(p + "attn_v.weight"))
             for name, t in (("attn_q.bias", "q"), ("attn_k.bias", "k"), ("attn_v.bias", "v")):
                 b = self.w(p + name)
                 if b is not None:
@@ -187,16 +202,16 @@ class NumpyModel:
                 s = np.exp(s - s.max(axis=1, keepdims=True))
                 s /= s.sum(axis=1, keepdims=True)
                 att[:, hq, :] = s @ v[:, hk, :]
-            x = x + att.reshape(n, -1) @ self.w(p + "attn_output.weight").T
+            x = x + self.proj(att.reshape(n, -1), self.w(p + "attn_output.weight"))
             h = self.rmsnorm(x, self.w(p + "ffn_norm.weight"))
-            g = h @ self.w(p + "ffn_gate.weight").T
-            u = h @ self.w(p + "ffn_up.weight").T
-            x = x + (g / (1.0 + np.exp(-g)) * u) @ self.w(p + "ffn_down.weight").T
+            g = self.proj(h, self.w(p + "ffn_gate.weight"))
+            u = self.proj(h, self.w(p + "ffn_up.weight"))
+            x = x + self.proj(g / (1.0 + np.exp(-g)) * u, self.w(p + "ffn_down.weight"))
         x = self.rmsnorm(x, self.w("output_norm.weight"))
         out = self.w("output.weight")
         if out is None:
             out = self.w("token_embd.weight")  # tied embeddings
-        return x @ out.T
+        return self.proj(x, out)
 
     def greedy(self, prompt, n_new: int) -> list[int]:
         """Greedy continuation (recomputes the prefix each step; for short checks only)."""
