@@ -14,7 +14,7 @@ WeightMatrix matrix(const GGUFFile& g, const std::string& name, int64_t rows, in
   VQ_CHECK(t != nullptr, "{}: missing tensor '{}'", g.path(), name);
   const bool shape_ok = (t->dims.size() == 2 && t->dims[0] == cols && t->dims[1] == rows) ||
                         (t->dims.size() == 3 && t->dims[0] == cols && t->dims[1] == rows && t->dims[2] == 1);
-  VQ_CHECK(shape_ok, "{}: tensor '{}': shape [{}] , expected ne = [{}, {}]", g.path(), name,
+  VQ_CHECK(shape_ok, "{}: tensor '{}': shape [{}], expected ne = [{}, {}]", g.path(), name,
            fmt::join(t->dims, ", "), cols, rows);
   VQ_CHECK(ggml_type_supported(t->type), "{}: tensor '{}': unsupported type {}", g.path(), name,
            ggml_type_name(t->type));

@@ -34,6 +34,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.reference.numpy_forward import NumpyModel  # noqa: E402
+from tests.reference.tiny_models import write_tiny  # noqa: E402
 
 MODEL = Path(os.environ.get("VQ_SMOLLM2_GGUF",
                             Path.home() / ".cache/veloxquant/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -105,68 +106,6 @@ def test_logits_and_greedy_tokens_match_numpy(ref, tmp_path, name, args):
     print(f"[{name}] greedy: {n_same}/{N_GEN} steps where NumPy's argmax is C++'s token; "
           f"largest gap to NumPy's best {gaps.max():.4f}")
     assert gaps.max() <= TIE_MARGIN, f"step {int(gaps.argmax())}: C++ token is {gaps.max()} below NumPy's best"
-
-
-def write_tiny(path, arch="llama", n_layers=2, n_embd=64, n_heads=4, n_kv=2, head_dim=16, n_ff=96,
-               n_vocab=101, key_length=False, tied=False, bias=False, qk_norm=False, scaling=None,
-               rope_freqs=False, seed=0):
-    """A tiny random model with float32 weights, written with the `gguf` package's writer."""
-    import gguf
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_uint32(f"{arch}.block_count", n_layers)
-    w.add_uint32(f"{arch}.embedding_length", n_embd)
-    w.add_uint32(f"{arch}.feed_forward_length", n_ff)
-    w.add_uint32(f"{arch}.attention.head_count", n_heads)
-    w.add_uint32(f"{arch}.attention.head_count_kv", n_kv)
-    w.add_uint32(f"{arch}.context_length", 512)
-    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    if key_length:
-        w.add_uint32(f"{arch}.attention.key_length", head_dim)
-    if scaling:
-        w.add_string(f"{arch}.rope.scaling.type", scaling)
-        w.add_float32(f"{arch}.rope.scaling.factor", 8.0 if scaling == "llama3" else 4.0)
-        if scaling == "llama3":
-            w.add_float32(f"{arch}.rope.scaling.low_freq_factor", 1.0)
-            w.add_float32(f"{arch}.rope.scaling.high_freq_factor", 4.0)
-            w.add_uint32(f"{arch}.rope.scaling.original_context_length", 32)
-
-    def mat(name, rows, cols):
-        w.add_tensor(name, (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32))
-
-    def vec(name, n, base, scale):
-        w.add_tensor(name, (base + scale * rng.standard_normal(n)).astype(np.float32))
-
-    qd, kvd = n_heads * head_dim, n_kv * head_dim
-    w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, n_embd)).astype(np.float32))
-    if not tied:
-        mat("output.weight", n_vocab, n_embd)
-    vec("output_norm.weight", n_embd, 1.0, 0.1)
-    if rope_freqs:
-        w.add_tensor("rope_freqs.weight", (1.0 + np.arange(head_dim // 2) % 3).astype(np.float32))
-    for l in range(n_layers):
-        p = f"blk.{l}."
-        vec(p + "attn_norm.weight", n_embd, 1.0, 0.1)
-        vec(p + "ffn_norm.weight", n_embd, 1.0, 0.1)
-        mat(p + "attn_q.weight", qd, n_embd)
-        mat(p + "attn_k.weight", kvd, n_embd)
-        mat(p + "attn_v.weight", kvd, n_embd)
-        mat(p + "attn_output.weight", n_embd, qd)
-        mat(p + "ffn_gate.weight", n_ff, n_embd)
-        mat(p + "ffn_up.weight", n_ff, n_embd)
-        mat(p + "ffn_down.weight", n_embd, n_ff)
-        if bias:
-            vec(p + "attn_q.bias", qd, 0.0, 0.5)
-            vec(p + "attn_k.bias", kvd, 0.0, 0.5)
-            vec(p + "attn_v.bias", kvd, 0.0, 0.5)
-        if qk_norm:
-            vec(p + "attn_q_norm.weight", head_dim, 1.0, 0.2)
-            vec(p + "attn_k_norm.weight", head_dim, 1.0, 0.2)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 TINY = {
