@@ -59,6 +59,7 @@ const PQCase kCases[] = {
     {"large_scale_b12", 30, 8, 8, 4096, false, 1000.0f, 0.0f},
     {"tiny_scale", 200, 8, 4, 256, true, 1e-3f, 0.0f},
     {"duplicates", 300, 8, 4, 256, false, 1.0f, 0.0f, true},
+    {"huge_values_k100", 50, 4, 8, 100, false, 1e18f, 0.0f},  // padding lanes must never win
 };
 
 struct Data {

@@ -177,9 +177,9 @@ const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 HWY_EXPORT(EncodeRunAny);
 
 namespace {
-// Padding centroid coordinate: its squared distance (~1e36 * d) is finite but never the minimum
-// for data within the codebook's range.
-constexpr float kPadCoord = 1e18f;
+// Padding centroid coordinate: its distance is +inf (or NaN for infinite x), which never
+// compares below the running minimum (initially +inf), so a padding index is never chosen.
+constexpr float kPadCoord = std::numeric_limits<float>::infinity();
 }  // namespace
 
 PQEncoder::PQEncoder(const PQShape& s, const float* books, PQDistance dist) : s_(s), dist_(dist) {

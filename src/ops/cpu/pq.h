@@ -46,7 +46,7 @@ class PQEncoder {
   int lanes_;                // SIMD lanes of the dispatched target (L)
   int c_vecs_;               // centroid vectors per register block (C)
   int64_t k_pad_;            // n_centroids rounded up to L * C
-  AlignedBuffer<float> ct_;  // [n_books, k_pad / L, sub_dim, L] f32, L = SIMD lanes (padding: 1e18)
+  AlignedBuffer<float> ct_;  // [n_books, k_pad / L, sub_dim, L] f32, L = SIMD lanes (padding: +inf)
   AlignedBuffer<float> norms_;  // [n_books, k_pad] f32, |c|^2 (dot form only; padding: +inf)
 };
 
