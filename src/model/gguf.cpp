@@ -410,10 +410,4 @@ void dequantize_rows(const GGUFTensorInfo& t, int64_t row0, int64_t n_rows, floa
   for (int64_t r = 0; r < n_rows; ++r) dequantize_row(t.type, t.data + size_t(row0 + r) * rb, dst + r * cols, cols);
 }
 
-void matmul(const GGUFTensorInfo& w, const float* x, int64_t M, float* y) {
-  require_supported(w);
-  VQ_CHECK(w.dims.size() == 2, "tensor '{}': matmul needs a 2-D weight, it has {} dims", w.name, w.dims.size());
-  matmul(w.type, w.data, w.dims[1], w.dims[0], x, M, y);
-}
-
 }  // namespace vq

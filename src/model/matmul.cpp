@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/matmul_kernels.h"
+#include "model/gguf.h"
 #include "model/weight_formats.h"
 
 namespace vq {
@@ -89,6 +90,13 @@ void matmul(GGMLType t, const void* W, int64_t rows, int64_t cols, const float* 
   }
   thread_local ActivationBuffer buf;  // reused across calls of this thread
   matmul_q(t, W, rows, cols, buf.quantize(x, M, cols), y);
+}
+
+// (declared in gguf.h; here so that the reader alone builds without the kernels, e.g. for fuzzing)
+void matmul(const GGUFTensorInfo& w, const float* x, int64_t M, float* y) {
+  require_supported(w);
+  VQ_CHECK(w.dims.size() == 2, "tensor '{}': matmul needs a 2-D weight, it has {} dims", w.name, w.dims.size());
+  matmul(w.type, w.data, w.dims[1], w.dims[0], x, M, y);
 }
 
 }  // namespace vq

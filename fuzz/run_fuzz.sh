@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the GGUF reader's libFuzzer target with clang (ASan + UBSan) and runs it.
+#   fuzz/run_fuzz.sh [--seconds N] [--out DIR] [--jobs J] [-- extra libFuzzer flags]
+# The short run in the test suite: --seconds 25. Longer runs: docs/FUZZING.md.
+# New inputs found are kept in OUT/corpus (the seed corpus in fuzz/corpus is only read);
+# a crash leaves OUT/crash-* and a non-zero exit.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+secs=25
+out="$root/build/fuzz"
+jobs=1
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seconds) secs=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "run_fuzz.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+cxx=${VQ_FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}
+if [ -z "$cxx" ]; then echo "run_fuzz.sh: clang++ not found" >&2; exit 2; fi
+
+srcs=("$root/fuzz/fuzz_gguf.cpp" "$root/src/model/gguf.cpp" "$root/src/model/weight_formats.cpp"
+      "$root/src/core/mmap_file.cpp")
+bin="$out/fuzz_gguf"
+mkdir -p "$out/corpus"
+out=$(cd "$out" && pwd)
+bin="$out/fuzz_gguf"
+rebuild=0
+[ -x "$bin" ] || rebuild=1
+if [ $rebuild = 0 ]; then
+  for s in "${srcs[@]}" "$root"/src/model/*.h "$root"/src/core/*.h; do
+    if [ "$s" -nt "$bin" ]; then rebuild=1; break; fi
+  done
+fi
+if [ $rebuild = 1 ]; then
+  echo "run_fuzz.sh: building $bin with $cxx"
+  "$cxx" -std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+    -fno-sanitize-recover=undefined -I"$root/src" -I"$root/include" "${srcs[@]}" -lfmt -o "$bin.tmp"
+  mv "$bin.tmp" "$bin"
+fi
+
+cd "$out"
+# -max_len: the seeds are small model-like files; longer inputs only slow the search.
+# -rss_limit_mb: the reader must not allocate much more than the input size.
+par=()
+if [ "$jobs" -gt 1 ]; then par=(-fork="$jobs"); fi
+"$bin" corpus "$root/fuzz/corpus" -dict="$root/fuzz/gguf.dict" -max_total_time="$secs" -max_len=8192 \
+  -rss_limit_mb=1024 -timeout=10 -print_final_stats=1 "${par[@]}" "${extra[@]}"
