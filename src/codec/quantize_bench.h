@@ -28,6 +28,9 @@ struct QuantizeBenchOptions {
 struct QuantizeBenchRun {
   int threads = 1;
   double median_ms = 0, min_ms = 0;
+  // Median process CPU time per rep (all threads): close to threads * median_ms when the run had
+  // the cores to itself; far below it when other processes competed (then the wall time is noisy).
+  double median_cpu_ms = 0;
   int reps = 0;
   double gflops = 0;        // at the median
   int64_t peak_bytes = -1;  // measured extra resident memory; -1 if the OS gave no figure
