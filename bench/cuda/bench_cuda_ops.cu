@@ -2,7 +2,7 @@
 // Prints one line per measurement, "key=value" pairs, medians of CUDA-event timings after warm-up;
 // inputs are rotated over several copies so that each launch reads memory, not L2, where the
 // working set is below 4x the L2 size.
-//   bench_cuda_ops [quant|attn|copy|all]
+//   bench_cuda_ops [quant|attn|decode|copy|all]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -173,13 +173,42 @@ void bench_attn(double copy_bw) {
         a.v_codes = dvp.as<const uint8_t*>() + size_t(c) * B;
         vq::cuda::pq_attention_device(a);
       };
+      // kernel 0 = auto (the LUT split kernel for these shapes), 1 = gather-mma split kernel (v2)
+      a.kernel = 1;
+      vq::cuda::DeviceBuffer ws1(vq::cuda::pq_attention_workspace_bytes(a));
+      a.workspace = ws1.data(), a.workspace_bytes = ws1.size();
+      const double ms_gather = median_ms(run, 10, 21, 3);
+      a.kernel = 0;
+      a.workspace = ws.data(), a.workspace_bytes = ws.size();
       const double ms = median_ms(run, 10, 21, 3);
       const double gbps = double(bytes) / (ms * 1e-3) / 1e9;
       std::printf("attn B=%d Hq=%d Hkv=%d D=%d S=%d k=d4b8 v=d4b8 ms=%.4f code_bytes=%zu GBps_codes=%.0f "
-                  "pct_of_copy=%.1f rotate_copies=%d\n",
-                  B, Hq, Hkv, D, S, ms, bytes, gbps, 100.0 * gbps / copy_bw, copies);
+                  "pct_of_copy=%.1f rotate_copies=%d ms_gather_mma_v2=%.4f\n",
+                  B, Hq, Hkv, D, S, ms, bytes, gbps, 100.0 * gbps / copy_bw, copies, ms_gather);
       std::fflush(stdout);
     }
+}
+
+// Decode (gather) of packed d4b8 codes to fp16, [H][S][D] head-major, one shared book per head.
+void bench_decode(double copy_bw) {
+  const int H = 8, D = 128, kd = 4, S = 131072;
+  const int cb = int(vq::cuda::code_row_bytes(D / kd, 8));
+  std::vector<float> book(size_t(H) * 256 * kd);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd;
+  for (auto& v : book) v = nd(rng);
+  vq::cuda::DeviceBuffer dbook = vq::cuda::to_device(book.data(), book.size() * 4);
+  vq::cuda::DeviceBuffer codes(size_t(H) * S * cb), out(size_t(H) * S * D * 2);
+  fill_bytes_hash<<<2048, 256>>>(codes.as<uint8_t>(), codes.size(), 21);
+  vq::cuda::CodeDecodeArgs a;
+  a.n_tokens = S, a.n_heads = H, a.head_dim = D, a.sub_dim = kd, a.bits = 8;
+  a.codes = codes.as<uint8_t>(), a.code_head_stride = int64_t(S) * cb, a.code_token_stride = cb;
+  a.codebooks = dbook.as<float>(), a.out_type = vq::cuda::ElemType::f16, a.out = out.data();
+  a.out_head_stride = int64_t(S) * D, a.out_token_stride = D;
+  const double ms = median_ms([&](int) { vq::cuda::decode_codes_device(a); }, 5);
+  const double bytes = double(codes.size() + out.size());
+  std::printf("decode S=%d H=%d D=%d d4b8->f16 ms=%.4f bytes_rw=%.0f GBps=%.0f pct_of_copy=%.1f\n", S, H, D, ms, bytes,
+              bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_bw);
 }
 
 }  // namespace
@@ -195,6 +224,7 @@ int main(int argc, char** argv) {
   if (what == "copy" || what == "all" || what == "attn") bw = copy_gbps();
   if (what == "quant" || what == "all") bench_quant();
   if (what == "attn" || what == "all") bench_attn(bw);
+  if (what == "decode" || what == "all") bench_decode(bw);
   vq::cuda::device_synchronize();
   return 0;
 }

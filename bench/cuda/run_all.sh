@@ -21,11 +21,11 @@ BIN=""
 if cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 &&
    ninja -C build/gpu test_ops bench_cuda_ops >>"$OUT/cmake.log" 2>&1; then
   BIN=build/gpu
-  TEST_OPS=$BIN/tests/test_ops BENCH=$BIN/bench/cuda/bench_cuda_ops
+  TEST_OPS=$BIN/tests/test_ops TEST_KV=$BIN/tests/test_kvcache BENCH=$BIN/bench/cuda/bench_cuda_ops
 else
   PRE=${VQ_PREBUILT:-.gpubin}
   echo "CMake build unavailable here (see cmake.log); using prebuilt binaries from $PRE"
-  TEST_OPS=$PRE/test_ops BENCH=$PRE/bench_cuda_ops
+  TEST_OPS=$PRE/test_ops TEST_KV=$PRE/test_kvcache BENCH=$PRE/bench_cuda_ops
   export LD_LIBRARY_PATH=$PWD/$PRE/lib:${LD_LIBRARY_PATH:-}
   if has nvcc; then
     # Build check of every CUDA source with this machine's nvcc (objects only), in the background.
@@ -42,9 +42,12 @@ rc=0
 if has tests; then
   "$TEST_OPS" --gtest_filter='*cuda*:*Cuda*' --gtest_brief=1 2>&1 | tee "$OUT/tests.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  # The GPU-routed VecInfer cache (use_gpu_kernels) against the CPU cache, plus the CPU cache tests.
+  "$TEST_KV" --gtest_filter='VecInferGpu.*:VecInfer.*' --gtest_brief=1 2>&1 | tee "$OUT/tests_kvcache.log" | tail -8
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has sanitize; then
-  small='Cases/CudaPQAttention.*/d64_k_d8b8per_v_d4b8_g1:Cases/CudaPQAttention.*/prefill_chunk_d128_g4:Cases/CudaPQAttention.*/d128_d4b4_per_g3:Cases/CudaFusedEncode.*/d64_s4_b6_shared_one_token:Cases/CudaFusedEncode.*/d96_s16*:Cases/CudaDecodeCodes.*/d64_s8_b12_per:Backends/PQParity.*/cuda_d8_b8_per:Backends/PQParity.*/cuda_d5_generic_per'
+  small='Cases/CudaPQAttention.*/d64_k_d8b8per_v_d4b8_g1*:Cases/CudaPQAttention.*/prefill_chunk_d128_g4*:Cases/CudaPQAttention.*/d128_d4b4_per_g3*:Cases/CudaPQAttention.*/d64_d4b8per_keys_g4_prefill*:Cases/CudaPQAttention.*/d128_d4b8_g8_two_lut_tiles*:Cases/CudaFusedEncode.*/d64_s4_b6_shared_one_token:Cases/CudaFusedEncode.*/d96_s16*:Cases/CudaDecodeCodes.*/d64_s8_b12_per:Backends/PQParity.*/cuda_d8_b8_per:Backends/PQParity.*/cuda_d5_generic_per'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 "$TEST_OPS" --gtest_filter="$small" --gtest_brief=1 \
       > "$OUT/sanitize_$tool.log" 2>&1
@@ -52,6 +55,11 @@ if has sanitize; then
     echo "compute-sanitizer $tool: exit $s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
     [ $s -eq 0 ] || rc=1
   done
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$TEST_KV" --gtest_filter='VecInferGpu.*' --gtest_brief=1 \
+    > "$OUT/sanitize_memcheck_kvcache.log" 2>&1
+  s=$?
+  echo "compute-sanitizer memcheck (GPU cache): exit $s; $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_memcheck_kvcache.log" | tail -1)"
+  [ $s -eq 0 ] || rc=1
 fi
 if has bench; then
   "$BENCH" all 2>&1 | tee "$OUT/bench.log"

@@ -8,6 +8,7 @@
 #include "kvcache/kivi_cache.h"
 #include "kvcache/scalar_cache.h"
 #include "kvcache/vecinfer_cache.h"
+#include "kvcache/vecinfer_gpu.h"  // CUDA-2 hook
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
 #endif
@@ -67,6 +68,8 @@ KVCacheFactory make_kv_cache_factory(const KVCacheConfig& config, const std::str
         calib = std::make_shared<const Calibration>(load_calibration(path));
       }
       return [config, calib](int layer, const KVGeometry& g) -> std::unique_ptr<KVCache> {
+        // CUDA-2 hook (use_gpu_kernels routing): GPU-resident cache when allowed and a GPU is present.
+        if (auto gpu = make_vecinfer_gpu_cache(g, config, calib, layer)) return gpu;
         return std::make_unique<VecInferCache>(g, config, calib, layer);
       };
     }

@@ -43,7 +43,12 @@ const AttnCase kAttn[] = {
     {"d128_d4b8_g4_131072", 1, 4, 128, 4, 8, false, 4, 8, false, {131072, 9000}, {16, 0}, 0, 3.0f},
     {"empty_rows", 2, 4, 64, 4, 8, false, 4, 8, false, {0, 0}, {0, 3}},
     {"prefill_chunk_d128_g4", 2, 4, 128, 4, 8, false, 8, 8, false, {3000}, {12}, 7},
+    {"d128_k_d8b8per_v_d4b8_g2", 2, 2, 128, 8, 8, true, 4, 8, false, {2500, 31, 64}, {0, 4, 2}},
+    {"d128_d4b8_g8_two_lut_tiles", 1, 8, 128, 4, 8, false, 4, 8, false, {3000, 77}, {5, 1}},
+    {"d64_d4b8per_keys_g4_prefill", 2, 4, 64, 4, 8, true, 4, 8, false, {1200}, {3}, 5},
 };
+// Each case runs twice: kernel 0 (auto: the LUT kernel where it applies) and kernel 1 (gather-mma).
+constexpr size_t kKernels = 2;
 
 struct Problem {
   int rows;
@@ -73,7 +78,8 @@ class CudaPQAttention : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   VQ_SKIP_WITHOUT_CUDA();
-  const AttnCase& c = kAttn[GetParam()];
+  const AttnCase& c = kAttn[GetParam() / kKernels];
+  const int kernel = int(GetParam() % kKernels);
   std::mt19937 rng(101 + unsigned(GetParam()));
   std::normal_distribution<float> nd;
   const int Hkv = c.n_kv_heads, G = c.group, Hq = Hkv * G, D = c.head_dim;
@@ -195,7 +201,11 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   }
   a.out = dout.as<float>();
   // Small splits on some cases so that many blocks and the log-sum-exp merge are exercised.
-  a.split_tokens = GetParam() % 2 ? 256 : 0;
+  a.split_tokens = (GetParam() / kKernels) % 2 ? 256 : 0;
+  a.kernel = kernel;
+  // The LUT kernel keeps the queries in fp32 (LUT = q~ . fp16 centroid); the gather-mma one rounds them.
+  const bool lut = kernel == 0 && c.kbits == 8 && (D / c.kd == 16 || D / c.kd == 32) && c.vd == 4 && c.vbits == 8 &&
+                   !c.vper && D <= 128;
   cuda::DeviceBuffer ws(std::max<size_t>(cuda::pq_attention_workspace_bytes(a), 4));
   a.workspace = ws.data(), a.workspace_bytes = ws.size();
   ws.fill_bytes(0xFF);
@@ -211,7 +221,8 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
     if (rounded) {
       for (auto& v : kb) v = round_f16(v);
       for (auto& v : vb) v = round_f16(v);
-      for (auto& v : qc) v = round_f16(v);
+      if (!lut)
+        for (auto& v : qc) v = round_f16(v);
     }
     std::vector<double> want(got.size());
     for (int r = 0; r < rows; ++r)
@@ -247,13 +258,16 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
     // fp16 queries/centroids/probabilities inside the kernel (fp32 accumulation): see CUDA_NOTES.md.
     const double tol = rounded ? 2e-3 : 5e-3;
     EXPECT_LT(err, tol) << (rounded ? "vs fp16-rounded-input reference" : "vs exact reference");
-    if (c.coded[0] == 0 && c.resid[0] == 0)
+    if (c.coded[0] == 0 && c.resid[0] == 0) {
       for (int i = 0; i < Hq * D; ++i) ASSERT_EQ(got[i], 0.0f) << "row with no tokens must give 0";
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, CudaPQAttention, ::testing::Range<size_t>(0, std::size(kAttn)),
-                         [](const auto& p) { return std::string(kAttn[p.param].name); });
+INSTANTIATE_TEST_SUITE_P(Cases, CudaPQAttention, ::testing::Range<size_t>(0, kKernels * std::size(kAttn)),
+                         [](const auto& p) {
+                           return std::string(kAttn[p.param / kKernels].name) + (p.param % kKernels ? "_gather" : "_auto");
+                         });
 
 TEST(CudaPQAttentionArgs, RejectsUnsupportedShapes) {
   cuda::PQAttnBatchArgs a;
@@ -262,6 +276,8 @@ TEST(CudaPQAttentionArgs, RejectsUnsupportedShapes) {
   a.head_dim = 128, a.k_sub_dim = 2;
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
   a.k_sub_dim = 4, a.code_head_stride = 10;
+  EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
+  a.code_head_stride = 16, a.kernel = 3;
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
 }
 

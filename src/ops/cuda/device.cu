@@ -110,4 +110,14 @@ DeviceBuffer to_device(const void* src, size_t bytes) {
   return b;
 }
 
+void copy_device(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  VQ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, nullptr));
+}
+
+void copy_device_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height) {
+  if (width == 0 || height == 0) return;
+  VQ_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice, nullptr));
+}
+
 }  // namespace vq::cuda

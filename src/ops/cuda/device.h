@@ -49,4 +49,9 @@ class DeviceBuffer {
 // Allocates `bytes` on the device and copies `src` there.
 DeviceBuffer to_device(const void* src, size_t bytes);
 
+// Device-to-device copies on the default stream (asynchronous to the host, ordered with the
+// kernels launched on the default stream). copy_device_2d copies `height` rows of `width` bytes.
+void copy_device(void* dst, const void* src, size_t bytes);
+void copy_device_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height);
+
 }  // namespace vq::cuda

@@ -10,6 +10,7 @@
 #include "ops/cuda/device.h"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_cuda.h"
+#include "ops/cuda/pq_attention_lut.cuh"
 
 namespace vq::cuda {
 namespace {
@@ -456,6 +457,7 @@ void ensure_smem_attr(const void* kernel, size_t bytes) {
 }
 
 struct Plan {
+  bool lut;  // LUT split kernel (pq_attention_lut.cu) instead of the gather-mma one
   int head_tiles, chunk, n_splits, kcb, vcb;
   size_t books_bytes, split_smem_small, split_smem_books;
 };
@@ -465,15 +467,25 @@ Plan make_plan(const PQAttnBatchArgs& a, bool query_device) {
   pl.head_tiles = (a.group + kHeadsTile - 1) / kHeadsTile;
   pl.kcb = int(code_row_bytes(a.head_dim / a.k_sub_dim, a.k_bits));
   pl.vcb = int(code_row_bytes(a.head_dim / a.v_sub_dim, a.v_bits));
+  pl.lut = a.kernel == 2 || (a.kernel == 0 && detail::lut_kernel_supported(a) &&
+                             (!query_device || detail::lut_kernel_smem(a) <= size_t(max_smem_optin())));
   int chunk = a.split_tokens;
-  if (chunk <= 0) {
+  if (chunk <= 0 && pl.lut) {
+    // 1 block of 16 warps per SM: about two full waves, each block at least 32 tokens per warp.
+    const int sms = query_device ? sm_count() : 132;
+    const int64_t per_split = int64_t(a.rows) * a.n_kv_heads * ((a.group + 3) / 4);
+    const int64_t by_len = std::max<int64_t>(1, (int64_t(a.max_coded) + 511) / 512);
+    const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(by_len, 2LL * sms / per_split));
+    chunk = int(std::max<int64_t>(32, (int64_t(a.max_coded) + splits - 1) / splits));
+    chunk = (chunk + 31) / 32 * 32;
+  } else if (chunk <= 0) {
     const int sms = query_device ? sm_count() : 132;
     const int64_t per_split = int64_t(a.rows) * a.n_kv_heads * pl.head_tiles;
     const int64_t target_blocks = 4LL * sms;
     const int64_t splits = std::max<int64_t>(1, (target_blocks + per_split - 1) / per_split);
     chunk = int(std::max<int64_t>(256, (int64_t(a.max_coded) + splits - 1) / splits));
   }
-  pl.chunk = (chunk + 127) / 128 * 128;
+  pl.chunk = pl.lut ? (chunk + 31) / 32 * 32 : (chunk + 127) / 128 * 128;
   pl.n_splits = std::max(1, (a.max_coded + pl.chunk - 1) / pl.chunk);
   const int kK = 1 << a.k_bits, vK = 1 << a.v_bits;
   const int kbooks = a.k_per_subspace ? a.head_dim / a.k_sub_dim : 1;
@@ -508,6 +520,10 @@ void check_pq_attention_args(const PQAttnBatchArgs& a) {
            "cuda::pq_attention: code_head_stride = {} must be a multiple of 16 and >= max_coded = {}",
            a.code_head_stride, a.max_coded);
   VQ_CHECK(a.max_coded >= 0, "cuda::pq_attention: max_coded = {} < 0", a.max_coded);
+  VQ_CHECK(a.kernel >= 0 && a.kernel <= 2, "cuda::pq_attention: kernel = {} must be 0, 1 or 2", a.kernel);
+  VQ_CHECK(a.kernel != 2 || detail::lut_kernel_supported(a),
+           "cuda::pq_attention: kernel = 2 (LUT) needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 "
+           "8-bit with one shared book, head_dim 64 or 128");
   VQ_CHECK(a.out && a.n_coded && a.q_code, "cuda::pq_attention: null out, n_coded or q_code");
   if (a.max_coded > 0)
     VQ_CHECK(a.k_codes && a.v_codes && a.k_book && a.v_book, "cuda::pq_attention: null codes or codebooks");
@@ -555,7 +571,12 @@ void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
   sp.chunk = pl.chunk;
   sp.n_splits = pl.n_splits;
   sp.part = static_cast<float*>(a.workspace);
-  if (a.max_coded > 0) {
+  if (a.max_coded > 0 && pl.lut) {
+    VQ_CHECK(detail::lut_kernel_supported(a), "cuda::pq_attention: kernel = 2 (LUT) does not take these shapes "
+             "(needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit shared book, head_dim 64 or 128)");
+    VQ_CHECK(a.n_kv_heads * ((a.group + 3) / 4) <= 65535, "cuda::pq_attention: grid too large");
+    detail::launch_lut_split(a, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
+  } else if (a.max_coded > 0) {
     VQ_CHECK(a.n_kv_heads * pl.head_tiles <= 65535 && pl.n_splits <= (1 << 30),
              "cuda::pq_attention: grid too large ({} KV heads x {} head tiles)", a.n_kv_heads, pl.head_tiles);
     const bool books_in_smem = pl.split_smem_books <= size_t(max_smem_optin());

@@ -1,0 +1,26 @@
+#pragma once
+// Internal to src/ops/cuda: the LUT split kernel of the decode attention (v3, docs/CUDA_NOTES.md).
+// It writes the same split partials as the gather-mma split kernel of pq_attention.cu, so the
+// merge kernel serves both.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/pq_attention_cuda.h"
+
+namespace vq::cuda::detail {
+
+constexpr int kLutWarps = 16;                  // warps per block (1 block per SM: the LUT is large)
+constexpr int kLutTokensPerIter = 32 * kLutWarps;  // tokens a block consumes per loop iteration
+
+// True when the LUT kernel takes these shapes: 8-bit key codes with head_dim/k_sub_dim in
+// {16, 32}; values d4 with 8-bit codes and one shared book; head_dim 64 or 128.
+bool lut_kernel_supported(const PQAttnBatchArgs& a);
+// Dynamic shared memory of one block.
+size_t lut_kernel_smem(const PQAttnBatchArgs& a);
+// Grid (n_splits, n_kv_heads * ceil(group/4), rows). part: [rows, n_kv_heads, head_tiles8,
+// n_splits][2*8 + 8*D] f32, the layout of the gather-mma kernel (8-head tiles).
+void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part,
+                      cudaStream_t st);
+
+}  // namespace vq::cuda::detail

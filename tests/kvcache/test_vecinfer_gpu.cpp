@@ -1,0 +1,128 @@
+// use_gpu_kernels routing of the VecInfer cache: the GPU-resident cache (src/kvcache/vecinfer_gpu.*)
+// against the CPU cache (use_gpu_kernels = forbid) on the same inputs. GPU cases skip without a
+// usable CUDA device (CI); the switch semantics are checked everywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "kvcache/calibration_train.h"
+#include "kvcache/factory.h"
+#include "kvcache/vecinfer_cache.h"
+#include "kvcache/vecinfer_gpu.h"
+#include "test_util.h"
+#ifdef VQ_HAVE_CUDA
+#include "ops/cuda/device.h"
+#endif
+
+using namespace vq;
+
+namespace {
+
+bool gpu_present() {
+#ifdef VQ_HAVE_CUDA
+  return cuda::cuda_device_available();
+#else
+  return false;
+#endif
+}
+
+std::shared_ptr<const Calibration> calib_for(const KVCacheConfig& cfg, int H, int D, std::mt19937& rng) {
+  const int n = 1024;
+  auto k = randn(size_t(n) * H * D, rng), v = randn(size_t(n) * H * D, rng);
+  for (size_t i = 0; i < k.size(); ++i)
+    if (i % D == 3) k[i] *= 8.0f;  // an outlier channel, as real keys have
+  std::vector<const float*> kp{k.data()}, vp{v.data()};
+  CalibTrainOptions opt;
+  opt.kmeans_iters = 4;
+  return std::make_shared<Calibration>(train_calibration(cfg, H, D, kp, vp, n, opt, "random"));
+}
+
+KVCacheConfig config(const char* spec, GpuKernels g, std::shared_ptr<const Calibration> c) {
+  KVCacheConfig cfg = parse_kv_cache_spec(spec);
+  cfg.use_gpu_kernels = g;
+  cfg.calibration = std::move(c);
+  return cfg;
+}
+
+}  // namespace
+
+TEST(VecInferGpu, SwitchSemantics) {
+  std::mt19937 rng(1);
+  const int H = 2, D = 64;
+  auto calib = calib_for(parse_kv_cache_spec("vecinfer:d4b8"), H, D, rng);
+  const KVGeometry g{4, H, D};
+  // forbid: always the CPU cache
+  auto forbid = make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::forbid, calib))(0, g);
+  EXPECT_NE(dynamic_cast<VecInferCache*>(forbid.get()), nullptr);
+  auto autoc = make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::auto_select, calib))(0, g);
+  if (gpu_present()) {
+    // auto with a GPU: the GPU-resident cache; require works too
+    EXPECT_EQ(dynamic_cast<VecInferCache*>(autoc.get()), nullptr);
+    auto req = make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::require, calib))(0, g);
+    EXPECT_EQ(dynamic_cast<VecInferCache*>(req.get()), nullptr);
+    EXPECT_EQ(req->name(), forbid->name());
+    // require with a shape the kernels do not take (sub_dim 16 at head_dim 64) fails, naming it
+    auto c16 = calib_for(parse_kv_cache_spec("vecinfer:k=d16b8,v=d4b8"), H, D, rng);
+    try {
+      make_kv_cache_factory(config("vecinfer:k=d16b8,v=d4b8", GpuKernels::require, c16))(0, g);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("sub_dim 16"), std::string::npos) << e.what();
+    }
+    // ... while auto quietly takes the CPU cache
+    auto a16 = make_kv_cache_factory(config("vecinfer:k=d16b8,v=d4b8", GpuKernels::auto_select, c16))(0, g);
+    EXPECT_NE(dynamic_cast<VecInferCache*>(a16.get()), nullptr);
+  } else {
+    // no GPU: auto is the CPU cache, require fails at construction saying why
+    EXPECT_NE(dynamic_cast<VecInferCache*>(autoc.get()), nullptr);
+    EXPECT_THROW(make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::require, calib)), Error);
+  }
+}
+
+// Same appends and queries through both routes: decode steps (1 query), prefill chunks (several
+// causal queries), window flushes, ragged append sizes, clear(). Differences come from fp16
+// queries/centroids in the GPU attention and from near-tie code choices of the encoder.
+TEST(VecInferGpu, MatchesCpuCache) {
+  if (!gpu_present()) GTEST_SKIP() << "no usable CUDA device: GPU tests run on the H200 via bench/cuda/run_all.sh";
+  std::mt19937 rng(7);
+  struct Case { const char* spec; int HQ, H, D; };
+  const Case cases[] = {{"vecinfer:d4b8,r=40", 8, 2, 128},
+                        {"vecinfer:k=d4b8,v=d8b8,r=64", 6, 2, 64},
+                        {"vecinfer:d8b8,r=32", 4, 4, 64}};
+  for (const Case& c : cases) {
+    auto calib = calib_for(parse_kv_cache_spec(c.spec), c.H, c.D, rng);
+    const KVGeometry g{c.HQ, c.H, c.D};
+    auto gpu = make_kv_cache_factory(config(c.spec, GpuKernels::require, calib))(0, g);
+    auto cpu = make_kv_cache_factory(config(c.spec, GpuKernels::forbid, calib))(0, g);
+    ASSERT_EQ(dynamic_cast<VecInferCache*>(gpu.get()), nullptr);
+    for (int round = 0; round < 2; ++round) {
+      int total = 0;
+      for (int step : {37, 1, 1, 5, 200, 1, 64, 3, 1}) {
+        auto k = randn(size_t(step) * c.H * c.D, rng), v = randn(size_t(step) * c.H * c.D, rng);
+        for (size_t i = 0; i < k.size(); ++i)
+          if (i % c.D == 3) k[i] *= 8.0f;
+        gpu->append(k.data(), v.data(), step);
+        cpu->append(k.data(), v.data(), step);
+        total += step;
+        ASSERT_EQ(gpu->size(), total);
+        ASSERT_EQ(cpu->size(), total);
+        const int nq = std::min(step, 4);
+        auto q = randn(size_t(nq) * c.HQ * c.D, rng, 0.5f);
+        std::vector<float> og(q.size(), 1e30f), oc(q.size());
+        gpu->attend(q.data(), nq, 0.125f, og.data());
+        cpu->attend(q.data(), nq, 0.125f, oc.data());
+        const double e = nmse(og, oc);
+        EXPECT_LT(e, 2e-3) << c.spec << " round " << round << " total " << total << " nq " << nq;
+      }
+      EXPECT_GT(dynamic_cast<VecInferCache*>(cpu.get())->coded_tokens(), 0);
+      EXPECT_GT(gpu->bytes(), 0u);
+      gpu->clear();
+      cpu->clear();
+      EXPECT_EQ(gpu->size(), 0);
+    }
+  }
+}
