@@ -42,7 +42,8 @@ vq::GGMLType parse_type(const std::string& s) {
   std::exit(2);
 }
 
-// Seconds per call of fn, median of batches lasting at least min_ms in total.
+// Seconds per call of fn: the fastest of many short batches (at least min_ms in total). The
+// minimum, not the median, because the machine is shared: it approaches the uncontended time.
 template <class F>
 double time_it(F&& fn, double min_ms) {
   fn();
@@ -54,11 +55,10 @@ double time_it(F&& fn, double min_ms) {
     for (int i = 0; i < reps; ++i) fn();
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     per.push_back(s / reps);
-    if (s < 0.002) reps *= 2;
+    if (s < 0.0005) reps *= 2;
     if (std::chrono::duration<double, std::milli>(Clock::now() - start).count() > min_ms && per.size() >= 5) break;
   }
-  std::sort(per.begin(), per.end());
-  return per[per.size() / 2];
+  return *std::min_element(per.begin(), per.end());
 }
 
 // Read bandwidth: sum the bytes of a large buffer with all threads (the peer of a matvec).
@@ -105,8 +105,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // SmolLM2-135M projections as (rows, cols): q/o, gate/up, down, tied output.
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{576, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
+  // SmolLM2-135M projections as (rows, cols): q/o, k/v, gate/up, down, tied output.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
   constexpr size_t kPool = size_t(192) << 20;  // bytes of weight copies for the cold runs
 
   std::printf("| type | rows x cols | M | threads | hot us | hot GB/s | cold us | cold GB/s | read GB/s | cold/read |\n");

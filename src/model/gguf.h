@@ -84,5 +84,9 @@ void require_supported(const GGUFTensorInfo& t);
 void dequantize_rows(const GGUFTensorInfo& t, int64_t row0, int64_t n_rows, float* dst);
 // y[M, dims[1]] = x[M, dims[0]] @ W^T for a 2-D weight W (dims = {cols, rows}).
 void matmul(const GGUFTensorInfo& w, const float* x, int64_t M, float* y);
+// ys[i][M, ws[i]->dims[1]] = x @ ws[i]^T for weights with the same column count, in one threaded
+// pass with the activations quantized once (q/k/v, gate/up).
+void matmul_multi(const std::vector<const GGUFTensorInfo*>& ws, const float* x, int64_t M,
+                  const std::vector<float*>& ys);
 
 }  // namespace vq

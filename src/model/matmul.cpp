@@ -2,6 +2,7 @@
 // rows (each thread streams its own part of W once); the activation rows are quantized once
 // per call (or once for several calls through ActivationBuffer).
 #include <algorithm>
+#include <vector>
 
 #include "core/buffer.h"
 #include "core/error.h"
@@ -79,6 +80,41 @@ void matmul_q(GGMLType t, const void* W, int64_t rows, int64_t cols, const Quant
       grain_rows(rb, X.M));
 }
 
+void matmul_q_multi(const MatmulJob* jobs, int n_jobs, int64_t cols, const QuantizedRows& X) {
+  VQ_CHECK(n_jobs >= 0, "matmul: {} jobs", n_jobs);
+  std::vector<int64_t> start(static_cast<size_t>(n_jobs) + 1, 0);  // start: [n_jobs + 1] first row of each job
+  std::vector<size_t> rbs(static_cast<size_t>(n_jobs));           // rbs: [n_jobs] row bytes
+  size_t bytes = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    const MatmulJob& jb = jobs[j];
+    check_args(jb.type, jb.rows, cols, X.M);
+    VQ_CHECK(X.cols == cols, "matmul: activations have {} columns, the weight has {}", X.cols, cols);
+    VQ_CHECK(!is_float_type(jb.type) || X.x != nullptr, "matmul: float weights need the float activations");
+    rbs[size_t(j)] = ggml_row_bytes(jb.type, cols);
+    start[size_t(j) + 1] = start[size_t(j)] + jb.rows;
+    bytes += rbs[size_t(j)] * size_t(jb.rows);
+  }
+  const int64_t total = start.back();
+  if (total == 0 || X.M == 0) return;
+  parallel_for(
+      size_t(total),
+      [&](size_t a, size_t b, int) {
+        for (int j = 0; j < n_jobs; ++j) {
+          const int64_t lo = std::max<int64_t>(int64_t(a), start[size_t(j)]);
+          const int64_t hi = std::min<int64_t>(int64_t(b), start[size_t(j) + 1]);
+          if (lo >= hi) continue;
+          const MatmulJob& jb = jobs[j];
+          const uint8_t* w = static_cast<const uint8_t*>(jb.W);
+          const int64_t r0 = lo - start[size_t(j)], r1 = hi - start[size_t(j)];
+          if (is_float_type(jb.type))
+            float_rows_kernel(uint32_t(jb.type), w, rbs[size_t(j)], r0, r1, X.x, X.M, cols, jb.y, jb.rows);
+          else
+            quant_rows_kernel(uint32_t(jb.type), w, rbs[size_t(j)], r0, r1, X, jb.y, jb.rows);
+        }
+      },
+      grain_rows(std::max<size_t>(1, bytes / size_t(total)), X.M));
+}
+
 void matmul(GGMLType t, const void* W, int64_t rows, int64_t cols, const float* x, int64_t M, float* y) {
   check_args(t, rows, cols, M);
   if (rows == 0 || M == 0) return;
@@ -92,11 +128,38 @@ void matmul(GGMLType t, const void* W, int64_t rows, int64_t cols, const float* 
   matmul_q(t, W, rows, cols, buf.quantize(x, M, cols), y);
 }
 
-// (declared in gguf.h; here so that the reader alone builds without the kernels, e.g. for fuzzing)
-void matmul(const GGUFTensorInfo& w, const float* x, int64_t M, float* y) {
+// (the tensor-level products are declared in gguf.h and live here so that the reader alone
+// builds without the kernels, e.g. for fuzzing)
+static void check_weight(const GGUFTensorInfo& w) {
   require_supported(w);
   VQ_CHECK(w.dims.size() == 2, "tensor '{}': matmul needs a 2-D weight, it has {} dims", w.name, w.dims.size());
+}
+
+void matmul(const GGUFTensorInfo& w, const float* x, int64_t M, float* y) {
+  check_weight(w);
   matmul(w.type, w.data, w.dims[1], w.dims[0], x, M, y);
+}
+
+void matmul_multi(const std::vector<const GGUFTensorInfo*>& ws, const float* x, int64_t M,
+                  const std::vector<float*>& ys) {
+  VQ_CHECK(ws.size() == ys.size(), "matmul_multi: {} weights but {} outputs", ws.size(), ys.size());
+  if (ws.empty()) return;
+  std::vector<MatmulJob> jobs;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    check_weight(*ws[i]);
+    VQ_CHECK(ws[i]->dims[0] == ws[0]->dims[0], "matmul_multi: tensor '{}' has {} columns, tensor '{}' has {}",
+             ws[i]->name, ws[i]->dims[0], ws[0]->name, ws[0]->dims[0]);
+    jobs.push_back({ws[i]->type, ws[i]->data, ws[i]->dims[1], ys[i]});
+  }
+  const int64_t cols = ws[0]->dims[0];
+  bool all_float = true;
+  for (const auto& j : jobs) all_float = all_float && is_float_type(j.type);
+  if (all_float || cols % 32 != 0) {  // nothing to quantize (or cannot): one product each
+    for (size_t i = 0; i < ws.size(); ++i) matmul(*ws[i], x, M, ys[i]);
+    return;
+  }
+  thread_local ActivationBuffer buf;
+  matmul_q_multi(jobs.data(), int(jobs.size()), cols, buf.quantize(x, M, cols));
 }
 
 }  // namespace vq

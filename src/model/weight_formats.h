@@ -65,4 +65,14 @@ class ActivationBuffer {
 // y[M, rows] = X @ W^T with X quantized by ActivationBuffer (cols must equal X.cols).
 void matmul_q(GGMLType t, const void* W, int64_t rows, int64_t cols, const QuantizedRows& X, float* y);
 
+// Several weights applied to the same activations in one threaded pass (e.g. q, k, v or gate,
+// up): the rows of all weights are split across threads together, so the pool is woken once.
+struct MatmulJob {
+  GGMLType type;
+  const void* W;  // [rows, cols] packed in `type`
+  int64_t rows;
+  float* y;       // [M, rows] f32 out
+};
+void matmul_q_multi(const MatmulJob* jobs, int n_jobs, int64_t cols, const QuantizedRows& X);
+
 }  // namespace vq

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/matmul_kernels.h"
 #include "model/weight_formats.h"
@@ -170,6 +171,46 @@ TEST(WeightMatmul, ReusedActivationsMatchDirectCall) {
   vq::matmul(GGMLType::Q4_1, W.data(), rows, cols, x.data(), M, y2.data());
   EXPECT_EQ(y1, y2);
   EXPECT_THROW(vq::matmul_q(GGMLType::Q4_1, W.data(), rows, 512, X, y1.data()), vq::Error);  // cols mismatch
+}
+
+TEST(WeightMatmul, MultiMatchesSeparateProducts) {
+  const int64_t cols = 512, M = 3;
+  const GGMLType types[] = {GGMLType::Q4_1, GGMLType::Q8_0, GGMLType::F16, GGMLType::Q6_K};
+  const int64_t rows[] = {64, 32, 48, 1};
+  std::vector<std::vector<uint8_t>> W;
+  std::vector<std::vector<float>> y_sep, y_multi;
+  std::vector<vq::MatmulJob> jobs;
+  const auto x = random_x(M * cols, 6);
+  for (int j = 0; j < 4; ++j) {
+    W.push_back(make_weights(types[j], rows[j], cols, false, uint64_t(j)));
+    y_sep.emplace_back(size_t(M * rows[j]));
+    y_multi.emplace_back(size_t(M * rows[j]));
+    vq::matmul(types[j], W[size_t(j)].data(), rows[j], cols, x.data(), M, y_sep.back().data());
+  }
+  for (int j = 0; j < 4; ++j) jobs.push_back({types[j], W[size_t(j)].data(), rows[j], y_multi[size_t(j)].data()});
+  vq::ActivationBuffer ab;
+  vq::matmul_q_multi(jobs.data(), 4, cols, ab.quantize(x.data(), M, cols));
+  for (int j = 0; j < 4; ++j) EXPECT_EQ(y_sep[size_t(j)], y_multi[size_t(j)]) << vq::ggml_type_name(types[j]);
+
+  // The tensor-level form on a written file.
+  vq::test::GGUFWriter w;
+  for (int j = 0; j < 4; ++j) w.add_tensor("w" + std::to_string(j), {cols, rows[j]}, types[j], W[size_t(j)]);
+  w.add_tensor("narrow", {256, 2}, GGMLType::Q4_K, make_weights(GGMLType::Q4_K, 2, 256, false, 9));
+  const auto bytes = w.bytes();
+  auto f = vq::GGUFFile::from_memory(bytes.data(), bytes.size(), "multi.gguf");
+  std::vector<const vq::GGUFTensorInfo*> ws;
+  std::vector<float*> ys;
+  std::vector<std::vector<float>> y_t(4);
+  for (int j = 0; j < 4; ++j) {
+    ws.push_back(&f->tensor("w" + std::to_string(j)));
+    y_t[size_t(j)].resize(size_t(M * rows[j]));
+    ys.push_back(y_t[size_t(j)].data());
+  }
+  vq::matmul_multi(ws, x.data(), M, ys);
+  for (int j = 0; j < 4; ++j) EXPECT_EQ(y_sep[size_t(j)], y_t[size_t(j)]) << vq::ggml_type_name(types[j]);
+  ws.push_back(&f->tensor("narrow"));
+  ys.push_back(ys[0]);
+  EXPECT_THROW(vq::matmul_multi(ws, x.data(), M, ys), vq::Error);  // column counts differ
 }
 
 TEST(WeightMatmul, BadArgumentsThrow) {
