@@ -157,8 +157,13 @@ void GGUFFile::parse(const uint8_t* data, size_t size) {
   if (std::memcmp(&magic, "GGUF", 4) != 0)
     c.fail_at(0, "header magic", fmt::format("not a GGUF file (magic 0x{:08x}, expected \"GGUF\")", magic));
   version_ = c.read<uint32_t>("header version");
-  if (version_ != 2 && version_ != 3)
-    c.fail_at(4, "header version", fmt::format("unsupported GGUF version {} (2 and 3 are supported)", version_));
+  if (version_ != 2 && version_ != 3) {
+    const uint32_t swapped = __builtin_bswap32(version_);
+    c.fail_at(4, "header version",
+              swapped == 2 || swapped == 3
+                  ? fmt::format("big-endian GGUF (version {}) is not supported", swapped)
+                  : fmt::format("unsupported GGUF version {} (2 and 3 are supported)", version_));
+  }
   const uint64_t n_tensors = c.read<uint64_t>("header tensor_count");
   const uint64_t n_kv = c.read<uint64_t>("header kv_count");
   // A kv pair takes at least 8 (key length) + 4 (type) + 1 bytes; a tensor info at least 8+4+4+8.

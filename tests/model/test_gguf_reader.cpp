@@ -342,6 +342,9 @@ TEST(GGUFReader, MalformedHeadersNameFieldAndOffset) {
   poke<uint32_t>(b, 4, 1);
   expect_error(b, "unsupported GGUF version 1", "byte offset 4");
   b = good;
+  poke<uint32_t>(b, 4, 0x03000000u);
+  expect_error(b, "big-endian");
+  b = good;
   poke<uint64_t>(b, 16, uint64_t(1) << 60);  // kv_count
   expect_error(b, "kv_count");
   b = good;
