@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -138,8 +139,12 @@ void bench_attn(double copy_bw) {
     std::memcpy(&v, &h, 2);
   }
   vq::cuda::DeviceBuffer vbook = vq::cuda::to_device(bookh.data(), bookh.size() * 2);
+  // VQ_BENCH_ONLY="B,S" restricts the table to one shape (used for profiling with ncu).
+  int only_b = 0, only_s = 0;
+  if (const char* e = std::getenv("VQ_BENCH_ONLY")) std::sscanf(e, "%d,%d", &only_b, &only_s);
   for (int B : {1, 8})
     for (int S : {4096, 32768, 131072}) {
+      if (only_b && (B != only_b || S != only_s)) continue;
       const size_t per_side = size_t(B) * Hkv * S * cb;  // bytes of key codes (same for values)
       const size_t bytes = 2 * per_side;
       const int copies = int(std::min<size_t>(64, std::max<size_t>(1, (size_t(512) << 20) / bytes)));

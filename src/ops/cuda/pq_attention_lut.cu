@@ -86,26 +86,43 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     const int h = i / D, d = i % D, qh = ht4 * kH + h;
     sq[i] = qh < p.group ? p.q[(int64_t(b) * p.n_q_heads + int64_t(kh) * p.group + qh) * D + d] * kLog2e : 0.f;
   }
-  // ---- value book, 16 bank-sliced copies: vsl[c*16 + j] = centroid c ----
+  // ---- value book, 16 bank-sliced copies: vsl[c*16 + j] = centroid c (loads batched) ----
   {
     const uint2* vb = reinterpret_cast<const uint2*>(p.v_book + size_t(kh) * 256 * 4);
-    for (int i = threadIdx.x; i < 256 * 16; i += kThreads) vsl[i] = vb[i >> 4];
+    uint2 x[256 * 16 / kThreads];
+#pragma unroll
+    for (int k = 0; k < 256 * 16 / kThreads; ++k) x[k] = __ldg(vb + ((threadIdx.x + k * kThreads) >> 4));
+#pragma unroll
+    for (int k = 0; k < 256 * 16 / kThreads; ++k) vsl[threadIdx.x + k * kThreads] = x[k];
   }
   __syncthreads();
   // ---- key LUT: entry (c, s) at float4 index (s>>4)*4096 + c*16 + (s&15) ----
   {
-    const __half* kb = p.k_book + size_t(kh) * p.kbooks * 256 * p.kd;
-    // a warp covers 8 sub-spaces x 4 codes per pass: quarter-warps store to 8 distinct bank quads
-    for (int e0 = warp * 32; e0 < NS * 256; e0 += kThreads) {
-      const int s = ((e0 >> 5) % (NS / 8)) * 8 + (lane & 7);
-      const int c = ((e0 >> 5) / (NS / 8)) * 4 + (lane >> 3);
-      const __half* cent = kb + (size_t(p.kbooks > 1 ? s : 0) * 256 + c) * p.kd;
+    constexpr int KD = D / NS;                     // key sub_dim: 4 or 8
+    constexpr int PASSES = NS * 256 / kThreads;    // entries per thread
+    const __half* kb = p.k_book + size_t(kh) * p.kbooks * 256 * KD;
+    // A warp covers 8 sub-spaces x 4 codes per pass: quarter-warps store to 8 distinct bank quads.
+    // All centroid loads are issued first (one L2 round trip instead of PASSES).
+    uint32_t cw[PASSES][KD / 2];
+#pragma unroll
+    for (int k = 0; k < PASSES; ++k) {
+      const int pass = warp + k * kNW;
+      const int s = (pass % (NS / 8)) * 8 + (lane & 7), c = (pass / (NS / 8)) * 4 + (lane >> 3);
+      const uint32_t* cent = reinterpret_cast<const uint32_t*>(kb + (size_t(p.kbooks > 1 ? s : 0) * 256 + c) * KD);
+#pragma unroll
+      for (int j = 0; j < KD / 2; ++j) cw[k][j] = __ldg(cent + j);
+    }
+#pragma unroll
+    for (int k = 0; k < PASSES; ++k) {
+      const int pass = warp + k * kNW;
+      const int s = (pass % (NS / 8)) * 8 + (lane & 7), c = (pass / (NS / 8)) * 4 + (lane >> 3);
       float acc[kH] = {0.f, 0.f, 0.f, 0.f};
-      for (int j = 0; j < p.kd; j += 2) {
-        const float2 cv = __half22float2(*reinterpret_cast<const __half2*>(cent + j));
+#pragma unroll
+      for (int j = 0; j < KD / 2; ++j) {
+        const float2 cv = __half22float2(*reinterpret_cast<const __half2*>(&cw[k][j]));
 #pragma unroll
         for (int h = 0; h < kH; ++h)
-          acc[h] = fmaf(sq[h * D + s * p.kd + j], cv.x, fmaf(sq[h * D + s * p.kd + j + 1], cv.y, acc[h]));
+          acc[h] = fmaf(sq[h * D + s * KD + 2 * j], cv.x, fmaf(sq[h * D + s * KD + 2 * j + 1], cv.y, acc[h]));
       }
       lut[(s >> 4) * 4096 + c * 16 + (s & 15)] = make_float4(acc[0], acc[1], acc[2], acc[3]);
     }
