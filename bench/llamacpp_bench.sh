@@ -45,4 +45,4 @@ if [ -z "$model" ]; then
   model=$("$bin" info --default-model-path)
 fi
 exec "$venv/bin/python" bench/llamacpp_bench.py --model "$model" --bin "$bin" \
-  --threads "$threads" --contexts "$contexts" --decode "$n_decode" --reps "$reps"
+  --threads "$threads" --contexts "$contexts" --decode "$n_decode" --reps "$reps" ${VQ_BENCH_KV:+--kv "$VQ_BENCH_KV"}

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "model/layers.h"
 #include "model/model.h"
 
@@ -127,9 +128,7 @@ void Session::attention_block(int layer, int n) {
   const LayerWeights& L = model_.layers()[size_t(layer)];
   const int E = cfg_.n_embd, D = cfg_.head_dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
   for (int t = 0; t < n; ++t) rms_norm(x_.data() + int64_t(t) * E, L.attn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
-  matmul_w(L.wq, xn_.data(), n, q_.data());
-  matmul_w(L.wk, xn_.data(), n, k_.data());
-  matmul_w(L.wv, xn_.data(), n, v_.data());
+  project_shared(xn_.data(), n, {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}});
   add_bias(q_.data(), L.q_bias, n);
   add_bias(k_.data(), L.k_bias, n);
   add_bias(v_.data(), L.v_bias, n);
@@ -154,12 +153,47 @@ void Session::attention_block(int layer, int n) {
   add_inplace(x_.data(), proj_.data(), int64_t(n) * E);
 }
 
+void Session::project_shared(const float* x, int n, std::initializer_list<std::pair<const WeightMatrix*, float*>> outs) {
+  const int64_t cols = outs.begin()->first->cols;
+  if (cols % 32 != 0) {  // only float weights allow such widths; they need no quantized input
+    for (const auto& [w, y] : outs) matmul_w(*w, x, n, y);
+    return;
+  }
+  const QuantizedRows& xq = act_.quantize(x, n, cols);
+  if (n > 1 || outs.size() == 1) {
+    for (const auto& [w, y] : outs) matmul_q(w->type, w->data, w->rows, w->cols, xq, y);
+    return;
+  }
+  // One token: the weights' rows form one range split over the threads in a single dispatch
+  // (a wake-up per product costs about as much as a small product). The products called
+  // inside run serially on each thread's part; with one row of input, part of the rows of W
+  // writes the matching part of y.
+  int64_t total = 0;
+  size_t bytes = 0;
+  for (const auto& [w, y] : outs) total += w->rows, bytes += ggml_row_bytes(w->type, w->cols) * size_t(w->rows);
+  const size_t grain = std::max<size_t>(16, size_t(total) * 32 * 1024 / std::max<size_t>(bytes, 1));
+  parallel_for(
+      size_t(total),
+      [&](size_t r0, size_t r1, int) {
+        int64_t base = 0;
+        for (const auto& [w, y] : outs) {
+          const int64_t a = std::max<int64_t>(int64_t(r0), base), b = std::min<int64_t>(int64_t(r1), base + w->rows);
+          if (a < b) {
+            const size_t rb = ggml_row_bytes(w->type, w->cols);
+            matmul_q(w->type, static_cast<const uint8_t*>(w->data) + size_t(a - base) * rb, b - a, w->cols, xq,
+                     y + (a - base));
+          }
+          base += w->rows;
+        }
+      },
+      grain);
+}
+
 void Session::mlp_block(int layer, int n) {
   const LayerWeights& L = model_.layers()[size_t(layer)];
   const int E = cfg_.n_embd, F = cfg_.n_ff;
   for (int t = 0; t < n; ++t) rms_norm(x_.data() + int64_t(t) * E, L.ffn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
-  matmul_w(L.w_gate, xn_.data(), n, gate_.data());
-  matmul_w(L.w_up, xn_.data(), n, up_.data());
+  project_shared(xn_.data(), n, {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}});
   silu_mul(gate_.data(), up_.data(), gate_.data(), int64_t(n) * F);
   matmul_w(L.w_down, gate_.data(), n, proj_.data());
   add_inplace(x_.data(), proj_.data(), int64_t(n) * E);

@@ -2,7 +2,9 @@
 // A loaded llama-family model (weights stay in the memory-mapped GGUF) and a Session that runs
 // one sequence through it with one KV cache per layer.
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -90,6 +92,8 @@ class Session {
   void forward_chunk(const int32_t* tokens, int n, float* logits, bool all_logits);
   void attention_block(int layer, int n);
   void mlp_block(int layer, int n);
+  // y_i = x @ W_i^T for weights sharing the input x [n, cols]: x is quantized once.
+  void project_shared(const float* x, int n, std::initializer_list<std::pair<const WeightMatrix*, float*>> outs);
 
   const Model& model_;
   const ModelConfig& cfg_;
@@ -108,6 +112,7 @@ class Session {
   AlignedBuffer<float> up_;     // [chunk, n_ff]
   AlignedBuffer<float> cos_;    // [chunk, n_rot/2] rotary cos per token
   AlignedBuffer<float> sin_;    // [chunk, n_rot/2] rotary sin per token
+  ActivationBuffer act_;        // xn_ quantized once for q/k/v and once for gate/up
 };
 
 }  // namespace vq
