@@ -1,7 +1,8 @@
 // Weight-product benchmark: y = x @ W^T on packed weights at SmolLM2-135M shapes, 1 and 2
 // threads. Prints the weight bytes streamed per second (GB/s) beside the machine's read
 // bandwidth measured in the same run (a plain sum over as many bytes: the floor a matvec that
-// must read every weight byte cannot beat). "hot": the same matrix again and again (it stays in
+// must read every weight byte cannot beat), and the multiply-adds per second (GOP/s, 2 per
+// weight and activation row; the measure that matters when M > 1). "hot": the same matrix again and again (it stays in
 // cache when small); "cold": a new copy each call from a pool larger than the caches, as in a
 // decode step where the whole model streams from memory.
 //
@@ -109,8 +110,8 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
   constexpr size_t kPool = size_t(192) << 20;  // bytes of weight copies for the cold runs
 
-  std::printf("| type | rows x cols | M | threads | hot us | hot GB/s | cold us | cold GB/s | read GB/s | cold/read |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| type | rows x cols | M | threads | hot us | hot GB/s | cold us | cold GB/s | read GB/s | cold/read | GOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int nt : threads) {
     vq::set_num_threads(nt);
     vq::AlignedBuffer<uint8_t> pool(kPool);  // pool: [kPool] bytes, copies of one weight back to back
@@ -140,9 +141,10 @@ int main(int argc, char** argv) {
               c = (c + 1) % copies;
             },
             min_ms);
-        std::printf("| %s | %lld x %lld | %lld | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", tn.c_str(),
+        std::printf("| %s | %lld x %lld | %lld | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f |\n", tn.c_str(),
                     (long long)rows, (long long)cols, (long long)M, nt, hot * 1e6, double(bytes) / hot / 1e9,
-                    cold * 1e6, double(bytes) / cold / 1e9, read_gbs, double(bytes) / cold / 1e9 / read_gbs);
+                    cold * 1e6, double(bytes) / cold / 1e9, read_gbs, double(bytes) / cold / 1e9 / read_gbs,
+                    2.0 * double(M * rows * cols) / cold / 1e9);
         std::fflush(stdout);
       }
     }
