@@ -1,6 +1,6 @@
 // Decode-step attention time of every KV cache at SmolLM2-135M geometry (30 layers, 9 query /
 // 3 KV heads, head_dim 64) on random keys/values: ms per token for all layers, and the append cost.
-// usage: kv_attend [ctx=4096] [spec ...] [--calib FILE]
+// usage: kv_attend [ctx=4096] [spec ...] [--calib FILE] [--threads N]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "kvcache/factory.h"
 
 using namespace vq;
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--calib" && i + 1 < argc) calib = argv[++i];
+    else if (a == "--threads" && i + 1 < argc) set_num_threads(std::atoi(argv[++i]));
     else if (std::isdigit(static_cast<unsigned char>(a[0]))) ctx = std::atoi(a.c_str());
     else specs.push_back(a);
   }

@@ -1,3 +1,15 @@
+// Attention on VecInfer codes, CPU (Highway, runtime dispatch). Why this shape: see
+// docs/CPU_KV_NOTES.md (counts per token, variants measured).
+//
+// - The LUT interleaves 4 heads of the GQA group per entry: LUT[hg][j][c][4]. One 16-byte load
+//   brings the (sub-space j, centroid c) term of 4 heads, so the 16 table reads of a d4b8 token
+//   serve 4 query heads; no gathers, no transposition of the codes (they are read where they lie).
+// - Tokens go in blocks of kBlock; inside a block the sub-spaces are visited in passes of a few,
+//   so the LUT slice (keys) and codebook slice (values) of a pass stay in L1 (a whole d4b8 LUT
+//   for 4 heads is 64 KiB, twice L1).
+// - Softmax is online per block on the [token][4 heads] score tile, vectorised 16 lanes wide.
+// - Values are decoded in registers: per token, a centroid (broadcast) times the block's softmax
+//   weights of the 4 heads (expanded by one permute) is one FMA per sub-space.
 #include "ops/cpu/pq_attention.h"
 
 #include <algorithm>
@@ -18,177 +30,346 @@ namespace vq {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int kTile = 64;  // tokens per softmax step
+constexpr int kHeads = 4;   // heads per LUT entry (lanes of one 128-bit vector)
+constexpr int kBlock = 256; // tokens per softmax step
+constexpr int kKJ = 4;      // key sub-spaces per pass over a block
 
 void BuildLut(const PQAttnArgs& a, const float* cbt, float* lut) {
   const hn::ScalableTag<float> df;
   const int N = int(hn::Lanes(df));
   const int sd = a.k_sub_dim, nks = a.head_dim / sd, K = 1 << a.k_bits;
-  for (int g = 0; g < a.group; ++g) {
-    const float* q = a.q + int64_t(g) * a.head_dim;
+  const int n_hg = (a.group + kHeads - 1) / kHeads;
+  // rows: [4, K] f32, one head's table of sub-space j before interleaving
+  thread_local AlignedBuffer<float> rows_buf;
+  if (rows_buf.size() < size_t(kHeads) * K) rows_buf.resize(size_t(kHeads) * K);
+  float* rows = rows_buf.data();
+  for (int hg = 0; hg < n_hg; ++hg) {
     for (int j = 0; j < nks; ++j) {
       const float* bt = cbt + int64_t(a.k_books == 1 ? 0 : j) * sd * K;  // [sd][K]
-      float* out = lut + (int64_t(g) * nks + j) * K;
-      const float* qj = q + j * sd;
-      if (K % N == 0) {
-        for (int c = 0; c < K; c += N) {
-          auto acc = hn::Mul(hn::Set(df, qj[0]), hn::LoadU(df, bt + c));
-          for (int e = 1; e < sd; ++e) acc = hn::MulAdd(hn::Set(df, qj[e]), hn::LoadU(df, bt + int64_t(e) * K + c), acc);
-          hn::StoreU(acc, df, out + c);
+      for (int h = 0; h < kHeads; ++h) {
+        float* out = rows + int64_t(h) * K;
+        const int g = hg * kHeads + h;
+        if (g >= a.group) {
+          std::fill(out, out + K, 0.0f);
+          continue;
+        }
+        const float* qj = a.q + int64_t(g) * a.head_dim + j * sd;
+        if (K % N == 0) {
+          for (int c = 0; c < K; c += N) {
+            auto acc = hn::Mul(hn::Set(df, qj[0]), hn::LoadU(df, bt + c));
+            for (int e = 1; e < sd; ++e) acc = hn::MulAdd(hn::Set(df, qj[e]), hn::LoadU(df, bt + int64_t(e) * K + c), acc);
+            hn::Store(acc, df, out + c);
+          }
+        } else {
+          for (int c = 0; c < K; ++c) {
+            float acc = qj[0] * bt[c];
+            for (int e = 1; e < sd; ++e) acc += qj[e] * bt[int64_t(e) * K + c];
+            out[c] = acc;
+          }
+        }
+      }
+      float* dst = lut + (int64_t(hg) * nks + j) * K * kHeads;  // [K][4]
+      int c = 0;
+      if (HWY_TARGET != HWY_SCALAR && K % N == 0) {
+        for (; c < K; c += N)
+          hn::StoreInterleaved4(hn::Load(df, rows + c), hn::Load(df, rows + K + c), hn::Load(df, rows + 2 * K + c),
+                                hn::Load(df, rows + 3 * K + c), df, dst + int64_t(c) * kHeads);
+      }
+      for (; c < K; ++c)
+        for (int h = 0; h < kHeads; ++h) dst[int64_t(c) * kHeads + h] = rows[int64_t(h) * K + c];
+    }
+  }
+}
+
+// S[t][h] = sum_j LUT[j][code(t, j)][h] for t < nb. codes: code(t, j) = codes[t * cs + j].
+// Lines to request during a pass over a block: [a, a + a_bytes) then [b, b + b_bytes), `step`
+// lines per token.
+struct Prefetch {
+  const uint8_t* a = nullptr;
+  size_t a_bytes = 0;
+  const uint8_t* b = nullptr;
+  size_t b_bytes = 0;
+  size_t step = 0;
+  HWY_INLINE void token(int t) const {
+    for (size_t i = 0; i < step; ++i) {
+      const size_t off = (size_t(t) * step + i) * 64;
+      if (off < a_bytes) __builtin_prefetch(a + off);
+      else if (off - a_bytes < b_bytes) __builtin_prefetch(b + (off - a_bytes));
+    }
+  }
+};
+
+template <class CT>
+HWY_INLINE void Scores(const float* lut, int nks, int K, const CT* codes, size_t cs, int nb, float* S, const Prefetch& pf) {
+#if HWY_TARGET == HWY_SCALAR
+  for (int t = 0; t < nb; ++t) {
+    float s[kHeads] = {0, 0, 0, 0};
+    for (int j = 0; j < nks; ++j) {
+      const float* e = lut + (int64_t(j) * K + codes[size_t(t) * cs + size_t(j)]) * kHeads;
+      for (int h = 0; h < kHeads; ++h) s[h] += e[h];
+    }
+    for (int h = 0; h < kHeads; ++h) S[t * kHeads + h] = s[h];
+  }
+#else
+  const hn::FixedTag<float, 4> d4;
+  const int64_t L = int64_t(K) * kHeads;  // floats per sub-space table
+  for (int j0 = 0; j0 < nks; j0 += kKJ) {
+    const float* L0 = lut + j0 * L;
+    const CT* c = codes + j0;
+    if (nks - j0 >= 4) {
+      const float *L1 = L0 + L, *L2 = L0 + 2 * L, *L3 = L0 + 3 * L;
+      if (j0 == 0) {
+        for (int t = 0; t < nb; ++t, c += cs) {
+          if (pf.step) pf.token(t);
+          const auto s0 = hn::Add(hn::Load(d4, L0 + size_t(c[0]) * 4), hn::Load(d4, L1 + size_t(c[1]) * 4));
+          const auto s1 = hn::Add(hn::Load(d4, L2 + size_t(c[2]) * 4), hn::Load(d4, L3 + size_t(c[3]) * 4));
+          hn::Store(hn::Add(s0, s1), d4, S + 4 * t);
         }
       } else {
-        for (int c = 0; c < K; ++c) {
-          float acc = 0;
-          for (int e = 0; e < sd; ++e) acc += qj[e] * bt[int64_t(e) * K + c];
-          out[c] = acc;
+        for (int t = 0; t < nb; ++t, c += cs) {
+          const auto s0 = hn::Add(hn::Load(d4, L0 + size_t(c[0]) * 4), hn::Load(d4, L1 + size_t(c[1]) * 4));
+          const auto s1 = hn::Add(hn::Load(d4, L2 + size_t(c[2]) * 4), hn::Load(d4, L3 + size_t(c[3]) * 4));
+          hn::Store(hn::Add(hn::Load(d4, S + 4 * t), hn::Add(s0, s1)), d4, S + 4 * t);
         }
       }
-    }
-  }
-}
-
-// codes of tokens [0, nt) of a tile, transposed: out[j * kTile + t] (int32).
-HWY_INLINE void UnpackTransposed(const uint8_t* rows, size_t row_bytes, int nt, int n_sub, int bits, int32_t* out) {
-  if (bits == 8) {
-    for (int t = 0; t < nt; ++t) {
-      const uint8_t* r = rows + size_t(t) * row_bytes;
-      for (int j = 0; j < n_sub; ++j) out[j * kTile + t] = r[j];
-    }
-  } else {
-    for (int t = 0; t < nt; ++t) {
-      const uint8_t* r = rows + size_t(t) * row_bytes;
-      for (int j = 0; j < n_sub; ++j) out[j * kTile + t] = int32_t(read_code(r, j, bits));
-    }
-  }
-  for (int j = 0; j < n_sub; ++j)  // pad the tile so whole vectors can be gathered
-    for (int t = nt; t < kTile; ++t) out[j * kTile + t] = 0;
-}
-
-// Value rows of a tile decoded into registers, accumulated for NG heads: o_g += sum_t p_g[t] v_t.
-template <int NG>
-HWY_INLINE void AccumulateValues(const PQAttnArgs& a, const int32_t* vcT, int nt, const float* p, const float* alpha,
-                                 float* o) {
-  const int D = a.head_dim, sd = a.v_sub_dim, VC = 1 << a.v_bits;
-  const int64_t book_stride = a.v_books == 1 ? 0 : int64_t(VC) * sd;
-  const float* cb = a.v_codebook;
-#if HWY_TARGET <= HWY_AVX3
-  const hn::ScalableTag<float> df;  // 16 lanes
-  const int N = 16;
-  if (sd == 4 || sd == 8 || sd == 16) {
-    const hn::Full128<float> d4;
-    const hn::Full256<float> d8;
-    const int per = N / sd;  // sub-spaces per vector
-    for (int c0 = 0; c0 < D; c0 += N) {
-      const int j0 = c0 / sd;
-      auto o0 = hn::Mul(hn::LoadU(df, o + c0), hn::Set(df, alpha[0]));
-      auto o1 = NG > 1 ? hn::Mul(hn::LoadU(df, o + D + c0), hn::Set(df, alpha[1])) : hn::Zero(df);
-      auto o2 = NG > 2 ? hn::Mul(hn::LoadU(df, o + 2 * D + c0), hn::Set(df, alpha[2])) : hn::Zero(df);
-      auto o3 = NG > 3 ? hn::Mul(hn::LoadU(df, o + 3 * D + c0), hn::Set(df, alpha[3])) : hn::Zero(df);
-      const float* base[4];
-      for (int u = 0; u < per; ++u) base[u] = cb + int64_t(j0 + u) * book_stride;
-      for (int t = 0; t < nt; ++t) {
-        hn::Vec<decltype(df)> v;
-        if (sd == 16) {
-          v = hn::LoadU(df, base[0] + int64_t(vcT[j0 * kTile + t]) * 16);
-        } else if (sd == 8) {
-          v = hn::Combine(df, hn::LoadU(d8, base[1] + int64_t(vcT[(j0 + 1) * kTile + t]) * 8),
-                          hn::LoadU(d8, base[0] + int64_t(vcT[j0 * kTile + t]) * 8));
-        } else {
-          const auto lo = hn::Combine(d8, hn::LoadU(d4, base[1] + int64_t(vcT[(j0 + 1) * kTile + t]) * 4),
-                                      hn::LoadU(d4, base[0] + int64_t(vcT[j0 * kTile + t]) * 4));
-          const auto hi = hn::Combine(d8, hn::LoadU(d4, base[3] + int64_t(vcT[(j0 + 3) * kTile + t]) * 4),
-                                      hn::LoadU(d4, base[2] + int64_t(vcT[(j0 + 2) * kTile + t]) * 4));
-          v = hn::Combine(df, hi, lo);
-        }
-        o0 = hn::MulAdd(hn::Set(df, p[t]), v, o0);
-        if (NG > 1) o1 = hn::MulAdd(hn::Set(df, p[kTile + t]), v, o1);
-        if (NG > 2) o2 = hn::MulAdd(hn::Set(df, p[2 * kTile + t]), v, o2);
-        if (NG > 3) o3 = hn::MulAdd(hn::Set(df, p[3 * kTile + t]), v, o3);
+    } else {
+      const int nj = nks - j0;
+      for (int t = 0; t < nb; ++t, c += cs) {
+        auto s = j0 == 0 ? hn::Zero(d4) : hn::Load(d4, S + 4 * t);
+        for (int u = 0; u < nj; ++u) s = hn::Add(s, hn::Load(d4, L0 + u * L + size_t(c[u]) * 4));
+        hn::Store(s, d4, S + 4 * t);
       }
-      hn::StoreU(o0, df, o + c0);
-      if (NG > 1) hn::StoreU(o1, df, o + D + c0);
-      if (NG > 2) hn::StoreU(o2, df, o + 2 * D + c0);
-      if (NG > 3) hn::StoreU(o3, df, o + 3 * D + c0);
     }
-    return;
   }
 #endif
-  // Portable path: one sub-space slice at a time, heads' accumulators in memory.
-  for (int g = 0; g < NG; ++g)
-    for (int c = 0; c < D; ++c) o[int64_t(g) * D + c] *= alpha[g];
-  for (int j = 0; j < D / sd; ++j) {
+}
+
+// Online softmax over the block's [nb][4] scores: updates m, d of the ng real heads (lanes past
+// ng are padding), turns S into weights P = exp(S - m_new) and writes the rescale factors alpha.
+// S holds room for the block rounded up to a whole vector; the rounding rows are set to -inf.
+HWY_INLINE void SoftmaxBlock(float* S, int nb, int ng, float* m, float* d, float* alpha) {
+  const hn::ScalableTag<float> df;
+  const int N = int(hn::Lanes(df));
+  const int tpv = std::max(1, N / kHeads);  // tokens per vector
+  const int nbp = (nb + tpv - 1) / tpv * tpv;
+  for (int i = nb * kHeads; i < nbp * kHeads; ++i) S[i] = -INFINITY;
+  alignas(64) float lanes[64];
+#if HWY_TARGET == HWY_SCALAR
+  const int NL = kHeads;
+  for (int h = 0; h < kHeads; ++h) lanes[h] = -INFINITY;
+  for (int i = 0; i < nbp * kHeads; ++i) lanes[i % kHeads] = std::max(lanes[i % kHeads], S[i]);
+#else
+  const int NL = N;
+  auto vmax = hn::Set(df, -INFINITY);
+  for (int i = 0; i < nbp * kHeads; i += N) vmax = hn::Max(vmax, hn::Load(df, S + i));
+  hn::Store(vmax, df, lanes);
+#endif
+  alignas(16) float mnew[kHeads];
+  for (int h = 0; h < kHeads; ++h) {
+    float mx = lanes[h];
+    for (int i = h + kHeads; i < NL; i += kHeads) mx = std::max(mx, lanes[i]);
+    const float mo = h < ng ? m[h] : -INFINITY;
+    mnew[h] = std::max(mo, mx);
+    alpha[h] = mo == -INFINITY ? 0.0f : std::exp(mo - mnew[h]);
+  }
+#if HWY_TARGET == HWY_SCALAR
+  float sums[kHeads] = {0, 0, 0, 0};
+  for (int i = 0; i < nbp * kHeads; ++i) {
+    S[i] = std::exp(S[i] - mnew[i % kHeads]);
+    sums[i % kHeads] += S[i];
+  }
+  for (int h = 0; h < ng; ++h) {
+    const float s = sums[h];
+#else
+  const auto vm = hn::LoadDup128(df, mnew);
+  auto vsum = hn::Zero(df);
+  for (int i = 0; i < nbp * kHeads; i += N) {
+    const auto p = hn::Exp(df, hn::Sub(hn::Load(df, S + i), vm));  // -inf rows -> 0
+    hn::Store(p, df, S + i);
+    vsum = hn::Add(vsum, p);
+  }
+  hn::Store(vsum, df, lanes);
+  for (int h = 0; h < ng; ++h) {
+    float s = lanes[h];
+    for (int i = h + kHeads; i < N; i += kHeads) s += lanes[i];
+#endif
+    d[h] = d[h] * alpha[h] + s;
+    m[h] = mnew[h];
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// One pass of VJ value sub-spaces j0.. over the block's tokens, accumulators in registers:
+// vector k of sub-space u holds lanes [h][SD] flattened (k*N .. k*N+N-1); a token adds
+// centroid (broadcast to the lanes of every head) x its 4 weights (one permute per token).
+template <int SD, int VJ, class CT>
+HWY_INLINE void ValuesPass(const float* cb, int64_t book_stride, int j0, const CT* codes, size_t cs, int nb,
+                           const float* P, int D, float* acc) {
+  const hn::ScalableTag<float> df;
+  constexpr int N = int(hn::MaxLanes(df));
+  constexpr int NV = kHeads * SD / N;  // vectors per sub-space
+  using V = hn::Vec<decltype(df)>;
+  alignas(64) int32_t idx_arr[NV][N];  // lane l of vector k belongs to head (k*N + l) / SD
+  for (int k = 0; k < NV; ++k)
+    for (int l = 0; l < N; ++l) idx_arr[k][l] = (k * N + l) / SD;
+  V accv[VJ][NV];
+  for (int u = 0; u < VJ; ++u)
+    for (int k = 0; k < NV; ++k) accv[u][k] = hn::Zero(df);
+  const float* book0 = cb + int64_t(j0) * book_stride;
+  const CT* c = codes + j0;
+  for (int t = 0; t < nb; ++t, c += cs) {
+    V w[NV];
+    if constexpr (N <= SD) {
+      for (int k = 0; k < NV; ++k) w[k] = hn::Set(df, P[t * kHeads + (k * N) / SD]);
+    } else {
+      const V p4 = hn::LoadDup128(df, P + t * kHeads);
+      for (int k = 0; k < NV; ++k) w[k] = hn::TableLookupLanes(p4, hn::SetTableIndices(df, idx_arr[k]));
+    }
+    for (int u = 0; u < VJ; ++u) {
+      const float* cent = book0 + u * book_stride + size_t(c[u]) * SD;
+      for (int k = 0; k < NV; ++k) {
+        V cv;
+        if constexpr (N <= SD) {
+          cv = hn::LoadU(df, cent + (k * N) % SD);
+        } else if constexpr (SD == 4) {
+          cv = hn::LoadDup128(df, cent);
+        } else {
+          const hn::Half<decltype(df)> dh;
+          const auto half = hn::LoadU(dh, cent);
+          cv = hn::Combine(df, half, half);
+        }
+        accv[u][k] = hn::MulAdd(cv, w[k], accv[u][k]);
+      }
+    }
+  }
+  alignas(64) float tmp[kHeads * SD];
+  for (int u = 0; u < VJ; ++u) {
+    for (int k = 0; k < NV; ++k) hn::Store(accv[u][k], df, tmp + k * N);
+    for (int h = 0; h < kHeads; ++h) {
+      float* dst = acc + int64_t(h) * D + (j0 + u) * SD;
+      for (int e = 0; e < SD; ++e) dst[e] += tmp[h * SD + e];
+    }
+  }
+}
+#endif
+
+// True when the register path covers this value sub-dim on this target.
+template <int SD>
+constexpr bool RegisterValues() {
+#if HWY_TARGET == HWY_SCALAR
+  return false;
+#else
+  constexpr int N = int(hn::MaxLanes(hn::ScalableTag<float>()));
+  return N >= kHeads && (kHeads * SD) % N == 0 && (N <= SD || SD == 4 || N == 2 * SD);
+#endif
+}
+
+// acc[h][D] += sum_t P[t][h] * v_t for 4 heads, v_t decoded from codes through the codebooks
+// cb + j * book_stride ([2^bits][SD] each).
+template <int SD, class CT>
+HWY_INLINE void Values(const float* cb, int64_t book_stride, int nvs, const CT* codes, size_t cs, int nb, const float* P,
+                       int D, float* acc) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (RegisterValues<SD>()) {
+    constexpr int N = int(hn::MaxLanes(hn::ScalableTag<float>()));
+    constexpr int NV = kHeads * SD / N;
+    constexpr int VJ = NV >= 4 ? 1 : (NV >= 2 ? 2 : 4);  // sub-spaces per pass: <= 4 accumulators
+    int j0 = 0;
+    for (; j0 + VJ <= nvs; j0 += VJ) ValuesPass<SD, VJ>(cb, book_stride, j0, codes, cs, nb, P, D, acc);
+    for (; j0 < nvs; ++j0) ValuesPass<SD, 1>(cb, book_stride, j0, codes, cs, nb, P, D, acc);
+  }
+#else
+  (void)cb, (void)book_stride, (void)nvs, (void)codes, (void)cs, (void)nb, (void)P, (void)D, (void)acc;
+#endif
+}
+
+// Generic value decode (any sub_dim, any target).
+template <class CT>
+HWY_INLINE void ValuesGeneric(const float* cb, int64_t book_stride, int nvs, int sd, const CT* codes, size_t cs, int nb,
+                              const float* P, int D, float* acc) {
+  for (int j = 0; j < nvs; ++j) {
     const float* book = cb + int64_t(j) * book_stride;
-    for (int t = 0; t < nt; ++t) {
-      const float* cent = book + int64_t(vcT[j * kTile + t]) * sd;
-      for (int g = 0; g < NG; ++g) {
-        const float pg = p[g * kTile + t];
-        float* og = o + int64_t(g) * D + j * sd;
-        for (int e = 0; e < sd; ++e) og[e] += pg * cent[e];
+    for (int t = 0; t < nb; ++t) {
+      const float* cent = book + size_t(codes[size_t(t) * cs + size_t(j)]) * sd;
+      for (int h = 0; h < kHeads; ++h) {
+        const float w = P[t * kHeads + h];
+        float* dst = acc + int64_t(h) * D + j * sd;
+        for (int e = 0; e < sd; ++e) dst[e] += w * cent[e];
       }
     }
   }
 }
 
-template <int NG>
-void HeadsTile(const PQAttnArgs& a, const float* lut, const int32_t* kcT, const int32_t* vcT, int nt, float* s,
-               float* m, float* d, float* o) {
-  const hn::ScalableTag<float> df;
-  const hn::RebindToSigned<decltype(df)> di;
-  const int N = int(hn::Lanes(df));
-  const int nks = a.head_dim / a.k_sub_dim, K = 1 << a.k_bits;
-  alignas(64) float alpha[4];
-  for (int g = 0; g < NG; ++g) {
-    const float* lg = lut + int64_t(g) * nks * K;
-    float* sg = s + g * kTile;
-    auto vmax = hn::Set(df, -INFINITY);
-    for (int t = 0; t < nt; t += N) {
-      auto acc = hn::Zero(df);
-      for (int j = 0; j < nks; ++j)
-        acc = hn::Add(acc, hn::GatherIndex(df, lg + int64_t(j) * K, hn::LoadU(di, kcT + j * kTile + t)));
-      acc = hn::IfThenElse(hn::FirstN(df, size_t(nt - t)), acc, hn::Set(df, -INFINITY));
-      hn::Store(acc, df, sg + t);
-      vmax = hn::Max(vmax, acc);
+template <class KT, class VT>
+void BlockHeads(const PQAttnArgs& a, const float* lut, const KT* kc, size_t ks, const VT* vc, size_t vs, int nb,
+                float* S, float* acc, Prefetch pf) {
+  const int D = a.head_dim, nks = D / a.k_sub_dim, nvs = D / a.v_sub_dim, K = 1 << a.k_bits;
+  const int64_t vbook = a.v_books == 1 ? 0 : (int64_t(1) << a.v_bits) * a.v_sub_dim;
+  const int n_hg = (a.group + kHeads - 1) / kHeads;
+  for (int hg = 0; hg < n_hg; ++hg) {
+    const int g0 = hg * kHeads, ng = std::min(kHeads, a.group - g0);
+    Scores(lut + int64_t(hg) * nks * K * kHeads, nks, K, kc, ks, nb, S, pf);
+    pf = Prefetch{};  // the first head group's pass requested them
+    float alpha[kHeads];
+    SoftmaxBlock(S, nb, ng, a.m + g0, a.d + g0, alpha);
+    std::fill(acc, acc + int64_t(kHeads) * D, 0.0f);
+    switch (a.v_sub_dim) {
+      case 4:
+        if constexpr (RegisterValues<4>()) { Values<4>(a.v_codebook, vbook, nvs, vc, vs, nb, S, D, acc); break; }
+        [[fallthrough]];
+      case 8:
+        if constexpr (RegisterValues<8>()) {
+          if (a.v_sub_dim == 8) { Values<8>(a.v_codebook, vbook, nvs, vc, vs, nb, S, D, acc); break; }
+        }
+        [[fallthrough]];
+      case 16:
+        if constexpr (RegisterValues<16>()) {
+          if (a.v_sub_dim == 16) { Values<16>(a.v_codebook, vbook, nvs, vc, vs, nb, S, D, acc); break; }
+        }
+        [[fallthrough]];
+      default: ValuesGeneric(a.v_codebook, vbook, nvs, a.v_sub_dim, vc, vs, nb, S, D, acc); break;
     }
-    const float m_new = std::max(m[g], hn::GetLane(hn::MaxOfLanes(df, vmax)));
-    alpha[g] = m[g] == -INFINITY ? 0.0f : std::exp(m[g] - m_new);
-    const auto vm = hn::Set(df, m_new);
-    auto vsum = hn::Zero(df);
-    for (int t = 0; t < nt; t += N) {
-      const auto pv = hn::Exp(df, hn::Sub(hn::Load(df, sg + t), vm));
-      hn::Store(pv, df, sg + t);
-      vsum = hn::Add(vsum, pv);
+    for (int h = 0; h < ng; ++h) {
+      float* o = a.o + int64_t(g0 + h) * D;
+      const float* s = acc + int64_t(h) * D;
+      for (int e = 0; e < D; ++e) o[e] = o[e] * alpha[h] + s[e];
     }
-    d[g] = d[g] * alpha[g] + hn::GetLane(hn::SumOfLanes(df, vsum));
-    m[g] = m_new;
   }
-  AccumulateValues<NG>(a, vcT, nt, s, alpha, o);
 }
 
 void Accumulate(const PQAttnArgs& a, const float* lut) {
-  const int nks = a.head_dim / a.k_sub_dim, nvs = a.head_dim / a.v_sub_dim;
+  const int D = a.head_dim, nks = D / a.k_sub_dim, nvs = D / a.v_sub_dim;
   const size_t krow = packed_row_bytes(nks, a.k_bits), vrow = packed_row_bytes(nvs, a.v_bits);
-  // kcT: [nks, kTile] int32 key codes of a tile; vcT: [nvs, kTile] value codes; s: [4, kTile] scores
-  thread_local AlignedBuffer<int32_t> kc_buf, vc_buf;
-  thread_local AlignedBuffer<float> s_buf;
-  if (kc_buf.size() < size_t(nks) * kTile) kc_buf.resize(size_t(nks) * kTile);
-  if (vc_buf.size() < size_t(nvs) * kTile) vc_buf.resize(size_t(nvs) * kTile);
-  if (s_buf.size() < size_t(4) * kTile) s_buf.resize(size_t(4) * kTile);
-  const int K = 1 << a.k_bits;
-  for (int t0 = 0; t0 < a.n_tokens; t0 += kTile) {
-    const int nt = std::min(kTile, a.n_tokens - t0);
-    UnpackTransposed(a.k_codes + size_t(t0) * krow, krow, nt, nks, a.k_bits, kc_buf.data());
-    UnpackTransposed(a.v_codes + size_t(t0) * vrow, vrow, nt, nvs, a.v_bits, vc_buf.data());
-    for (int g0 = 0; g0 < a.group; g0 += 4) {
-      const int ng = std::min(4, a.group - g0);
-      const float* lg = lut + int64_t(g0) * nks * K;
-      float* og = a.o + int64_t(g0) * a.head_dim;
-      switch (ng) {
-        case 1: HeadsTile<1>(a, lg, kc_buf.data(), vc_buf.data(), nt, s_buf.data(), a.m + g0, a.d + g0, og); break;
-        case 2: HeadsTile<2>(a, lg, kc_buf.data(), vc_buf.data(), nt, s_buf.data(), a.m + g0, a.d + g0, og); break;
-        case 3: HeadsTile<3>(a, lg, kc_buf.data(), vc_buf.data(), nt, s_buf.data(), a.m + g0, a.d + g0, og); break;
-        default: HeadsTile<4>(a, lg, kc_buf.data(), vc_buf.data(), nt, s_buf.data(), a.m + g0, a.d + g0, og); break;
-      }
-    }
+  // S: [kBlock + 16, 4] scores then weights; acc: [4, D] block output; k16/v16: [kBlock, n_sub]
+  // unpacked codes when the width is not 8 bits
+  thread_local AlignedBuffer<float> s_buf, acc_buf;
+  thread_local AlignedBuffer<uint16_t> k16, v16;
+  if (s_buf.size() < size_t(kBlock + 16) * kHeads) s_buf.resize(size_t(kBlock + 16) * kHeads);
+  if (acc_buf.size() < size_t(kHeads) * D) acc_buf.resize(size_t(kHeads) * D);
+  const bool k8 = a.k_bits == 8, v8 = a.v_bits == 8;
+  if (!k8 && k16.size() < size_t(kBlock) * nks) k16.resize(size_t(kBlock) * nks);
+  if (!v8 && v16.size() < size_t(kBlock) * nvs) v16.resize(size_t(kBlock) * nvs);
+  for (int b0 = 0; b0 < a.n_tokens; b0 += kBlock) {
+    const int nb = std::min(kBlock, a.n_tokens - b0);
+    const uint8_t* kr = a.k_codes + size_t(b0) * krow;
+    const uint8_t* vr = a.v_codes + size_t(b0) * vrow;
+    // Codes stream from memory (a 30-layer cache is far larger than L2). While the scores of
+    // this block run, its value codes and the next block's key codes are requested, one line at
+    // a time at the rate they are consumed (a burst of prefetches stalls on the miss buffers).
+    Prefetch pf;
+    pf.a = a.k_codes + size_t(b0 + nb) * krow;
+    pf.a_bytes = size_t(std::min(kBlock, a.n_tokens - b0 - nb)) * krow;
+    pf.b = vr;
+    pf.b_bytes = size_t(nb) * vrow;
+    pf.step = (pf.a_bytes + pf.b_bytes + 63) / 64 / size_t(nb) + 1;
+    if (!k8)
+      for (int t = 0; t < nb; ++t) unpack_codes(kr + size_t(t) * krow, nks, a.k_bits, k16.data() + size_t(t) * nks);
+    if (!v8)
+      for (int t = 0; t < nb; ++t) unpack_codes(vr + size_t(t) * vrow, nvs, a.v_bits, v16.data() + size_t(t) * nvs);
+    if (k8 && v8) BlockHeads(a, lut, kr, krow, vr, vrow, nb, s_buf.data(), acc_buf.data(), pf);
+    else if (k8) BlockHeads(a, lut, kr, krow, v16.data(), size_t(nvs), nb, s_buf.data(), acc_buf.data(), pf);
+    else if (v8) BlockHeads(a, lut, k16.data(), size_t(nks), vr, vrow, nb, s_buf.data(), acc_buf.data(), pf);
+    else BlockHeads(a, lut, k16.data(), size_t(nks), v16.data(), size_t(nvs), nb, s_buf.data(), acc_buf.data(), pf);
   }
 }
 
@@ -210,7 +391,10 @@ std::vector<float> transpose_codebook(const float* cb, int books, int bits, int 
   return t;
 }
 
-size_t pq_lut_floats(const PQAttnArgs& a) { return size_t(a.group) * (a.head_dim / a.k_sub_dim) * (size_t(1) << a.k_bits); }
+size_t pq_lut_floats(const PQAttnArgs& a) {
+  const size_t n_hg = size_t(a.group + 3) / 4;
+  return n_hg * 4 * size_t(a.head_dim / a.k_sub_dim) * (size_t(1) << a.k_bits);
+}
 
 void pq_build_lut(const PQAttnArgs& a, const float* cbt, float* lut) { HWY_DYNAMIC_DISPATCH(BuildLut)(a, cbt, lut); }
 
