@@ -12,15 +12,16 @@ exact softmax attention) recomputes the logits of the same ids. We check:
 Why the thresholds (measured values are printed by the test):
   The C++ products quantize each input row to int8 in blocks of 32 (step = block max / 127)
   and store K/V in fp16 (relative error <= 2^-11); weights are bit-identical on both sides.
-  The int8 path is chaotic at the level of single roundings: perturbing the NumPy model's
-  product inputs by a relative 1e-7 and re-rounding them to int8 moves its logits by as much
-  as C++ differs from it (max-abs ~1.3, some rows' cosine down to ~0.992), so no tighter
-  agreement is possible on this model. Measured C++ vs NumPy: max-abs 1.3-2.4 on logits
-  spanning ~65, mean cosine 0.9987-0.9995, worst row 0.982. Thresholds: mean cosine >= 0.998,
-  every row >= 0.97, max-abs <= 4.0 (~6% of the range). The swapped rope layout, for
-  instance, gives mean cosine 0.77 and max-abs 29. Subtle errors (a 1% wrong rope frequency
-  moves the cosine by 1e-5) hide under this noise; the tiny float-weight models below, where
-  no int8 path runs, check every architecture at 1e-4 instead.
+  The int8 path is chaotic at the level of single roundings and its noise is heavy-tailed
+  over rows: the NumPy model itself, with its product inputs rounded to int8, its keys to
+  fp16 and a relative 1e-7 perturbation, differs from exact NumPy by max-abs 1.8-2.3, mean
+  cosine 0.9984-0.9990 and worst rows down to 0.967 (the chat prompt's row 19, a flat
+  distribution) -- the same as C++ vs NumPy (max-abs 1.3-3.2, mean cosine 0.9981-0.9996,
+  worst row 0.966). No tighter agreement is possible on this model. Thresholds: mean cosine
+  >= 0.997, every row >= 0.95, max-abs <= 5.0 (~7% of the logit range). A real bug is far
+  outside: the swapped rope layout gives mean cosine 0.77 and max-abs 29. Subtle errors (a 1%
+  wrong rope frequency moves the cosine by 1e-5) hide under this noise; the tiny float-weight
+  models below, where no int8 path runs, check every architecture at 1e-4 instead.
 """
 import os
 import struct
@@ -40,9 +41,9 @@ MODEL = Path(os.environ.get("VQ_SMOLLM2_GGUF",
                             Path.home() / ".cache/veloxquant/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
 VQ_BIN = os.environ.get("VQ_BIN", str(ROOT / "build/release/tools/veloxquant/veloxquant"))
 N_GEN = 32
-COS_MEAN_MIN = 0.998
-COS_ROW_MIN = 0.97
-MAX_ABS = 4.0
+COS_MEAN_MIN = 0.997
+COS_ROW_MIN = 0.95
+MAX_ABS = 5.0
 TIE_MARGIN = 1.0
 
 PROMPTS = [
