@@ -121,53 +121,59 @@ std::vector<QuantizeBenchCase> default_quantize_cases() {
           {8192, 128, 8, 8, 256}, {1024, 256, 4, 4, 256}, {4096, 256, 4, 4, 256}};
 }
 
+namespace {
+
+// One case's inputs: the keys of one layer, [H*S, D] f32 = [n, sub_dim] sub-vectors, and one
+// shared codebook [k, sub_dim] f32 (standard normal, seeded).
+struct CaseData {
+  PQShape s;
+  std::vector<float> x, book;
+  CaseData(const QuantizeBenchCase& c, uint64_t seed)
+      : s{int64_t(c.H) * c.S, c.D / c.sub_dim, c.sub_dim, c.n_centroids, false} {
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::normal_distribution<float> nd;
+    x.resize(size_t(c.n_sub_vectors()) * c.sub_dim);
+    for (auto& v : x) v = nd(rng);
+    book.resize(size_t(c.n_centroids) * c.sub_dim);
+    for (auto& v : book) v = nd(rng);
+  }
+};
+
+}  // namespace
+
 std::vector<QuantizeBenchRow> run_quantize_bench(const std::vector<QuantizeBenchCase>& cases,
                                                  const QuantizeBenchOptions& opt,
                                                  const std::function<void(const std::string&)>& progress) {
   for (int t : opt.threads) VQ_CHECK(t >= 1 && t <= 1024, "bench quantize: thread count {} must be in 1..1024", t);
-  // A fixed threshold (no dynamic raising): every large buffer is its own mapping, returned on free.
-  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  for (const QuantizeBenchCase& c : cases)
+    VQ_CHECK(c.S > 0 && c.H > 0 && c.sub_dim > 0 && c.D % c.sub_dim == 0 && c.n_centroids >= 1,
+             "bench quantize: case S={} D={} H={} sub_dim={} k={} invalid", c.S, c.D, c.H, c.sub_dim, c.n_centroids);
   const int restore_threads = num_threads();
   std::vector<QuantizeBenchRow> rows;
+  // Phase 1: times, with the allocator in its default state (the reference reuses its heap).
   for (const QuantizeBenchCase& c : cases) {
-    VQ_CHECK(c.S > 0 && c.H > 0 && c.sub_dim > 0 && c.D % c.sub_dim == 0,
-             "bench quantize: case S={} D={} H={} sub_dim={} invalid", c.S, c.D, c.H, c.sub_dim);
+    const CaseData D(c, opt.seed);
     QuantizeBenchRow row;
     row.c = c;
     row.n = c.n_sub_vectors();
-    // The keys of one layer: [H*S, D] f32 = [n, sub_dim] sub-vectors; one shared codebook.
-    const PQShape s{int64_t(c.H) * c.S, c.D / c.sub_dim, c.sub_dim, c.n_centroids, false};
-    std::mt19937 rng(uint32_t(opt.seed));
-    std::normal_distribution<float> nd;
-    std::vector<float> x(size_t(row.n) * c.sub_dim);  // x: [H*S, D] f32
-    for (auto& v : x) v = nd(rng);
-    std::vector<float> book(size_t(c.n_centroids) * c.sub_dim);  // book: [k, sub_dim] f32
-    for (auto& v : book) v = nd(rng);
-    std::vector<uint16_t> codes(size_t(row.n), 0), ref_codes(size_t(row.n), 0);  // [H*S, D/sub_dim]
+    std::vector<uint16_t> codes(size_t(row.n), 0), ref_codes(size_t(row.n), 0);  // [H*S, D/sub_dim] uint16
     row.codes_bytes = int64_t(codes.size() * sizeof(uint16_t));
-    row.ref_scratch_accounted = int64_t(ref::pq_encode_scratch_bytes(s));
-    row.fused_scratch_accounted = int64_t(cpu::PQEncoder(s, book.data()).bytes());
+    row.ref_scratch_accounted = int64_t(ref::pq_encode_scratch_bytes(D.s));
+    row.fused_scratch_accounted = int64_t(cpu::PQEncoder(D.s, D.book.data()).bytes());
     const double flops = 3.0 * c.sub_dim * double(row.n) * c.n_centroids;
-
     if (opt.run_ref) {
-      row.ref.peak_bytes = measure_peak_extra([&] { ref::pq_encode(s, x.data(), book.data(), ref_codes.data()); });
-      const QuantizeBenchRun t = time_runs([&] { ref::pq_encode(s, x.data(), book.data(), ref_codes.data()); },
-                                           opt.ref_reps, 0.0, flops);
-      row.ref.median_ms = t.median_ms;
-      row.ref.min_ms = t.min_ms;
-      row.ref.median_cpu_ms = t.median_cpu_ms;
-      row.ref.reps = t.reps;
-      row.ref.gflops = t.gflops;
+      auto ref_run = [&] { ref::pq_encode(D.s, D.x.data(), D.book.data(), ref_codes.data()); };
+      ref_run();  // warm-up
+      row.ref = time_runs(ref_run, opt.ref_reps, 0.0, flops);
       if (progress)
         progress(fmt::format("S={} D={} H={} d={}: ref {:.2f} ms", c.S, c.D, c.H, c.sub_dim, row.ref.median_ms));
     }
     for (int th : opt.threads) {
       set_num_threads(th);
-      cpu::pq_encode(s, x.data(), book.data(), codes.data());  // warm-up: pool threads, pages
-      QuantizeBenchRun r = time_runs([&] { cpu::pq_encode(s, x.data(), book.data(), codes.data()); }, opt.min_reps,
-                                     opt.min_seconds, flops);
+      auto fused_run = [&] { cpu::pq_encode(D.s, D.x.data(), D.book.data(), codes.data()); };
+      fused_run();  // warm-up: pool threads, pages
+      QuantizeBenchRun r = time_runs(fused_run, opt.min_reps, opt.min_seconds, flops);
       r.threads = th;
-      r.peak_bytes = measure_peak_extra([&] { cpu::pq_encode(s, x.data(), book.data(), codes.data()); });
       row.fused.push_back(r);
       if (progress)
         progress(fmt::format("S={} D={} H={} d={}: fused {} thread(s) {:.3f} ms", c.S, c.D, c.H, c.sub_dim, th,
@@ -178,6 +184,20 @@ std::vector<QuantizeBenchRow> run_quantize_bench(const std::vector<QuantizeBench
       for (size_t i = 0; i < codes.size(); ++i) row.mismatches += codes[i] != ref_codes[i];
     }
     rows.push_back(std::move(row));
+  }
+  // Phase 2: peak extra memory. A fixed mmap threshold (no dynamic raising) makes every large
+  // buffer its own mapping, returned to the OS on free, so each run's high-water mark is its own.
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  for (QuantizeBenchRow& row : rows) {
+    const CaseData D(row.c, opt.seed);
+    std::vector<uint16_t> codes(size_t(row.n), 0);  // [H*S, D/sub_dim] uint16, touched before measuring
+    if (opt.run_ref)
+      row.ref.peak_bytes = measure_peak_extra([&] { ref::pq_encode(D.s, D.x.data(), D.book.data(), codes.data()); });
+    for (QuantizeBenchRun& r : row.fused) {
+      set_num_threads(r.threads);
+      cpu::pq_encode(D.s, D.x.data(), D.book.data(), codes.data());
+      r.peak_bytes = measure_peak_extra([&] { cpu::pq_encode(D.s, D.x.data(), D.book.data(), codes.data()); });
+    }
   }
   set_num_threads(restore_threads);
   return rows;

@@ -52,8 +52,8 @@ struct QuantizeBenchRow {
 std::vector<QuantizeBenchCase> default_quantize_cases();
 
 // Runs the cases. progress (may be empty) receives one line per finished measurement.
-// Note: fixes glibc's mmap threshold (mallopt) so freed scratch leaves the resident set and
-// each run's high-water mark is its own.
+// Times first; then the peak-memory runs, for which it fixes glibc's mmap threshold (mallopt,
+// process-wide) so freed scratch leaves the resident set and each run's high-water mark is its own.
 std::vector<QuantizeBenchRow> run_quantize_bench(const std::vector<QuantizeBenchCase>& cases,
                                                  const QuantizeBenchOptions& opt,
                                                  const std::function<void(const std::string&)>& progress = {});
