@@ -50,6 +50,7 @@ void KVCacheConfig::validate(int head_dim_model) const {
   const int hd = head_dim_model > 0 ? head_dim_model : head_dim;
   VQ_CHECK(residual_length >= 0 && residual_length <= (1 << 20),
            "kv_cache.residual_length: {} must be in 0..1048576", residual_length);
+  VQ_CHECK(sink_tokens >= 0 && sink_tokens <= 4096, "kv_cache.sink_tokens: {} must be in 0..4096", sink_tokens);
   switch (method) {
     case KVMethod::fp16:
     case KVMethod::fp32:
@@ -84,6 +85,7 @@ std::string KVCacheConfig::name() const {
     case KVMethod::kivi: s = fmt::format("kivi{}", kivi_bits); break;
     case KVMethod::vecinfer:
       s = key == value ? "vecinfer:" + key.name() : "vecinfer:k=" + key.name() + ",v=" + value.name();
+      if (sink_tokens != KVCacheConfig{}.sink_tokens) s += fmt::format(",sink={}", sink_tokens);
       break;
     default: s = method_name(method);
   }
@@ -171,6 +173,8 @@ KVCacheConfig parse_kv_cache_spec(const std::string& spec_in) {
     } else if (key == "v" && c.method == KVMethod::vecinfer) {
       c.value = parse_preset(val, spec_in);
       preset_given = true;
+    } else if ((key == "sink" || key == "sinks") && c.method == KVMethod::vecinfer) {
+      c.sink_tokens = parse_int(val, spec_in, "sink tokens");
     } else if (key == "r" || key == "residual") {
       c.residual_length = parse_int(val, spec_in, "residual length");
     } else if ((key == "g" || key == "group") && c.method == KVMethod::kivi) {

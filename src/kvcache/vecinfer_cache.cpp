@@ -19,7 +19,12 @@ namespace vq {
 
 VecInferCache::VecInferCache(const KVGeometry& g, const KVCacheConfig& cfg, std::shared_ptr<const Calibration> calib,
                              int layer)
-    : geo_(g), cfg_(cfg), calib_(std::move(calib)), layer_(layer), window_(g.n_kv_heads, g.head_dim) {
+    : geo_(g),
+      cfg_(cfg),
+      calib_(std::move(calib)),
+      layer_(layer),
+      sink_(g.n_kv_heads, g.head_dim),
+      window_(g.n_kv_heads, g.head_dim) {
   check_geometry(g, "vecinfer cache");
   cfg_.validate(g.head_dim);
   VQ_CHECK(calib_, "{}", calibration_howto(cfg_));
@@ -62,6 +67,17 @@ const uint8_t* VecInferCache::v_codes(int64_t page, int h) const {
 
 void VecInferCache::append(const float* k, const float* v, int n_tokens) {
   VQ_CHECK(n_tokens >= 0, "{} append: n_tokens = {} must be >= 0", name(), n_tokens);
+  // The sequence's first tokens fill the fp16 sink store (only ever at the start: the sink fills
+  // before anything reaches the window).
+  const int to_sink = int(std::min<int64_t>(n_tokens, cfg_.sink_tokens - sink_.size()));
+  if (to_sink > 0) {
+    sink_.push(k, v, to_sink);
+    const size_t row = size_t(geo_.n_kv_heads) * geo_.head_dim;
+    k += size_t(to_sink) * row;
+    v += size_t(to_sink) * row;
+    n_tokens -= to_sink;
+    if (n_tokens == 0) return;
+  }
   // Before the new tokens arrive, move whole blocks out of the window while at least
   // residual_length tokens stay; so the tokens being appended (and attended next) are fp16.
   const int64_t R = cfg_.residual_length;
@@ -109,7 +125,7 @@ void VecInferCache::attend_dequantized(const float* q, int n_q, float scale, flo
 
 void VecInferCache::attend_impl(const float* q, int n_q, float scale, float* out, bool dequantized) const {
   const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, G = HQ / H;
-  const int64_t n = size();
+  const int64_t n = size(), ns = sink_.size();
   VQ_CHECK(n_q >= 0 && n_q <= n, "{} attend: n_q = {} must be in 0..size() = {}", name(), n_q, n);
   // qt: [n_q, HQ, D] transformed queries q~ = H(q * lambda) * scale, for the coded part
   std::vector<float> qt;
@@ -153,9 +169,13 @@ void VecInferCache::attend_impl(const float* q, int n_q, float scale, float* out
       float* mi = m + size_t(i - q0) * G;
       float* di = d + size_t(i - q0) * G;
       float* oi = o + size_t(i - q0) * G * D;
-      // coded part
-      const int64_t c1 = std::min(lim, n_coded_);
-      if (c1 > t0) {
+      const float* qi = q + (size_t(i) * HQ + size_t(h) * G) * D;
+      // fp16 sinks: positions [0, ns)
+      if (std::min(lim, ns) > t0) sink_.attend(h, qi, 0, 1, G, scale, &lim, t0, std::min(lim, ns), mi, di, oi);
+      // coded part: positions [ns, ns + n_coded_), coded index = position - ns
+      const int64_t c0 = std::max<int64_t>(t0, ns) - ns;
+      const int64_t c1 = std::min(lim, ns + n_coded_) - ns;
+      if (c1 > c0) {
         PQAttnArgs a = base;
         a.q = qt.data() + (size_t(i) * HQ + size_t(h) * G) * D;
         a.k_codebook = kpq_[size_t(h)].codebooks().data();
@@ -169,7 +189,7 @@ void VecInferCache::attend_impl(const float* q, int n_q, float scale, float* out
             L = lut.data();
           }
         }
-        for (int64_t t = t0; t < c1;) {
+        for (int64_t t = c0; t < c1;) {
           const int64_t page = t / kPageTokens, slot = t % kPageTokens;
           const int64_t nt = std::min<int64_t>(kPageTokens - slot, c1 - t);
           a.n_tokens = int(nt);
@@ -197,12 +217,12 @@ void VecInferCache::attend_impl(const float* q, int n_q, float scale, float* out
           t += nt;
         }
       }
-      // residual window part (window positions = token - n_coded_)
-      const int64_t r0 = std::max(t0, n_coded_);
+      // residual window part (window positions = position - ns - n_coded_)
+      const int64_t w_base = ns + n_coded_;
+      const int64_t r0 = std::max(t0, w_base);
       if (lim > r0) {
-        const int64_t vis = lim - n_coded_;
-        window_.attend(h, q + (size_t(i) * HQ + size_t(h) * G) * D, 0, 1, G, scale, &vis, r0 - n_coded_,
-                       lim - n_coded_, mi, di, oi);
+        const int64_t vis = lim - w_base;
+        window_.attend(h, qi, 0, 1, G, scale, &vis, r0 - w_base, lim - w_base, mi, di, oi);
       }
     }
   }, out);
@@ -211,12 +231,13 @@ void VecInferCache::attend_impl(const float* q, int n_q, float scale, float* out
 void VecInferCache::clear() {
   kpages_.clear();
   vpages_.clear();
+  sink_.clear();
   window_.clear();
   n_coded_ = 0;
 }
 
 size_t VecInferCache::bytes() const {
-  size_t b = window_.bytes();
+  size_t b = sink_.bytes() + window_.bytes();
   for (auto& p : kpages_) b += p.bytes();
   for (auto& p : vpages_) b += p.bytes();
   return b;

@@ -1,8 +1,10 @@
 #pragma once
 // VecInfer cache: keys smoothed + Hadamard-rotated then product-quantized, values
-// product-quantized, codes bit-packed and head-major; the newest tokens stay in an fp16
-// residual window and move into codes in whole blocks of kBlock tokens. Attention runs on the
-// codes (LUT scores, values decoded in registers) and merges with the window by log-sum-exp.
+// product-quantized, codes bit-packed and head-major; the first cfg.sink_tokens tokens (attention
+// sinks) stay in fp16 for good, the newest tokens stay in an fp16 residual window and move into
+// codes in whole blocks of kBlock tokens. Token positions: [0, sinks) fp16 sinks, then
+// [sinks, sinks + coded) codes, then the window. Attention runs on the codes (LUT scores, values
+// decoded in registers) and merges with the fp16 parts by log-sum-exp.
 #include <memory>
 #include <vector>
 
@@ -25,7 +27,7 @@ class VecInferCache final : public KVCache {
 
   void append(const float* k, const float* v, int n_tokens) override;
   void attend(const float* q, int n_q, float scale, float* out) const override;
-  int64_t size() const override { return n_coded_ + window_.size(); }
+  int64_t size() const override { return sink_.size() + n_coded_ + window_.size(); }
   void clear() override;
   size_t bytes() const override;
   size_t codebook_bytes() const override;
@@ -34,6 +36,7 @@ class VecInferCache final : public KVCache {
 
   int64_t coded_tokens() const { return n_coded_; }
   int64_t window_tokens() const { return window_.size(); }
+  int64_t sink_tokens() const { return sink_.size(); }
   // Test hook: attention by decoding the codes to f32 K/V and attending (no LUT).
   void attend_dequantized(const float* q, int n_q, float scale, float* out) const;
 
@@ -54,7 +57,8 @@ class VecInferCache final : public KVCache {
   int64_t n_coded_ = 0;
   // kpages_[p]: [n_kv_heads][kPageTokens][krow_] bytes; vpages_[p]: [n_kv_heads][kPageTokens][vrow_]
   std::vector<AlignedBuffer<uint8_t>> kpages_, vpages_;
-  ResidualWindow window_;
+  ResidualWindow sink_;    // the first cfg_.sink_tokens tokens, fp16, never encoded
+  ResidualWindow window_;  // the newest tokens, fp16
 };
 
 }  // namespace vq

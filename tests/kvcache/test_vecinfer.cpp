@@ -10,6 +10,7 @@
 
 #include "codec/bitpack.h"
 #include "core/error.h"
+#include "core/fp16.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/dense_cache.h"
 #include "kvcache/factory.h"
@@ -134,32 +135,81 @@ TEST(VecInfer, FlushesAtResidualBoundaries) {
   const int H = 2, HQ = 4, D = 64, R = 40;
   auto calib = random_calibration(parse_kv_cache_spec("vecinfer:d4b8"), 1, H, D, 512, rng);
   const int B = VecInferCache::kBlock;
-  for (int n : {0, 1, R - 1, R, R + 1, R + B - 1, R + B, R + B + 1, 700}) {
-    for (int step : {1, 7, 1000}) {
-      if (n > 200 && step == 1) continue;
-      auto cfg = vi_config("vecinfer:d4b8,r=40", calib);
-      VecInferCache c(KVGeometry{HQ, H, D}, cfg, calib, 0);
-      auto k = randn(size_t(n + 1) * H * D, rng), v = randn(size_t(n + 1) * H * D, rng);
-      for (int done = 0; done < n; done += step) {
-        const int m = std::min(step, n - done);
-        c.append(k.data() + size_t(done) * H * D, v.data() + size_t(done) * H * D, m);
-        // invariant: before an append, whole blocks leave while >= R stay; so window >= min(size, R)
-        // and the window before the last append held < R + B tokens
-        EXPECT_EQ(c.coded_tokens() % B, 0);
-        EXPECT_GE(c.window_tokens(), std::min<int64_t>(c.size(), R));
-        EXPECT_LT(c.window_tokens() - m, R + B);
+  for (int S : {0, 4}) {  // fp16 sink tokens: none, the default
+    const std::string spec = "vecinfer:d4b8,r=40,sink=" + std::to_string(S);
+    for (int n : {0, 1, S - 1, S, S + 1, S + R - 1, S + R, S + R + 1, S + R + B - 1, S + R + B, S + R + B + 1, 700}) {
+      if (n < 0) continue;
+      for (int step : {1, 7, 1000}) {
+        if (n > 200 && step == 1) continue;
+        auto cfg = vi_config(spec.c_str(), calib);
+        VecInferCache c(KVGeometry{HQ, H, D}, cfg, calib, 0);
+        auto k = randn(size_t(n + 1) * H * D, rng), v = randn(size_t(n + 1) * H * D, rng);
+        for (int done = 0; done < n; done += step) {
+          const int m = std::min(step, n - done);
+          c.append(k.data() + size_t(done) * H * D, v.data() + size_t(done) * H * D, m);
+          // the first S tokens are sinks; then, before an append, whole blocks leave the window
+          // while >= R stay; so window >= min(size - sinks, R), and the window before the last
+          // append held < R + B tokens
+          EXPECT_EQ(c.sink_tokens(), std::min(done + m, S));
+          EXPECT_EQ(c.coded_tokens() % B, 0);
+          EXPECT_GE(c.window_tokens(), std::min<int64_t>(c.size() - c.sink_tokens(), R));
+          EXPECT_LT(c.window_tokens() - m, R + B);
+        }
+        EXPECT_EQ(c.size(), n);
+        if (n == 0) continue;
+        auto q = randn(size_t(HQ) * D, rng);
+        std::vector<float> out(q.size()), deq(q.size()), ref_out(q.size());
+        c.attend(q.data(), 1, 0.125f, out.data());
+        c.attend_dequantized(q.data(), 1, 0.125f, deq.data());
+        EXPECT_LT(nmse(out, deq), 1e-9) << "n=" << n << " step=" << step << " S=" << S;
+        ref::attention(q.data(), 1, k.data(), v.data(), n, HQ, H, D, 0.125f, ref_out.data());
+        if (c.coded_tokens() == 0) EXPECT_LT(nmse(out, ref_out), 1e-5) << "all fp16, n=" << n;
+        else EXPECT_LT(nmse(out, ref_out), 0.25) << "n=" << n;  // random data: PQ error, see DenseAgreement
+        // several queries at once (prefill): each sees its causal prefix across sinks/codes/window
+        const int nq = std::min(n, 5);
+        auto qs = randn(size_t(nq) * HQ * D, rng);
+        std::vector<float> o5(qs.size()), d5(qs.size());
+        c.attend(qs.data(), nq, 0.125f, o5.data());
+        c.attend_dequantized(qs.data(), nq, 0.125f, d5.data());
+        EXPECT_LT(nmse(o5, d5), 1e-9) << "n=" << n << " step=" << step << " S=" << S;
       }
-      EXPECT_EQ(c.size(), n);
-      if (n == 0) continue;
-      auto q = randn(size_t(HQ) * D, rng);
-      std::vector<float> out(q.size()), deq(q.size()), ref_out(q.size());
-      c.attend(q.data(), 1, 0.125f, out.data());
-      c.attend_dequantized(q.data(), 1, 0.125f, deq.data());
-      EXPECT_LT(nmse(out, deq), 1e-9) << "n=" << n << " step=" << step;
-      ref::attention(q.data(), 1, k.data(), v.data(), n, HQ, H, D, 0.125f, ref_out.data());
-      if (c.coded_tokens() == 0) EXPECT_LT(nmse(out, ref_out), 1e-5) << "all fp16, n=" << n;
-      else EXPECT_LT(nmse(out, ref_out), 0.25) << "n=" << n;  // random data: PQ error, see DenseAgreement
     }
+  }
+}
+
+TEST(VecInfer, SinkTokensAreAttendedExactly) {
+  // Token 0 is an attention sink: its key is aligned with the query and large, so it takes all
+  // the softmax mass (the others' weights are < e^-40) and the output is its value. With the
+  // sink kept in fp16 the output equals fp16(v0) to fp32 rounding; quantized (sink=0), the PQ
+  // error of k0 and v0 shows.
+  std::mt19937 rng(21);
+  const int H = 1, HQ = 2, D = 64, n = 100;
+  auto calib = random_calibration(parse_kv_cache_spec("vecinfer:d4b8"), 1, H, D, 512, rng);
+  auto k = randn(size_t(n + 1) * H * D, rng, 0.2f), v = randn(size_t(n + 1) * H * D, rng);
+  auto q = randn(size_t(HQ) * D, rng);
+  for (int c = 0; c < D; ++c) q[size_t(D + c)] = q[size_t(c)];  // both query heads alike
+  double qq = 0;
+  for (int c = 0; c < D; ++c) qq += double(q[size_t(c)]) * q[size_t(c)];
+  for (int c = 0; c < D; ++c) k[size_t(c)] = float(q[size_t(c)] * 60.0 / qq);  // score 60 at scale 1
+  std::vector<float> v0(static_cast<size_t>(D));
+  for (int c = 0; c < D; ++c) v0[size_t(c)] = f16_to_f32(f32_to_f16(v[size_t(c)]));
+  for (int S : {4, 1, 0}) {
+    auto cfg = vi_config(("vecinfer:d4b8,r=0,sink=" + std::to_string(S)).c_str(), calib);
+    VecInferCache c(KVGeometry{HQ, H, D}, cfg, calib, 0);
+    c.append(k.data(), v.data(), n);
+    c.append(k.data() + size_t(n) * D, v.data() + size_t(n) * D, 1);  // flushes the window into codes
+    EXPECT_EQ(c.sink_tokens(), S);
+    EXPECT_EQ(c.coded_tokens(), (n - S) / 32 * 32);
+    std::vector<float> out(size_t(HQ) * D);
+    c.attend(q.data(), 1, 1.0f, out.data());
+    double err = 0, den = 0;
+    for (int g = 0; g < HQ; ++g)
+      for (int e = 0; e < D; ++e) {
+        err += std::pow(double(out[size_t(g * D + e)]) - v0[size_t(e)], 2);
+        den += double(v0[size_t(e)]) * v0[size_t(e)];
+      }
+    if (S > 0) EXPECT_LT(err / den, 1e-10) << "S=" << S;
+    else EXPECT_GT(err / den, 1e-3) << "a quantized sink should show its PQ error";
   }
 }
 
@@ -197,23 +247,31 @@ TEST(VecInfer, BytesAreAllocatedBytes) {
   std::mt19937 rng(3);
   const int H = 3, D = 64;
   auto calib = random_calibration(parse_kv_cache_spec("vecinfer:d4b8"), 1, H, D, 512, rng);
-  VecInferCache c(KVGeometry{9, H, D}, vi_config("vecinfer:d4b8", calib), calib, 0);
-  const int n = 5000;
-  auto k = randn(size_t(n) * H * D, rng);
-  for (int done = 0; done < n; done += 500) c.append(k.data() + size_t(done) * H * D, k.data() + size_t(done) * H * D, 500);
-  c.append(k.data(), k.data(), 1);  // flushes the last chunk
-  // codes: 16 bytes per token per head for keys (16 sub-spaces x 8 bits) and for values;
-  // pages of 512 tokens; window: capacity x head_dim x 2 bytes x 2 (K, V).
-  const int64_t pages = (c.coded_tokens() + VecInferCache::kPageTokens - 1) / VecInferCache::kPageTokens;
-  EXPECT_GE(c.bytes(), size_t(pages) * VecInferCache::kPageTokens * H * 32);
-  const size_t code_bytes = size_t(pages) * VecInferCache::kPageTokens * H * 32;
-  const size_t window_min = size_t(c.window_tokens()) * H * D * 4;
-  EXPECT_GE(c.bytes(), code_bytes + window_min);
-  // the window's capacity grows by 1.5x; it peaked at R + B + 500 tokens (+16 padding tokens)
-  EXPECT_LE(c.bytes(), code_bytes + size_t(1.5 * (128 + 32 + 500 + 16)) * H * D * 4);
-  c.clear();
-  EXPECT_EQ(c.bytes(), 0u);
-  EXPECT_EQ(c.size(), 0);
+  for (int S : {0, 4}) {
+    auto cfg = vi_config("vecinfer:d4b8", calib);
+    cfg.sink_tokens = S;
+    VecInferCache c(KVGeometry{9, H, D}, cfg, calib, 0);
+    const int n = 5000;
+    auto k = randn(size_t(n) * H * D, rng);
+    for (int done = 0; done < n; done += 500) c.append(k.data() + size_t(done) * H * D, k.data() + size_t(done) * H * D, 500);
+    c.append(k.data(), k.data(), 1);  // flushes the last chunk
+    EXPECT_EQ(c.sink_tokens(), S);
+    EXPECT_EQ(c.size(), n + 1);
+    // codes: 16 bytes per token per head for keys (16 sub-spaces x 8 bits) and for values;
+    // pages of 512 tokens; window: capacity x head_dim x 2 bytes x 2 (K, V); sinks likewise
+    // (capacity rounded up to 16 tokens, keys with 16 padding tokens).
+    const int64_t pages = (c.coded_tokens() + VecInferCache::kPageTokens - 1) / VecInferCache::kPageTokens;
+    const size_t code_bytes = size_t(pages) * VecInferCache::kPageTokens * H * 32;
+    const size_t window_min = size_t(c.window_tokens()) * H * D * 4;
+    const size_t sink_bytes = S == 0 ? 0 : size_t(16 + 16 + 16) * H * D * 2;  // K [D][16+16], V [16][D]
+    EXPECT_GE(c.bytes(), code_bytes + window_min + size_t(S) * H * D * 4);
+    EXPECT_EQ(c.bytes() >= code_bytes + window_min + sink_bytes, true);
+    // the window's capacity grows by 1.5x; it peaked at R + B + 500 tokens (+16 padding tokens)
+    EXPECT_LE(c.bytes(), code_bytes + size_t(1.5 * (128 + 32 + 500 + 16)) * H * D * 4 + sink_bytes);
+    c.clear();
+    EXPECT_EQ(c.bytes(), 0u);
+    EXPECT_EQ(c.size(), 0);
+  }
 }
 
 TEST(VecInfer, CalibrationFileRoundTrip) {
