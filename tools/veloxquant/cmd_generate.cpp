@@ -165,6 +165,7 @@ void run_generate(const GenerateOptions& o) {
 
   if (!o.no_display_prompt && !o.quiet) {
     std::fputs(shown_prompt.c_str(), stdout);
+    if (o.chat && !shown_prompt.empty()) std::fputs("\n\n", stdout);  // the reply starts below the question
     std::fflush(stdout);
   }
   const int V = cfg.n_vocab;
