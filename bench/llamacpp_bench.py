@@ -2,6 +2,7 @@
 and prompt ids. Run through bench/llamacpp_bench.sh (which installs llama-cpp-python)."""
 import argparse
 import datetime
+import os
 import json
 import platform
 import statistics
@@ -81,6 +82,10 @@ def main():
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--kv", default="fp16")
+    ap.add_argument("--write-doc", default="", help="append the table to this Markdown file's section")
+    ap.add_argument("--section", default="Model runtime (CPU)")
+    ap.add_argument("--doc-note", default="")
+    ap.add_argument("--command", default="bench/llamacpp_bench.sh")
     a = ap.parse_args()
     probe = llama_cpp.Llama(model_path=a.model, n_ctx=64, vocab_only=True, verbose=False)
     rows = []
@@ -92,20 +97,48 @@ def main():
             rows.append((t, ctx, lpp, opp, ltg, otg, lcpu, ocpu))
             print(f"threads {t} ctx {ctx}: llama.cpp pp {lpp:.1f} tg {ltg:.1f} (cpu {lcpu:.1f}) | "
                   f"ours pp {opp:.1f} tg {otg:.1f} (cpu {ocpu:.1f})", flush=True)
-    print()
-    print(f"Date {datetime.date.today()}, CPU {cpu_name()} ({platform.machine()}), "
+    out = []
+    p = out.append
+    p(f"Date {datetime.date.today()}, CPU {cpu_name()} ({platform.machine()}), "
           f"llama-cpp-python {llama_cpp.__version__} (llama.cpp built from source, f16 KV cache, defaults), "
-          f"ours: --kv-cache {a.kv}; decode = {a.decode} tokens after the prompt, median of {a.reps} runs.")
-    print()
-    print("Decode per CPU-second: tokens / process CPU time (all threads) during decode; on a busy "
+          f"ours: --kv-cache {a.kv}; decode = {a.decode} tokens after the prompt, median of {a.reps} runs. "
+      f"Command: `{a.command}`.")
+    p("")
+    p("Decode per CPU-second: tokens / process CPU time (all threads) during decode; on a busy "
           "machine it measures the work done rather than the wait for a core.")
-    print()
-    print("| threads | prompt | llama.cpp prefill t/s | ours prefill t/s | ratio | llama.cpp decode t/s | "
+    p("")
+    p("| threads | prompt | llama.cpp prefill t/s | ours prefill t/s | ratio | llama.cpp decode t/s | "
           "ours decode t/s | ratio | llama.cpp decode / CPU-s | ours decode / CPU-s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    p("|---|---|---|---|---|---|---|---|---|---|")
     for t, ctx, lpp, opp, ltg, otg, lcpu, ocpu in rows:
-        print(f"| {t} | {ctx} | {lpp:.1f} | {opp:.1f} | {opp / lpp:.2f} | {ltg:.1f} | {otg:.1f} | "
+        p(f"| {t} | {ctx} | {lpp:.1f} | {opp:.1f} | {opp / lpp:.2f} | {ltg:.1f} | {otg:.1f} | "
               f"{otg / ltg:.2f} | {lcpu:.1f} | {ocpu:.1f} |")
+    try:
+        load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        load = "?"
+    p("")
+    p(f"Load average at the end of the run: {load} (on {os.cpu_count()} CPUs).")
+    print("\n" + "\n".join(out))
+    if a.write_doc:
+        write_section(Path(a.write_doc), a.section, "\n".join(out), a.doc_note)
+
+
+def write_section(doc, title, table, note):
+    """Appends a run under the section `## title` (kept between it and the next `## `)."""
+    text = doc.read_text() if doc.exists() else ""
+    head = f"## {title}"
+    block = f"### Run of {datetime.datetime.now():%Y-%m-%d %H:%M}\n\n{note + chr(10) + chr(10) if note else ''}{table}\n"
+    if head not in text:
+        text = text.rstrip() + f"\n\n{head}\n\n{block}"
+    else:
+        start = text.index(head) + len(head)
+        nxt = text.find("\n## ", start)
+        end = len(text) if nxt < 0 else nxt + 1
+        body = text[start:end].strip()
+        body = "" if body == "(pending)" else body
+        text = text[:start] + "\n\n" + (body + "\n\n" if body else "") + block + ("\n" if nxt >= 0 else "") + text[end:]
+    doc.write_text(text)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 # takes a while) and prints a Markdown table.
 #   bench/llamacpp_bench.sh [--install-only] [--model M.gguf] [--bin path/to/veloxquant]
 #                           [--threads "1 2"] [--contexts "512 4096"] [--decode N] [--reps R]
+#                           [--write-doc docs/BENCHMARKS.md] [--note TEXT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=build/llamacpp-venv
@@ -16,6 +17,9 @@ contexts="512 4096"
 n_decode=64
 reps=3
 install_only=0
+write_doc=""
+note=""
+cmdline="bench/llamacpp_bench.sh $*"
 while [ $# -gt 0 ]; do
   case "$1" in
     --install-only) install_only=1 ;;
@@ -25,6 +29,9 @@ while [ $# -gt 0 ]; do
     --contexts) contexts=$2; shift ;;
     --decode) n_decode=$2; shift ;;
     --reps) reps=$2; shift ;;
+    --write-doc) write_doc=$2; shift ;;   # append the table to this file's "Model runtime (CPU)" section
+    --note) note=$2; shift ;;             # a line written above the table
+
     *) echo "llamacpp_bench: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -45,4 +52,5 @@ if [ -z "$model" ]; then
   model=$("$bin" info --default-model-path)
 fi
 exec "$venv/bin/python" bench/llamacpp_bench.py --model "$model" --bin "$bin" \
-  --threads "$threads" --contexts "$contexts" --decode "$n_decode" --reps "$reps" ${VQ_BENCH_KV:+--kv "$VQ_BENCH_KV"}
+  --threads "$threads" --contexts "$contexts" --decode "$n_decode" --reps "$reps" ${VQ_BENCH_KV:+--kv "$VQ_BENCH_KV"} \
+  --command "$cmdline" ${write_doc:+--write-doc "$write_doc"} ${note:+--doc-note "$note"}
