@@ -47,8 +47,11 @@ const AttnCase kAttn[] = {
     {"d128_d4b8_g8_two_lut_tiles", 1, 8, 128, 4, 8, false, 4, 8, false, {3000, 77}, {5, 1}},
     {"d64_d4b8per_keys_g4_prefill", 2, 4, 64, 4, 8, true, 4, 8, false, {1200}, {3}, 5},
 };
-// Each case runs twice: kernel 0 (auto: the LUT kernel where it applies) and kernel 1 (gather-mma).
-constexpr size_t kKernels = 2;
+// Each case runs with kernel 0 (auto: the v4 fp16-LUT kernel where it applies), kernel 1
+// (gather-mma) and kernel 3 (v3b fp32-LUT kernel; skipped for shapes it does not take).
+constexpr size_t kKernels = 3;
+constexpr int kKernelIds[kKernels] = {0, 1, 3};
+const char* const kKernelNames[kKernels] = {"_auto", "_gather", "_lut_f32"};
 
 struct Problem {
   int rows;
@@ -79,7 +82,7 @@ class CudaPQAttention : public ::testing::TestWithParam<size_t> {};
 TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   VQ_SKIP_WITHOUT_CUDA();
   const AttnCase& c = kAttn[GetParam() / kKernels];
-  const int kernel = int(GetParam() % kKernels);
+  const int kernel = kKernelIds[GetParam() % kKernels];
   std::mt19937 rng(101 + unsigned(GetParam()));
   std::normal_distribution<float> nd;
   const int Hkv = c.n_kv_heads, G = c.group, Hq = Hkv * G, D = c.head_dim;
@@ -204,8 +207,10 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   a.split_tokens = (GetParam() / kKernels) % 2 ? 256 : 0;
   a.kernel = kernel;
   // The LUT kernel keeps the queries in fp32 (LUT = q~ . fp16 centroid); the gather-mma one rounds them.
-  const bool lut = kernel == 0 && c.kbits == 8 && (D / c.kd == 16 || D / c.kd == 32) && c.vd == 4 && c.vbits == 8 &&
-                   !c.vper && D <= 128;
+  const bool lut_shape = c.kbits == 8 && (D / c.kd == 16 || D / c.kd == 32) && c.vd == 4 && c.vbits == 8 &&
+                         !c.vper && D <= 128;
+  if (kernel == 3 && !lut_shape) GTEST_SKIP() << "the LUT kernel does not take this shape";
+  const bool lut = kernel != 1 && lut_shape;
   cuda::DeviceBuffer ws(std::max<size_t>(cuda::pq_attention_workspace_bytes(a), 4));
   a.workspace = ws.data(), a.workspace_bytes = ws.size();
   ws.fill_bytes(0xFF);
@@ -266,7 +271,7 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaPQAttention, ::testing::Range<size_t>(0, kKernels * std::size(kAttn)),
                          [](const auto& p) {
-                           return std::string(kAttn[p.param / kKernels].name) + (p.param % kKernels ? "_gather" : "_auto");
+                           return std::string(kAttn[p.param / kKernels].name) + kKernelNames[p.param % kKernels];
                          });
 
 TEST(CudaPQAttentionArgs, RejectsUnsupportedShapes) {
@@ -277,7 +282,7 @@ TEST(CudaPQAttentionArgs, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
   a.k_sub_dim = 4, a.code_head_stride = 10;
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
-  a.code_head_stride = 16, a.kernel = 3;
+  a.code_head_stride = 16, a.kernel = 4;
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
 }
 

@@ -331,6 +331,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(MergeParams p) {
   extern __shared__ float sm[];
   float* sq = sm;             // [D] query for the current segment (base-2 scaled)
   float* ss = sq + p.D;       // [kSegTile] scores
+  // Launched with programmatic stream serialization behind the split kernel: wait here for its
+  // partials (a no-op when launched normally).
+  cudaGridDependencySynchronize();
   const int qh = blockIdx.x, b = blockIdx.y;
   const int kh = qh / p.group, gl = qh % p.group, ht = gl / kHeadsTile, hh = gl % kHeadsTile;
   const int D = p.D;
@@ -458,6 +461,7 @@ void ensure_smem_attr(const void* kernel, size_t bytes) {
 
 struct Plan {
   bool lut;  // LUT split kernel (pq_attention_lut.cu) instead of the gather-mma one
+  bool h16;  // the LUT kernel's v4 form (fp16 LUT) rather than v3b (fp32 LUT)
   int head_tiles, chunk, n_splits, kcb, vcb;
   size_t books_bytes, split_smem_small, split_smem_books;
 };
@@ -467,8 +471,10 @@ Plan make_plan(const PQAttnBatchArgs& a, bool query_device) {
   pl.head_tiles = (a.group + kHeadsTile - 1) / kHeadsTile;
   pl.kcb = int(code_row_bytes(a.head_dim / a.k_sub_dim, a.k_bits));
   pl.vcb = int(code_row_bytes(a.head_dim / a.v_sub_dim, a.v_bits));
-  pl.lut = a.kernel == 2 || (a.kernel == 0 && detail::lut_kernel_supported(a) &&
-                             (!query_device || detail::lut_kernel_smem(a) <= size_t(max_smem_optin())));
+  pl.h16 = a.kernel != 3;
+  pl.lut = a.kernel == 2 || a.kernel == 3 ||
+           (a.kernel == 0 && detail::lut_kernel_supported(a) &&
+            (!query_device || detail::lut_kernel_smem(a, true) <= size_t(max_smem_optin())));
   int chunk = a.split_tokens;
   if (chunk <= 0 && pl.lut) {
     // 1 block of 16 warps per SM: about two full waves, each block at least 32 tokens per warp.
@@ -520,10 +526,10 @@ void check_pq_attention_args(const PQAttnBatchArgs& a) {
            "cuda::pq_attention: code_head_stride = {} must be a multiple of 16 and >= max_coded = {}",
            a.code_head_stride, a.max_coded);
   VQ_CHECK(a.max_coded >= 0, "cuda::pq_attention: max_coded = {} < 0", a.max_coded);
-  VQ_CHECK(a.kernel >= 0 && a.kernel <= 2, "cuda::pq_attention: kernel = {} must be 0, 1 or 2", a.kernel);
-  VQ_CHECK(a.kernel != 2 || detail::lut_kernel_supported(a),
-           "cuda::pq_attention: kernel = 2 (LUT) needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 "
-           "8-bit with one shared book, head_dim 64 or 128");
+  VQ_CHECK(a.kernel >= 0 && a.kernel <= 3, "cuda::pq_attention: kernel = {} must be 0, 1, 2 or 3", a.kernel);
+  VQ_CHECK(a.kernel < 2 || detail::lut_kernel_supported(a),
+           "cuda::pq_attention: kernel = {} (LUT) needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 "
+           "8-bit with one shared book, head_dim 64 or 128", a.kernel);
   VQ_CHECK(a.out && a.n_coded && a.q_code, "cuda::pq_attention: null out, n_coded or q_code");
   if (a.max_coded > 0)
     VQ_CHECK(a.k_codes && a.v_codes && a.k_book && a.v_book, "cuda::pq_attention: null codes or codebooks");
@@ -572,10 +578,10 @@ void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
   sp.n_splits = pl.n_splits;
   sp.part = static_cast<float*>(a.workspace);
   if (a.max_coded > 0 && pl.lut) {
-    VQ_CHECK(detail::lut_kernel_supported(a), "cuda::pq_attention: kernel = 2 (LUT) does not take these shapes "
+    VQ_CHECK(detail::lut_kernel_supported(a), "cuda::pq_attention: the LUT kernel does not take these shapes "
              "(needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit shared book, head_dim 64 or 128)");
     VQ_CHECK(a.n_kv_heads * ((a.group + 3) / 4) <= 65535, "cuda::pq_attention: grid too large");
-    detail::launch_lut_split(a, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
+    detail::launch_lut_split(a, pl.h16, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
   } else if (a.max_coded > 0) {
     VQ_CHECK(a.n_kv_heads * pl.head_tiles <= 65535 && pl.n_splits <= (1 << 30),
              "cuda::pq_attention: grid too large ({} KV heads x {} head tiles)", a.n_kv_heads, pl.head_tiles);
@@ -607,7 +613,18 @@ void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
   mp.seg[1] = a.seg[1];
   mp.out = a.out;
   const size_t msmem = (a.head_dim + kSegTile + kMergeThreads / 32) * sizeof(float);
-  merge_kernel<<<dim3(unsigned(mp.n_q_heads), unsigned(a.rows)), kMergeThreads, msmem, st>>>(mp);
+  // Programmatic dependent launch: the merge grid's launch overlaps the split kernel's tail.
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(mp.n_q_heads), unsigned(a.rows));
+  cfg.blockDim = dim3(kMergeThreads);
+  cfg.dynamicSmemBytes = msmem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  VQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, mp));
   VQ_CUDA_LAUNCHED("merge_kernel");
 }
 

@@ -1,4 +1,8 @@
-// Decode attention on VecInfer codes, LUT form (v3; see docs/CUDA_NOTES.md section 3).
+// Decode attention on VecInfer codes, LUT form (v3b fp32 LUT, v4 fp16 LUT; docs/CUDA_NOTES.md section 3).
+// v4 differs from the description below in the key side only: LUT entries are 8 bytes (the 4 heads
+// as two half2, built from queries held in registers), lane l reads sub-space (l & 15) ^ i (a
+// half-warp covers 16 bank pairs: 2 wavefronts per LDS.64 instead of 4 per LDS.128), and pairs of
+// terms are summed in fp16 before the fp32 accumulation.
 //
 // Block = 16 warps on one (row, KV head, tile of 4 query heads, token range); 1 block per SM.
 // Keys: the block builds LUT[c][s] = (q~_h[s] . centroid_c of sub-space s) for the 4 heads, one
@@ -58,17 +62,20 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
-// NS: key sub-spaces (16 or 32); D: head_dim (64 or 128).
-// Shared memory: lut [NS/16][256][16] float4 | vsl [256][16] uint2 | sq [4][D] f32 | ps [kNW][8][kPRow] half.
-template <int NS, int D>
+// NS: key sub-spaces (16 or 32); D: head_dim (64 or 128); H16: fp16 LUT (v4) instead of fp32 (v3b).
+// Shared memory: lut | vsl [256][16] uint2 | sq [4][D] f32 | ps [kNW][8][kPRow] half, where
+//   v3b: lut [NS/16][256][16] float4 (entry (c, s) = 4 heads in fp32)
+//   v4:  lut [256][32] uint2 (entry (c, s) = 4 heads as two half2; rows of 256 B, NS = 16 uses half a row)
+template <int NS, int D, bool H16>
 __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
   constexpr int MT = D / 16;  // m-tiles of the value mma
   constexpr int VU = D / 32;  // 4-dim groups (value sub-spaces) per lane
   constexpr int NW4 = NS / 4; // key code words per token
   extern __shared__ __align__(16) unsigned char smem[];
   float4* lut = reinterpret_cast<float4*>(smem);
-  uint2* vsl = reinterpret_cast<uint2*>(smem + NS * 256 * 16);
-  float* sq = reinterpret_cast<float*>(smem + NS * 256 * 16 + 256 * 16 * 8);
+  constexpr int kLutBytes = H16 ? 256 * 256 : NS * 256 * 16;
+  uint2* vsl = reinterpret_cast<uint2*>(smem + kLutBytes);
+  float* sq = reinterpret_cast<float*>(smem + kLutBytes + 256 * 16 * 8);
   __half* ps_all = reinterpret_cast<__half*>(sq + kH * D);
 
   const int split = blockIdx.x;
@@ -96,8 +103,51 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     for (int k = 0; k < 256 * 16 / kThreads; ++k) vsl[threadIdx.x + k * kThreads] = x[k];
   }
   __syncthreads();
-  // ---- key LUT: entry (c, s) at float4 index (s>>4)*4096 + c*16 + (s&15) ----
-  {
+  // ---- key LUT ----
+  if constexpr (H16) {
+    // v4: thread keeps one sub-space s (its 4 heads' query slices in registers) and builds the
+    // entries of codes c = tid/NS + k*(kThreads/NS). A half-warp stores 16 distinct s of one c:
+    // 16 distinct bank pairs. All centroid loads are issued before the FMAs.
+    constexpr int KD = D / NS;
+    constexpr int PASSES = NS * 256 / kThreads;
+    constexpr int CSTEP = kThreads / NS;
+    const int s = threadIdx.x % NS, c0 = threadIdx.x / NS;
+    const __half* kb = p.k_book + (size_t(kh) * p.kbooks + (p.kbooks > 1 ? s : 0)) * 256 * KD;
+    float qr[kH][KD];
+#pragma unroll
+    for (int h = 0; h < kH; ++h)
+#pragma unroll
+      for (int j = 0; j < KD; ++j) qr[h][j] = sq[h * D + s * KD + j];
+    uint32_t cw[PASSES][KD / 2];
+#pragma unroll
+    for (int k = 0; k < PASSES; ++k) {
+      const uint32_t* cent = reinterpret_cast<const uint32_t*>(kb + size_t(c0 + k * CSTEP) * KD);
+      if constexpr (KD == 2) {
+        cw[k][0] = __ldg(cent);
+      } else if constexpr (KD == 4) {
+        const uint2 x = __ldg(reinterpret_cast<const uint2*>(cent));
+        cw[k][0] = x.x, cw[k][1] = x.y;
+      } else {
+        const uint4 x = __ldg(reinterpret_cast<const uint4*>(cent));
+        cw[k][0] = x.x, cw[k][1] = x.y, cw[k][2] = x.z, cw[k][3] = x.w;
+      }
+    }
+    uint2* lut16 = reinterpret_cast<uint2*>(smem);
+#pragma unroll
+    for (int k = 0; k < PASSES; ++k) {
+      float acc[kH] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < KD / 2; ++j) {
+        const float2 cv = __half22float2(*reinterpret_cast<const __half2*>(&cw[k][j]));
+#pragma unroll
+        for (int h = 0; h < kH; ++h) acc[h] = fmaf(qr[h][2 * j], cv.x, fmaf(qr[h][2 * j + 1], cv.y, acc[h]));
+      }
+      const __half2 h01 = __floats2half2_rn(acc[0], acc[1]), h23 = __floats2half2_rn(acc[2], acc[3]);
+      lut16[(c0 + k * CSTEP) * 32 + s] =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23));
+    }
+  } else {
+    // v3b: entry (c, s) at float4 index (s>>4)*4096 + c*16 + (s&15)
     constexpr int KD = D / NS;                     // key sub_dim: 4 or 8
     constexpr int PASSES = NS * 256 / kThreads;    // entries per thread
     const __half* kb = p.k_book + size_t(kh) * p.kbooks * 256 * KD;
@@ -142,6 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) sel[k] = 0x4404u | (uint32_t((lane & 3) ^ k) << 4);
   const uint32_t l16 = uint32_t(l7) << 4;
+  const bool swap_quads = (lane >> 3) & 1;      // v4: word index = (i>>2) ^ ((l>>2)&3)
+  const uint32_t l8 = uint32_t(lane & 15) << 3;
   const unsigned char* lutb = reinterpret_cast<const unsigned char*>(lut);
   // Value code word of lane g: value sub-spaces [g*VU, g*VU + VU) of a row.
   const int vword_off = (g * VU) & ~3, vbyte0 = (g * VU) & 3;
@@ -184,19 +236,42 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     if (more) load_codes(gi + kNW, kwn, vwn);
 
     // ---- scores of token tok0 + lane for the 4 heads ----
-    uint32_t kp[NW4];
-#pragma unroll
-    for (int j = 0; j < NW4; j += 2) {
-      kp[j] = swap_pairs ? kw[j + 1] : kw[j];
-      kp[j + 1] = swap_pairs ? kw[j] : kw[j + 1];
-    }
     float sc[kH] = {0.f, 0.f, 0.f, 0.f};
+    if constexpr (H16) {
+      // v4: at step i lane l reads s = (l & 15) ^ i: a half-warp (one LDS.64 wavefront) covers 16
+      // distinct s, i.e. 16 distinct bank pairs. Code word of s: kw[(i>>2) ^ ((l>>2)&3)].
+      uint32_t kt[NW4], kp[NW4];
 #pragma unroll
-    for (int i = 0; i < NS; ++i) {
-      const uint32_t c8 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]);  // code << 8
-      const uint32_t off = c8 | (l16 ^ uint32_t((i & 15) << 4));
-      const float4 e = *reinterpret_cast<const float4*>(lutb + (i >> 4) * 65536 + off);
-      sc[0] += e.x, sc[1] += e.y, sc[2] += e.z, sc[3] += e.w;
+      for (int j = 0; j < NW4; ++j) kt[j] = swap_pairs ? kw[j ^ 1] : kw[j];
+#pragma unroll
+      for (int j = 0; j < NW4; ++j) kp[j] = swap_quads ? kt[j ^ 2] : kt[j];
+#pragma unroll
+      for (int i = 0; i < NS; i += 2) {
+        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]) | (l8 ^ uint32_t(i << 3));
+        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, sel[(i + 1) & 3]) | (l8 ^ uint32_t((i + 1) << 3));
+        const uint2 e0 = *reinterpret_cast<const uint2*>(lutb + o0);
+        const uint2 e1 = *reinterpret_cast<const uint2*>(lutb + o1);
+        // two terms summed in fp16, then accumulated in fp32
+        const float2 f01 = __half22float2(__hadd2(*reinterpret_cast<const __half2*>(&e0.x),
+                                                  *reinterpret_cast<const __half2*>(&e1.x)));
+        const float2 f23 = __half22float2(__hadd2(*reinterpret_cast<const __half2*>(&e0.y),
+                                                  *reinterpret_cast<const __half2*>(&e1.y)));
+        sc[0] += f01.x, sc[1] += f01.y, sc[2] += f23.x, sc[3] += f23.y;
+      }
+    } else {
+      uint32_t kp[NW4];
+#pragma unroll
+      for (int j = 0; j < NW4; j += 2) {
+        kp[j] = swap_pairs ? kw[j + 1] : kw[j];
+        kp[j + 1] = swap_pairs ? kw[j] : kw[j + 1];
+      }
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const uint32_t c8 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]);  // code << 8
+        const uint32_t off = c8 | (l16 ^ uint32_t((i & 15) << 4));
+        const float4 e = *reinterpret_cast<const float4*>(lutb + (i >> 4) * 65536 + off);
+        sc[0] += e.x, sc[1] += e.y, sc[2] += e.z, sc[3] += e.w;
+      }
     }
     const int tok0 = tok_begin + gi * 32;
     if (tok0 + lane >= tok_end) sc[0] = sc[1] = sc[2] = sc[3] = -INFINITY;
@@ -265,6 +340,9 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     }
   }
 
+  // The merge kernel is launched with programmatic stream serialization: let it start its launch
+  // now (it waits in cudaGridDependencySynchronize until this grid's writes are visible).
+  cudaTriggerProgrammaticLaunchCompletion();
   // ---- cross-warp merge (the LUT area is reused) ----
 #pragma unroll
   for (int h = 0; h < kH; ++h)
@@ -324,15 +402,22 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
   }
 }
 
-template <int NS, int D>
+template <int NS, int D, bool H16>
 void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
   static bool attr_set = false;  // one size per instantiation: set once
   if (!attr_set) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    VQ_CUDA_CHECK(
+        cudaFuncSetAttribute(lut_split_kernel<NS, D, H16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
-  lut_split_kernel<NS, D><<<grid, kThreads, smem, st>>>(lp);
+  lut_split_kernel<NS, D, H16><<<grid, kThreads, smem, st>>>(lp);
   VQ_CUDA_LAUNCHED("lut_split_kernel");
+}
+
+template <bool H16>
+void launch_any(const LutParams& lp, int ns, int D, dim3 grid, size_t smem, cudaStream_t st) {
+  if (D == 128) ns == 32 ? launch<32, 128, H16>(lp, grid, smem, st) : launch<16, 128, H16>(lp, grid, smem, st);
+  else ns == 32 ? launch<32, 64, H16>(lp, grid, smem, st) : launch<16, 64, H16>(lp, grid, smem, st);
 }
 
 }  // namespace
@@ -343,12 +428,13 @@ bool lut_kernel_supported(const PQAttnBatchArgs& a) {
          a.v_sub_dim == 4 && !a.v_per_subspace;
 }
 
-size_t lut_kernel_smem(const PQAttnBatchArgs& a) {
+size_t lut_kernel_smem(const PQAttnBatchArgs& a, bool h16) {
   const int ns = a.head_dim / a.k_sub_dim;
-  return size_t(ns) * 256 * 16 + 256 * 16 * 8 + size_t(kH) * a.head_dim * 4 + size_t(kNW) * 8 * kPRow * 2;
+  const size_t lut = h16 ? size_t(256) * 256 : size_t(ns) * 256 * 16;
+  return lut + 256 * 16 * 8 + size_t(kH) * a.head_dim * 4 + size_t(kNW) * 8 * kPRow * 2;
 }
 
-void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part,
+void launch_lut_split(const PQAttnBatchArgs& a, bool h16, int head_tiles8, int chunk, int n_splits, float* part,
                       cudaStream_t st) {
   LutParams lp{};
   lp.n_kv_heads = a.n_kv_heads;
@@ -371,10 +457,10 @@ void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int 
   lp.part = part;
   const int tiles4 = (a.group + kH - 1) / kH;
   const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
-  const size_t smem = lut_kernel_smem(a);
+  const size_t smem = lut_kernel_smem(a, h16);
   const int ns = a.head_dim / a.k_sub_dim;
-  if (a.head_dim == 128) ns == 32 ? launch<32, 128>(lp, grid, smem, st) : launch<16, 128>(lp, grid, smem, st);
-  else ns == 32 ? launch<32, 64>(lp, grid, smem, st) : launch<16, 64>(lp, grid, smem, st);
+  if (h16) launch_any<true>(lp, ns, a.head_dim, grid, smem, st);
+  else launch_any<false>(lp, ns, a.head_dim, grid, smem, st);
 }
 
 }  // namespace vq::cuda::detail

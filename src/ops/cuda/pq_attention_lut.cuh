@@ -16,11 +16,11 @@ constexpr int kLutTokensPerIter = 32 * kLutWarps;  // tokens a block consumes pe
 // True when the LUT kernel takes these shapes: 8-bit key codes with head_dim/k_sub_dim in
 // {16, 32}; values d4 with 8-bit codes and one shared book; head_dim 64 or 128.
 bool lut_kernel_supported(const PQAttnBatchArgs& a);
-// Dynamic shared memory of one block.
-size_t lut_kernel_smem(const PQAttnBatchArgs& a);
+// Dynamic shared memory of one block; h16: the v4 kernel (fp16 LUT), else v3b (fp32 LUT).
+size_t lut_kernel_smem(const PQAttnBatchArgs& a, bool h16);
 // Grid (n_splits, n_kv_heads * ceil(group/4), rows). part: [rows, n_kv_heads, head_tiles8,
 // n_splits][2*8 + 8*D] f32, the layout of the gather-mma kernel (8-head tiles).
-void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part,
+void launch_lut_split(const PQAttnBatchArgs& a, bool h16, int head_tiles8, int chunk, int n_splits, float* part,
                       cudaStream_t st);
 
 }  // namespace vq::cuda::detail
