@@ -9,7 +9,7 @@
 #include "core/fp16.h"
 #include "kvcache/attend_driver.h"
 #include "kvcache/dense_cache.h"
-#include "kvcache/softmax_tile.h"
+#include "ops/cpu/scalar_attention.h"
 
 namespace vq {
 
@@ -116,52 +116,45 @@ void KiviCache::flush(int64_t n) {
 
 void KiviCache::attend(const float* q, int n_q, float scale, float* out) const {
   const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, GQ = HQ / H;
-  const int64_t n = size();
-  AttnProblem p{n_q, HQ, H, D, n, int64_t(groups_per_page_) * G_};
+  const int64_t n = size(), per_page = int64_t(groups_per_page_) * G_;
+  AttnProblem p{n_q, HQ, H, D, n, per_page};
   run_attention(p, [&](int h, int q0, int q1, int64_t t0, int64_t t1, float* m, float* d, float* o) {
-    std::vector<float> qs(static_cast<size_t>(D)), s(static_cast<size_t>(G_));
-    std::vector<uint16_t> codes(static_cast<size_t>(D));
+    std::vector<float> qs(size_t(GQ) * D);  // qs: [GQ, D] the group's queries * scale
     for (int i = q0; i < q1; ++i) {
       const int64_t lim = std::min(t1, n - n_q + i + 1);
       const int64_t c1 = std::min(lim, n_coded_);
-      for (int g = 0; g < GQ; ++g) {
-        const float* qg = q + (int64_t(i) * HQ + h * GQ + g) * D;
-        float& mm = m[size_t(i - q0) * GQ + g];
-        float& dd = d[size_t(i - q0) * GQ + g];
-        float* oo = o + (size_t(i - q0) * GQ + g) * D;
-        // coded part, one key group (G tokens) at a time; t0 is a multiple of G
-        for (int64_t a = t0; a < c1; a += G_) {
-          const int nt = int(std::min<int64_t>(G_, c1 - a));
-          const uint8_t* kg = kgroup(a / G_, h);
-          float qm = 0;
-          for (int c = 0; c < D; ++c) {
-            qs[size_t(c)] = qg[c] * scale * get_f16(kg + size_t(c) * 2);
-            qm += qg[c] * scale * get_f16(kg + size_t(D) * 2 + size_t(c) * 2);
-          }
-          for (int t = 0; t < nt; ++t) {
-            unpack_codes(kg + size_t(D) * 4 + size_t(t) * krow_, D, bits_, codes.data());
-            float acc = qm;
-            for (int c = 0; c < D; ++c) acc += qs[size_t(c)] * float(codes[size_t(c)]);
-            s[size_t(t)] = acc;
-          }
-          const float alpha = softmax_tile(mm, dd, s.data(), nt);
-          for (int c = 0; c < D; ++c) oo[c] *= alpha;
-          for (int t = 0; t < nt; ++t) {
-            const uint8_t* vt = vtoken(a + t, h);
-            unpack_codes(vt + size_t(D / G_) * 4, D, bits_, codes.data());
-            for (int cg = 0; cg < D / G_; ++cg) {
-              const float w = s[size_t(t)] * get_f16(vt + size_t(cg) * 4);
-              const float b = s[size_t(t)] * get_f16(vt + size_t(cg) * 4 + 2);
-              for (int c = cg * G_; c < (cg + 1) * G_; ++c) oo[c] += w * float(codes[size_t(c)]) + b;
-            }
-          }
+      float* mi = m + size_t(i - q0) * GQ;
+      float* di = d + size_t(i - q0) * GQ;
+      float* oi = o + size_t(i - q0) * GQ * D;
+      if (c1 > t0) {
+        const float* qi = q + (int64_t(i) * HQ + int64_t(h) * GQ) * D;
+        for (size_t c = 0; c < qs.size(); ++c) qs[c] = qi[c] * scale;
+        cpu::KiviAttnArgs a;
+        a.group = GQ;
+        a.head_dim = D;
+        a.bits = bits_;
+        a.kivi_group = G_;
+        a.q = qs.data();
+        a.k_group_stride = kgroup_bytes();
+        a.v_stride = vtoken_bytes();
+        a.m = mi;
+        a.d = di;
+        a.o = oi;
+        // page by page (t0 is a multiple of the page's tokens, so every range starts a key group)
+        for (int64_t t = t0; t < c1;) {
+          const int64_t nt = std::min<int64_t>(per_page - t % per_page, c1 - t);
+          a.n_tokens = int(nt);
+          a.k_groups = kgroup(t / G_, h);
+          a.v_rows = vtoken(t, h);
+          cpu::kivi_attention(a);
+          t += nt;
         }
       }
       const int64_t r0 = std::max(t0, n_coded_);
       if (lim > r0) {
         const int64_t vis = lim - n_coded_;
         window_.attend(h, q + (size_t(i) * HQ + size_t(h) * GQ) * D, 0, 1, GQ, scale, &vis, r0 - n_coded_,
-                       lim - n_coded_, m + size_t(i - q0) * GQ, d + size_t(i - q0) * GQ, o + size_t(i - q0) * GQ * D);
+                       lim - n_coded_, mi, di, oi);
       }
     }
   }, out);

@@ -8,7 +8,7 @@
 #include "core/fp16.h"
 #include "kvcache/attend_driver.h"
 #include "kvcache/dense_cache.h"
-#include "kvcache/softmax_tile.h"
+#include "ops/cpu/scalar_attention.h"
 
 namespace vq {
 
@@ -88,76 +88,31 @@ void BlockQuantCache::append(const float* k, const float* v, int n_tokens) {
   n_ += n_tokens;
 }
 
-namespace {
-// Scores of nt tokens' rows against q (f32) and value accumulation, per block format.
-template <bool Q4>
-inline float block_dot(const uint8_t* blk, const float* q) {
-  uint16_t dh;
-  std::memcpy(&dh, blk, 2);
-  float acc = 0;
-  if (Q4) {
-    float lo = 0, hi = 0;
-    for (int j = 0; j < 16; ++j) {
-      lo += q[j] * float(int(blk[2 + j] & 15) - 8);
-      hi += q[j + 16] * float(int(blk[2 + j] >> 4) - 8);
-    }
-    acc = lo + hi;
-  } else {
-    for (int i = 0; i < 32; ++i) acc += q[i] * float(int8_t(blk[2 + i]));
-  }
-  return acc * f16_to_f32(dh);
-}
-template <bool Q4>
-inline void block_axpy(const uint8_t* blk, float p, float* o) {
-  uint16_t dh;
-  std::memcpy(&dh, blk, 2);
-  const float w = p * f16_to_f32(dh);
-  if (Q4) {
-    for (int j = 0; j < 16; ++j) {
-      o[j] += w * float(int(blk[2 + j] & 15) - 8);
-      o[j + 16] += w * float(int(blk[2 + j] >> 4) - 8);
-    }
-  } else {
-    for (int i = 0; i < 32; ++i) o[i] += w * float(int8_t(blk[2 + i]));
-  }
-}
-}  // namespace
-
 void BlockQuantCache::attend(const float* q, int n_q, float scale, float* out) const {
-  const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, G = HQ / H, nb = D / 32;
+  const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, G = HQ / H;
   AttnProblem p{n_q, HQ, H, D, n_, kPageTokens};
   run_attention(p, [&](int h, int q0, int q1, int64_t t0, int64_t t1, float* m, float* d, float* o) {
-    constexpr int kT = 64;
-    float s[kT];
-    std::vector<float> qs(static_cast<size_t>(D));
+    std::vector<float> qs(size_t(G) * D);  // qs: [G, D] the group's queries * scale
     for (int i = q0; i < q1; ++i) {
       const int64_t lim = std::min(t1, n_ - n_q + i + 1);
-      for (int g = 0; g < G; ++g) {
-        const float* qg = q + (int64_t(i) * HQ + h * G + g) * D;
-        for (int c = 0; c < D; ++c) qs[size_t(c)] = qg[c] * scale;
-        float& mm = m[size_t(i - q0) * G + g];
-        float& dd = d[size_t(i - q0) * G + g];
-        float* oo = o + (size_t(i - q0) * G + g) * D;
-        for (int64_t a = t0; a < lim; a += kT) {
-          const int nt = int(std::min<int64_t>(kT, lim - a));
-          for (int t = 0; t < nt; ++t) {
-            const uint8_t* r = row(0, a + t, h);
-            float acc = 0;
-            for (int b = 0; b < nb; ++b)
-              acc += q4_ ? block_dot<true>(r + size_t(b) * block_bytes_, qs.data() + b * 32)
-                         : block_dot<false>(r + size_t(b) * block_bytes_, qs.data() + b * 32);
-            s[t] = acc;
-          }
-          const float alpha = softmax_tile(mm, dd, s, nt);
-          for (int c = 0; c < D; ++c) oo[c] *= alpha;
-          for (int t = 0; t < nt; ++t) {
-            const uint8_t* r = row(1, a + t, h);
-            for (int b = 0; b < nb; ++b) {
-              if (q4_) block_axpy<true>(r + size_t(b) * block_bytes_, s[t], oo + b * 32);
-              else block_axpy<false>(r + size_t(b) * block_bytes_, s[t], oo + b * 32);
-            }
-          }
-        }
+      const float* qi = q + (int64_t(i) * HQ + int64_t(h) * G) * D;
+      for (size_t c = 0; c < qs.size(); ++c) qs[c] = qi[c] * scale;
+      cpu::BlockQuantAttnArgs a;
+      a.group = G;
+      a.head_dim = D;
+      a.q4 = q4_;
+      a.q = qs.data();
+      a.row_stride = row_bytes();
+      a.m = m + size_t(i - q0) * G;
+      a.d = d + size_t(i - q0) * G;
+      a.o = o + size_t(i - q0) * G * D;
+      for (int64_t t = t0; t < lim;) {  // page by page (rows of a page are contiguous)
+        const int64_t nt = std::min<int64_t>(kPageTokens - t % kPageTokens, lim - t);
+        a.n_tokens = int(nt);
+        a.k_rows = row(0, t, h);
+        a.v_rows = row(1, t, h);
+        cpu::block_quant_attention(a);
+        t += nt;
       }
     }
   }, out);
