@@ -477,11 +477,12 @@ Plan make_plan(const PQAttnBatchArgs& a, bool query_device) {
             (!query_device || detail::lut_kernel_smem(a, true) <= size_t(max_smem_optin())));
   int chunk = a.split_tokens;
   if (chunk <= 0 && pl.lut) {
-    // 1 block of 16 warps per SM: about two full waves, each block at least 32 tokens per warp.
+    // 1 block of 16 warps per SM: one full wave (measured best in run 5a at every bench shape, v3b
+    // used two), each block at least 32 tokens per warp.
     const int sms = query_device ? sm_count() : 132;
     const int64_t per_split = int64_t(a.rows) * a.n_kv_heads * ((a.group + 3) / 4);
     const int64_t by_len = std::max<int64_t>(1, (int64_t(a.max_coded) + 511) / 512);
-    const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(by_len, 2LL * sms / per_split));
+    const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(by_len, int64_t(sms) / per_split));
     chunk = int(std::max<int64_t>(32, (int64_t(a.max_coded) + splits - 1) / splits));
     chunk = (chunk + 31) / 32 * 32;
   } else if (chunk <= 0) {

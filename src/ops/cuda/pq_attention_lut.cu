@@ -277,12 +277,25 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     if (tok0 + lane >= tok_end) sc[0] = sc[1] = sc[2] = sc[3] = -INFINITY;
 
     // ---- online softmax (base 2); rescale only when a running max grows (warp-uniform) ----
+    // v4 (H16): the reference max may lag the true one by up to kSlack (P <= 2^kSlack, safe in fp16
+    // and in the fp32 sums): one vote replaces the 4 warp-max reductions unless some score
+    // exceeds m_run + kSlack; then the exact max is taken. The partial state stays exact.
+    bool need = true;
+    if constexpr (H16) {
+      constexpr float kSlack = 8.f;
+      bool over = false;
+#pragma unroll
+      for (int h = 0; h < kH; ++h) over |= sc[h] > m_run[h] + kSlack;
+      need = __any_sync(0xffffffffu, over);
+    }
     float mx[kH];
     bool grow = false;
+    if (need) {
 #pragma unroll
-    for (int h = 0; h < kH; ++h) {
-      mx[h] = warp_max(sc[h]);
-      grow |= mx[h] > m_run[h];
+      for (int h = 0; h < kH; ++h) {
+        mx[h] = warp_max(sc[h]);
+        grow |= mx[h] > m_run[h];
+      }
     }
     if (grow) {
       float alpha[kH];
