@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds, checks and times the CUDA backend on a GPU machine in one go (H200: docs/BENCHMARKS.md).
-#   bench/cuda/run_all.sh [stages]   stages: comma list of nvcc,tests,sanitize,bench,torch (default: all)
+#   bench/cuda/run_all.sh [stages]   stages: comma list of nvcc,tests,sanitize,bench,torch,ncu
+#   (default: all but ncu; ncu profiles the default LUT kernel at B=8, S=32768)
 # Binaries: a normal CMake build (build/gpu) when the project's dependencies are installed;
 # otherwise prebuilt binaries from $VQ_PREBUILT (default .gpubin: test_ops, bench_cuda_ops, lib/),
 # and the CUDA sources are still compiled there with nvcc as a build check ("nvcc" stage).
@@ -66,6 +67,12 @@ if has bench; then
 fi
 if has torch; then
   python3 bench/cuda/torch_peers.py all 2>&1 | tee "$OUT/torch.log"
+fi
+if has ncu; then
+  VQ_BENCH_ONLY=8,32768 timeout 150 ncu --clock-control none --kernel-name-base mangled \
+    -k regex:lut_split_kernelILi32ELi128ELb1 -c 1 --section SpeedOfLight --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy "$BENCH" attn > "$OUT/ncu_lut_v4_b8_s32768.txt" 2>&1
+  echo "ncu: exit $?"; grep -E "Duration|L1/TEX Cache Throughput|DRAM Throughput|Compute \(SM\)|Issued Warp|Eligible|Stall" "$OUT/ncu_lut_v4_b8_s32768.txt" | head -12
 fi
 if [ -n "${NVCC_PID:-}" ]; then wait "$NVCC_PID"; grep -E "^nvcc " "$OUT/nvcc.log"; fi
 exit $rc
