@@ -62,28 +62,28 @@ double time_it(F&& fn, double min_ms) {
   return *std::min_element(per.begin(), per.end());
 }
 
-// Read bandwidth: sum the bytes of a large buffer with all threads (the peer of a matvec).
-double read_bandwidth(const uint8_t* p, size_t n, double min_ms) {
-  volatile uint64_t sink = 0;
-  const double s = time_it(
-      [&] {
-        std::vector<uint64_t> part(size_t(vq::num_threads()), 0);
-        vq::parallel_for(
-            n / 64,
-            [&](size_t b, size_t e, int t) {
-              uint64_t acc = 0;
-              const uint64_t* q = reinterpret_cast<const uint64_t*>(p);
-              for (size_t i = b * 8; i < e * 8; i += 8)
-                acc += q[i] ^ q[i + 1] ^ q[i + 2] ^ q[i + 3] ^ q[i + 4] ^ q[i + 5] ^ q[i + 6] ^ q[i + 7];
-              part[size_t(t)] = acc;
-            },
-            4096);
-        uint64_t a = 0;
-        for (auto v : part) a += v;
-        sink = sink + a;
+// Reads n bytes at p with all threads (four independent 64-bit xor chains per thread): the
+// peer of a matvec, which must read every weight byte at least once.
+void read_bytes(const uint8_t* p, size_t n) {
+  static volatile uint64_t sink = 0;
+  std::vector<uint64_t> part(static_cast<size_t>(vq::num_threads()), 0);
+  vq::parallel_for(
+      n / 64,
+      [&](size_t b, size_t e, int t) {
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        const uint64_t* q = reinterpret_cast<const uint64_t*>(p);
+        for (size_t i = b * 8; i < e * 8; i += 8) {
+          a0 ^= q[i] + q[i + 4];
+          a1 ^= q[i + 1] + q[i + 5];
+          a2 ^= q[i + 2] + q[i + 6];
+          a3 ^= q[i + 3] + q[i + 7];
+        }
+        part[size_t(t)] = a0 ^ a1 ^ a2 ^ a3;
       },
-      min_ms);
-  return double(n) / s / 1e9;
+      1024);
+  uint64_t a = 0;
+  for (auto v : part) a += v;
+  sink = sink + a;
 }
 
 }  // namespace
@@ -115,8 +115,6 @@ int main(int argc, char** argv) {
   for (int nt : threads) {
     vq::set_num_threads(nt);
     vq::AlignedBuffer<uint8_t> pool(kPool);  // pool: [kPool] bytes, copies of one weight back to back
-    for (size_t i = 0; i < kPool; i += 4096) pool[i] = uint8_t(i >> 12);
-    const double read_gbs = read_bandwidth(pool.data(), kPool, min_ms);
     for (const auto& tn : types) {
       const vq::GGMLType t = parse_type(tn);
       for (auto [rows, cols] : shapes) {
@@ -131,10 +129,18 @@ int main(int argc, char** argv) {
         }();
         const size_t copies = std::max<size_t>(2, kPool / bytes);
         for (size_t c = 0; c < copies; ++c) std::memcpy(pool.data() + c * bytes, w.data(), bytes);
+        size_t c = 0;
+        const double read = time_it(
+            [&] {
+              read_bytes(pool.data() + c * bytes, bytes);
+              c = (c + 1) % copies;
+            },
+            min_ms);
+        const double read_gbs = double(bytes) / read / 1e9;
         std::vector<float> x(size_t(M * cols)), y(size_t(M * rows));  // x: [M, cols], y: [M, rows]
         for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 200) - 100) * 0.01f;
         const double hot = time_it([&] { vq::matmul(t, pool.data(), rows, cols, x.data(), M, y.data()); }, min_ms);
-        size_t c = 0;
+        c = 0;
         const double cold = time_it(
             [&] {
               vq::matmul(t, pool.data() + c * bytes, rows, cols, x.data(), M, y.data());
