@@ -34,6 +34,9 @@ std::string vecinfer_gpu_unsupported_reason(const KVGeometry& g, const KVCacheCo
     if (!((d == 4 || d == 8 || d == 16) && (D / 8) % d == 0))
       return fmt::format("sub_dim {} with head_dim {} (the CUDA attention takes 4, 8 or 16 dividing head_dim/8)", d, D);
   }
+  if (cfg.sink_tokens > 0)
+    return fmt::format("sink_tokens {} (the GPU cache keeps no fp16 attention sinks yet; spec option sink=0 routes "
+                       "to it)", cfg.sink_tokens);
   if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
   return "";
 #endif

@@ -56,30 +56,39 @@ TEST(VecInferGpu, SwitchSemantics) {
   auto calib = calib_for(parse_kv_cache_spec("vecinfer:d4b8"), H, D, rng);
   const KVGeometry g{4, H, D};
   // forbid: always the CPU cache
-  auto forbid = make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::forbid, calib))(0, g);
+  auto forbid = make_kv_cache_factory(config("vecinfer:d4b8,sink=0", GpuKernels::forbid, calib))(0, g);
   EXPECT_NE(dynamic_cast<VecInferCache*>(forbid.get()), nullptr);
-  auto autoc = make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::auto_select, calib))(0, g);
+  auto autoc = make_kv_cache_factory(config("vecinfer:d4b8,sink=0", GpuKernels::auto_select, calib))(0, g);
   if (gpu_present()) {
     // auto with a GPU: the GPU-resident cache; require works too
     EXPECT_EQ(dynamic_cast<VecInferCache*>(autoc.get()), nullptr);
-    auto req = make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::require, calib))(0, g);
+    auto req = make_kv_cache_factory(config("vecinfer:d4b8,sink=0", GpuKernels::require, calib))(0, g);
     EXPECT_EQ(dynamic_cast<VecInferCache*>(req.get()), nullptr);
     EXPECT_EQ(req->name(), forbid->name());
     // require with a shape the kernels do not take (sub_dim 16 at head_dim 64) fails, naming it
     auto c16 = calib_for(parse_kv_cache_spec("vecinfer:k=d16b8,v=d4b8"), H, D, rng);
     try {
-      make_kv_cache_factory(config("vecinfer:k=d16b8,v=d4b8", GpuKernels::require, c16))(0, g);
+      make_kv_cache_factory(config("vecinfer:k=d16b8,v=d4b8,sink=0", GpuKernels::require, c16))(0, g);
       FAIL() << "no error";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("sub_dim 16"), std::string::npos) << e.what();
     }
+    // the GPU cache keeps no fp16 attention sinks: sink_tokens > 0 (the default) is not routed to it
+    try {
+      make_kv_cache_factory(config("vecinfer:d4b8,sink=4", GpuKernels::require, calib))(0, g);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("sink_tokens"), std::string::npos) << e.what();
+    }
+    auto sink_auto = make_kv_cache_factory(config("vecinfer:d4b8,sink=4", GpuKernels::auto_select, calib))(0, g);
+    EXPECT_NE(dynamic_cast<VecInferCache*>(sink_auto.get()), nullptr);
     // ... while auto quietly takes the CPU cache
-    auto a16 = make_kv_cache_factory(config("vecinfer:k=d16b8,v=d4b8", GpuKernels::auto_select, c16))(0, g);
+    auto a16 = make_kv_cache_factory(config("vecinfer:k=d16b8,v=d4b8,sink=0", GpuKernels::auto_select, c16))(0, g);
     EXPECT_NE(dynamic_cast<VecInferCache*>(a16.get()), nullptr);
   } else {
     // no GPU: auto is the CPU cache, require fails at construction saying why
     EXPECT_NE(dynamic_cast<VecInferCache*>(autoc.get()), nullptr);
-    EXPECT_THROW(make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::require, calib)), Error);
+    EXPECT_THROW(make_kv_cache_factory(config("vecinfer:d4b8,sink=0", GpuKernels::require, calib)), Error);
   }
 }
 
@@ -90,9 +99,9 @@ TEST(VecInferGpu, MatchesCpuCache) {
   if (!gpu_present()) GTEST_SKIP() << "no usable CUDA device: GPU tests run on the H200 via bench/cuda/run_all.sh";
   std::mt19937 rng(7);
   struct Case { const char* spec; int HQ, H, D; };
-  const Case cases[] = {{"vecinfer:d4b8,r=40", 8, 2, 128},
-                        {"vecinfer:k=d4b8,v=d8b8,r=64", 6, 2, 64},
-                        {"vecinfer:d8b8,r=32", 4, 4, 64}};
+  const Case cases[] = {{"vecinfer:d4b8,r=40,sink=0", 8, 2, 128},
+                        {"vecinfer:k=d4b8,v=d8b8,r=64,sink=0", 6, 2, 64},
+                        {"vecinfer:d8b8,r=32,sink=0", 4, 4, 64}};
   for (const Case& c : cases) {
     auto calib = calib_for(parse_kv_cache_spec(c.spec), c.H, c.D, rng);
     const KVGeometry g{c.HQ, c.H, c.D};
