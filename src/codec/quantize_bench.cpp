@@ -291,9 +291,9 @@ std::string quantize_bench_json(const std::vector<QuantizeBenchRow>& rows,
         r.c.S, r.c.D, r.c.H, r.c.sub_dim, r.c.n_centroids, r.n, r.codes_bytes, r.ref_scratch_accounted,
         r.fused_scratch_accounted, r.mismatches);
     o += fmt::format(
-        "     \"ref\": {{\"threads\": 1, \"median_ms\": {:.4f}, \"min_ms\": {:.4f}, \"reps\": {}, \"gflops\": {:.3f}, "
-        "\"peak_extra_bytes\": {}}},\n",
-        r.ref.median_ms, r.ref.min_ms, r.ref.reps, r.ref.gflops, r.ref.peak_bytes);
+        "     \"ref\": {{\"threads\": 1, \"median_ms\": {:.4f}, \"min_ms\": {:.4f}, \"median_cpu_ms\": {:.4f}, "
+        "\"reps\": {}, \"gflops\": {:.3f}, \"peak_extra_bytes\": {}}},\n",
+        r.ref.median_ms, r.ref.min_ms, r.ref.median_cpu_ms, r.ref.reps, r.ref.gflops, r.ref.peak_bytes);
     o += "     \"fused\": [";
     for (size_t j = 0; j < r.fused.size(); ++j) {
       const auto& f = r.fused[j];
