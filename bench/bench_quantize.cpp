@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     std::vector<vq::DistanceFormRow> dist;
     if (!quick) {
       dist = vq::run_distance_form_bench();
-      std::printf("\ndistance form, 1 thread (GFLOP/s counts 3*d per pair for both):\n%s",
+      std::printf("\ndistance form, 1 thread (GFLOP/s from CPU time, 3*d flops per pair for both):\n%s",
                   vq::distance_form_table(dist).c_str());
     }
     if (!json.empty()) {

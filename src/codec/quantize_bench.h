@@ -67,7 +67,7 @@ std::string cpu_model_name();
 struct DistanceFormRow {
   int sub_dim, n_centroids;
   int64_t n;                             // sub-vectors
-  double direct_gflops, dot_gflops;      // at the median time
+  double direct_gflops, dot_gflops;      // at the median process CPU time (1 thread)
   int64_t code_differences;              // sub-vectors where the two forms chose differently
 };
 std::vector<DistanceFormRow> run_distance_form_bench(double min_seconds = 0.3, uint64_t seed = 1);

@@ -49,7 +49,7 @@ void add_bench(CLI::App& app) {
     std::vector<DistanceFormRow> dist;
     if (!qa->quick) {
       dist = run_distance_form_bench();
-      std::printf("\ndistance form, 1 thread (GFLOP/s counts 3*d per pair for both):\n%s",
+      std::printf("\ndistance form, 1 thread (GFLOP/s from CPU time, 3*d flops per pair for both):\n%s",
                   distance_form_table(dist).c_str());
     }
     if (!qa->json.empty()) {
