@@ -51,12 +51,13 @@ double cpu_seconds() {
 }
 
 // Seconds per call of fn, the fastest of many short batches (at least min_ms in total).
-// `wall`: elapsed time. `cpu`: the process's CPU time divided by the thread count, i.e. the time
-// the call takes when its threads are not preempted: the machine is shared, and under load the
-// wall time mostly measures the other processes. (Stalls on memory count as CPU time; a thread
-// waiting for the pool does not, so with 2 threads `cpu` slightly underestimates.)
+// `wall`: elapsed time. `cpu`: the process's CPU time, the time the call takes when it is not
+// preempted: the machine is shared, and under load the wall time partly measures the other
+// processes (stalls on memory still count as CPU time). `best()`: cpu with one thread; wall with
+// more (the CPU time of several threads says nothing about how long the call took).
 struct Timing {
   double wall, cpu;
+  double best() const { return vq::num_threads() == 1 ? cpu : wall; }
 };
 template <class F>
 Timing time_it(F&& fn, double min_ms) {
@@ -64,12 +65,11 @@ Timing time_it(F&& fn, double min_ms) {
   Timing best{1e30, 1e30};
   const auto start = Clock::now();
   int reps = 1, batches = 0;
-  const int nt = vq::num_threads();
   while (true) {
     const auto t0 = Clock::now();
     const double c0 = cpu_seconds();
     for (int i = 0; i < reps; ++i) fn();
-    const double c = (cpu_seconds() - c0) / nt;
+    const double c = cpu_seconds() - c0;
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     best.wall = std::min(best.wall, s / reps);
     best.cpu = std::min(best.cpu, c / reps);
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
   constexpr size_t kPool = size_t(192) << 20;  // bytes of weight copies for the cold runs
 
-  std::printf("Times are per call, from CPU time (see time_it); 'wall' is the elapsed time of the same runs.\n\n");
+  std::printf("Times per call: CPU time with 1 thread, elapsed time with more (see time_it).\n\n");
   std::printf("| type | rows x cols | M | threads | hot us | hot GB/s | cold us | cold GB/s | read GB/s | cold/read | GOP/s | cold wall us |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int nt : threads) {
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
               c = (c + 1) % copies;
             },
             min_ms);
-        const double read_gbs = double(bytes) / read.cpu / 1e9;
+        const double read_gbs = double(bytes) / read.best() / 1e9;
         std::vector<float> x(size_t(M * cols)), y(size_t(M * rows));  // x: [M, cols], y: [M, rows]
         for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 200) - 100) * 0.01f;
         const Timing hot = time_it([&] { vq::matmul(t, pool.data(), rows, cols, x.data(), M, y.data()); }, min_ms);
@@ -167,10 +167,10 @@ int main(int argc, char** argv) {
             },
             min_ms);
         std::printf("| %s | %lld x %lld | %lld | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f |\n",
-                    tn.c_str(), (long long)rows, (long long)cols, (long long)M, nt, hot.cpu * 1e6,
-                    double(bytes) / hot.cpu / 1e9, cold.cpu * 1e6, double(bytes) / cold.cpu / 1e9, read_gbs,
-                    double(bytes) / cold.cpu / 1e9 / read_gbs, 2.0 * double(M * rows * cols) / cold.cpu / 1e9,
-                    cold.wall * 1e6);
+                    tn.c_str(), (long long)rows, (long long)cols, (long long)M, nt, hot.best() * 1e6,
+                    double(bytes) / hot.best() / 1e9, cold.best() * 1e6, double(bytes) / cold.best() / 1e9,
+                    read_gbs, double(bytes) / cold.best() / 1e9 / read_gbs,
+                    2.0 * double(M * rows * cols) / cold.best() / 1e9, cold.wall * 1e6);
         std::fflush(stdout);
       }
     }
