@@ -1,5 +1,6 @@
 #include "kvcache/calibration_train.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -17,12 +18,21 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
            cfg.name());
   cfg.validate(D);
   VQ_CHECK(k.size() == v.size() && !k.empty(), "calibrate: {} key and {} value layers", k.size(), v.size());
+  VQ_CHECK(opt.segment_tokens >= 0 && opt.skip_tokens >= 0, "calibrate: segment_tokens {} and skip_tokens {} must be >= 0",
+           opt.segment_tokens, opt.skip_tokens);
+  // used: the token indices that train (every sequence's first skip_tokens left out)
+  const int64_t seg = opt.segment_tokens > 0 ? opt.segment_tokens : n;
+  std::vector<int64_t> used;
+  for (int64_t t = 0; t < n; ++t)
+    if (t % seg >= opt.skip_tokens) used.push_back(t);
+  const int64_t nu = int64_t(used.size());
+  VQ_CHECK(nu >= 1, "calibrate: {} tokens, all of them skipped as sinks (skip_tokens {})", n, opt.skip_tokens);
   const Granularity gran =
       cfg.granularity == CodebookGranularity::shared ? Granularity::shared : Granularity::per_subspace;
   if (gran == Granularity::per_subspace) {
     const int64_t need = int64_t(1) << std::max(cfg.key.bits, cfg.value.bits);
-    VQ_CHECK(n >= need, "calibrate: {} tokens, but per-subspace codebooks of {} entries need at least {} (use more "
-             "text or ,gran=shared)", n, need, need);
+    VQ_CHECK(nu >= need, "calibrate: {} tokens ({} after leaving out sinks), but per-subspace codebooks of {} entries "
+             "need at least {} (use more text or ,gran=shared)", n, nu, need, need);
   }
   Calibration c;
   c.n_layers = int(k.size());
@@ -37,7 +47,11 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
   c.model = model.substr(0, 1024);
   c.layers.resize(k.size());
   for (size_t l = 0; l < k.size(); ++l) {
-    c.layers[l].smoothing = smoothing_factors(k[l], n, H, D);
+    std::vector<float> absmax(size_t(H) * D, 0.0f);  // absmax: [H, D] over the used tokens
+    update_abs_max(k[l], n, H, D, absmax.data());    // first checks every key is finite (names the token)
+    std::fill(absmax.begin(), absmax.end(), 0.0f);
+    for (int64_t t : used) update_abs_max(k[l] + size_t(t) * H * D, 1, H, D, absmax.data());
+    c.layers[l].smoothing = smoothing_from_abs_max(absmax);
     c.layers[l].key_codebooks.resize(c.key_codebook_floats());
     c.layers[l].value_codebooks.resize(c.value_codebook_floats());
   }
@@ -45,20 +59,22 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
   std::atomic<int> done{0};
   std::mutex mu;
   parallel_for(size_t(jobs), [&](size_t b, size_t e, int) {
-    std::vector<float> x(size_t(n) * D);  // x: [n, D] f32, one head's (transformed) keys or values
+    std::vector<float> x(size_t(nu) * D);  // x: [nu, D] f32, one head's (transformed) keys or values
     for (size_t job = b; job < e; ++job) {
       const int l = int(job / (2 * H)), h = int(job / 2 % H);
       const bool is_key = job % 2 == 0;
       const float* src = is_key ? k[size_t(l)] : v[size_t(l)];
-      for (int64_t t = 0; t < n; ++t)
-        std::copy(src + (t * H + h) * D, src + (t * H + h + 1) * D, x.begin() + t * D);
-      if (is_key) transform_keys(x.data(), n, 1, D, c.layers[size_t(l)].smoothing.data() + size_t(h) * D);
+      for (int64_t i = 0; i < nu; ++i) {
+        const int64_t t = used[size_t(i)];
+        std::copy(src + (t * H + h) * D, src + (t * H + h + 1) * D, x.begin() + i * D);
+      }
+      if (is_key) transform_keys(x.data(), nu, 1, D, c.layers[size_t(l)].smoothing.data() + size_t(h) * D);
       ProductQuantizer pq(D, is_key ? c.key : c.value, gran);
       KMeansParams kp;
       kp.max_iters = opt.kmeans_iters;
       kp.max_points_per_centroid = opt.max_points_per_centroid;
       kp.seed = opt.seed + uint64_t(job) * 1000003u;
-      pq.train(x.data(), n, kp);
+      pq.train(x.data(), nu, kp);
       auto& dst = is_key ? c.layers[size_t(l)].key_codebooks : c.layers[size_t(l)].value_codebooks;
       const size_t per_head = dst.size() / size_t(H);
       std::copy(pq.codebooks().begin(), pq.codebooks().end(), dst.begin() + size_t(h) * per_head);

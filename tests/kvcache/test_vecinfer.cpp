@@ -164,7 +164,9 @@ TEST(VecInfer, FlushesAtResidualBoundaries) {
         EXPECT_LT(nmse(out, deq), 1e-9) << "n=" << n << " step=" << step << " S=" << S;
         ref::attention(q.data(), 1, k.data(), v.data(), n, HQ, H, D, 0.125f, ref_out.data());
         if (c.coded_tokens() == 0) EXPECT_LT(nmse(out, ref_out), 1e-5) << "all fp16, n=" << n;
-        else EXPECT_LT(nmse(out, ref_out), 0.25) << "n=" << n;  // random data: PQ error, see DenseAgreement
+        // random data: PQ error (~0.18 at d4b8, see AgreesWithDenseOnStructuredData), noisier with
+        // few coded tokens; broken codes give ~1 or more
+        else EXPECT_LT(nmse(out, ref_out), 0.4) << "n=" << n;
         // several queries at once (prefill): each sees its causal prefix across sinks/codes/window
         const int nq = std::min(n, 5);
         auto qs = randn(size_t(nq) * HQ * D, rng);
@@ -241,6 +243,40 @@ TEST(VecInfer, AgreesWithDenseOnStructuredData) {
     std::printf("[ %s ] attention NMSE vs fp32 on random data: %.4f, %.3f bits/elem\n", spec, e, cache->bits_per_element());
     EXPECT_LT(e, limit) << spec;
   }
+}
+
+TEST(VecInfer, CalibrationLeavesSinksOut) {
+  // Tokens 0 and 100 (the first of two sequences of 100) carry a huge key in channel 5 and a
+  // huge value: with skip_tokens = 4 and segment_tokens = 100 neither moves the smoothing
+  // factor or any codebook entry; with skip_tokens = 0 both do.
+  std::mt19937 rng(8);
+  const int H = 1, D = 64, n = 400;
+  auto k = randn(size_t(n) * H * D, rng), v = randn(size_t(n) * H * D, rng);
+  float rest_max = 0;
+  for (int t = 0; t < n; ++t) rest_max = std::max(rest_max, std::fabs(k[size_t(t) * D + 5]));
+  for (int t : {0, 100}) {
+    k[size_t(t) * D + 5] = 1e4f;
+    for (int c = 0; c < D; ++c) v[size_t(t) * D + c] = 1e3f;
+  }
+  const auto cfg = parse_kv_cache_spec("vecinfer:d8b8");
+  std::vector<const float*> kp{k.data()}, vp{v.data()};
+  CalibTrainOptions opt;
+  opt.kmeans_iters = 3;
+  opt.segment_tokens = 100;
+  const Calibration with = train_calibration(cfg, H, D, kp, vp, n, opt, "t");
+  EXPECT_FLOAT_EQ(with.layers[0].smoothing[5], std::sqrt(rest_max));
+  auto max_abs = [](const std::vector<float>& x) {
+    float m = 0;
+    for (float e : x) m = std::max(m, std::fabs(e));
+    return m;
+  };
+  EXPECT_LT(max_abs(with.layers[0].value_codebooks), 10.0f);
+  opt.skip_tokens = 0;
+  const Calibration without = train_calibration(cfg, H, D, kp, vp, n, opt, "t");
+  EXPECT_FLOAT_EQ(without.layers[0].smoothing[5], 100.0f);
+  EXPECT_GT(max_abs(without.layers[0].value_codebooks), 100.0f);
+  opt.skip_tokens = 100;
+  EXPECT_THROW(train_calibration(cfg, H, D, kp, vp, n, opt, "t"), Error);  // nothing left to train on
 }
 
 TEST(VecInfer, BytesAreAllocatedBytes) {
