@@ -95,19 +95,35 @@ void bench_quant() {
     const int K = 256, n_sub = q.D / q.sub;
     const int64_t rows = int64_t(q.S) * q.H, N = rows * n_sub;
     const size_t xn = size_t(rows) * q.D;
-    vq::cuda::DeviceBuffer x(xn * 4), xh(xn * 2), books(size_t(q.H) * K * q.sub * 4), lam(size_t(q.H) * q.D * 4);
-    fill_normal_f32<<<1024, 256>>>(x.as<float>(), xn, 1, 1.0f);
+    // x: kRot copies of [rows, D] f32, rotated per launch (S=8192: 4 x 32 MiB, 2.6x the L2)
+    constexpr int kRot = 4;
+    vq::cuda::DeviceBuffer x(kRot * xn * 4), xh(xn * 2), books(size_t(q.H) * K * q.sub * 4), lam(size_t(q.H) * q.D * 4);
+    fill_normal_f32<<<1024, 256>>>(x.as<float>(), kRot * xn, 1, 1.0f);
     fill_normal_f32<<<64, 256>>>(books.as<float>(), books.size() / 4, 2, 1.0f);
     vq::cuda::f32_to_f16_device(x.as<float>(), xh.as<uint16_t>(), int64_t(xn));
     std::vector<float> lh(size_t(q.H) * q.D, 1.0f);
     for (size_t i = 0; i < lh.size(); ++i) lh[i] = 0.75f + 0.5f * float(i % 7) / 7.0f;
     lam.upload(lh.data(), lh.size() * 4);
-    vq::cuda::DeviceBuffer codes(size_t(N) * 2), packed(size_t(rows) * vq::cuda::code_row_bytes(n_sub, 8));
+    vq::cuda::DeviceBuffer codes(size_t(N) * 2), codes_mma(size_t(N) * 2), packed(size_t(rows) * vq::cuda::code_row_bytes(n_sub, 8));
     CK(cudaDeviceSynchronize());
     const vq::PQShape s{rows, n_sub, q.sub, K, false};
     const size_t before = free_mem();
-    const double ms_plain = median_ms([&](int) { vq::cuda::pq_encode_device(s, x.as<float>(), books.as<float>(), codes.as<uint16_t>()); }, 5);
+    const float* x0 = x.as<float>();
+    const double ms_plain = median_ms([&](int j) { vq::cuda::pq_encode_device(s, x0 + (j % kRot) * xn, books.as<float>(), codes.as<uint16_t>()); }, 8);
     const size_t after = free_mem();
+    // Tensor-core encoder (pq_encode_mma.cu, fp16 centroids): time, scratch, and agreement with
+    // the exact fp32 encoder on the same input (codes of copy 0 from both).
+    const size_t before_mma = free_mem();
+    const double ms_mma = median_ms([&](int j) { vq::cuda::pq_encode_mma_device(s, x0 + (j % kRot) * xn, books.as<float>(), codes_mma.as<uint16_t>()); }, 8);
+    const size_t after_mma = free_mem();
+    vq::cuda::pq_encode_device(s, x0, books.as<float>(), codes.as<uint16_t>());
+    vq::cuda::pq_encode_mma_device(s, x0, books.as<float>(), codes_mma.as<uint16_t>());
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> ce(static_cast<size_t>(N)), cm(static_cast<size_t>(N));
+    codes.download(ce.data(), ce.size() * 2);
+    codes_mma.download(cm.data(), cm.size() * 2);
+    int64_t same = 0;
+    for (size_t i = 0; i < ce.size(); ++i) same += ce[i] == cm[i];
     vq::cuda::FusedEncodeArgs a;
     a.n_tokens = q.S, a.n_heads = q.H, a.head_dim = q.D, a.sub_dim = q.sub, a.bits = 8, a.per_subspace = false;
     a.in_type = vq::cuda::ElemType::f16, a.x = xh.data(), a.lambda = lam.as<float>(), a.hadamard = true;
@@ -116,9 +132,9 @@ void bench_quant() {
     const double ms_fused = median_ms([&](int) { vq::cuda::fused_encode_device(a); }, 5);
     const double flop2 = double(N) * K * q.sub * 2.0;  // |c|^2 - 2 x.c form
     std::printf("quant S=%d D=%d H=%d sub=%d N=%lld ms_plain_f32=%.4f ms_fused_f16_smooth_hadamard_pack=%.4f "
-                "TFLOPs_2flop=%.1f scratch_bytes=%lld\n",
-                q.S, q.D, q.H, q.sub, (long long)N, ms_plain, ms_fused, flop2 / (ms_plain * 1e-3) / 1e12,
-                (long long)(before - after));
+                "ms_mma_f16=%.4f TFLOPs_2flop=%.1f scratch_bytes=%lld scratch_bytes_mma=%lld mma_code_agree=%.5f\n",
+                q.S, q.D, q.H, q.sub, (long long)N, ms_plain, ms_fused, ms_mma, flop2 / (ms_plain * 1e-3) / 1e12,
+                (long long)(before - after), (long long)(before_mma - after_mma), double(same) / double(N));
   }
 }
 

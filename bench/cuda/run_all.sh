@@ -48,7 +48,7 @@ if has tests; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has sanitize; then
-  small='Cases/CudaPQAttention.*/d64_k_d8b8per_v_d4b8_g1*:Cases/CudaPQAttention.*/prefill_chunk_d128_g4*:Cases/CudaPQAttention.*/d128_d4b4_per_g3*:Cases/CudaPQAttention.*/d64_d4b8per_keys_g4_prefill*:Cases/CudaPQAttention.*/d128_d4b8_g8_two_lut_tiles*:Cases/CudaFusedEncode.*/d64_s4_b6_shared_one_token:Cases/CudaFusedEncode.*/d96_s16*:Cases/CudaDecodeCodes.*/d64_s8_b12_per:Backends/PQParity.*/cuda_d8_b8_per:Backends/PQParity.*/cuda_d5_generic_per'
+  small='Cases/CudaPQAttention.*/d64_k_d8b8per_v_d4b8_g1*:Cases/CudaPQAttention.*/prefill_chunk_d128_g4*:Cases/CudaPQAttention.*/d128_d4b4_per_g3*:Cases/CudaPQAttention.*/d64_d4b8per_keys_g4_prefill*:Cases/CudaPQAttention.*/d128_d4b8_g8_two_lut_tiles*:Cases/CudaFusedEncode.*/d64_s4_b6_shared_one_token:Cases/CudaFusedEncode.*/d96_s16*:Cases/CudaDecodeCodes.*/d64_s8_b12_per:Backends/PQParity.*/cuda_d8_b8_per:Backends/PQParity.*/cuda_d5_generic_per:Cases/CudaEncodeMma.*/d8_k256_ragged:Cases/CudaEncodeMma.*/d4_k256_ragged'
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 "$TEST_OPS" --gtest_filter="$small" --gtest_brief=1 \
       > "$OUT/sanitize_$tool.log" 2>&1

@@ -34,9 +34,6 @@ std::string vecinfer_gpu_unsupported_reason(const KVGeometry& g, const KVCacheCo
     if (!((d == 4 || d == 8 || d == 16) && (D / 8) % d == 0))
       return fmt::format("sub_dim {} with head_dim {} (the CUDA attention takes 4, 8 or 16 dividing head_dim/8)", d, D);
   }
-  if (cfg.sink_tokens > 0)
-    return fmt::format("sink_tokens {} (the GPU cache keeps no fp16 attention sinks yet; spec option sink=0 routes "
-                       "to it)", cfg.sink_tokens);
   if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
   return "";
 #endif
@@ -89,16 +86,30 @@ class VecInferGpuCache final : public KVCache {
 
   void append(const float* k, const float* v, int n) override {
     VQ_CHECK(n >= 0, "{} append: n_tokens = {} must be >= 0", name(), n);
+    // Same policy as VecInferCache::append: the sequence's first sink_tokens tokens go to the fp16
+    // sink store for good (only ever at the start, before anything reaches the window).
+    const int to_sink = int(std::min<int64_t>(n, cfg_.sink_tokens - ns_));
+    if (to_sink > 0) {
+      push_sink(k, v, to_sink);
+      k += size_t(to_sink) * token_elems();
+      v += size_t(to_sink) * token_elems();
+      n -= to_sink;
+      if (n == 0) return;
+    }
     const int64_t excess = wn_ - cfg_.residual_length;  // same policy as VecInferCache::append
     if (excess >= VecInferCache::kBlock) flush(excess / VecInferCache::kBlock * VecInferCache::kBlock);
     push(k, v, n);
   }
 
   void attend(const float* q, int n_q, float scale, float* out) const override;
-  int64_t size() const override { return n_coded_ + wn_; }
-  void clear() override { n_coded_ = 0, w0_ = 0, wn_ = 0; }
+  int64_t size() const override { return ns_ + n_coded_ + wn_; }
+  // Keeps the device allocations (as before) for the next sequence; bytes() counts them.
+  void clear() override { ns_ = 0, n_coded_ = 0, w0_ = 0, wn_ = 0; }
+  // Device bytes held for K/V: code buffers, both ping-pong window buffers, the sink store (all
+  // at capacity, as VecInferCache counts its pages, window and sinks at capacity).
   size_t bytes() const override {
-    return kcodes_.size() + vcodes_.size() + 2 * (win_[0][0].size() + win_[0][1].size());
+    return kcodes_.size() + vcodes_.size() + 2 * (win_[0][0].size() + win_[0][1].size()) + sink_[0].size() +
+           sink_[1].size();
   }
   size_t codebook_bytes() const override {
     return lambda_.size() + kbook32_.size() + vbook32_.size() + kbook16_.size() + vbook16_.size();
@@ -110,6 +121,7 @@ class VecInferGpuCache final : public KVCache {
   size_t token_elems() const { return size_t(geo_.n_kv_heads) * geo_.head_dim; }
   void flush(int64_t n);
   void push(const float* k, const float* v, int n);
+  void push_sink(const float* k, const float* v, int n);
   void reserve_codes(int64_t n);
 
   KVGeometry geo_;
@@ -128,6 +140,11 @@ class VecInferGpuCache final : public KVCache {
   cuda::DeviceBuffer win_[2][2];
   int cur_ = 0;
   int64_t wcap_ = 0, w0_ = 0, wn_ = 0;
+  // fp16 attention sinks (the sequence's first cfg_.sink_tokens tokens, never encoded): sink_[0]
+  // keys, sink_[1] values, each [cfg_.sink_tokens][H][D] token-major (allocated at the first
+  // token); tokens [0, ns_) are live.
+  cuda::DeviceBuffer sink_[2];
+  int64_t ns_ = 0;
   std::vector<uint16_t> stage_;  // host fp16 staging of appended tokens
   // Per-call scratch (grow-only): arguments blob, outputs, workspace.
   mutable cuda::DeviceBuffer args_, work_;
@@ -209,6 +226,19 @@ void VecInferGpuCache::push(const float* k, const float* v, int n) {
   wn_ += n;
 }
 
+void VecInferGpuCache::push_sink(const float* k, const float* v, int n) {
+  const size_t te = token_elems();
+  if (sink_[0].size() == 0)
+    for (auto& b : sink_) b = cuda::DeviceBuffer(size_t(cfg_.sink_tokens) * te * 2);
+  stage_.resize(size_t(n) * te);
+  for (int s = 0; s < 2; ++s) {
+    const float* src = s ? v : k;
+    for (size_t i = 0; i < stage_.size(); ++i) stage_[i] = f32_to_f16(src[i]);
+    sink_[s].upload(stage_.data(), stage_.size() * 2, size_t(ns_) * te * 2);
+  }
+  ns_ += n;
+}
+
 template <class T>
 size_t put(std::vector<unsigned char>& blob, const T* src, size_t n) {
   const size_t off = (blob.size() + 15) / 16 * 16;
@@ -228,17 +258,20 @@ void VecInferGpuCache::attend(const float* q, int n_q, float scale, float* out) 
   std::vector<float> qc(q, q + qn), qp(q, q + qn);
   if (n_coded_ > 0) transform_queries(qc.data(), n_q, HQ, H, D, lambda_host_.data());
   for (size_t i = 0; i < qn; ++i) qc[i] *= scale, qp[i] *= scale;
-  // Per row i (query position n - n_q + i): visible coded tokens and visible window tokens.
-  std::vector<int> ncoded(static_cast<size_t>(n_q)), wlen(static_cast<size_t>(n_q));
+  // Per row i (query position n - n_q + i): visible sink, coded and window tokens (positions:
+  // [0, ns_) sinks, then ns_ + [0, n_coded_) codes, then the window).
+  std::vector<int> ncoded(static_cast<size_t>(n_q)), wlen(static_cast<size_t>(n_q)), slen(static_cast<size_t>(n_q));
   std::vector<const uint8_t*> kp(size_t(n_q), kcodes_.as<uint8_t>()), vp(size_t(n_q), vcodes_.as<uint8_t>());
   const size_t te = token_elems();
   std::vector<const uint16_t*> wk(size_t(n_q), win_[cur_][0].as<uint16_t>() + size_t(w0_) * te),
       wv(size_t(n_q), win_[cur_][1].as<uint16_t>() + size_t(w0_) * te);
+  std::vector<const uint16_t*> sk(size_t(n_q), sink_[0].as<uint16_t>()), sv(size_t(n_q), sink_[1].as<uint16_t>());
   int max_coded = 0;
   for (int i = 0; i < n_q; ++i) {
     const int64_t vis = n - n_q + i + 1;
-    ncoded[size_t(i)] = int(std::min(vis, n_coded_));
-    wlen[size_t(i)] = int(std::max<int64_t>(0, vis - n_coded_));
+    slen[size_t(i)] = int(std::min(vis, ns_));
+    ncoded[size_t(i)] = int(std::clamp<int64_t>(vis - ns_, 0, n_coded_));
+    wlen[size_t(i)] = int(std::max<int64_t>(0, vis - ns_ - n_coded_));
     max_coded = std::max(max_coded, ncoded[size_t(i)]);
   }
   blob_.clear();
@@ -246,6 +279,8 @@ void VecInferGpuCache::attend(const float* q, int n_q, float scale, float* out) 
   const size_t o_kp = put(blob_, kp.data(), kp.size()), o_vp = put(blob_, vp.data(), vp.size());
   const size_t o_wk = put(blob_, wk.data(), wk.size()), o_wv = put(blob_, wv.data(), wv.size());
   const size_t o_nc = put(blob_, ncoded.data(), ncoded.size()), o_wl = put(blob_, wlen.data(), wlen.size());
+  const size_t o_sk = put(blob_, sk.data(), sk.size()), o_sv = put(blob_, sv.data(), sv.size());
+  const size_t o_sl = put(blob_, slen.data(), slen.size());
   const size_t o_out = (blob_.size() + 15) / 16 * 16;
   const size_t total = o_out + qn * 4;
   if (args_.size() < total) args_ = cuda::DeviceBuffer(total + total / 2);
@@ -273,6 +308,13 @@ void VecInferGpuCache::attend(const float* q, int n_q, float scale, float* out) 
   a.seg[0].len = reinterpret_cast<const int*>(base + o_wl);
   a.seg[0].head_stride = D;
   a.seg[0].token_stride = int64_t(te);
+  if (ns_ > 0) {  // segment 1: the fp16 sinks (order is irrelevant to softmax attention)
+    a.seg[1].k = reinterpret_cast<const uint16_t* const*>(base + o_sk);
+    a.seg[1].v = reinterpret_cast<const uint16_t* const*>(base + o_sv);
+    a.seg[1].len = reinterpret_cast<const int*>(base + o_sl);
+    a.seg[1].head_stride = D;
+    a.seg[1].token_stride = int64_t(te);
+  }
   a.out = reinterpret_cast<float*>(base + o_out);
   const size_t ws = cuda::pq_attention_workspace_bytes(a);
   if (work_.size() < ws) work_ = cuda::DeviceBuffer(ws + ws / 2);

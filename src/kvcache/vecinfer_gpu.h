@@ -1,10 +1,12 @@
 #pragma once
 // VecInfer cache with its codes, codebooks and fp16 residual window in GPU memory (the
 // use_gpu_kernels = auto/require route of KVCacheConfig). Same algorithm and flush policy as
-// VecInferCache (vecinfer_cache.h): tokens enter an fp16 window; before an append, whole blocks
+// VecInferCache (vecinfer_cache.h): the sequence's first sink_tokens tokens stay in fp16 for good
+// (attention sinks); later tokens enter an fp16 window; before an append, whole blocks
 // of kBlock tokens leave it while >= residual_length stay, and are encoded on the GPU by the
 // fused encoder (smoothing + Walsh-Hadamard + nearest centroid + bit-packing, one kernel);
-// attention runs on the codes with the batched split kernel and merges the window on the GPU.
+// attention runs on the codes with the batched split kernel and merges the window (fp16
+// segment 0) and the sinks (fp16 segment 1) on the GPU.
 // Host memory holds only the configuration. No CUDA types here; in a build without the CUDA
 // backend make_vecinfer_gpu_cache() returns nullptr (or throws for `require`).
 #include <memory>

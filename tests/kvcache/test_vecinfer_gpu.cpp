@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "core/error.h"
+#include "core/fp16.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
 #include "kvcache/vecinfer_cache.h"
@@ -73,15 +76,11 @@ TEST(VecInferGpu, SwitchSemantics) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("sub_dim 16"), std::string::npos) << e.what();
     }
-    // the GPU cache keeps no fp16 attention sinks: sink_tokens > 0 (the default) is not routed to it
-    try {
-      make_kv_cache_factory(config("vecinfer:d4b8,sink=4", GpuKernels::require, calib))(0, g);
-      FAIL() << "no error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("sink_tokens"), std::string::npos) << e.what();
-    }
-    auto sink_auto = make_kv_cache_factory(config("vecinfer:d4b8,sink=4", GpuKernels::auto_select, calib))(0, g);
-    EXPECT_NE(dynamic_cast<VecInferCache*>(sink_auto.get()), nullptr);
+    // attention sinks (sink_tokens > 0, the default) are kept on the GPU too: auto and require route there
+    auto sink_auto = make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::auto_select, calib))(0, g);
+    EXPECT_EQ(dynamic_cast<VecInferCache*>(sink_auto.get()), nullptr);
+    auto sink_req = make_kv_cache_factory(config("vecinfer:d4b8,sink=7", GpuKernels::require, calib))(0, g);
+    EXPECT_EQ(dynamic_cast<VecInferCache*>(sink_req.get()), nullptr);
     // ... while auto quietly takes the CPU cache
     auto a16 = make_kv_cache_factory(config("vecinfer:k=d16b8,v=d4b8,sink=0", GpuKernels::auto_select, c16))(0, g);
     EXPECT_NE(dynamic_cast<VecInferCache*>(a16.get()), nullptr);
@@ -93,14 +92,20 @@ TEST(VecInferGpu, SwitchSemantics) {
 }
 
 // Same appends and queries through both routes: decode steps (1 query), prefill chunks (several
-// causal queries), window flushes, ragged append sizes, clear(). Differences come from fp16
-// queries/centroids in the GPU attention and from near-tie code choices of the encoder.
+// causal queries), window flushes, ragged append sizes, clear(); with the default fp16 sinks
+// (4), other sink counts and none. The first appends (2, then 3 tokens) put query rows inside and
+// across the sink boundary (rows that see only sinks, sinks + window, later sinks + codes +
+// window). Differences come from fp16 queries/centroids in the GPU attention and from near-tie
+// code choices of the encoder.
 TEST(VecInferGpu, MatchesCpuCache) {
   if (!gpu_present()) GTEST_SKIP() << "no usable CUDA device: GPU tests run on the H200 via bench/cuda/run_all.sh";
   std::mt19937 rng(7);
   struct Case { const char* spec; int HQ, H, D; };
-  const Case cases[] = {{"vecinfer:d4b8,r=40,sink=0", 8, 2, 128},
+  const Case cases[] = {{"vecinfer:d4b8,r=40", 8, 2, 128},
+                        {"vecinfer:d4b8,r=40,sink=0", 8, 2, 128},
+                        {"vecinfer:k=d4b8,v=d8b8,r=64", 6, 2, 64},
                         {"vecinfer:k=d4b8,v=d8b8,r=64,sink=0", 6, 2, 64},
+                        {"vecinfer:d8b8,r=32,sink=5", 4, 4, 64},
                         {"vecinfer:d8b8,r=32,sink=0", 4, 4, 64}};
   for (const Case& c : cases) {
     auto calib = calib_for(parse_kv_cache_spec(c.spec), c.H, c.D, rng);
@@ -108,9 +113,12 @@ TEST(VecInferGpu, MatchesCpuCache) {
     auto gpu = make_kv_cache_factory(config(c.spec, GpuKernels::require, calib))(0, g);
     auto cpu = make_kv_cache_factory(config(c.spec, GpuKernels::forbid, calib))(0, g);
     ASSERT_EQ(dynamic_cast<VecInferCache*>(gpu.get()), nullptr);
+    auto* cpu_vi = dynamic_cast<VecInferCache*>(cpu.get());
+    ASSERT_NE(cpu_vi, nullptr);
+    const int S = parse_kv_cache_spec(c.spec).sink_tokens;
     for (int round = 0; round < 2; ++round) {
       int total = 0;
-      for (int step : {37, 1, 1, 5, 200, 1, 64, 3, 1}) {
+      for (int step : {2, 3, 37, 1, 1, 5, 200, 1, 64, 3, 1}) {
         auto k = randn(size_t(step) * c.H * c.D, rng), v = randn(size_t(step) * c.H * c.D, rng);
         for (size_t i = 0; i < k.size(); ++i)
           if (i % c.D == 3) k[i] *= 8.0f;
@@ -119,6 +127,7 @@ TEST(VecInferGpu, MatchesCpuCache) {
         total += step;
         ASSERT_EQ(gpu->size(), total);
         ASSERT_EQ(cpu->size(), total);
+        ASSERT_EQ(cpu_vi->sink_tokens(), std::min(total, S));
         const int nq = std::min(step, 4);
         auto q = randn(size_t(nq) * c.HQ * c.D, rng, 0.5f);
         std::vector<float> og(q.size(), 1e30f), oc(q.size());
@@ -127,11 +136,57 @@ TEST(VecInferGpu, MatchesCpuCache) {
         const double e = nmse(og, oc);
         EXPECT_LT(e, 2e-3) << c.spec << " round " << round << " total " << total << " nq " << nq;
       }
-      EXPECT_GT(dynamic_cast<VecInferCache*>(cpu.get())->coded_tokens(), 0);
+      EXPECT_GT(cpu_vi->coded_tokens(), 0);
       EXPECT_GT(gpu->bytes(), 0u);
       gpu->clear();
       cpu->clear();
       EXPECT_EQ(gpu->size(), 0);
     }
+  }
+}
+
+// Token 0 is an attention sink: its key is aligned with the query and large (score 60 at scale 1),
+// so it takes all the softmax mass and the output is its value. Kept in fp16 on the GPU the
+// output equals fp16(v0) to fp32 rounding, as on the CPU; quantized (sink=0), the PQ error of k0
+// and v0 shows. Byte accounting: S sink tokens of fp16 K and V, allocated at the first token.
+TEST(VecInferGpu, SinkTokensAreAttendedExactly) {
+  if (!gpu_present()) GTEST_SKIP() << "no usable CUDA device: GPU tests run on the H200 via bench/cuda/run_all.sh";
+  std::mt19937 rng(21);
+  const int H = 2, HQ = 4, D = 64, n = 100;
+  auto calib = calib_for(parse_kv_cache_spec("vecinfer:d4b8"), H, D, rng);
+  auto k = randn(size_t(n + 1) * H * D, rng, 0.2f), v = randn(size_t(n + 1) * H * D, rng);
+  auto q = randn(size_t(HQ) * D, rng);
+  for (int gq = 1; gq < HQ; ++gq)
+    for (int c = 0; c < D; ++c) q[size_t(gq * D + c)] = q[size_t(c)];  // all query heads alike
+  double qq = 0;
+  for (int c = 0; c < D; ++c) qq += double(q[size_t(c)]) * q[size_t(c)];
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < D; ++c) k[size_t(h * D + c)] = float(q[size_t(c)] * 60.0 / qq);
+  for (int S : {4, 1, 0}) {
+    const std::string spec = "vecinfer:d4b8,r=0,sink=" + std::to_string(S);
+    auto gpu = make_kv_cache_factory(config(spec.c_str(), GpuKernels::require, calib))(0, KVGeometry{HQ, H, D});
+    ASSERT_EQ(dynamic_cast<VecInferCache*>(gpu.get()), nullptr);
+    if (S > 0) {
+      gpu->append(k.data(), v.data(), S);
+      EXPECT_EQ(gpu->bytes(), size_t(2) * S * H * D * 2) << "sinks only: fp16 K and V of S tokens";
+      gpu->append(k.data() + size_t(S) * H * D, v.data() + size_t(S) * H * D, n - S);
+    } else {
+      gpu->append(k.data(), v.data(), n);
+    }
+    gpu->append(k.data() + size_t(n) * H * D, v.data() + size_t(n) * H * D, 1);  // flushes the window into codes
+    ASSERT_EQ(gpu->size(), n + 1);
+    std::vector<float> out(size_t(HQ) * D, 1e30f);
+    gpu->attend(q.data(), 1, 1.0f, out.data());
+    double err = 0, den = 0;
+    for (int gq = 0; gq < HQ; ++gq) {
+      const int h = gq / (HQ / H);
+      for (int e = 0; e < D; ++e) {
+        const double v0 = f16_to_f32(f32_to_f16(v[size_t(h * D + e)]));
+        err += std::pow(double(out[size_t(gq * D + e)]) - v0, 2);
+        den += v0 * v0;
+      }
+    }
+    if (S > 0) EXPECT_LT(err / den, 1e-9) << "S=" << S;
+    else EXPECT_GT(err / den, 1e-3) << "a quantized sink should show its PQ error";
   }
 }

@@ -27,6 +27,19 @@ void pq_encode_device(const PQShape& s, const float* x, const float* codebooks, 
 void pq_decode_device(const PQShape& s, const uint16_t* codes, const float* codebooks, float* out,
                       void* stream = nullptr);
 
+// ---- Tensor-core nearest-centroid search (pq_encode_mma.cu), NOT exact: |c|^2 - 2 x.c on
+// mma.sync with x split into fp16 hi + lo parts (~fp32) but the centroids rounded to fp16, and
+// distances compared at 2^-15 relative resolution. Each distance is off by at most ~5.5e-4 of
+// |x|^2 + |c|^2, so near-ties may pick a centroid whose true distance is above the minimum by up
+// to twice that (tests/ops/test_cuda_encode_mma.cpp states the parity rule). Inputs must be in
+// fp16 range. Takes one shared codebook (per_subspace false), sub_dim 4 or 8, n_centroids a power
+// of two in 8..256; pq_encode_mma_supported() says whether a shape qualifies. The caches keep
+// the exact encoder (pq_encode / fused_encode_device).
+bool pq_encode_mma_supported(const PQShape& s);
+void pq_encode_mma_device(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes,
+                          void* stream = nullptr);
+void pq_encode_mma(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes);
+
 // ---- Fused encode: [smoothing] -> [Walsh-Hadamard] -> nearest centroid -> bit-packing. ----
 // One kernel, no scratch memory: codebooks are staged in shared memory, the running argmin
 // lives in registers, packed rows are written directly. Matches vq::transform_keys +

@@ -1,0 +1,220 @@
+// Tensor-core nearest-centroid encoder (pq.h: pq_encode_mma_device). Design, floor and
+// measurements: docs/CUDA_NOTES.md section 1, "v3 tensor cores".
+//
+// Distances as a matrix product: d(x, c) - |x|^2 = |c|^2 - 2 x.c. A warp takes tiles of 16
+// sub-vectors (the rows of an mma.m16n8k16 A operand) against the whole codebook in n-tiles of 8
+// centroids, fp32 accumulation:
+//   sub_dim 8: D = [x_hi | x_lo] . [-2c ; -2c] + |c|^2   (m16n8k16; x = x_hi + x_lo, both fp16;
+//              |c|^2 in fp32 as the accumulator's initial value)
+//   sub_dim 4: D = [x_hi | x_lo | 1 1 | 0...] . [-2c ; -2c ; |c|^2_hi ; |c|^2_lo ; 0...]  (one m16n8k16)
+// so x enters at ~2^-22 relative precision and |c|^2 likewise; the centroids enter as fp16
+// (2^-11 relative rounding): that is this encoder's only approximation beyond fp32 rounding.
+// The codebook is staged once per block in shared memory as fp16 -2c and fp32 |c|^2 (persistent
+// grid); per n-tile a lane reads its B fragment (one conflict-free LDS.32) and its |c|^2 pair
+// (one broadcast LDS.64): 2 wavefronts per 16x8 tile against 8 ALU instructions of argmin. (All
+// fragments in registers made ptxas hoist every n-tile's mma and spill: 128 registers, 268 B.)
+// Argmin: the centroid index is spliced into the low 8 mantissa bits of each distance (LOP3)
+// and a running fminf keeps the best (FMNMX): 2 ALU ops per (sub-vector, centroid) pair, and
+// distances are compared at 2^-15 relative resolution (finer than the fp16 centroid rounding).
+// Zero scratch: x is read once from global memory (prefetched a tile ahead), codes written once.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/device.h"
+#include "ops/cuda/pq.h"
+
+namespace vq::cuda {
+namespace {
+
+constexpr int kMmaThreads = 256;
+
+struct MmaEncodeParams {
+  int64_t n;           // sub-vectors (rows of x viewed as [n, DS])
+  const float* x;      // [n, DS] f32
+  const float* book;   // [K, DS] f32
+  uint16_t* codes;     // [n]
+};
+
+__device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
+  return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
+}
+// (x0, x1) -> hi = fp16(x), lo = fp16(x - hi), each as a half2 register (element 0 in the low half).
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+  hi = pack_half2(h0, h1);
+  lo = pack_half2(__float2half_rn(x0 - __half2float(h0)), __float2half_rn(x1 - __half2float(h1)));
+}
+
+__device__ __forceinline__ void mma_k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1, const float (&c)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
+// Distance with the centroid index in its low 8 mantissa bits (ordering kept at 2^-15 relative).
+__device__ __forceinline__ float splice(float d, uint32_t idx) {
+  return __uint_as_float((__float_as_uint(d) & 0xFFFFFF00u) | idx);
+}
+
+// Lane (g = lane/4, t = lane%4) loads the two floats of x it needs for rows g and g+8 of a tile:
+// dims 2t, 2t+1 (sub_dim 8) or 2(t&1), 2(t&1)+1 (sub_dim 4, lanes t >= 2 take the lo part).
+template <int DS>
+__device__ __forceinline__ void load_tile(const MmaEncodeParams& p, int64_t tile, int g, int t, float2 (&v)[2]) {
+  const int dim = DS == 8 ? 2 * t : 2 * (t & 1);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = tile * 16 + g + 8 * r;
+    v[r] = row < p.n ? __ldg(reinterpret_cast<const float2*>(p.x + row * DS + dim)) : make_float2(0.f, 0.f);
+  }
+}
+
+template <int DS, int NT>
+__global__ void __launch_bounds__(kMmaThreads, 4) encode_mma_kernel(MmaEncodeParams p) {
+  constexpr int K = NT * 8;
+  // s_b: [K][DS] half, -2c; s_n: [K] f32 |c|^2; s_bn: [K] half2 (staging for the register fragments)
+  __shared__ __align__(16) __half s_b[K * DS];
+  __shared__ __align__(8) float s_n[K];
+  __shared__ uint32_t s_bn[K];  // (|c|^2 hi, lo) as half2 (sub_dim 4)
+  for (int c = threadIdx.x; c < K; c += kMmaThreads) {
+    float n = 0.f;
+#pragma unroll
+    for (int e = 0; e < DS; ++e) {
+      const float v = __ldg(p.book + c * DS + e);
+      n = fmaf(v, v, n);
+      s_b[c * DS + e] = __float2half_rn(-2.0f * v);
+    }
+    s_n[c] = n;
+    const __half nh = __float2half_rn(n);
+    s_bn[c] = pack_half2(nh, __float2half_rn(n - __half2float(nh)));
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // B fragment of n-tile j (column g = centroid 8j+g; b0 = B rows 2t, 2t+1, b1 = rows 2t+8, 2t+9):
+  // -2c at dims (2t, 2t+1) [sub_dim 8] or (2(t&1), +1) [sub_dim 4, rows 4..7 repeat rows 0..3];
+  // sub_dim 4: b1 = (|c|^2 hi, lo) on the lanes t == 0, else 0.
+  const int bdim = DS == 8 ? 2 * t : 2 * (t & 1);
+  const uint32_t ones = t == 0 ? pack_half2(__float2half_rn(1.f), __float2half_rn(1.f)) : 0u;
+  const float zero[4] = {0.f, 0.f, 0.f, 0.f};
+
+  const int64_t n_tiles = (p.n + 15) / 16;
+  const int64_t warp0 = (int64_t(blockIdx.x) * kMmaThreads + threadIdx.x) >> 5;
+  const int64_t n_warps = (int64_t(gridDim.x) * kMmaThreads) >> 5;
+  float2 nxt[2];
+  if (warp0 < n_tiles) load_tile<DS>(p, warp0, g, t, nxt);
+  for (int64_t tile = warp0; tile < n_tiles; tile += n_warps) {
+    const float2 cur[2] = {nxt[0], nxt[1]};
+    if (tile + n_warps < n_tiles) load_tile<DS>(p, tile + n_warps, g, t, nxt);  // prefetch
+    uint32_t hi[2], lo[2];
+    split2(cur[0].x, cur[0].y, hi[0], lo[0]);
+    split2(cur[1].x, cur[1].y, hi[1], lo[1]);
+    // A fragment: a0 (row g, k 2t..), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..)
+    uint32_t a0, a1, a2, a3;
+    if constexpr (DS == 8) {
+      a0 = hi[0], a1 = hi[1], a2 = lo[0], a3 = lo[1];
+    } else {
+      a0 = t < 2 ? hi[0] : lo[0], a1 = t < 2 ? hi[1] : lo[1], a2 = ones, a3 = ones;
+    }
+    float best0 = INFINITY, best1 = INFINITY;  // rows g, g+8 (spliced keys)
+    constexpr int U = NT < 8 ? NT : 8;  // n-tiles per unrolled step (bounds the live mma results)
+#pragma unroll 1
+    for (int j0 = 0; j0 < NT; j0 += U) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = j0 + u;
+        const uint32_t bc = *reinterpret_cast<const uint32_t*>(s_b + (8 * j + g) * DS + bdim);
+        float d[4];
+        if constexpr (DS == 8) {
+          const float2 cn = *reinterpret_cast<const float2*>(s_n + 8 * j + 2 * t);
+          const float e[4] = {cn.x, cn.y, cn.x, cn.y};
+          mma_k16(d, a0, a1, a2, a3, bc, bc, e);
+        } else {
+          const uint32_t bn = t == 0 ? s_bn[8 * j + g] : 0u;
+          mma_k16(d, a0, a1, a2, a3, bc, bn, zero);
+        }
+        const uint32_t c0 = uint32_t(8 * j + 2 * t);
+        best0 = fminf(best0, splice(d[0], c0));
+        best0 = fminf(best0, splice(d[1], c0 + 1));
+        best1 = fminf(best1, splice(d[2], c0));
+        best1 = fminf(best1, splice(d[3], c0 + 1));
+      }
+    }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      best0 = fminf(best0, __shfl_xor_sync(0xffffffffu, best0, o));
+      best1 = fminf(best1, __shfl_xor_sync(0xffffffffu, best1, o));
+    }
+    // A row whose distances are all NaN keeps +inf: code 0 (as the exact encoder).
+    const int64_t r0 = tile * 16 + g, r1 = r0 + 8;
+    if (t == 0 && r0 < p.n) p.codes[r0] = uint16_t(__float_as_uint(best0) & 0xFFu);
+    if (t == 1 && r1 < p.n) p.codes[r1] = uint16_t(__float_as_uint(best1) & 0xFFu);
+  }
+}
+
+int mma_blocks() {
+  static int v = [] {
+    int dev = 0, sms = 0;
+    VQ_CUDA_CHECK(cudaGetDevice(&dev));
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return 4 * sms;  // __launch_bounds__(256, 4): four blocks (32 warps) per SM
+  }();
+  return v;
+}
+
+template <int DS, int NT>
+void launch_nt(const MmaEncodeParams& p, cudaStream_t st) {
+  const int64_t tiles = (p.n + 15) / 16;
+  const int64_t need = (tiles + kMmaThreads / 32 - 1) / (kMmaThreads / 32);
+  const int blocks = int(need < mma_blocks() ? need : mma_blocks());
+  encode_mma_kernel<DS, NT><<<blocks, kMmaThreads, 0, st>>>(p);
+  VQ_CUDA_LAUNCHED("encode_mma_kernel");
+}
+
+template <int DS>
+void launch_ds(const MmaEncodeParams& p, int K, cudaStream_t st) {
+  switch (K) {
+    case 8: return launch_nt<DS, 1>(p, st);
+    case 16: return launch_nt<DS, 2>(p, st);
+    case 32: return launch_nt<DS, 4>(p, st);
+    case 64: return launch_nt<DS, 8>(p, st);
+    case 128: return launch_nt<DS, 16>(p, st);
+    default: return launch_nt<DS, 32>(p, st);
+  }
+}
+
+}  // namespace
+
+bool pq_encode_mma_supported(const PQShape& s) {
+  const int K = s.n_centroids;
+  return !s.per_subspace && (s.sub_dim == 4 || s.sub_dim == 8) && K >= 8 && K <= 256 && (K & (K - 1)) == 0;
+}
+
+void pq_encode_mma_device(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes, void* stream) {
+  check_pq_shape(s, "cuda::pq_encode_mma");
+  VQ_CHECK(pq_encode_mma_supported(s),
+           "cuda::pq_encode_mma: sub_dim {} / n_centroids {} / per_subspace {} not supported (sub_dim 4 or 8, "
+           "n_centroids a power of two in 8..256, one shared codebook)",
+           s.sub_dim, s.n_centroids, s.per_subspace);
+  VQ_CHECK(cuda_device_available(), "cuda::pq_encode_mma: {}", cuda_unavailable_reason());
+  MmaEncodeParams p{int64_t(s.n) * s.n_sub, x, codebooks, codes};
+  if (p.n == 0) return;
+  if (s.sub_dim == 8) launch_ds<8>(p, s.n_centroids, as_stream(stream));
+  else launch_ds<4>(p, s.n_centroids, as_stream(stream));
+}
+
+void pq_encode_mma(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes) {
+  check_pq_shape(s, "cuda::pq_encode_mma");
+  const size_t xb = size_t(s.n) * s.n_sub * s.sub_dim * 4;
+  const size_t cb = size_t(pq_n_books(s)) * s.n_centroids * s.sub_dim * 4;
+  const size_t ob = size_t(s.n) * s.n_sub * 2;
+  DeviceBuffer dx = to_device(x, xb), dc = to_device(codebooks, cb), dout(ob);
+  pq_encode_mma_device(s, dx.as<float>(), dc.as<float>(), dout.as<uint16_t>());
+  device_synchronize();
+  dout.download(codes, ob);
+}
+
+}  // namespace vq::cuda
