@@ -80,6 +80,8 @@ __global__ void __launch_bounds__(kMmaThreads, 4) encode_mma_kernel(MmaEncodePar
   __shared__ __align__(16) __half s_b[K * DS];
   __shared__ __align__(8) float s_n[K];
   __shared__ uint32_t s_bn[K];  // (|c|^2 hi, lo) as half2 (sub_dim 4)
+  // s_n4[i] = (|c|^2 of centroids 2i, 2i+1, again 2i, 2i+1): sub_dim 8's accumulator quad in one LDS.128
+  __shared__ float4 s_n4[K / 2];
   for (int c = threadIdx.x; c < K; c += kMmaThreads) {
     float n = 0.f;
 #pragma unroll
@@ -92,6 +94,8 @@ __global__ void __launch_bounds__(kMmaThreads, 4) encode_mma_kernel(MmaEncodePar
     const __half nh = __float2half_rn(n);
     s_bn[c] = pack_half2(nh, __float2half_rn(n - __half2float(nh)));
   }
+  __syncthreads();
+  for (int i = threadIdx.x; i < K / 2; i += kMmaThreads) s_n4[i] = make_float4(s_n[2 * i], s_n[2 * i + 1], s_n[2 * i], s_n[2 * i + 1]);
   __syncthreads();
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // B fragment of n-tile j (column g = centroid 8j+g; b0 = B rows 2t, 2t+1, b1 = rows 2t+8, 2t+9):
@@ -119,30 +123,30 @@ __global__ void __launch_bounds__(kMmaThreads, 4) encode_mma_kernel(MmaEncodePar
     } else {
       a0 = t < 2 ? hi[0] : lo[0], a1 = t < 2 ? hi[1] : lo[1], a2 = ones, a3 = ones;
     }
-    float best0 = INFINITY, best1 = INFINITY;  // rows g, g+8 (spliced keys)
-    constexpr int U = NT < 8 ? NT : 8;  // n-tiles per unrolled step (bounds the live mma results)
-#pragma unroll 1
-    for (int j0 = 0; j0 < NT; j0 += U) {
+    // Running minima of spliced keys, rows g and g+8, split by column parity (two independent
+    // chains per row). The spliced index is 8j + col (compile-time, an immediate of the LOP3);
+    // the lane's 2t is OR-ed in once at the end (bits 1-2 of the index are zero until then).
+    float b0e = INFINITY, b0o = INFINITY, b1e = INFINITY, b1o = INFINITY;
+    const uint32_t hi_mask = 0xFFFFFF00u;
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = j0 + u;
-        const uint32_t bc = *reinterpret_cast<const uint32_t*>(s_b + (8 * j + g) * DS + bdim);
-        float d[4];
-        if constexpr (DS == 8) {
-          const float2 cn = *reinterpret_cast<const float2*>(s_n + 8 * j + 2 * t);
-          const float e[4] = {cn.x, cn.y, cn.x, cn.y};
-          mma_k16(d, a0, a1, a2, a3, bc, bc, e);
-        } else {
-          const uint32_t bn = t == 0 ? s_bn[8 * j + g] : 0u;
-          mma_k16(d, a0, a1, a2, a3, bc, bn, zero);
-        }
-        const uint32_t c0 = uint32_t(8 * j + 2 * t);
-        best0 = fminf(best0, splice(d[0], c0));
-        best0 = fminf(best0, splice(d[1], c0 + 1));
-        best1 = fminf(best1, splice(d[2], c0));
-        best1 = fminf(best1, splice(d[3], c0 + 1));
+    for (int j = 0; j < NT; ++j) {
+      const uint32_t bc = *reinterpret_cast<const uint32_t*>(s_b + (8 * j + g) * DS + bdim);
+      float d[4];
+      if constexpr (DS == 8) {
+        const float4 cn = s_n4[4 * j + t];
+        const float e[4] = {cn.x, cn.y, cn.z, cn.w};
+        mma_k16(d, a0, a1, a2, a3, bc, bc, e);
+      } else {
+        const uint32_t bn = t == 0 ? s_bn[8 * j + g] : 0u;
+        mma_k16(d, a0, a1, a2, a3, bc, bn, zero);
       }
+      b0e = fminf(b0e, __uint_as_float((__float_as_uint(d[0]) & hi_mask) | uint32_t(8 * j)));
+      b0o = fminf(b0o, __uint_as_float((__float_as_uint(d[1]) & hi_mask) | uint32_t(8 * j + 1)));
+      b1e = fminf(b1e, __uint_as_float((__float_as_uint(d[2]) & hi_mask) | uint32_t(8 * j)));
+      b1o = fminf(b1o, __uint_as_float((__float_as_uint(d[3]) & hi_mask) | uint32_t(8 * j + 1)));
     }
+    float best0 = __uint_as_float(__float_as_uint(fminf(b0e, b0o)) | uint32_t(2 * t));
+    float best1 = __uint_as_float(__float_as_uint(fminf(b1e, b1o)) | uint32_t(2 * t));
 #pragma unroll
     for (int o = 1; o <= 2; o <<= 1) {
       best0 = fminf(best0, __shfl_xor_sync(0xffffffffu, best0, o));
