@@ -293,39 +293,6 @@ struct DecQ6_K {
   }
 };
 
-// y[m, r] for rows [r0, r1) and activation rows m0..m0+MT-1, one weight decode per block.
-template <class Dec, int MT>
-HWY_INLINE void RowsMT(const uint8_t* W, size_t rb, int64_t r0, int64_t r1, const QuantizedRows& X, int64_t m0,
-                       float* y, int64_t ldy) {
-  const DF df;
-  const int64_t nb = X.cols / 32;
-  const int8_t* xq[MT];
-  const float* xd[MT];
-  const float* xs[MT];
-  for (int t = 0; t < MT; ++t) {
-    xq[t] = X.q + (m0 + t) * X.cols;
-    xd[t] = X.d + (m0 + t) * nb;
-    xs[t] = X.s + (m0 + t) * nb;
-  }
-  Dec dec;
-  for (int64_t r = r0; r < r1; ++r) {
-    dec.Begin(W + size_t(r) * rb);
-    VF acc[MT];
-    float accb[MT];
-    for (int t = 0; t < MT; ++t) acc[t] = hn::Zero(df), accb[t] = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) {
-      const Decoded w = dec.Block(b);
-      for (int t = 0; t < MT; ++t) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + b * 32));
-        const VF si{_mm256_cvtepi32_ps(Dec::Dot(w, x))};
-        acc[t] = hn::MulAdd(si, hn::Set(df, w.a * xd[t][b]), acc[t]);
-        if constexpr (Dec::kOffset) accb[t] += w.b * xs[t][b];
-      }
-    }
-    for (int t = 0; t < MT; ++t) y[(m0 + t) * ldy + r] = hn::GetLane(hn::SumOfLanes(df, acc[t])) + accb[t];
-  }
-}
-
 // Groups of 8 blocks: the 8 int32 block sums are reduced into one vector (lane k = block k) and
 // scaled with the 8 block scales at once, instead of a convert, a scale product, a broadcast and
 // an FMA per block. Each group of weight blocks is decoded once for MT activation rows. Rows go
