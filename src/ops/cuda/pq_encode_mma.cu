@@ -35,6 +35,9 @@ struct MmaEncodeParams {
   const float* x;      // [n, DS] f32
   const float* book;   // [K, DS] f32
   uint16_t* codes;     // [n]
+  // 0xFFFFFF00, passed at run time so that it stays a register: (d & mask) | index is then one
+  // LOP3 with the index as its immediate (with both constants ptxas emitted two LOP3s, run 6b).
+  uint32_t hi_mask;
 };
 
 __device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
@@ -56,10 +59,6 @@ __device__ __forceinline__ void mma_k16(float (&d)[4], uint32_t a0, uint32_t a1,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 }
 
-// Distance with the centroid index in its low 8 mantissa bits (ordering kept at 2^-15 relative).
-__device__ __forceinline__ float splice(float d, uint32_t idx) {
-  return __uint_as_float((__float_as_uint(d) & 0xFFFFFF00u) | idx);
-}
 
 // Lane (g = lane/4, t = lane%4) loads the two floats of x it needs for rows g and g+8 of a tile:
 // dims 2t, 2t+1 (sub_dim 8) or 2(t&1), 2(t&1)+1 (sub_dim 4, lanes t >= 2 take the lo part).
@@ -127,7 +126,7 @@ __global__ void __launch_bounds__(kMmaThreads, 4) encode_mma_kernel(MmaEncodePar
     // chains per row). The spliced index is 8j + col (compile-time, an immediate of the LOP3);
     // the lane's 2t is OR-ed in once at the end (bits 1-2 of the index are zero until then).
     float b0e = INFINITY, b0o = INFINITY, b1e = INFINITY, b1o = INFINITY;
-    const uint32_t hi_mask = 0xFFFFFF00u;
+    const uint32_t hi_mask = p.hi_mask;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const uint32_t bc = *reinterpret_cast<const uint32_t*>(s_b + (8 * j + g) * DS + bdim);
@@ -204,7 +203,7 @@ void pq_encode_mma_device(const PQShape& s, const float* x, const float* codeboo
            "n_centroids a power of two in 8..256, one shared codebook)",
            s.sub_dim, s.n_centroids, s.per_subspace);
   VQ_CHECK(cuda_device_available(), "cuda::pq_encode_mma: {}", cuda_unavailable_reason());
-  MmaEncodeParams p{int64_t(s.n) * s.n_sub, x, codebooks, codes};
+  MmaEncodeParams p{int64_t(s.n) * s.n_sub, x, codebooks, codes, 0xFFFFFF00u};
   if (p.n == 0) return;
   if (s.sub_dim == 8) launch_ds<8>(p, s.n_centroids, as_stream(stream));
   else launch_ds<4>(p, s.n_centroids, as_stream(stream));
