@@ -2,7 +2,7 @@
 # KV-cache quality and speed table (docs/BENCHMARKS.md, "KV caches: quality and speed").
 # SmolLM2-135M-Instruct, evaluation text from python3-doc (held out: calibration uses the
 # Jargon File), context CTX (default 2048): perplexity, KL and top-1 vs fp16 per method; then
-# decode-step attention time at contexts 512 / 4096 / 8192 from bench/kv_attend.
+# end-to-end decode tokens/s at contexts 512 / 4096 / 8192 from bench/kv_speed.sh.
 # usage: bench/kv_quality.sh [BUILD_DIR=build/release] [CTX=2048]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,4 @@ print(f"| {j['kv_cache']} | {j['perplexity']:.3f} | {100*(j['perplexity']/j['fp1
       f"{j['kl_vs_fp16']:.4f} | {100*j['top1_agreement_vs_fp16']:.1f}% | {j['bits_per_element']:.2f} |")
 PY
 done
-for ctx in 512 4096 8192; do
-  "$BUILD/bench/kv_attend" $ctx $METHODS
-done
+bench/kv_speed.sh "$BUILD" "$OUT/calib"
