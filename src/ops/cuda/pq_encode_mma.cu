@@ -10,8 +10,9 @@
 // so x enters at ~2^-22 relative precision and |c|^2 likewise; the centroids enter as fp16
 // (2^-11 relative rounding): that is this encoder's only approximation beyond fp32 rounding.
 // The codebook is staged once per block in shared memory as fp16 -2c and fp32 |c|^2 (persistent
-// grid); per n-tile a lane reads its B fragment (one conflict-free LDS.32) and its |c|^2 pair
-// (one broadcast LDS.64): 2 wavefronts per 16x8 tile against 8 ALU instructions of argmin. (All
+// grid); per n-tile a lane reads its B fragment (one conflict-free LDS.32) and, for sub_dim 8, its
+// accumulator quad of |c|^2 (one broadcast LDS.128): ~2 wavefronts per 16x8 tile against ~9 ALU
+// instructions of argmin (measurements and SASS counts: docs/CUDA_NOTES.md section 1, v3a-v3c). (All
 // fragments in registers made ptxas hoist every n-tile's mma and spill: 128 registers, 268 B.)
 // Argmin: the centroid index is spliced into the low 8 mantissa bits of each distance (LOP3)
 // and a running fminf keeps the best (FMNMX): 2 ALU ops per (sub-vector, centroid) pair, and
