@@ -201,8 +201,12 @@ void bench_attn(double copy_bw) {
       const double ms_gather = median_ms(run, 10, 21, 3);
       a.kernel = 3;  // v3b: fp32 LUT
       const double ms_v3b = median_ms(run, 10, 21, 3);
-      a.kernel = 0;  // auto = v4: fp16 LUT
+      a.kernel = 4;  // v5: v4 with 20 warps of 96 registers
       a.workspace = ws.data(), a.workspace_bytes = ws.size();
+      const double ms_v5 = median_ms(run, 10, 21, 3);
+      a.kernel = 2;  // v4 explicitly
+      const double ms_v4 = median_ms(run, 10, 21, 3);
+      a.kernel = 0;  // auto
       const double ms = median_ms(run, 10, 21, 3);
       // v4 with the split count set for 1, 2 (the default's rule, roughly) and 4 waves of one block per SM.
       double ms_w[3] = {0, 0, 0};
@@ -218,9 +222,9 @@ void bench_attn(double copy_bw) {
       const double gbps = double(bytes) / (ms * 1e-3) / 1e9;
       std::printf("attn B=%d Hq=%d Hkv=%d D=%d S=%d k=d4b8 v=d4b8 ms=%.4f code_bytes=%zu GBps_codes=%.0f "
                   "pct_of_copy=%.1f rotate_copies=%d ms_gather_mma_v2=%.4f ms_lut_f32_v3b=%.4f "
-                  "ms_v4_waves1=%.4f ms_v4_waves2=%.4f ms_v4_waves4=%.4f\n",
+                  "ms_v4_waves1=%.4f ms_v4_waves2=%.4f ms_v4_waves4=%.4f ms_v4=%.4f ms_v5=%.4f\n",
                   B, Hq, Hkv, D, S, ms, bytes, gbps, 100.0 * gbps / copy_bw, copies, ms_gather, ms_v3b, ms_w[0],
-                  ms_w[1], ms_w[2]);
+                  ms_w[1], ms_w[2], ms_v4, ms_v5);
       std::fflush(stdout);
     }
 }

@@ -48,10 +48,11 @@ const AttnCase kAttn[] = {
     {"d64_d4b8per_keys_g4_prefill", 2, 4, 64, 4, 8, true, 4, 8, false, {1200}, {3}, 5},
 };
 // Each case runs with kernel 0 (auto: the v4 fp16-LUT kernel where it applies), kernel 1
-// (gather-mma) and kernel 3 (v3b fp32-LUT kernel; skipped for shapes it does not take).
-constexpr size_t kKernels = 3;
-constexpr int kKernelIds[kKernels] = {0, 1, 3};
-const char* const kKernelNames[kKernels] = {"_auto", "_gather", "_lut_f32"};
+// (gather-mma), kernel 3 (v3b fp32-LUT kernel) and kernel 4 (v5: v4 with 20 warps of 96 registers);
+// 3 and 4 are skipped for shapes they do not take.
+constexpr size_t kKernels = 4;
+constexpr int kKernelIds[kKernels] = {0, 1, 3, 4};
+const char* const kKernelNames[kKernels] = {"_auto", "_gather", "_lut_f32", "_lut_v5"};
 
 struct Problem {
   int rows;
@@ -209,7 +210,7 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   // The LUT kernel keeps the queries in fp32 (LUT = q~ . fp16 centroid); the gather-mma one rounds them.
   const bool lut_shape = c.kbits == 8 && (D / c.kd == 16 || D / c.kd == 32) && c.vd == 4 && c.vbits == 8 &&
                          !c.vper && D <= 128;
-  if (kernel == 3 && !lut_shape) GTEST_SKIP() << "the LUT kernel does not take this shape";
+  if (kernel >= 3 && !lut_shape) GTEST_SKIP() << "the LUT kernel does not take this shape";
   const bool lut = kernel != 1 && lut_shape;
   cuda::DeviceBuffer ws(std::max<size_t>(cuda::pq_attention_workspace_bytes(a), 4));
   a.workspace = ws.data(), a.workspace_bytes = ws.size();
@@ -282,7 +283,7 @@ TEST(CudaPQAttentionArgs, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
   a.k_sub_dim = 4, a.code_head_stride = 10;
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
-  a.code_head_stride = 16, a.kernel = 4;
+  a.code_head_stride = 16, a.kernel = 5;
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
 }
 

@@ -461,7 +461,8 @@ void ensure_smem_attr(const void* kernel, size_t bytes) {
 
 struct Plan {
   bool lut;  // LUT split kernel (pq_attention_lut.cu) instead of the gather-mma one
-  bool h16;  // the LUT kernel's v4 form (fp16 LUT) rather than v3b (fp32 LUT)
+  bool h16;  // the LUT kernel's v4/v5 form (fp16 LUT) rather than v3b (fp32 LUT)
+  int lut_warps;  // warps per LUT block: 16 (v3b, v4) or 24 (v5)
   int head_tiles, chunk, n_splits, kcb, vcb;
   size_t books_bytes, split_smem_small, split_smem_books;
 };
@@ -472,9 +473,10 @@ Plan make_plan(const PQAttnBatchArgs& a, bool query_device) {
   pl.kcb = int(code_row_bytes(a.head_dim / a.k_sub_dim, a.k_bits));
   pl.vcb = int(code_row_bytes(a.head_dim / a.v_sub_dim, a.v_bits));
   pl.h16 = a.kernel != 3;
-  pl.lut = a.kernel == 2 || a.kernel == 3 ||
+  pl.lut_warps = a.kernel == 4 ? detail::kLut5Warps : detail::kLutWarps;
+  pl.lut = a.kernel >= 2 ||
            (a.kernel == 0 && detail::lut_kernel_supported(a) &&
-            (!query_device || detail::lut_kernel_smem(a, true) <= size_t(max_smem_optin())));
+            (!query_device || detail::lut_kernel_smem(a, true, pl.lut_warps) <= size_t(max_smem_optin())));
   int chunk = a.split_tokens;
   if (chunk <= 0 && pl.lut) {
     // 1 block of 16 warps per SM: one full wave (measured best in run 5a at every bench shape, v3b
@@ -527,7 +529,7 @@ void check_pq_attention_args(const PQAttnBatchArgs& a) {
            "cuda::pq_attention: code_head_stride = {} must be a multiple of 16 and >= max_coded = {}",
            a.code_head_stride, a.max_coded);
   VQ_CHECK(a.max_coded >= 0, "cuda::pq_attention: max_coded = {} < 0", a.max_coded);
-  VQ_CHECK(a.kernel >= 0 && a.kernel <= 3, "cuda::pq_attention: kernel = {} must be 0, 1, 2 or 3", a.kernel);
+  VQ_CHECK(a.kernel >= 0 && a.kernel <= 4, "cuda::pq_attention: kernel = {} must be 0, 1, 2, 3 or 4", a.kernel);
   VQ_CHECK(a.kernel < 2 || detail::lut_kernel_supported(a),
            "cuda::pq_attention: kernel = {} (LUT) needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 "
            "8-bit with one shared book, head_dim 64 or 128", a.kernel);
@@ -582,7 +584,7 @@ void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
     VQ_CHECK(detail::lut_kernel_supported(a), "cuda::pq_attention: the LUT kernel does not take these shapes "
              "(needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit shared book, head_dim 64 or 128)");
     VQ_CHECK(a.n_kv_heads * ((a.group + 3) / 4) <= 65535, "cuda::pq_attention: grid too large");
-    detail::launch_lut_split(a, pl.h16, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
+    detail::launch_lut_split(a, pl.h16, pl.lut_warps, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
   } else if (a.max_coded > 0) {
     VQ_CHECK(a.n_kv_heads * pl.head_tiles <= 65535 && pl.n_splits <= (1 << 30),
              "cuda::pq_attention: grid too large ({} KV heads x {} head tiles)", a.n_kv_heads, pl.head_tiles);

@@ -66,7 +66,8 @@ struct PQAttnBatchArgs {
   size_t workspace_bytes = 0;
   int split_tokens = 0;         // tokens per split block; 0 = choose from the device's SM count
   // Split kernel: 0 = auto (the v4 LUT kernel where it applies, else gather-mma), 1 = gather-mma
-  // (any supported shape), 2 = v4 LUT (fp16 table), 3 = v3b LUT (fp32 table); the LUT kernels take
+  // (any supported shape), 2 = v4 LUT (fp16 table), 3 = v3b LUT (fp32 table), 4 = v5 LUT (v4 with 24
+  // warps of <= 80 registers); the LUT kernels take
   // 8-bit keys with head_dim/k_sub_dim in {16, 32}, values d4 8-bit with one shared book, head_dim
   // 64 or 128, and throw otherwise. docs/CUDA_NOTES.md.
   int kernel = 0;

@@ -26,8 +26,6 @@
 namespace vq::cuda::detail {
 namespace {
 
-constexpr int kNW = kLutWarps;
-constexpr int kThreads = 32 * kNW;
 constexpr int kH = 4;         // query heads per LUT entry (float4)
 constexpr int kPRow = 40;     // halves per P-tile row (32 tokens + 8 pad: conflict-free fragment reads)
 constexpr float kLog2e = 1.4426950408889634f;
@@ -66,8 +64,14 @@ __device__ __forceinline__ float warp_max(float x) {
 // Shared memory: lut | vsl [256][16] uint2 | sq [4][D] f32 | ps [kNW][8][kPRow] half, where
 //   v3b: lut [NS/16][256][16] float4 (entry (c, s) = 4 heads in fp32)
 //   v4:  lut [256][32] uint2 (entry (c, s) = 4 heads as two half2; rows of 256 B, NS = 16 uses half a row)
-template <int NS, int D, bool H16>
-__global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
+// NWT: warps per block. 16 = v4 (128 registers); 24 = v5 (80 registers: value codes loaded in their
+// own iteration, value centroids gathered per sub-space; docs/CUDA_NOTES.md v5).
+template <int NS, int D, bool H16, int NWT>
+__global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
+  constexpr int kNW = NWT;
+  constexpr int kThreads = 32 * NWT;
+  constexpr bool V5 = NWT != kLutWarps;
+  static_assert(H16 || !V5, "v5 is the fp16-LUT kernel");
   constexpr int MT = D / 16;  // m-tiles of the value mma
   constexpr int VU = D / 32;  // 4-dim groups (value sub-spaces) per lane
   constexpr int NW4 = NS / 4; // key code words per token
@@ -96,11 +100,15 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
   // ---- value book, 16 bank-sliced copies: vsl[c*16 + j] = centroid c (loads batched) ----
   {
     const uint2* vb = reinterpret_cast<const uint2*>(p.v_book + size_t(kh) * 256 * 4);
-    uint2 x[256 * 16 / kThreads];
+    constexpr int VPT = (256 * 16 + kThreads - 1) / kThreads;
+    constexpr bool exact = VPT * kThreads == 256 * 16;
+    uint2 x[VPT];
 #pragma unroll
-    for (int k = 0; k < 256 * 16 / kThreads; ++k) x[k] = __ldg(vb + ((threadIdx.x + k * kThreads) >> 4));
+    for (int k = 0; k < VPT; ++k)
+      if (exact || threadIdx.x + k * kThreads < 256 * 16) x[k] = __ldg(vb + ((threadIdx.x + k * kThreads) >> 4));
 #pragma unroll
-    for (int k = 0; k < 256 * 16 / kThreads; ++k) vsl[threadIdx.x + k * kThreads] = x[k];
+    for (int k = 0; k < VPT; ++k)
+      if (exact || threadIdx.x + k * kThreads < 256 * 16) vsl[threadIdx.x + k * kThreads] = x[k];
   }
   __syncthreads();
   // ---- key LUT ----
@@ -109,8 +117,9 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     // entries of codes c = tid/NS + k*(kThreads/NS). A half-warp stores 16 distinct s of one c:
     // 16 distinct bank pairs. All centroid loads are issued before the FMAs.
     constexpr int KD = D / NS;
-    constexpr int PASSES = NS * 256 / kThreads;
     constexpr int CSTEP = kThreads / NS;
+    constexpr int PASSES = (256 + CSTEP - 1) / CSTEP;
+    constexpr bool exact = PASSES * CSTEP == 256;  // v4: yes; v5 (24 warps): the last pass is partial
     const int s = threadIdx.x % NS, c0 = threadIdx.x / NS;
     const __half* kb = p.k_book + (size_t(kh) * p.kbooks + (p.kbooks > 1 ? s : 0)) * 256 * KD;
     float qr[kH][KD];
@@ -121,6 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     uint32_t cw[PASSES][KD / 2];
 #pragma unroll
     for (int k = 0; k < PASSES; ++k) {
+      if (!exact && c0 + k * CSTEP >= 256) break;
       const uint32_t* cent = reinterpret_cast<const uint32_t*>(kb + size_t(c0 + k * CSTEP) * KD);
       if constexpr (KD == 2) {
         cw[k][0] = __ldg(cent);
@@ -135,6 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     uint2* lut16 = reinterpret_cast<uint2*>(smem);
 #pragma unroll
     for (int k = 0; k < PASSES; ++k) {
+      if (!exact && c0 + k * CSTEP >= 256) break;
       float acc[kH] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < KD / 2; ++j) {
@@ -184,6 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
   const uint8_t* kbase = p.k_codes[b] + int64_t(kh) * p.code_head_stride * p.kcb;
   const uint8_t* vbase = p.v_codes[b] + int64_t(kh) * p.code_head_stride * p.vcb;
   const int n_groups = (tok_end - tok_begin + 31) / 32;
+  const int kcb = p.kcb, vcb = p.vcb;
 
   // Per-lane constants of the diagonal lookup.
   const int l7 = lane & 7;
@@ -191,6 +203,9 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
   uint32_t sel[4];                               // PRMT selector: byte ((l&3)^k) -> bits 8..15
 #pragma unroll
   for (int k = 0; k < 4; ++k) sel[k] = 0x4404u | (uint32_t((lane & 3) ^ k) << 4);
+  uint32_t bsel = 0;                             // v5: PRMT selector, byte k <- byte (l&3)^k
+#pragma unroll
+  for (int k = 0; k < 4; ++k) bsel |= uint32_t((lane & 3) ^ k) << (4 * k);
   const uint32_t l16 = uint32_t(l7) << 4;
   const bool swap_quads = (lane >> 3) & 1;      // v4: word index = (i>>2) ^ ((l>>2)&3)
   const uint32_t l8 = uint32_t(lane & 15) << 3;
@@ -198,11 +213,22 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
   // Value code word of lane g: value sub-spaces [g*VU, g*VU + VU) of a row.
   const int vword_off = (g * VU) & ~3, vbyte0 = (g * VU) & 3;
 
-  auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4]) {
+  auto load_vcodes = [&](int gi, uint32_t (&vw)[2][4]) {
+    const int tok0 = tok_begin + gi * 32;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int vt = tok0 + 16 * ks + 2 * t + (s & 1) + (s >> 1) * 8;
+        vw[ks][s] = vt < tok_end ? __ldg(reinterpret_cast<const uint32_t*>(vbase + int64_t(vt) * vcb + vword_off)) : 0u;
+      }
+  };
+  // v4 loads key and value codes one group ahead; v5 only the key codes (kv_ahead = false).
+  auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4], bool kv_ahead) {
     const int tok0 = tok_begin + gi * 32;
     const int tok = tok0 + lane;
     if (tok < tok_end) {
-      const uint4* src = reinterpret_cast<const uint4*>(kbase + int64_t(tok) * p.kcb);
+      const uint4* src = reinterpret_cast<const uint4*>(kbase + int64_t(tok) * kcb);
 #pragma unroll
       for (int j = 0; j < NW4 / 4; ++j) {
         const uint4 x = __ldg(src + j);
@@ -212,13 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
 #pragma unroll
       for (int j = 0; j < NW4; ++j) kw[j] = 0u;
     }
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks)
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int vt = tok0 + 16 * ks + 2 * t + (s & 1) + (s >> 1) * 8;
-        vw[ks][s] = vt < tok_end ? __ldg(reinterpret_cast<const uint32_t*>(vbase + int64_t(vt) * p.vcb + vword_off)) : 0u;
-      }
+    if (kv_ahead) load_vcodes(gi, vw);
   };
 
   float m_run[kH], l_run[kH];
@@ -229,11 +249,12 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
   for (int mt = 0; mt < MT; ++mt) oc[mt][0] = oc[mt][1] = oc[mt][2] = oc[mt][3] = 0.f;
 
   uint32_t kw[NW4], vw[2][4];
-  if (warp < n_groups) load_codes(warp, kw, vw);
+  if (warp < n_groups) load_codes(warp, kw, vw, !V5);
   for (int gi = warp; gi < n_groups; gi += kNW) {
     uint32_t kwn[NW4], vwn[2][4];
     const bool more = gi + kNW < n_groups;
-    if (more) load_codes(gi + kNW, kwn, vwn);
+    if constexpr (V5) load_vcodes(gi, vw);  // consumed after the scores: latency hidden by the lookups
+    if (more) load_codes(gi + kNW, kwn, vwn, !V5);
 
     // ---- scores of token tok0 + lane for the 4 heads ----
     float sc[kH] = {0.f, 0.f, 0.f, 0.f};
@@ -245,10 +266,18 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
       for (int j = 0; j < NW4; ++j) kt[j] = swap_pairs ? kw[j ^ 1] : kw[j];
 #pragma unroll
       for (int j = 0; j < NW4; ++j) kp[j] = swap_quads ? kt[j ^ 2] : kt[j];
+      if constexpr (V5) {
+        // byte k of each word := byte (l&3)^k, so that the per-step selectors are immediates (v5 keeps
+        // one selector register instead of four)
+#pragma unroll
+        for (int j = 0; j < NW4; ++j) kp[j] = __byte_perm(kp[j], 0u, bsel);
+      }
 #pragma unroll
       for (int i = 0; i < NS; i += 2) {
-        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]) | (l8 ^ uint32_t(i << 3));
-        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, sel[(i + 1) & 3]) | (l8 ^ uint32_t((i + 1) << 3));
+        const uint32_t s0 = V5 ? 0x4404u | uint32_t((i & 3) << 4) : sel[i & 3];
+        const uint32_t s1 = V5 ? 0x4404u | uint32_t(((i + 1) & 3) << 4) : sel[(i + 1) & 3];
+        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, s0) | (l8 ^ uint32_t(i << 3));
+        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, s1) | (l8 ^ uint32_t((i + 1) << 3));
         const uint2 e0 = *reinterpret_cast<const uint2*>(lutb + o0);
         const uint2 e1 = *reinterpret_cast<const uint2*>(lutb + o1);
         // two terms summed in fp16, then accumulated in fp32
@@ -324,6 +353,20 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     for (int ks = 0; ks < 2; ++ks) {
       const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(ps + g * kPRow + 16 * ks + 2 * t);
       const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(ps + g * kPRow + 16 * ks + 2 * t + 8);
+      if constexpr (V5) {
+        // gathers of one value sub-space (8 registers) right before its two mma
+#pragma unroll
+        for (int u = 0; u < VU; ++u) {
+          uint2 xu[4];
+#pragma unroll
+          for (int s = 0; s < 4; ++s) xu[s] = vsl[((vw[ks][s] >> (8 * (vbyte0 + u))) & 0xffu) * 16 + (lane & 15)];
+          mma16816(oc[2 * u], __byte_perm(xu[0].x, xu[1].x, 0x5410), __byte_perm(xu[0].x, xu[1].x, 0x7632),
+                   __byte_perm(xu[2].x, xu[3].x, 0x5410), __byte_perm(xu[2].x, xu[3].x, 0x7632), pb0, pb1);
+          mma16816(oc[2 * u + 1], __byte_perm(xu[0].y, xu[1].y, 0x5410), __byte_perm(xu[0].y, xu[1].y, 0x7632),
+                   __byte_perm(xu[2].y, xu[3].y, 0x5410), __byte_perm(xu[2].y, xu[3].y, 0x7632), pb0, pb1);
+        }
+        continue;
+      }
       uint2 xv[4][VU];
 #pragma unroll
       for (int s = 0; s < 4; ++s)
@@ -346,10 +389,12 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
     if (more) {
 #pragma unroll
       for (int j = 0; j < NW4; ++j) kw[j] = kwn[j];
+      if constexpr (!V5) {
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks)
+        for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
-        for (int s = 0; s < 4; ++s) vw[ks][s] = vwn[ks][s];
+          for (int s = 0; s < 4; ++s) vw[ks][s] = vwn[ks][s];
+      }
     }
   }
 
@@ -415,22 +460,23 @@ __global__ void __launch_bounds__(kThreads, 1) lut_split_kernel(LutParams p) {
   }
 }
 
-template <int NS, int D, bool H16>
+template <int NS, int D, bool H16, int NWT>
 void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
   static bool attr_set = false;  // one size per instantiation: set once
   if (!attr_set) {
-    VQ_CUDA_CHECK(
-        cudaFuncSetAttribute(lut_split_kernel<NS, D, H16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, H16, NWT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(smem)));
     attr_set = true;
   }
-  lut_split_kernel<NS, D, H16><<<grid, kThreads, smem, st>>>(lp);
+  lut_split_kernel<NS, D, H16, NWT><<<grid, 32 * NWT, smem, st>>>(lp);
   VQ_CUDA_LAUNCHED("lut_split_kernel");
 }
 
-template <bool H16>
+template <bool H16, int NWT>
 void launch_any(const LutParams& lp, int ns, int D, dim3 grid, size_t smem, cudaStream_t st) {
-  if (D == 128) ns == 32 ? launch<32, 128, H16>(lp, grid, smem, st) : launch<16, 128, H16>(lp, grid, smem, st);
-  else ns == 32 ? launch<32, 64, H16>(lp, grid, smem, st) : launch<16, 64, H16>(lp, grid, smem, st);
+  if (D == 128)
+    ns == 32 ? launch<32, 128, H16, NWT>(lp, grid, smem, st) : launch<16, 128, H16, NWT>(lp, grid, smem, st);
+  else ns == 32 ? launch<32, 64, H16, NWT>(lp, grid, smem, st) : launch<16, 64, H16, NWT>(lp, grid, smem, st);
 }
 
 }  // namespace
@@ -441,13 +487,13 @@ bool lut_kernel_supported(const PQAttnBatchArgs& a) {
          a.v_sub_dim == 4 && !a.v_per_subspace;
 }
 
-size_t lut_kernel_smem(const PQAttnBatchArgs& a, bool h16) {
+size_t lut_kernel_smem(const PQAttnBatchArgs& a, bool h16, int warps) {
   const int ns = a.head_dim / a.k_sub_dim;
   const size_t lut = h16 ? size_t(256) * 256 : size_t(ns) * 256 * 16;
-  return lut + 256 * 16 * 8 + size_t(kH) * a.head_dim * 4 + size_t(kNW) * 8 * kPRow * 2;
+  return lut + 256 * 16 * 8 + size_t(kH) * a.head_dim * 4 + size_t(warps) * 8 * kPRow * 2;
 }
 
-void launch_lut_split(const PQAttnBatchArgs& a, bool h16, int head_tiles8, int chunk, int n_splits, float* part,
+void launch_lut_split(const PQAttnBatchArgs& a, bool h16, int warps, int head_tiles8, int chunk, int n_splits, float* part,
                       cudaStream_t st) {
   LutParams lp{};
   lp.n_kv_heads = a.n_kv_heads;
@@ -470,10 +516,12 @@ void launch_lut_split(const PQAttnBatchArgs& a, bool h16, int head_tiles8, int c
   lp.part = part;
   const int tiles4 = (a.group + kH - 1) / kH;
   const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
-  const size_t smem = lut_kernel_smem(a, h16);
+  const size_t smem = lut_kernel_smem(a, h16, warps);
   const int ns = a.head_dim / a.k_sub_dim;
-  if (h16) launch_any<true>(lp, ns, a.head_dim, grid, smem, st);
-  else launch_any<false>(lp, ns, a.head_dim, grid, smem, st);
+  VQ_CHECK(warps == kLutWarps || (h16 && warps == kLut5Warps), "launch_lut_split: warps = {} (h16 {})", warps, h16);
+  if (warps == kLut5Warps) launch_any<true, kLut5Warps>(lp, ns, a.head_dim, grid, smem, st);
+  else if (h16) launch_any<true, kLutWarps>(lp, ns, a.head_dim, grid, smem, st);
+  else launch_any<false, kLutWarps>(lp, ns, a.head_dim, grid, smem, st);
 }
 
 }  // namespace vq::cuda::detail
