@@ -20,7 +20,9 @@ using CalibProgress = std::function<void(const char*, int, int)>;
 std::string read_text_file(const std::string& path);
 
 // Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens).
-// Runs them through the model (fp16 cache) in chunks and trains the calibration.
+// Runs them through the model (fp16 cache) as independent sequences of opt.segment_tokens tokens
+// (0: 2048, see calibrate.cpp) and trains the calibration (each sequence's first opt.skip_tokens
+// left out: the cache keeps them in fp16).
 Calibration calibrate_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
                             const CalibTrainOptions& opt, const std::string& model_name,
                             const CalibProgress& progress = {});
