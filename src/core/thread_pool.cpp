@@ -1,15 +1,40 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 
 #include "core/error.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define VQ_CPU_RELAX() _mm_pause()
+#else
+#define VQ_CPU_RELAX() std::this_thread::yield()
+#endif
 
 namespace vq {
 
 namespace {
 thread_local bool tl_inside_pool = false;
+// How long an idle worker (or the caller waiting for workers) spins before sleeping.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+// Spins until pred() holds or kSpin passes; returns pred().
+template <typename Pred>
+bool spin_until(Pred pred) {
+  if (pred()) return true;
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 0;; ++i) {
+    for (int k = 0; k < 32; ++k) {
+      if (pred()) return true;
+      VQ_CPU_RELAX();
+    }
+    std::this_thread::yield();  // lets a preempted peer run when the cores are oversubscribed
+    if (std::chrono::steady_clock::now() > deadline) return pred();
+  }
 }
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
   VQ_CHECK(n_threads >= 1 && n_threads <= 1024, "thread count {} must be in 1..1024", n_threads);
@@ -19,39 +44,43 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   cv_work_.notify_all();
   for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::run_part(int index) {
+  const size_t begin = std::min(job_n_, size_t(index) * job_chunk_);
+  const size_t end = std::min(job_n_, begin + job_chunk_);
+  try {
+    if (begin < end) (*job_)(begin, end, index);
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(err_mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+  if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    std::lock_guard<std::mutex> lk(mu_);  // pairs with the caller's sleep on cv_done_
+    cv_done_.notify_one();
+  }
 }
 
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
   tl_inside_pool = true;
   for (;;) {
-    const std::function<void(size_t, size_t, int)>* job;
-    size_t begin, end;
-    {
+    auto has_work = [&] {
+      return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin_until(has_work)) {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_work_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (index >= job_parts_) continue;
-      job = job_;
-      begin = std::min(job_n_, size_t(index) * job_chunk_);
-      end = std::min(job_n_, begin + job_chunk_);
+      sleepers_.fetch_add(1);
+      cv_work_.wait(lk, has_work);
+      sleepers_.fetch_sub(1);
     }
-    std::exception_ptr err;
-    try {
-      if (begin < end) (*job)(begin, end, index);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (err && !error_) error_ = err;
-      if (--pending_ == 0) cv_done_.notify_one();
-    }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    run_part(index);  // every worker takes part in every job (an empty range when not needed)
   }
 }
 
@@ -64,30 +93,30 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t,
     fn(0, n, 0);
     return;
   }
-  const size_t chunk = (n + parts - 1) / parts;
   {
     std::lock_guard<std::mutex> lk(mu_);
     job_ = &fn;
     job_n_ = n;
-    job_chunk_ = chunk;
-    job_parts_ = parts;
-    pending_ = parts - 1;
+    job_chunk_ = (n + parts - 1) / parts;
     error_ = nullptr;
-    ++generation_;
+    pending_.store(n_threads_, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
   }
-  cv_work_.notify_all();
-  std::exception_ptr err;
+  if (sleepers_.load() > 0) cv_work_.notify_all();
   tl_inside_pool = true;
-  try {
-    fn(0, std::min(n, chunk), 0);
-  } catch (...) {
-    err = std::current_exception();
-  }
+  run_part(0);
   tl_inside_pool = false;
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return pending_ == 0; });
-  if (!err) err = error_;
-  error_ = nullptr;
+  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(done)) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_done_.wait(lk, done);
+  }
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lk(err_mu_);
+    err = error_;
+    error_ = nullptr;
+  }
   job_ = nullptr;
   if (err) std::rethrow_exception(err);
 }
