@@ -6,6 +6,7 @@
 #   CALIB_DIR holds calib_<preset>.vqcal for the vecinfer presets (made when absent by
 #   veloxquant calibrate: 2048 tokens of the Jargon File, 4096 for d8b12).
 # VQ_NICE=-10: run the timed decode steps at that priority on a shared machine (needs the right).
+# VQ_THREADS (default 2), VQ_STEPS (24), VQ_CTX (512,4096,8192).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build/release}
@@ -25,6 +26,6 @@ for p in d4b8 d8b8 k=d4b8,v=d8b8 d8b12; do
   args+=(--calib "$f" "vecinfer:$p")
 done
 echo "date: $(date -u +%FT%TZ) machine: $(lscpu | grep 'Model name' | sed 's/.*: *//') ($(nproc) cores); load: $(uptime | sed 's/.*load average: //')"
-"$BUILD/bench/kv_speed_e2e" --ctx "$CTX" --steps "$STEPS" --nice "${VQ_NICE:-0}" --json "$OUT/speed.json" \
+"$BUILD/bench/kv_speed_e2e" --ctx "$CTX" --steps "$STEPS" --threads "${VQ_THREADS:-2}" --nice "${VQ_NICE:-0}" --json "$OUT/speed_t${VQ_THREADS:-2}.json" \
   fp16 q8_0 q4_0 kivi4 kivi2 "${args[@]}"
 echo "load after: $(uptime | sed 's/.*load average: //')"
