@@ -153,7 +153,7 @@ HWY_INLINE void SoftmaxBlock(float* S, int nb, int ng, float* m, float* d, float
   const int tpv = std::max(1, N / kHeads);  // tokens per vector
   const int nbp = (nb + tpv - 1) / tpv * tpv;
   for (int i = nb * kHeads; i < nbp * kHeads; ++i) S[i] = -INFINITY;
-  alignas(64) float lanes[64];
+  alignas(64) float lanes[64];  // lanes: [N] a reduced vector, lane i belongs to head i % 4
 #if HWY_TARGET == HWY_SCALAR
   const int NL = kHeads;
   for (int h = 0; h < kHeads; ++h) lanes[h] = -INFINITY;
@@ -164,7 +164,7 @@ HWY_INLINE void SoftmaxBlock(float* S, int nb, int ng, float* m, float* d, float
   for (int i = 0; i < nbp * kHeads; i += N) vmax = hn::Max(vmax, hn::Load(df, S + i));
   hn::Store(vmax, df, lanes);
 #endif
-  alignas(16) float mnew[kHeads];
+  alignas(16) float mnew[kHeads];  // mnew: [4] the new running max per head
   for (int h = 0; h < kHeads; ++h) {
     float mx = lanes[h];
     for (int i = h + kHeads; i < NL; i += kHeads) mx = std::max(mx, lanes[i]);
@@ -242,7 +242,7 @@ HWY_INLINE void ValuesPass(const float* cb, int64_t book_stride, int j0, const C
       }
     }
   }
-  alignas(64) float tmp[kHeads * SD];
+  alignas(64) float tmp[kHeads * SD];  // tmp: [4 heads, SD] one sub-space of the accumulators
   for (int u = 0; u < VJ; ++u) {
     for (int k = 0; k < NV; ++k) hn::Store(accv[u][k], df, tmp + k * N);
     for (int h = 0; h < kHeads; ++h) {
@@ -310,7 +310,7 @@ void BlockHeads(const PQAttnArgs& a, const float* lut, const KT* kc, size_t ks, 
     const int g0 = hg * kHeads, ng = std::min(kHeads, a.group - g0);
     Scores(lut + int64_t(hg) * nks * K * kHeads, nks, K, kc, ks, nb, S, pf);
     pf = Prefetch{};  // the first head group's pass requested them
-    float alpha[kHeads];
+    float alpha[kHeads];  // alpha: [4] rescale of the heads' running outputs
     SoftmaxBlock(S, nb, ng, a.m + g0, a.d + g0, alpha);
     std::fill(acc, acc + int64_t(kHeads) * D, 0.0f);
     switch (a.v_sub_dim) {
