@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end decode tokens/s of SmolLM2-135M with every KV cache at contexts 512 / 4096 / 8192
-# (docs/BENCHMARKS.md, "KV caches: quality and speed", speed table), 2 threads; the caches hold
+# (docs/BENCHMARKS.md, "KV caches: quality and speed", speed table); the caches hold
 # the model's real K/V of the text (see bench/kv_speed_e2e.cpp).
 # usage: bench/kv_speed.sh [BUILD_DIR=build/release] [CALIB_DIR=bench/out/calib]
 #   CALIB_DIR holds calib_<preset>.vqcal for the vecinfer presets (made when absent by
