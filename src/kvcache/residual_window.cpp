@@ -15,7 +15,7 @@ void ResidualWindow::reserve(int64_t n) {
   int64_t cap = std::max<int64_t>(n, cap_ + cap_ / 2);
   cap = (cap + 15) / 16 * 16;
   AlignedBuffer<uint16_t> k(size_t(H_) * D_ * (cap + 16)), v(size_t(H_) * cap * D_);
-  for (int h = 0; h < H_; ++h) {
+  for (int h = 0; h < H_ && n_ > 0; ++h) {  // nothing to copy (and no source buffer) when empty
     for (int c = 0; c < D_; ++c)
       std::memcpy(k.data() + (size_t(h) * D_ + c) * (cap + 16), k_.data() + (size_t(h) * D_ + c) * (cap_ + 16),
                   size_t(n_) * 2);
@@ -41,7 +41,7 @@ void ResidualWindow::push(const float* k, const float* v, int n) {
 void ResidualWindow::pop_front(int n, float* k, float* v) {
   VQ_CHECK(n >= 0 && n <= n_, "residual window: cannot remove {} of {} tokens", n, n_);
   const int64_t ks = cap_ + 16;
-  for (int h = 0; h < H_; ++h) {
+  for (int h = 0; h < H_ && n_ > 0; ++h) {  // nothing to copy (and no source buffer) when empty
     for (int c = 0; c < D_; ++c) {
       uint16_t* row = k_.data() + (size_t(h) * D_ + c) * ks;
       for (int t = 0; t < n; ++t) k[(size_t(h) * n + t) * D_ + c] = f16_to_f32(row[t]);

@@ -63,6 +63,11 @@ Measured measure(const KVCacheFactory& fac, std::vector<std::unique_ptr<KVCache>
 }  // namespace
 
 TEST(Memory, ResidentSetFollowsReportedBytesAtLongContext) {
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's allocator keeps redzones and a quarantine, so resident memory no longer follows
+  // the bytes a cache allocates; the release build runs this check.
+  GTEST_SKIP() << "resident-memory accounting is not meaningful under AddressSanitizer";
+#endif
   // VecInfer needs codebooks; trained here on random data (only the sizes matter).
   KVCacheConfig vi = parse_kv_cache_spec("vecinfer:d4b8");
   {
