@@ -67,11 +67,6 @@ TEST(Memory, ResidentSetFollowsReportedBytesAtLongContext) {
   GTEST_SKIP() << "under AddressSanitizer the resident set also holds shadow memory (1/8 of every "
                   "allocation) and the quarantine of freed scratch; the release build checks RSS";
 #endif
-#if defined(__SANITIZE_ADDRESS__)
-  // ASan's allocator keeps redzones and a quarantine, so resident memory no longer follows
-  // the bytes a cache allocates; the release build runs this check.
-  GTEST_SKIP() << "resident-memory accounting is not meaningful under AddressSanitizer";
-#endif
   // VecInfer needs codebooks; trained here on random data (only the sizes matter).
   KVCacheConfig vi = parse_kv_cache_spec("vecinfer:d4b8");
   {
