@@ -23,40 +23,18 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "ops/cpu/softmax_tile-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace vq {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int kTile = 64;
 
 HWY_INLINE float GetF16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return f16_to_f32(h);
-}
-
-template <class DF>
-HWY_INLINE void SoftmaxTile(DF df, float* s, int G, int nt, float* m, float* d, float* alpha) {
-  const int N = int(hn::Lanes(df));
-  const int ntp = (nt + N - 1) / N * N;
-  for (int g = 0; g < G; ++g) {
-    float* sg = s + g * kTile;
-    for (int t = nt; t < ntp; ++t) sg[t] = -INFINITY;
-    auto vmax = hn::Set(df, -INFINITY);
-    for (int t = 0; t < ntp; t += N) vmax = hn::Max(vmax, hn::Load(df, sg + t));
-    const float m_new = std::max(m[g], hn::GetLane(hn::MaxOfLanes(df, vmax)));
-    alpha[g] = m[g] == -INFINITY ? 0.0f : std::exp(m[g] - m_new);
-    const auto vm = hn::Set(df, m_new);
-    auto vsum = hn::Zero(df);
-    for (int t = 0; t < ntp; t += N) {
-      const auto p = hn::Exp(df, hn::Sub(hn::Load(df, sg + t), vm));
-      hn::Store(p, df, sg + t);
-      vsum = hn::Add(vsum, p);
-    }
-    d[g] = d[g] * alpha[g] + hn::GetLane(hn::SumOfLanes(df, vsum));
-    m[g] = m_new;
-  }
 }
 
 // Codes of sub-vector k of chunk c of a row, as f32 lanes.

@@ -18,12 +18,13 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "ops/cpu/softmax_tile-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace vq {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int kTile = 64;
 
 HWY_INLINE float BlockScale(const uint8_t* blk) {
   uint16_t h;
@@ -52,30 +53,6 @@ HWY_INLINE void DecodeBlock(DF df, const uint8_t* blk, float* x) {
     for (int j = 0; j < 32; j += N)
       hn::Store(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(di8, reinterpret_cast<const int8_t*>(blk) + 2 + j))), vd),
                 df, x + j);
-  }
-}
-
-// Online softmax over one tile: s [G][kTile] scores -> weights; returns alpha per head.
-template <class DF>
-HWY_INLINE void SoftmaxTile(DF df, float* s, int G, int nt, float* m, float* d, float* alpha) {
-  const int N = int(hn::Lanes(df));
-  const int ntp = (nt + N - 1) / N * N;
-  for (int g = 0; g < G; ++g) {
-    float* sg = s + g * kTile;
-    for (int t = nt; t < ntp; ++t) sg[t] = -INFINITY;
-    auto vmax = hn::Set(df, -INFINITY);
-    for (int t = 0; t < ntp; t += N) vmax = hn::Max(vmax, hn::Load(df, sg + t));
-    const float m_new = std::max(m[g], hn::GetLane(hn::MaxOfLanes(df, vmax)));
-    alpha[g] = m[g] == -INFINITY ? 0.0f : std::exp(m[g] - m_new);
-    const auto vm = hn::Set(df, m_new);
-    auto vsum = hn::Zero(df);
-    for (int t = 0; t < ntp; t += N) {
-      const auto p = hn::Exp(df, hn::Sub(hn::Load(df, sg + t), vm));
-      hn::Store(p, df, sg + t);
-      vsum = hn::Add(vsum, p);
-    }
-    d[g] = d[g] * alpha[g] + hn::GetLane(hn::SumOfLanes(df, vsum));
-    m[g] = m_new;
   }
 }
 
