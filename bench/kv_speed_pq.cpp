@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "core/buffer.h"
 #include "ops/cpu/pq_attention.h"
 #include "ops/ref/pq_attention.h"

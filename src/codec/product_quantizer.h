@@ -2,7 +2,7 @@
 // Product quantizer: a vector of `dim` floats is cut into n_sub = dim / sub_dim sub-vectors,
 // each replaced by the index of its nearest centroid in a codebook of 2^bits entries (one
 // codebook shared by every sub-space, or one per sub-space). Codes are bit-packed
-// (codec/bitpack.h): code_size() = ceil(n_sub * bits / 8) bytes per vector.
+// (core/bitpack.h): code_size() = ceil(n_sub * bits / 8) bytes per vector.
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kvcache/attend_driver.h"

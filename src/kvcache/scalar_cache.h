@@ -5,6 +5,7 @@
 // Attention reads the codes with their scales block by block; no dequantized K/V tensor exists.
 #include <vector>
 
+#include "codec/scalar_blocks.h"
 #include "core/buffer.h"
 #include "veloxquant/kv_cache.h"
 
@@ -33,11 +34,5 @@ class BlockQuantCache final : public KVCache {
   // pages_[p]: [2 (K, V)][n_kv_heads][kPageTokens][head_dim/32 blocks]
   std::vector<AlignedBuffer<uint8_t>> pages_;
 };
-
-// Block quantizers (row of 32 floats -> one block) and their decoders; exposed for tests.
-void quantize_q8_0(const float* x, uint8_t* block);  // 34 bytes
-void quantize_q4_0(const float* x, uint8_t* block);  // 18 bytes
-void dequantize_q8_0(const uint8_t* block, float* x);
-void dequantize_q4_0(const uint8_t* block, float* x);
 
 }  // namespace vq

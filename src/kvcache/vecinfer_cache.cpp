@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "codec/key_transform.h"
 #include "core/error.h"
 #include "core/thread_pool.h"

@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "codec/product_quantizer.h"
 #include "core/error.h"
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kvcache/scalar_cache.h"

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kvcache/calibration_train.h"

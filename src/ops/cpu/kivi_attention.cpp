@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/fp16.h"

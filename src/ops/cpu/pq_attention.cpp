@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "core/buffer.h"
 #include "core/error.h"
 

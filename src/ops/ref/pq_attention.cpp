@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "core/error.h"
 
 namespace vq {

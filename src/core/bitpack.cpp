@@ -1,4 +1,4 @@
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 
 
 #include "core/error.h"

@@ -3,7 +3,7 @@
 #include <random>
 #include <vector>
 
-#include "codec/bitpack.h"
+#include "core/bitpack.h"
 #include "core/error.h"
 
 namespace vq {
