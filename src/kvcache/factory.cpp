@@ -4,11 +4,8 @@
 
 #include "core/error.h"
 #include "codec/calibration_file.h"
-#include "kvcache/dense_cache.h"
-#include "kvcache/kivi_cache.h"
-#include "kvcache/scalar_cache.h"
-#include "kvcache/vecinfer_cache.h"
-#include "kvcache/vecinfer_gpu.h"  // CUDA-2 hook
+#include "kvcache/pooled_cache.h"
+#include "kvcache/vecinfer_gpu.h"
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
 #endif
@@ -34,48 +31,39 @@ static void check_gpu_switch(const KVCacheConfig& c) {
 #endif
 }
 
-KVCacheFactory make_kv_cache_factory(const KVCacheConfig& config, const std::string& calib_path) {
+void check_geometry(const KVGeometry& g, const char* who) {
+  VQ_CHECK(g.n_kv_heads >= 1, "{}: n_kv_heads = {} must be >= 1", who, g.n_kv_heads);
+  VQ_CHECK(g.n_heads >= 1 && g.n_heads % g.n_kv_heads == 0, "{}: n_heads = {} must be a positive multiple of n_kv_heads = {}",
+           who, g.n_heads, g.n_kv_heads);
+  VQ_CHECK(g.head_dim >= 1 && g.head_dim <= 1024, "{}: head_dim = {} must be in 1..1024", who, g.head_dim);
+}
+
+KVSpec make_kv_spec(const KVCacheConfig& config, const std::string& calib_path) {
   config.validate();
   check_gpu_switch(config);
-  switch (config.method) {
-    case KVMethod::fp16:
-    case KVMethod::fp32: {
-      const bool fp32 = config.method == KVMethod::fp32;
-      const int hd = config.head_dim;
-      return [fp32, hd, config](int, const KVGeometry& g) -> std::unique_ptr<KVCache> {
-        config.validate(g.head_dim);
-        (void)hd;
-        return std::make_unique<DenseCache>(g, fp32);
-      };
-    }
-    case KVMethod::q8_0:
-    case KVMethod::q4_0: {
-      const bool q4 = config.method == KVMethod::q4_0;
-      return [q4, config](int, const KVGeometry& g) -> std::unique_ptr<KVCache> {
-        config.validate(g.head_dim);
-        return std::make_unique<BlockQuantCache>(g, q4);
-      };
-    }
-    case KVMethod::kivi:
-      return [config](int, const KVGeometry& g) -> std::unique_ptr<KVCache> {
-        return std::make_unique<KiviCache>(g, config);
-      };
-    case KVMethod::vecinfer: {
-      std::shared_ptr<const Calibration> calib = config.calibration;
-      const std::string path = !calib_path.empty() ? calib_path : config.calibration_file;
-      if (!calib) {
-        VQ_CHECK(!path.empty(), "{}", calibration_howto(config));
-        calib = std::make_shared<const Calibration>(load_calibration(path));
-      }
-      return [config, calib](int layer, const KVGeometry& g) -> std::unique_ptr<KVCache> {
-        // CUDA-2 hook (use_gpu_kernels routing): GPU-resident cache when allowed and a GPU is present.
-        if (auto gpu = make_vecinfer_gpu_cache(g, config, calib, layer)) return gpu;
-        return std::make_unique<VecInferCache>(g, config, calib, layer);
-      };
-    }
-    default:
-      VQ_FAIL("kv cache {}: not available in this build yet", config.name());
+  KVSpec spec{config, config.calibration};
+  if (config.method == KVMethod::vecinfer && !spec.calibration) {
+    const std::string path = !calib_path.empty() ? calib_path : config.calibration_file;
+    VQ_CHECK(!path.empty(), "{}", calibration_howto(config));
+    spec.calibration = std::make_shared<const Calibration>(load_calibration(path));
   }
+  return spec;
+}
+
+KVCacheFactory make_kv_cache_factory(const KVSpec& spec) {
+  return [spec](int layer, const KVGeometry& g) -> std::unique_ptr<KVCache> {
+    check_geometry(g, (spec.name() + " cache").c_str());
+    spec.config.validate(g.head_dim);
+    if (spec.config.method == KVMethod::vecinfer) {
+      // GPU-resident cache when allowed and a GPU is present (use_gpu_kernels routing).
+      if (auto gpu = make_vecinfer_gpu_cache(g, spec.config, spec.calibration, layer)) return gpu;
+    }
+    return std::make_unique<PooledCache>(g, spec, layer);
+  };
+}
+
+KVCacheFactory make_kv_cache_factory(const KVCacheConfig& config, const std::string& calib_path) {
+  return make_kv_cache_factory(make_kv_spec(config, calib_path));
 }
 
 }  // namespace vq

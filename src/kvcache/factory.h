@@ -1,7 +1,9 @@
 #pragma once
-// Spec strings -> KVCacheConfig, and KVCacheConfig -> a factory making one cache per layer.
+// Spec strings -> KVCacheConfig -> KVSpec (the config with its calibration loaded), and
+// KVSpec -> standalone per-layer caches (KVCache) for code that drives one layer by hand.
 #include <string>
 
+#include "kvcache/kv_store.h"
 #include "veloxquant/config.h"
 #include "veloxquant/kv_cache.h"
 
@@ -12,12 +14,19 @@ namespace vq {
 // gran=shared|per_subspace, gpu=auto|require|forbid. Case-insensitive. Throws naming the part.
 KVCacheConfig parse_kv_cache_spec(const std::string& spec);
 
-// Makes caches for every layer. vecinfer needs calibration: config.calibration, or
-// calib_path (non-empty) / config.calibration_file, loaded once here; without any it throws
-// saying how to make one. Validation errors are thrown here (construction), naming the field.
+// Validates the config and loads what it needs: vecinfer takes config.calibration, else
+// calib_path (non-empty) or config.calibration_file; without any it throws saying how to make one.
+KVSpec make_kv_spec(const KVCacheConfig& config, const std::string& calib_path = "");
+
+// Standalone caches, one per layer (PooledCache over a private one-sequence store; VecInfer on
+// the GPU where use_gpu_kernels allows and a device is present). Errors are thrown here.
 KVCacheFactory make_kv_cache_factory(const KVCacheConfig& config, const std::string& calib_path = "");
+KVCacheFactory make_kv_cache_factory(const KVSpec& spec);
 
 // What the message of a missing-calibration error says (shared with the CLI).
 std::string calibration_howto(const KVCacheConfig& config);
+
+// Throws naming the field unless g is a usable attention geometry.
+void check_geometry(const KVGeometry& g, const char* who);
 
 }  // namespace vq

@@ -10,9 +10,9 @@
 #include "codec/key_transform.h"
 #include "core/error.h"
 #include "core/fp16.h"
-#include "kvcache/dense_cache.h"
 #include "kvcache/factory.h"
-#include "kvcache/vecinfer_cache.h"
+#include "kvcache/factory.h"
+
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
 #include "ops/cuda/pq.h"
@@ -51,6 +51,8 @@ std::unique_ptr<KVCache> make_vecinfer_gpu_cache(const KVGeometry& g, const KVCa
 #else
 
 namespace {
+
+constexpr int kFlushBlock = 32;  // tokens leaving the fp16 window per encode (the CPU store's block)
 
 class VecInferGpuCache final : public KVCache {
  public:
@@ -97,7 +99,7 @@ class VecInferGpuCache final : public KVCache {
       if (n == 0) return;
     }
     const int64_t excess = wn_ - cfg_.residual_length;  // same policy as VecInferCache::append
-    if (excess >= VecInferCache::kBlock) flush(excess / VecInferCache::kBlock * VecInferCache::kBlock);
+    if (excess >= kFlushBlock) flush(excess / kFlushBlock * kFlushBlock);
     push(k, v, n);
   }
 
@@ -198,7 +200,7 @@ void VecInferGpuCache::push(const float* k, const float* v, int n) {
   if (w0_ + wn_ + n > wcap_) {
     const int64_t need = wn_ + n;
     if (need > wcap_) {  // grow: fresh pair of buffers, live tokens copied to the front
-      const int64_t cap = (std::max<int64_t>({2 * need, 2 * (cfg_.residual_length + VecInferCache::kBlock), 64}) + 15) / 16 * 16;
+      const int64_t cap = (std::max<int64_t>({2 * need, 2 * (cfg_.residual_length + kFlushBlock), 64}) + 15) / 16 * 16;
       cuda::DeviceBuffer nb[2][2];
       for (auto& pair : nb)
         for (auto& b : pair) b = cuda::DeviceBuffer(size_t(cap) * te * 2);

@@ -9,8 +9,8 @@
 
 #include "core/error.h"
 #include "kvcache/factory.h"
-#include "kvcache/recording_cache.h"
 #include "model/default_model.h"
+#include "model/session.h"
 #include "model/sha256.h"
 
 namespace vq {
@@ -84,24 +84,18 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
   std::vector<std::vector<float>> keys(size_t(mc.n_layers)), values(size_t(mc.n_layers));
   for (int s0 = 0; s0 < n; s0 += seg) {
     const int ns = std::min(seg, n - s0);
-    std::vector<RecordingCache*> rec(size_t(mc.n_layers));
-    KVCacheFactory fac = [&](int layer, const KVGeometry& g) -> std::unique_ptr<KVCache> {
-      auto c = std::make_unique<RecordingCache>(g);
-      rec[size_t(layer)] = c.get();
-      return c;
-    };
-    Session s(model, fac, ns);
+    // The model runs with an fp16 cache; the observer records each layer's keys and values.
+    Session s(model, KVSpec{KVCacheConfig{}, nullptr}, ns);
+    s.forward_pass().set_kv_observer([&](int layer, int, const float* k, const float* v, int m) {
+      const size_t e = size_t(m) * mc.n_kv_heads * mc.head_dim;
+      keys[size_t(layer)].insert(keys[size_t(layer)].end(), k, k + e);
+      values[size_t(layer)].insert(values[size_t(layer)].end(), v, v + e);
+    });
     const int chunk = 256;
     for (int done = 0; done < ns; done += chunk) {
       const int m = std::min(chunk, ns - done);
       s.forward(ids.data() + s0 + done, m, nullptr);
       if (progress) progress("prefill", s0 + done + m, n);
-    }
-    for (int l = 0; l < mc.n_layers; ++l) {
-      const auto& rk = rec[size_t(l)]->keys();
-      const auto& rv = rec[size_t(l)]->values();
-      keys[size_t(l)].insert(keys[size_t(l)].end(), rk.begin(), rk.end());
-      values[size_t(l)].insert(values[size_t(l)].end(), rv.begin(), rv.end());
     }
   }
   std::vector<const float*> k, v;

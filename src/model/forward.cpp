@@ -1,14 +1,17 @@
-// Session: the forward pass of llama-family models. Per chunk of tokens: embeddings, then per
-// layer [RMSNorm -> q,k,v products (+bias, per-head q/k norm) -> RoPE -> cache.append(k, v) ->
-// cache.attend(q) -> output product -> residual -> RMSNorm -> SiLU-gated MLP -> residual], then
-// the final norm and the output head.
+// The batched forward pass of llama-family models. Per step: the new tokens of every entry are
+// stacked as rows; embeddings, then per layer [RMSNorm -> q,k,v products for all rows (+bias,
+// per-head q/k norm) -> RoPE at each row's position -> each entry's k,v appended to its sequence
+// -> attention of all entries over their block tables -> output product -> residual -> RMSNorm
+// -> SiLU-gated MLP -> residual], then the final norm and the output head for the rows asked.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <unordered_set>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/layers.h"
-#include "model/model.h"
+#include "model/session.h"
 
 namespace vq {
 namespace {
@@ -25,18 +28,29 @@ void add_bias(float* y, const std::vector<float>& b, int n) {
 
 }  // namespace
 
-Session::Session(const Model& model, const KVCacheFactory& factory, int n_ctx, int max_chunk)
-    : model_(model), cfg_(model.config()), n_ctx_(n_ctx), max_chunk_(std::min(max_chunk, n_ctx)) {
-  VQ_CHECK(n_ctx >= 1, "session: n_ctx {} must be >= 1", n_ctx);
-  VQ_CHECK(max_chunk >= 1, "session: max_chunk {} must be >= 1", max_chunk);
-  VQ_CHECK(static_cast<bool>(factory), "session: no KV-cache factory");
-  const KVGeometry geo = model.kv_geometry();
-  caches_.reserve(static_cast<size_t>(cfg_.n_layers));
-  for (int l = 0; l < cfg_.n_layers; ++l) {
-    caches_.push_back(factory(l, geo));
-    VQ_CHECK(caches_.back() != nullptr, "session: KV-cache factory returned no cache for layer {}", l);
-  }
-  const size_t c = static_cast<size_t>(max_chunk_);
+KVStoreOptions kv_store_options(const Model& model, size_t budget_bytes) {
+  KVStoreOptions o;
+  o.budget_bytes = budget_bytes;
+  return o;
+}
+
+std::unique_ptr<KVStore> make_kv_store(const Model& model, const KVSpec& spec, size_t budget_bytes) {
+  return std::make_unique<KVStore>(model.kv_geometry(), model.config().n_layers, spec,
+                                   kv_store_options(model, budget_bytes));
+}
+
+Forward::Forward(const Model& model, KVStore& kv) : model_(model), cfg_(model.config()), kv_(kv) {
+  VQ_CHECK(kv.n_layers() == cfg_.n_layers, "forward: the KV store has {} layers, the model {}", kv.n_layers(),
+           cfg_.n_layers);
+  const KVGeometry g = model.kv_geometry();
+  VQ_CHECK(kv.geometry().n_heads == g.n_heads && kv.geometry().n_kv_heads == g.n_kv_heads &&
+               kv.geometry().head_dim == g.head_dim,
+           "forward: the KV store's geometry differs from the model's");
+}
+
+void Forward::reserve(int rows) {
+  if (rows <= cap_) return;
+  const size_t c = size_t(rows);
   x_.resize(c * cfg_.n_embd);
   xn_.resize(c * cfg_.n_embd);
   q_.resize(c * cfg_.q_dim());
@@ -48,93 +62,101 @@ Session::Session(const Model& model, const KVCacheFactory& factory, int n_ctx, i
   up_.resize(c * cfg_.n_ff);
   cos_.resize(c * (cfg_.n_rot / 2));
   sin_.resize(c * (cfg_.n_rot / 2));
+  cap_ = rows;
 }
 
-void Session::reset() {
-  for (auto& kv : caches_) kv->clear();
-  pos_ = 0;
-}
-
-size_t Session::kv_bytes() const {
-  size_t b = 0;
-  for (const auto& kv : caches_) b += kv->bytes();
-  return b;
-}
-size_t Session::kv_fp16_bytes() const {
-  size_t b = 0;
-  for (const auto& kv : caches_) b += kv->fp16_bytes();
-  return b;
-}
-size_t Session::kv_codebook_bytes() const {
-  size_t b = 0;
-  for (const auto& kv : caches_) b += kv->codebook_bytes();
-  return b;
-}
-
-void Session::forward(const int32_t* tokens, int n, float* logits, bool all_logits) {
-  VQ_CHECK(n >= 1, "session: forward of {} tokens", n);
-  VQ_CHECK(pos_ + n <= n_ctx_, "session: context full: position {} + {} tokens exceeds n_ctx {}", pos_, n, n_ctx_);
-  for (int i = 0; i < n; ++i) {
-    VQ_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.n_vocab, "session: token id {} at index {} out of range [0, {})",
-             tokens[i], i, cfg_.n_vocab);
+void Forward::step(const BatchEntry* entries, int n_entries) {
+  VQ_CHECK(n_entries >= 0, "forward: {} batch entries", n_entries);
+  int rows = 0, logit_rows = 0;
+  std::unordered_set<const SeqKV*> seen;
+  std::vector<int64_t> counts;
+  for (int e = 0; e < n_entries; ++e) {
+    const BatchEntry& E = entries[e];
+    VQ_CHECK(E.seq && E.seq->valid(), "forward: batch entry {} has no sequence", e);
+    VQ_CHECK(seen.insert(E.seq).second, "forward: batch entry {} repeats a sequence", e);
+    VQ_CHECK(E.n >= 1, "forward: batch entry {} has {} tokens", e, E.n);
+    VQ_CHECK(E.logits == LogitsWanted::none || E.out, "forward: batch entry {} asks for logits but gives no buffer", e);
+    for (int i = 0; i < E.n; ++i)
+      VQ_CHECK(E.tokens[i] >= 0 && E.tokens[i] < cfg_.n_vocab, "forward: token id {} at index {} out of range [0, {})",
+               E.tokens[i], i, cfg_.n_vocab);
+    rows += E.n;
+    logit_rows += E.logits == LogitsWanted::all ? E.n : E.logits == LogitsWanted::last ? 1 : 0;
+    kv_.blocks_for_append(*E.seq, E.n, counts);
   }
-  for (int done = 0; done < n;) {
-    const int m = std::min(max_chunk_, n - done);
-    const bool last = done + m == n;
-    float* out = nullptr;
-    if (logits && all_logits) out = logits + static_cast<int64_t>(done) * cfg_.n_vocab;
-    if (logits && !all_logits && last) out = logits;
-    forward_chunk(tokens + done, m, out, all_logits);
-    done += m;
+  if (rows == 0) return;
+  if (!kv_.pool().can_allocate(counts)) {
+    throw KVPoolExhausted(fmt::format("kv pool: a step of {} tokens needs up to {:.1f} MiB more, {:.1f} MiB of the "
+                                      "{:.1f} MiB budget are free",
+                                      rows, double(kv_.pool().bytes_of(counts)) / 1048576.0,
+                                      double(kv_.pool().free_bytes()) / 1048576.0,
+                                      double(kv_.pool().budget_bytes()) / 1048576.0));
   }
-}
-
-void Session::forward_chunk(const int32_t* tokens, int n, float* logits, bool all_logits) {
+  reserve(rows);
+  pos_.resize(size_t(rows));
   const int E = cfg_.n_embd;
-  // Embeddings: one decoded row of token_embd per token.
+  // Embeddings and each row's position.
   const WeightMatrix& emb = model_.token_embd();
   const size_t row_bytes = ggml_row_bytes(emb.type, emb.cols);
-  for (int t = 0; t < n; ++t) {
-    const auto* row = static_cast<const uint8_t*>(emb.data) + size_t(tokens[t]) * row_bytes;
-    dequantize_row(emb.type, row, x_.data() + int64_t(t) * E, E);
-  }
-  // Rotary angles of this chunk's positions, in double: pos * freq reaches 1e5 radians.
+  for (int e = 0, r = 0; e < n_entries; ++e)
+    for (int i = 0; i < entries[e].n; ++i, ++r) {
+      const auto* row = static_cast<const uint8_t*>(emb.data) + size_t(entries[e].tokens[i]) * row_bytes;
+      dequantize_row(emb.type, row, x_.data() + int64_t(r) * E, E);
+      pos_[size_t(r)] = entries[e].seq->size() + i;
+    }
+  // Rotary angles of each row's position, in double: pos * freq reaches 1e5 radians.
   const int half = cfg_.n_rot / 2;
   const std::vector<double>& f = model_.rope_inv_freqs();
-  for (int t = 0; t < n; ++t) {
-    const double p = double(pos_ + t);
+  for (int r = 0; r < rows; ++r) {
+    const double p = double(pos_[size_t(r)]);
     for (int i = 0; i < half; ++i) {
-      cos_[size_t(t) * half + i] = static_cast<float>(std::cos(p * f[i]));
-      sin_[size_t(t) * half + i] = static_cast<float>(std::sin(p * f[i]));
+      cos_[size_t(r) * half + i] = static_cast<float>(std::cos(p * f[i]));
+      sin_[size_t(r) * half + i] = static_cast<float>(std::sin(p * f[i]));
     }
   }
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    attention_block(l, n);
-    mlp_block(l, n);
+    attention_block(l, entries, n_entries, rows);
+    mlp_block(l, rows);
   }
-  pos_ += n;
-  if (!logits) return;
-  // Output head: every row when all logits are asked for, else only the last token's.
-  const int first = all_logits ? 0 : n - 1;
-  const int rows = n - first;
-  for (int t = first; t < n; ++t) {
-    rms_norm(x_.data() + int64_t(t) * E, model_.output_norm().data(), xn_.data() + int64_t(t - first) * E, E,
-             cfg_.norm_eps);
+  for (int e = 0; e < n_entries; ++e) kv_.trim(*entries[e].seq);
+  if (logit_rows == 0) return;
+  // Output head: the rows asked for, normalised into xn_ back to back, one product.
+  std::vector<std::pair<float*, int>> outs;  // (destination, rows) per entry in order
+  int lr = 0;
+  for (int e = 0, r = 0; e < n_entries; r += entries[e].n, ++e) {
+    const BatchEntry& B = entries[e];
+    if (B.logits == LogitsWanted::none) continue;
+    const int first = B.logits == LogitsWanted::all ? 0 : B.n - 1;
+    for (int t = first; t < B.n; ++t, ++lr)
+      rms_norm(x_.data() + int64_t(r + t) * E, model_.output_norm().data(), xn_.data() + int64_t(lr) * E, E,
+               cfg_.norm_eps);
+    outs.emplace_back(B.out, B.n - first);
   }
-  matmul_w(model_.output(), xn_.data(), rows, logits);
+  const size_t V = size_t(cfg_.n_vocab);
+  if (outs.size() == 1) {
+    matmul_w(model_.output(), xn_.data(), lr, outs[0].first);
+    return;
+  }
+  if (logits_.size() < size_t(lr) * V) logits_.resize(size_t(lr) * V);
+  matmul_w(model_.output(), xn_.data(), lr, logits_.data());
+  size_t off = 0;
+  for (auto& [dst, n] : outs) {
+    std::memcpy(dst, logits_.data() + off * V, size_t(n) * V * sizeof(float));
+    off += size_t(n);
+  }
 }
 
-void Session::attention_block(int layer, int n) {
+void Forward::attention_block(int layer, const BatchEntry* entries, int n_entries, int rows) {
   const LayerWeights& L = model_.layers()[size_t(layer)];
   const int E = cfg_.n_embd, D = cfg_.head_dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
-  for (int t = 0; t < n; ++t) rms_norm(x_.data() + int64_t(t) * E, L.attn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
-  project_shared(xn_.data(), n, {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}});
-  add_bias(q_.data(), L.q_bias, n);
-  add_bias(k_.data(), L.k_bias, n);
-  add_bias(v_.data(), L.v_bias, n);
+  for (int t = 0; t < rows; ++t)
+    rms_norm(x_.data() + int64_t(t) * E, L.attn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
+  project_shared(xn_.data(), rows, {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}});
+  add_bias(q_.data(), L.q_bias, rows);
+  add_bias(k_.data(), L.k_bias, rows);
+  add_bias(v_.data(), L.v_bias, rows);
   const bool neox = cfg_.rope_layout == RopeLayout::NeoX;
   const int half = cfg_.n_rot / 2;
-  for (int t = 0; t < n; ++t) {
+  for (int t = 0; t < rows; ++t) {
     float* qt = q_.data() + int64_t(t) * qd;
     float* kt = k_.data() + int64_t(t) * kvd;
     if (!L.q_norm.empty()) {
@@ -146,14 +168,22 @@ void Session::attention_block(int layer, int n) {
     rope_apply(qt, cfg_.n_heads, D, cfg_.n_rot, c, s, neox);
     rope_apply(kt, cfg_.n_kv_heads, D, cfg_.n_rot, c, s, neox);
   }
-  KVCache& kv = *caches_[size_t(layer)];
-  kv.append(k_.data(), v_.data(), n);
-  kv.attend(q_.data(), n, 1.0f / std::sqrt(float(D)), attn_.data());
-  matmul_w(L.wo, attn_.data(), n, proj_.data());
-  add_inplace(x_.data(), proj_.data(), int64_t(n) * E);
+  attn_entries_.clear();
+  for (int e = 0, r = 0; e < n_entries; r += entries[e].n, ++e) {
+    const BatchEntry& B = entries[e];
+    const float* kr = k_.data() + int64_t(r) * kvd;
+    const float* vr = v_.data() + int64_t(r) * kvd;
+    if (observer_) observer_(layer, e, kr, vr, B.n);
+    const int64_t pos0 = B.seq->layer_size(layer);
+    kv_.append(*B.seq, layer, kr, vr, B.n);
+    attn_entries_.push_back(AttnEntry{B.seq, pos0, B.n, q_.data() + int64_t(r) * qd, attn_.data() + int64_t(r) * qd});
+  }
+  kv_.attend(layer, attn_entries_.data(), int(attn_entries_.size()), 1.0f / std::sqrt(float(D)));
+  matmul_w(L.wo, attn_.data(), rows, proj_.data());
+  add_inplace(x_.data(), proj_.data(), int64_t(rows) * E);
 }
 
-void Session::project_shared(const float* x, int n, std::initializer_list<std::pair<const WeightMatrix*, float*>> outs) {
+void Forward::project_shared(const float* x, int n, std::initializer_list<std::pair<const WeightMatrix*, float*>> outs) {
   const int64_t cols = outs.begin()->first->cols;
   if (cols % 32 != 0) {  // only float weights allow such widths; they need no quantized input
     for (const auto& [w, y] : outs) matmul_w(*w, x, n, y);
@@ -189,14 +219,59 @@ void Session::project_shared(const float* x, int n, std::initializer_list<std::p
       grain);
 }
 
-void Session::mlp_block(int layer, int n) {
+void Forward::mlp_block(int layer, int rows) {
   const LayerWeights& L = model_.layers()[size_t(layer)];
   const int E = cfg_.n_embd, F = cfg_.n_ff;
-  for (int t = 0; t < n; ++t) rms_norm(x_.data() + int64_t(t) * E, L.ffn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
-  project_shared(xn_.data(), n, {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}});
-  silu_mul(gate_.data(), up_.data(), gate_.data(), int64_t(n) * F);
-  matmul_w(L.w_down, gate_.data(), n, proj_.data());
-  add_inplace(x_.data(), proj_.data(), int64_t(n) * E);
+  for (int t = 0; t < rows; ++t)
+    rms_norm(x_.data() + int64_t(t) * E, L.ffn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
+  project_shared(xn_.data(), rows, {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}});
+  silu_mul(gate_.data(), up_.data(), gate_.data(), int64_t(rows) * F);
+  matmul_w(L.w_down, gate_.data(), rows, proj_.data());
+  add_inplace(x_.data(), proj_.data(), int64_t(rows) * E);
+}
+
+Session::Session(const Model& model, const KVSpec& spec, int n_ctx, int max_chunk, size_t budget_bytes)
+    : model_(model),
+      n_ctx_(n_ctx),
+      max_chunk_(std::min(max_chunk, std::max(n_ctx, 1))),
+      store_(make_kv_store(model, spec, budget_bytes)),
+      seq_(store_->new_sequence()),
+      fwd_(model, *store_) {
+  VQ_CHECK(n_ctx >= 1, "session: n_ctx {} must be >= 1", n_ctx);
+  VQ_CHECK(max_chunk >= 1, "session: max_chunk {} must be >= 1", max_chunk);
+}
+
+void Session::reset() {
+  store_->release(seq_);
+  seq_ = store_->new_sequence();
+}
+
+void Session::forward(const int32_t* tokens, int n, float* logits, bool all_logits) {
+  const ModelConfig& cfg = model_.config();
+  VQ_CHECK(n >= 1, "session: forward of {} tokens", n);
+  VQ_CHECK(pos() + n <= n_ctx_, "session: context full: position {} + {} tokens exceeds n_ctx {}", pos(), n, n_ctx_);
+  for (int i = 0; i < n; ++i) {
+    VQ_CHECK(tokens[i] >= 0 && tokens[i] < cfg.n_vocab, "session: token id {} at index {} out of range [0, {})",
+             tokens[i], i, cfg.n_vocab);
+  }
+  for (int done = 0; done < n;) {
+    const int m = std::min(max_chunk_, n - done);
+    const bool last = done + m == n;
+    BatchEntry e;
+    e.seq = &seq_;
+    e.tokens = tokens + done;
+    e.n = m;
+    e.logits = LogitsWanted::none;
+    if (logits && all_logits) {
+      e.logits = LogitsWanted::all;
+      e.out = logits + static_cast<int64_t>(done) * cfg.n_vocab;
+    } else if (logits && last) {
+      e.logits = LogitsWanted::last;
+      e.out = logits;
+    }
+    fwd_.step(&e, 1);
+    done += m;
+  }
 }
 
 }  // namespace vq

@@ -1,6 +1,6 @@
 #pragma once
-// A loaded llama-family model (weights stay in the memory-mapped GGUF) and a Session that runs
-// one sequence through it with one KV cache per layer.
+// A loaded llama-family model (weights stay in the memory-mapped GGUF). The forward pass over
+// it lives in model/session.h.
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -63,56 +63,6 @@ class Model {
   std::vector<float> output_norm_;
   std::vector<LayerWeights> layers_;
   std::vector<double> inv_freqs_;
-};
-
-// One sequence: its position and one KVCache per layer. Not thread-safe; the products inside
-// use the process-wide pool (vq::set_num_threads). forward() allocates nothing per token.
-class Session {
- public:
-  static constexpr int kDefaultChunk = 512;
-  // n_ctx: the most positions this session will hold. max_chunk: tokens per prefill batch.
-  Session(const Model& model, const KVCacheFactory& factory, int n_ctx, int max_chunk = kDefaultChunk);
-
-  // Runs tokens at positions pos()..pos()+n-1 through all layers (in chunks of max_chunk).
-  // logits: [n, n_vocab] when all_logits, else [1, n_vocab] for the last token; may be nullptr
-  // to skip the output head (e.g. warming the cache). Throws when a token id is out of range
-  // or the context would exceed n_ctx.
-  void forward(const int32_t* tokens, int n, float* logits, bool all_logits = false);
-
-  int64_t pos() const { return pos_; }
-  int n_ctx() const { return n_ctx_; }
-  void reset();  // clears the caches, back to position 0
-  const std::vector<std::unique_ptr<KVCache>>& caches() const { return caches_; }
-  const Model& model() const { return model_; }
-  size_t kv_bytes() const;        // sum over layers of KVCache::bytes()
-  size_t kv_fp16_bytes() const;   // what an fp16 cache would hold for the same tokens
-  size_t kv_codebook_bytes() const;
-
- private:
-  void forward_chunk(const int32_t* tokens, int n, float* logits, bool all_logits);
-  void attention_block(int layer, int n);
-  void mlp_block(int layer, int n);
-  // y_i = x @ W_i^T for weights sharing the input x [n, cols]: x is quantized once.
-  void project_shared(const float* x, int n, std::initializer_list<std::pair<const WeightMatrix*, float*>> outs);
-
-  const Model& model_;
-  const ModelConfig& cfg_;
-  int n_ctx_, max_chunk_;
-  int64_t pos_ = 0;
-  std::vector<std::unique_ptr<KVCache>> caches_;
-  // Scratch, sized for max_chunk tokens, all row-major:
-  AlignedBuffer<float> x_;      // [chunk, n_embd] residual stream
-  AlignedBuffer<float> xn_;     // [chunk, n_embd] normalised input of a block
-  AlignedBuffer<float> q_;      // [chunk, q_dim] queries (n_heads x head_dim per token)
-  AlignedBuffer<float> k_;      // [chunk, kv_dim] keys
-  AlignedBuffer<float> v_;      // [chunk, kv_dim] values
-  AlignedBuffer<float> attn_;   // [chunk, q_dim] attention output
-  AlignedBuffer<float> proj_;   // [chunk, n_embd] output of wo / w_down before the residual add
-  AlignedBuffer<float> gate_;   // [chunk, n_ff]
-  AlignedBuffer<float> up_;     // [chunk, n_ff]
-  AlignedBuffer<float> cos_;    // [chunk, n_rot/2] rotary cos per token
-  AlignedBuffer<float> sin_;    // [chunk, n_rot/2] rotary sin per token
-  ActivationBuffer act_;        // xn_ quantized once for q/k/v and once for gate/up
 };
 
 }  // namespace vq

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/session.h"
 
 namespace vq {
 
@@ -24,7 +25,7 @@ int log_softmax(const float* x, int n, std::vector<double>& out) {
 }  // namespace
 
 PerplexityResult evaluate_perplexity(const Model& model, const std::vector<int32_t>& tokens,
-                                     const KVCacheFactory& method, const KVCacheFactory* reference,
+                                     const KVSpec& method, const KVSpec* reference,
                                      const PerplexityOptions& opt) {
   VQ_CHECK(opt.n_ctx >= 2, "perplexity: -c {} must be >= 2", opt.n_ctx);
   VQ_CHECK(opt.chunk >= 1, "perplexity: --chunk {} must be >= 1", opt.chunk);
@@ -67,7 +68,8 @@ PerplexityResult evaluate_perplexity(const Model& model, const std::vector<int32
         ++r.n_scored;
       }
     }
-    r.kv_bytes = sm.kv_bytes();
+    r.kv_bytes = sm.kv_token_bytes();
+    r.kv_allocated_bytes = sm.kv_bytes();
     r.kv_fp16_bytes = sm.kv_fp16_bytes();
     r.bits_per_element = r.kv_fp16_bytes ? 16.0 * double(r.kv_bytes) / double(r.kv_fp16_bytes) : 0.0;
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvcache/kv_store.h"
 #include "model/model.h"
 
 namespace vq {
@@ -23,13 +24,15 @@ struct PerplexityResult {
   double top1 = 0;           // fraction of positions where the argmax agrees with the reference's
   double ref_perplexity = 0;
   double seconds = 0;
-  size_t kv_bytes = 0, kv_fp16_bytes = 0;  // at the end of the last window
+  // At the end of the last window: bytes the tokens take (payload), bytes the blocks allocate,
+  // and what an fp16 cache takes; bits/element from the first.
+  size_t kv_bytes = 0, kv_allocated_bytes = 0, kv_fp16_bytes = 0;
   double bits_per_element = 0;
 };
 
 // tokens: the text; reference may be null (no KL / agreement).
 PerplexityResult evaluate_perplexity(const Model& model, const std::vector<int32_t>& tokens,
-                                     const KVCacheFactory& method, const KVCacheFactory* reference,
+                                     const KVSpec& method, const KVSpec* reference,
                                      const PerplexityOptions& opt);
 
 }  // namespace vq

@@ -16,12 +16,15 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "cli_kv.h"
+#include "engine/engine.h"
 #include "kvcache/factory.h"
 #include "model/calibrate.h"
 #include "model/chat_template.h"
 #include "model/default_model.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "model/session.h"
 
 namespace vq::cli {
 namespace {
@@ -38,6 +41,10 @@ struct GenerateOptions {
   bool chat = false, no_display_prompt = false, ignore_eos = false, quiet = false;
   std::string kv_cache = "fp16", calib;
   std::string dump_logits, stats_json;
+  std::vector<std::string> prompts;  // -p given more than once
+  std::string prompts_file;          // one prompt per line
+  int parallel = 1;
+  double kv_budget_mib = 0;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -98,15 +105,129 @@ void write_logits_dump(const std::string& path, const std::vector<int32_t>& ids,
   write_file_atomic(path, buf.data(), buf.size());
 }
 
-std::string mb(size_t bytes) { return fmt::format("{:.2f} MB", double(bytes) / 1e6); }
+SamplerParams sampler_params(const GenerateOptions& o) {
+  SamplerParams sp;
+  sp.temp = o.temp;
+  sp.top_k = o.top_k;
+  sp.top_p = o.top_p;
+  sp.min_p = o.min_p;
+  sp.repeat_penalty = o.repeat_penalty;
+  sp.repeat_last_n = o.repeat_last_n;
+  sp.seed = o.seed >= 0 ? uint64_t(o.seed) : std::random_device{}();
+  return sp;
+}
+
+std::vector<int32_t> encode_prompt(const Model& model, const GenerateOptions& o, std::string text) {
+  const Tokenizer& tok = model.tokenizer();
+  if (o.chat) {
+    std::vector<ChatMessage> msgs;
+    if (!o.system.empty()) msgs.push_back({"system", o.system});
+    msgs.push_back({"user", std::move(text)});
+    text = apply_chat_template(model.gguf(), msgs, true);
+  }
+  std::vector<int32_t> ids = tok.encode(text, tok.add_bos_default(), true);
+  VQ_CHECK(!ids.empty(), "the prompt encodes to no tokens");
+  return ids;
+}
+
+// --parallel / several prompts: every sequence through the continuous-batching engine; each
+// sequence's text is printed when it ends.
+void run_parallel(const GenerateOptions& o, const Model& model, const std::string& path, const KVSpec& spec,
+                  const std::vector<std::string>& texts) {
+  const ModelConfig& cfg = model.config();
+  EngineOptions eo;
+  eo.kv_budget_bytes = kv_budget_bytes(o.kv_budget_mib);
+  eo.max_sequences = o.parallel;
+  eo.max_step_tokens = o.batch;
+  eo.n_ctx = o.n_ctx;
+  Engine engine(model, spec, eo);
+  const SamplerParams base = sampler_params(o);
+  // One prompt and N sequences: N seeds, the prompt prefilled once and shared.
+  const int n_seq = texts.size() == 1 ? o.parallel : int(texts.size());
+  struct Out {
+    std::vector<int32_t> tokens;
+    SeqResult result;
+    bool done = false;
+  };
+  std::vector<Out> outs(static_cast<size_t>(n_seq));
+  std::vector<int64_t> ids(static_cast<size_t>(n_seq));
+  const Tokenizer* tok = model.has_tokenizer() ? &model.tokenizer() : nullptr;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n_seq; ++i) {
+    Request r;
+    r.prompt = o.prompt_ids.empty() ? encode_prompt(model, o, texts[size_t(texts.size() == 1 ? 0 : i)])
+                                    : parse_ids(o.prompt_ids);
+    r.sampling = base;
+    r.sampling.seed = base.seed + uint64_t(i);
+    r.max_new_tokens = o.n_predict;
+    r.ignore_eos = o.ignore_eos;
+    if (texts.size() == 1 && i > 0) r.fork_of = ids[0];
+    r.on_token = [&outs, i](int64_t, int32_t t) {
+      outs[size_t(i)].tokens.push_back(t);
+      return true;
+    };
+    r.on_finish = [&outs, i, &o, tok](const SeqResult& res) {
+      Out& out = outs[size_t(i)];
+      out.result = res;
+      out.done = true;
+      if (o.quiet) return;
+      std::string text;
+      for (int32_t t : out.tokens)
+        if (tok && !(tok->is_eog(t) && !o.ignore_eos)) text += tok->piece(t);
+      std::printf("--- sequence %d (%lld prompt tokens, %lld generated, %s) ---\n%s\n", i, (long long)res.n_prompt,
+                  (long long)res.n_generated, finish_reason_name(res.why), text.c_str());
+      std::fflush(stdout);
+    };
+    ids[size_t(i)] = engine.submit(std::move(r));
+  }
+  engine.run();
+  const double wall = seconds_since(t0);
+  const EngineStats st = engine.stats();
+  size_t tb = 0, ab = 0, fb = 0;
+  long long toks = 0;
+  int errors = 0;
+  std::string first_error;
+  for (const Out& out : outs) {
+    tb += out.result.kv_token_bytes;
+    ab += out.result.kv_allocated_bytes;
+    fb += out.result.kv_fp16_bytes;
+    toks += out.result.n_prompt + out.result.n_generated;
+    if (out.result.why == FinishReason::error) {
+      ++errors;
+      if (first_error.empty()) first_error = out.result.error;
+    }
+  }
+  std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, %d sequences, up to %d at once\n", path.c_str(),
+               cfg.arch.c_str(), cfg.n_layers, vq::num_threads(), n_seq, o.parallel);
+  std::fprintf(stderr, "steps: %lld in %.3f s of %.3f s wall (%.2f ms per step), %lld prefill and %lld decode tokens, %lld preemptions\n",
+               (long long)st.steps, st.step_seconds, wall, st.steps ? 1e3 * st.step_seconds / double(st.steps) : 0.0,
+               (long long)st.prefill_tokens, (long long)st.decode_tokens, (long long)st.preemptions);
+  std::fprintf(stderr, "decode: %.1f tokens/s aggregate\n", st.step_seconds > 0 ? double(st.decode_tokens) / st.step_seconds : 0.0);
+  std::fprintf(stderr, "%s (sums at each sequence's end)\n", kv_summary(spec.name(), toks, tb, ab, fb, engine.kv().codebook_bytes()).c_str());
+  std::fprintf(stderr, "kv pool: peak %s of a %s budget\n", mb(engine.kv().pool().peak_bytes()).c_str(),
+               mb(engine.kv().pool().budget_bytes()).c_str());
+  VQ_CHECK(errors == 0, "{} of {} sequences failed: {}", errors, n_seq, first_error);
+}
 
 void run_generate(const GenerateOptions& o) {
   VQ_CHECK(o.n_predict >= 0, "-n: {} must be >= 0", o.n_predict);
   VQ_CHECK(o.n_ctx >= 0, "-c: {} must be >= 0", o.n_ctx);
   VQ_CHECK(o.batch >= 1, "-b: {} must be >= 1", o.batch);
+  VQ_CHECK(o.parallel >= 1 && o.parallel <= 4096, "--parallel: {} must be in 1..4096", o.parallel);
   VQ_CHECK(o.threads >= 0 && o.threads <= 1024, "-t: {} out of range", o.threads);
-  const int n_sources = int(!o.prompt.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty());
-  VQ_CHECK(n_sources == 1, "give exactly one of -p PROMPT, --prompt-file FILE, --prompt-ids IDS");
+  std::vector<std::string> texts = o.prompts;
+  if (!o.prompts_file.empty()) {
+    std::istringstream in(read_text_file(o.prompts_file));
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty()) texts.push_back(line);
+    VQ_CHECK(!texts.empty(), "{}: no prompts (one per line)", o.prompts_file);
+  }
+  const int n_sources = int(!texts.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty());
+  VQ_CHECK(n_sources == 1, "give exactly one of -p PROMPT (repeatable), --prompts-file FILE, --prompt-file FILE, --prompt-ids IDS");
+  const bool parallel = o.parallel > 1 || texts.size() > 1;
+  VQ_CHECK(!parallel || (o.dump_logits.empty() && o.stats_json.empty()),
+           "--dump-logits and --stats-json are for one sequence (not with --parallel or several prompts)");
   vq::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   // The KV cache spec is checked before the (slow) model load.
@@ -127,42 +248,31 @@ void run_generate(const GenerateOptions& o) {
                                                   std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
                                                   if (d == t) std::fprintf(stderr, "\n");
                                                 });
-  const KVCacheFactory factory = make_kv_cache_factory(kv_config, calib);
+  const KVSpec spec = make_kv_spec(kv_config, calib);
+  if (parallel) {
+    if (texts.empty() && !o.prompt_file.empty()) texts.push_back(read_text_file(o.prompt_file));
+    if (texts.empty()) texts.push_back("");  // --prompt-ids
+    run_parallel(o, *model, path, spec, texts);
+    return;
+  }
 
   std::vector<int32_t> ids;
   std::string shown_prompt;
   if (!o.prompt_ids.empty()) {
     ids = parse_ids(o.prompt_ids);
   } else {
-    const Tokenizer& tok = model->tokenizer();
-    std::string text = o.prompt_file.empty() ? o.prompt : read_text_file(o.prompt_file);
-    shown_prompt = text;
-    if (o.chat) {
-      std::vector<ChatMessage> msgs;
-      if (!o.system.empty()) msgs.push_back({"system", o.system});
-      msgs.push_back({"user", text});
-      text = apply_chat_template(model->gguf(), msgs, true);
-    }
-    ids = tok.encode(text, tok.add_bos_default(), true);
-    VQ_CHECK(!ids.empty(), "the prompt encodes to no tokens");
+    shown_prompt = o.prompt_file.empty() ? texts[0] : read_text_file(o.prompt_file);
+    ids = encode_prompt(*model, o, shown_prompt);
   }
   const int n_prompt = static_cast<int>(ids.size());
   const int n_ctx = o.n_ctx > 0 ? o.n_ctx : n_prompt + std::max(o.n_predict, 1);
   VQ_CHECK(n_prompt < n_ctx || (n_prompt == n_ctx && o.n_predict == 0),
            "the prompt has {} tokens, which does not fit the context of {} (-c)", n_prompt, n_ctx);
-  Session session(*model, factory, n_ctx, o.batch);
+  Session session(*model, spec, n_ctx, o.batch, kv_budget_bytes(o.kv_budget_mib));
 
-  SamplerParams sp;
-  sp.temp = o.temp;
-  sp.top_k = o.top_k;
-  sp.top_p = o.top_p;
-  sp.min_p = o.min_p;
-  sp.repeat_penalty = o.repeat_penalty;
-  sp.repeat_last_n = o.repeat_last_n;
-  sp.seed = o.seed >= 0 ? uint64_t(o.seed) : std::random_device{}();
+  const SamplerParams sp = sampler_params(o);
   Sampler sampler(sp);
   for (int32_t id : ids) sampler.accept(id);
-
   if (!o.no_display_prompt && !o.quiet) {
     std::fputs(shown_prompt.c_str(), stdout);
     if (o.chat && !shown_prompt.empty()) std::fputs("\n\n", stdout);  // the reply starts below the question
@@ -216,23 +326,22 @@ void run_generate(const GenerateOptions& o) {
 
   const double pp_tps = prefill_s > 0 ? n_prompt / prefill_s : 0.0;
   const double tg_tps = decode_s > 0 ? n_decoded / decode_s : 0.0;
-  const size_t kvb = session.kv_bytes(), kv16 = session.kv_fp16_bytes(), cb = session.kv_codebook_bytes();
+  const size_t kvb = session.kv_token_bytes(), kva = session.kv_bytes(), kv16 = session.kv_fp16_bytes(),
+               cb = session.kv_codebook_bytes();
   const double bpe = kv16 ? 16.0 * double(kvb) / double(kv16) : 0.0;
-  const std::string kv_name = session.caches().empty() ? kv_config.name() : session.caches()[0]->name();
+  const std::string kv_name = spec.name();
   std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, seed %llu, stop: %s\n", path.c_str(),
                cfg.arch.c_str(), cfg.n_layers, vq::num_threads(), static_cast<unsigned long long>(sp.seed),
                stop_reason.c_str());
   std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", n_prompt, prefill_s, pp_tps);
   std::fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s)\n", n_decoded, decode_s, tg_tps);
-  std::fprintf(stderr, "kv cache %s: %lld tokens, %s (fp16 equivalent %s, %.2f bits/element)%s\n", kv_name.c_str(),
-               static_cast<long long>(session.pos()), mb(kvb).c_str(), mb(kv16).c_str(), bpe,
-               cb ? fmt::format(", codebooks {}", mb(cb)).c_str() : "");
+  std::fprintf(stderr, "%s\n", kv_summary(kv_name, session.pos(), kvb, kva, kv16, cb).c_str());
   if (!o.stats_json.empty()) {
     nlohmann::json j = {{"model", path}, {"threads", vq::num_threads()}, {"kv_cache", kv_name},
                         {"n_prompt", n_prompt}, {"n_generated", n_generated}, {"n_decoded", n_decoded},
                         {"prefill_s", prefill_s}, {"decode_s", decode_s},
                         {"prefill_cpu_s", prefill_cpu_s}, {"decode_cpu_s", decode_cpu_s}, {"prefill_tps", pp_tps},
-                        {"decode_tps", tg_tps}, {"kv_bytes", kvb}, {"kv_fp16_bytes", kv16},
+                        {"decode_tps", tg_tps}, {"kv_bytes", kvb}, {"kv_allocated_bytes", kva}, {"kv_fp16_bytes", kv16},
                         {"kv_codebook_bytes", cb}, {"bits_per_element", bpe}, {"stop", stop_reason},
                         {"tokens", std::vector<int32_t>(ids.begin() + n_prompt, ids.end())}};
     const std::string s = j.dump(1) + "\n";
@@ -246,7 +355,14 @@ void add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Generate text from a GGUF model (default: SmolLM2-135M-Instruct)");
   c->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct, fetched on first use)");
-  c->add_option("-p,--prompt", o->prompt, "Prompt text");
+  c->add_option("-p,--prompt", o->prompts, "Prompt text (repeat for several sequences)");
+  c->add_option("--prompts-file", o->prompts_file, "Several prompts, one per line (one sequence each)");
+  c->add_option("--parallel", o->parallel,
+                "Sequences running at once (continuous batching); with one prompt: that many samples (seeds "
+                "seed, seed+1, ...) sharing the prompt's KV blocks")
+      ->capture_default_str();
+  c->add_option("--kv-budget", o->kv_budget_mib, "KV pool budget in MiB (0: half of the available memory)")
+      ->capture_default_str();
   c->add_option("-f,--prompt-file", o->prompt_file, "Read the prompt from a file");
   c->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: \"1,2,3\" or @FILE");
   c->add_option("--system", o->system, "System message (with --chat)");

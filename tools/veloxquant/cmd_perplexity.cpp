@@ -33,8 +33,8 @@ void run_perplexity(const PplOptions& o) {
   const std::string calib = resolve_calibration(*model, path, is_default, cfg, o.calib,
                                                 [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
   if (made) std::fprintf(stderr, "perplexity: made the default calibration %s\n", calib.c_str());
-  const KVCacheFactory method = make_kv_cache_factory(cfg, calib);
-  const KVCacheFactory reference = make_kv_cache_factory(parse_kv_cache_spec("fp16"));
+  const KVSpec method = make_kv_spec(cfg, calib);
+  const KVSpec reference = make_kv_spec(parse_kv_cache_spec("fp16"));
   const std::vector<int32_t> ids = model->tokenizer().encode(text, model->tokenizer().add_bos_default());
   PerplexityOptions po;
   po.n_ctx = o.n_ctx;
@@ -45,7 +45,8 @@ void run_perplexity(const PplOptions& o) {
     nlohmann::json j = {{"model", path},          {"text", o.text},        {"kv_cache", cfg.name()},
                         {"n_ctx", o.n_ctx},       {"chunk", o.chunk},      {"tokens_scored", r.n_scored},
                         {"perplexity", r.perplexity}, {"nll", r.nll},      {"seconds", r.seconds},
-                        {"kv_bytes", r.kv_bytes}, {"kv_fp16_bytes", r.kv_fp16_bytes},
+                        {"kv_bytes", r.kv_bytes}, {"kv_allocated_bytes", r.kv_allocated_bytes},
+                        {"kv_fp16_bytes", r.kv_fp16_bytes},
                         {"bits_per_element", r.bits_per_element}};
     if (!o.no_reference) {
       j["kl_vs_fp16"] = r.kl;
@@ -62,8 +63,8 @@ void run_perplexity(const PplOptions& o) {
       std::printf("KL vs fp16    %.5f nats/token\n", r.kl);
       std::printf("top-1 agree   %.2f%%\n", 100.0 * r.top1);
     }
-    std::printf("KV cache      %.2f MB (fp16 %.2f MB, %.2f bits/element)\n", r.kv_bytes / 1e6, r.kv_fp16_bytes / 1e6,
-                r.bits_per_element);
+    std::printf("KV cache      %.2f MB for the tokens (fp16 %.2f MB, %.2f bits/element), %.2f MB allocated\n",
+                r.kv_bytes / 1e6, r.kv_fp16_bytes / 1e6, r.bits_per_element, r.kv_allocated_bytes / 1e6);
     std::printf("time          %.1f s\n", r.seconds);
   }
 }

@@ -83,11 +83,10 @@ HWY_INLINE void AccumulateV(DV dv, const KT* Vt, int D, int nt, const float* s, 
 }
 
 template <int NG, class DV, class KT>
-void HeadGroupTile(DV dv, const KT* K, const KT* Vv, const ref::DenseAttnArgs& a, const float* q, int t0, int nt,
-                   float* s, float* m, float* d, float* o) {
+void HeadGroupTile(DV dv, const KT* K, const KT* Vv, int64_t ks, int D, const float* q, int t0, int nt, float* s,
+                   float* m, float* d, float* o) {
   const hn::ScalableTag<float> df;
-  const int D = a.head_dim;
-  Scores<NG>(df, K, a.k_stride, D, q, t0, nt, s);
+  Scores<NG>(df, K, ks, D, q, t0, nt, s);
   alignas(64) float alpha[4];
   const int N = int(hn::Lanes(df));
   for (int g = 0; g < NG; ++g) {
@@ -126,19 +125,32 @@ void DenseAttnImpl(DV dv, const KT* K, const KT* Vv, const ref::DenseAttnArgs& a
     float* m = a.m + int64_t(i) * G;
     float* d = a.d + int64_t(i) * G;
     float* o = a.o + int64_t(i) * G * D;
-    for (int64_t t0 = 0; t0 < nv; t0 += kTile) {
-      const int nt = int(std::min<int64_t>(kTile, nv - t0));
+    for (int64_t t0 = 0; t0 < nv;) {
+      // A tile never crosses a block: Kp/Vp are the tile's block (or the whole contiguous run)
+      // and `local` the tile's first key in it.
+      const KT *Kp = K, *Vp = Vv;
+      int64_t ks = a.k_stride, local = t0, nt = std::min<int64_t>(kTile, nv - t0);
+      if (a.block_tokens > 0) {
+        const int64_t u = a.first + t0, B = a.block_tokens;
+        const uint8_t* blk = a.blocks[u / B];
+        Kp = reinterpret_cast<const KT*>(blk + a.k_offset);
+        Vp = reinterpret_cast<const KT*>(blk + a.v_offset);
+        ks = B;
+        local = u % B;
+        nt = std::min<int64_t>(nt, B - local);
+      }
       for (int g0 = 0; g0 < G; g0 += 4) {
         const int ng = std::min(4, G - g0);
         const float* qg = qs + int64_t(g0) * D;
         float* og = o + int64_t(g0) * D;
         switch (ng) {
-          case 1: HeadGroupTile<1>(dv, K, Vv, a, qg, int(t0), nt, s, m + g0, d + g0, og); break;
-          case 2: HeadGroupTile<2>(dv, K, Vv, a, qg, int(t0), nt, s, m + g0, d + g0, og); break;
-          case 3: HeadGroupTile<3>(dv, K, Vv, a, qg, int(t0), nt, s, m + g0, d + g0, og); break;
-          default: HeadGroupTile<4>(dv, K, Vv, a, qg, int(t0), nt, s, m + g0, d + g0, og); break;
+          case 1: HeadGroupTile<1>(dv, Kp, Vp, ks, D, qg, int(local), int(nt), s, m + g0, d + g0, og); break;
+          case 2: HeadGroupTile<2>(dv, Kp, Vp, ks, D, qg, int(local), int(nt), s, m + g0, d + g0, og); break;
+          case 3: HeadGroupTile<3>(dv, Kp, Vp, ks, D, qg, int(local), int(nt), s, m + g0, d + g0, og); break;
+          default: HeadGroupTile<4>(dv, Kp, Vp, ks, D, qg, int(local), int(nt), s, m + g0, d + g0, og); break;
         }
       }
+      t0 += nt;
     }
   }
 }
@@ -155,8 +167,14 @@ void DenseAttnTyped(const KT* K, const KT* Vv, const ref::DenseAttnArgs& a) {
 }
 
 void DenseAttention(const ref::DenseAttnArgs& a) {
-  if (a.k16) DenseAttnTyped(a.k16, a.v16, a);
-  else DenseAttnTyped(a.k32, a.v32, a);
+  if (a.block_tokens > 0) {
+    if (a.paged_f32) DenseAttnTyped(static_cast<const float*>(nullptr), static_cast<const float*>(nullptr), a);
+    else DenseAttnTyped(static_cast<const uint16_t*>(nullptr), static_cast<const uint16_t*>(nullptr), a);
+  } else if (a.k16) {
+    DenseAttnTyped(a.k16, a.v16, a);
+  } else {
+    DenseAttnTyped(a.k32, a.v32, a);
+  }
 }
 
 }  // namespace HWY_NAMESPACE
@@ -169,8 +187,14 @@ HWY_EXPORT(DenseAttention);
 void dense_attention(const DenseAttnArgs& a) {
   VQ_CHECK(a.head_dim > 0 && a.group > 0 && a.n_q >= 0, "cpu::dense_attention: bad geometry head_dim {} group {} n_q {}",
            a.head_dim, a.group, a.n_q);
-  VQ_CHECK(a.k_stride % 16 == 0 && a.k_stride >= a.n_keys,
-           "cpu::dense_attention: k_stride {} must be a multiple of 16 and >= n_keys {}", a.k_stride, a.n_keys);
+  if (a.block_tokens > 0) {
+    VQ_CHECK(a.block_tokens % 16 == 0 && a.first >= 0 && a.first < a.block_tokens,
+             "cpu::dense_attention: block_tokens {} must be a multiple of 16 and first {} inside a block",
+             a.block_tokens, a.first);
+  } else {
+    VQ_CHECK(a.k_stride % 16 == 0 && a.k_stride >= a.n_keys,
+             "cpu::dense_attention: k_stride {} must be a multiple of 16 and >= n_keys {}", a.k_stride, a.n_keys);
+  }
   HWY_DYNAMIC_DISPATCH(DenseAttention)(a);
 }
 }  // namespace vq::cpu

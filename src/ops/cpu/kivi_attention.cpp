@@ -86,12 +86,13 @@ void KiviImpl(DF df, const cpu::KiviAttnArgs& a) {
     std::fill(bias + g * ncg, bias + (g + 1) * ncg, 0.0f);
   }
   const hn::RebindToSigned<DF> di;
-  for (int t0 = 0; t0 < a.n_tokens;) {
+  const int t_end = a.first + a.n_tokens;
+  for (int t0 = a.first; t0 < t_end;) {
     // one key group (or its first kTile tokens): its scale/min fold into the queries
     const int grp = t0 / GK, in_grp = t0 % GK;
-    const int nt = std::min({kTile, GK - in_grp, a.n_tokens - t0});
+    const int nt = std::min({kTile, GK - in_grp, t_end - t0});
     const uint8_t* kg = a.k_groups + size_t(grp) * a.k_group_stride;
-    if (in_grp == 0 || t0 == 0) {
+    if (in_grp == 0 || t0 == a.first) {
       for (int ch = 0; ch < D; ++ch) {
         ksc[ch] = GetF16(kg + size_t(ch) * 2);
         kmn[ch] = GetF16(kg + size_t(D) * 2 + size_t(ch) * 2);
@@ -204,7 +205,7 @@ void KiviScalar(const cpu::KiviAttnArgs& a) {
   const int D = a.head_dim, GQ = a.group, GK = a.kivi_group, ncg = D / GK;
   const size_t krow = packed_row_bytes(D, a.bits);
   std::vector<float> x(static_cast<size_t>(D)), s(static_cast<size_t>(GQ));
-  for (int t = 0; t < a.n_tokens; ++t) {
+  for (int t = a.first; t < a.first + a.n_tokens; ++t) {
     const uint8_t* kg = a.k_groups + size_t(t / GK) * a.k_group_stride;
     const uint8_t* row = kg + size_t(D) * 4 + size_t(t % GK) * krow;
     for (int ch = 0; ch < D; ++ch)

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/bitpack.h"
 #include "core/buffer.h"
@@ -81,31 +82,28 @@ void BuildLut(const PQAttnArgs& a, const float* cbt, float* lut) {
   }
 }
 
-// S[t][h] = sum_j LUT[j][code(t, j)][h] for t < nb. codes: code(t, j) = codes[t * cs + j].
-// Lines to request during a pass over a block: [a, a + a_bytes) then [b, b + b_bytes), `step`
-// lines per token.
+// S[t][h] = sum_j LUT[j][code(t, j)][h] for t < nb; code(t, j) = rows[t][j].
+// Lines to request during a pass over a block: the rows of next_rows (the next block's keys) and
+// of cur_rows (this block's values), one of each per token, at the rate they are consumed (a
+// burst of prefetches stalls on the miss buffers).
 struct Prefetch {
-  const uint8_t* a = nullptr;
-  size_t a_bytes = 0;
-  const uint8_t* b = nullptr;
-  size_t b_bytes = 0;
-  size_t step = 0;
+  const uint8_t* const* next_rows = nullptr;
+  int n_next = 0;
+  const uint8_t* const* cur_rows = nullptr;
+  int n_cur = 0;
   HWY_INLINE void token(int t) const {
-    for (size_t i = 0; i < step; ++i) {
-      const size_t off = (size_t(t) * step + i) * 64;
-      if (off < a_bytes) __builtin_prefetch(a + off);
-      else if (off - a_bytes < b_bytes) __builtin_prefetch(b + (off - a_bytes));
-    }
+    if (t < n_next) __builtin_prefetch(next_rows[t]);
+    if (t < n_cur) __builtin_prefetch(cur_rows[t]);
   }
 };
 
 template <class CT>
-HWY_INLINE void Scores(const float* lut, int nks, int K, const CT* codes, size_t cs, int nb, float* S, const Prefetch& pf) {
+HWY_INLINE void Scores(const float* lut, int nks, int K, const CT* const* rows, int nb, float* S, const Prefetch& pf) {
 #if HWY_TARGET == HWY_SCALAR
   for (int t = 0; t < nb; ++t) {
     float s[kHeads] = {0, 0, 0, 0};
     for (int j = 0; j < nks; ++j) {
-      const float* e = lut + (int64_t(j) * K + codes[size_t(t) * cs + size_t(j)]) * kHeads;
+      const float* e = lut + (int64_t(j) * K + rows[t][j]) * kHeads;
       for (int h = 0; h < kHeads; ++h) s[h] += e[h];
     }
     for (int h = 0; h < kHeads; ++h) S[t * kHeads + h] = s[h];
@@ -115,18 +113,19 @@ HWY_INLINE void Scores(const float* lut, int nks, int K, const CT* codes, size_t
   const int64_t L = int64_t(K) * kHeads;  // floats per sub-space table
   for (int j0 = 0; j0 < nks; j0 += kKJ) {
     const float* L0 = lut + j0 * L;
-    const CT* c = codes + j0;
     if (nks - j0 >= 4) {
       const float *L1 = L0 + L, *L2 = L0 + 2 * L, *L3 = L0 + 3 * L;
       if (j0 == 0) {
-        for (int t = 0; t < nb; ++t, c += cs) {
-          if (pf.step) pf.token(t);
+        for (int t = 0; t < nb; ++t) {
+          const CT* c = rows[t];
+          pf.token(t);
           const auto s0 = hn::Add(hn::Load(d4, L0 + size_t(c[0]) * 4), hn::Load(d4, L1 + size_t(c[1]) * 4));
           const auto s1 = hn::Add(hn::Load(d4, L2 + size_t(c[2]) * 4), hn::Load(d4, L3 + size_t(c[3]) * 4));
           hn::Store(hn::Add(s0, s1), d4, S + 4 * t);
         }
       } else {
-        for (int t = 0; t < nb; ++t, c += cs) {
+        for (int t = 0; t < nb; ++t) {
+          const CT* c = rows[t] + j0;
           const auto s0 = hn::Add(hn::Load(d4, L0 + size_t(c[0]) * 4), hn::Load(d4, L1 + size_t(c[1]) * 4));
           const auto s1 = hn::Add(hn::Load(d4, L2 + size_t(c[2]) * 4), hn::Load(d4, L3 + size_t(c[3]) * 4));
           hn::Store(hn::Add(hn::Load(d4, S + 4 * t), hn::Add(s0, s1)), d4, S + 4 * t);
@@ -134,7 +133,8 @@ HWY_INLINE void Scores(const float* lut, int nks, int K, const CT* codes, size_t
       }
     } else {
       const int nj = nks - j0;
-      for (int t = 0; t < nb; ++t, c += cs) {
+      for (int t = 0; t < nb; ++t) {
+        const CT* c = rows[t] + j0;
         auto s = j0 == 0 ? hn::Zero(d4) : hn::Load(d4, S + 4 * t);
         for (int u = 0; u < nj; ++u) s = hn::Add(s, hn::Load(d4, L0 + u * L + size_t(c[u]) * 4));
         hn::Store(s, d4, S + 4 * t);
@@ -203,7 +203,7 @@ HWY_INLINE void SoftmaxBlock(float* S, int nb, int ng, float* m, float* d, float
 // vector k of sub-space u holds lanes [h][SD] flattened (k*N .. k*N+N-1); a token adds
 // centroid (broadcast to the lanes of every head) x its 4 weights (one permute per token).
 template <int SD, int VJ, class CT>
-HWY_INLINE void ValuesPass(const float* cb, int64_t book_stride, int j0, const CT* codes, size_t cs, int nb,
+HWY_INLINE void ValuesPass(const float* cb, int64_t book_stride, int j0, const CT* const* rows, int nb,
                            const float* P, int D, float* acc) {
   const hn::ScalableTag<float> df;
   constexpr int N = int(hn::MaxLanes(df));
@@ -216,8 +216,8 @@ HWY_INLINE void ValuesPass(const float* cb, int64_t book_stride, int j0, const C
   for (int u = 0; u < VJ; ++u)
     for (int k = 0; k < NV; ++k) accv[u][k] = hn::Zero(df);
   const float* book0 = cb + int64_t(j0) * book_stride;
-  const CT* c = codes + j0;
-  for (int t = 0; t < nb; ++t, c += cs) {
+  for (int t = 0; t < nb; ++t) {
+    const CT* c = rows[t] + j0;
     V w[NV];
     if constexpr (N <= SD) {
       for (int k = 0; k < NV; ++k) w[k] = hn::Set(df, P[t * kHeads + (k * N) / SD]);
@@ -267,7 +267,7 @@ constexpr bool RegisterValues() {
 // acc[h][D] += sum_t P[t][h] * v_t for 4 heads, v_t decoded from codes through the codebooks
 // cb + j * book_stride ([2^bits][SD] each).
 template <int SD, class CT>
-HWY_INLINE void Values(const float* cb, int64_t book_stride, int nvs, const CT* codes, size_t cs, int nb, const float* P,
+HWY_INLINE void Values(const float* cb, int64_t book_stride, int nvs, const CT* const* rows, int nb, const float* P,
                        int D, float* acc) {
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (RegisterValues<SD>()) {
@@ -275,22 +275,22 @@ HWY_INLINE void Values(const float* cb, int64_t book_stride, int nvs, const CT* 
     constexpr int NV = kHeads * SD / N;
     constexpr int VJ = NV >= 4 ? 1 : (NV >= 2 ? 2 : 4);  // sub-spaces per pass: <= 4 accumulators
     int j0 = 0;
-    for (; j0 + VJ <= nvs; j0 += VJ) ValuesPass<SD, VJ>(cb, book_stride, j0, codes, cs, nb, P, D, acc);
-    for (; j0 < nvs; ++j0) ValuesPass<SD, 1>(cb, book_stride, j0, codes, cs, nb, P, D, acc);
+    for (; j0 + VJ <= nvs; j0 += VJ) ValuesPass<SD, VJ>(cb, book_stride, j0, rows, nb, P, D, acc);
+    for (; j0 < nvs; ++j0) ValuesPass<SD, 1>(cb, book_stride, j0, rows, nb, P, D, acc);
   }
 #else
-  (void)cb, (void)book_stride, (void)nvs, (void)codes, (void)cs, (void)nb, (void)P, (void)D, (void)acc;
+  (void)cb, (void)book_stride, (void)nvs, (void)rows, (void)nb, (void)P, (void)D, (void)acc;
 #endif
 }
 
 // Generic value decode (any sub_dim, any target).
 template <class CT>
-HWY_INLINE void ValuesGeneric(const float* cb, int64_t book_stride, int nvs, int sd, const CT* codes, size_t cs, int nb,
+HWY_INLINE void ValuesGeneric(const float* cb, int64_t book_stride, int nvs, int sd, const CT* const* rows, int nb,
                               const float* P, int D, float* acc) {
   for (int j = 0; j < nvs; ++j) {
     const float* book = cb + int64_t(j) * book_stride;
     for (int t = 0; t < nb; ++t) {
-      const float* cent = book + size_t(codes[size_t(t) * cs + size_t(j)]) * sd;
+      const float* cent = book + size_t(rows[t][j]) * sd;
       for (int h = 0; h < kHeads; ++h) {
         const float w = P[t * kHeads + h];
         float* dst = acc + int64_t(h) * D + j * sd;
@@ -301,33 +301,33 @@ HWY_INLINE void ValuesGeneric(const float* cb, int64_t book_stride, int nvs, int
 }
 
 template <class KT, class VT>
-void BlockHeads(const PQAttnArgs& a, const float* lut, const KT* kc, size_t ks, const VT* vc, size_t vs, int nb,
-                float* S, float* acc, Prefetch pf) {
+void BlockHeads(const PQAttnArgs& a, const float* lut, const KT* const* kc, const VT* const* vc, int nb, float* S,
+                float* acc, Prefetch pf) {
   const int D = a.head_dim, nks = D / a.k_sub_dim, nvs = D / a.v_sub_dim, K = 1 << a.k_bits;
   const int64_t vbook = a.v_books == 1 ? 0 : (int64_t(1) << a.v_bits) * a.v_sub_dim;
   const int n_hg = (a.group + kHeads - 1) / kHeads;
   for (int hg = 0; hg < n_hg; ++hg) {
     const int g0 = hg * kHeads, ng = std::min(kHeads, a.group - g0);
-    Scores(lut + int64_t(hg) * nks * K * kHeads, nks, K, kc, ks, nb, S, pf);
+    Scores(lut + int64_t(hg) * nks * K * kHeads, nks, K, kc, nb, S, pf);
     pf = Prefetch{};  // the first head group's pass requested them
     float alpha[kHeads];  // alpha: [4] rescale of the heads' running outputs
     SoftmaxBlock(S, nb, ng, a.m + g0, a.d + g0, alpha);
     std::fill(acc, acc + int64_t(kHeads) * D, 0.0f);
     switch (a.v_sub_dim) {
       case 4:
-        if constexpr (RegisterValues<4>()) { Values<4>(a.v_codebook, vbook, nvs, vc, vs, nb, S, D, acc); break; }
+        if constexpr (RegisterValues<4>()) { Values<4>(a.v_codebook, vbook, nvs, vc, nb, S, D, acc); break; }
         [[fallthrough]];
       case 8:
         if constexpr (RegisterValues<8>()) {
-          if (a.v_sub_dim == 8) { Values<8>(a.v_codebook, vbook, nvs, vc, vs, nb, S, D, acc); break; }
+          if (a.v_sub_dim == 8) { Values<8>(a.v_codebook, vbook, nvs, vc, nb, S, D, acc); break; }
         }
         [[fallthrough]];
       case 16:
         if constexpr (RegisterValues<16>()) {
-          if (a.v_sub_dim == 16) { Values<16>(a.v_codebook, vbook, nvs, vc, vs, nb, S, D, acc); break; }
+          if (a.v_sub_dim == 16) { Values<16>(a.v_codebook, vbook, nvs, vc, nb, S, D, acc); break; }
         }
         [[fallthrough]];
-      default: ValuesGeneric(a.v_codebook, vbook, nvs, a.v_sub_dim, vc, vs, nb, S, D, acc); break;
+      default: ValuesGeneric(a.v_codebook, vbook, nvs, a.v_sub_dim, vc, nb, S, D, acc); break;
     }
     for (int h = 0; h < ng; ++h) {
       float* o = a.o + int64_t(g0 + h) * D;
@@ -341,35 +341,54 @@ void Accumulate(const PQAttnArgs& a, const float* lut) {
   const int D = a.head_dim, nks = D / a.k_sub_dim, nvs = D / a.v_sub_dim;
   const size_t krow = packed_row_bytes(nks, a.k_bits), vrow = packed_row_bytes(nvs, a.v_bits);
   // S: [kBlock + 16, 4] scores then weights; acc: [4, D] block output; k16/v16: [kBlock, n_sub]
-  // unpacked codes when the width is not 8 bits
+  // unpacked codes when the width is not 8 bits; kr/vr: [2 * kBlock] row addresses of this block's
+  // tokens and the next block's (contiguous or paged codes alike); k16r/v16r: [kBlock] rows of k16/v16
   thread_local AlignedBuffer<float> s_buf, acc_buf;
   thread_local AlignedBuffer<uint16_t> k16, v16;
+  thread_local std::vector<const uint8_t*> kr, vr;
+  thread_local std::vector<const uint16_t*> k16r, v16r;
   if (s_buf.size() < size_t(kBlock + 16) * kHeads) s_buf.resize(size_t(kBlock + 16) * kHeads);
   if (acc_buf.size() < size_t(kHeads) * D) acc_buf.resize(size_t(kHeads) * D);
   const bool k8 = a.k_bits == 8, v8 = a.v_bits == 8;
   if (!k8 && k16.size() < size_t(kBlock) * nks) k16.resize(size_t(kBlock) * nks);
   if (!v8 && v16.size() < size_t(kBlock) * nvs) v16.resize(size_t(kBlock) * nvs);
+  kr.resize(2 * kBlock);
+  vr.resize(kBlock);
+  k16r.resize(kBlock);
+  v16r.resize(kBlock);
+  for (int t = 0; t < kBlock; ++t) {
+    k16r[size_t(t)] = k16.data() + size_t(t) * nks;
+    v16r[size_t(t)] = v16.data() + size_t(t) * nvs;
+  }
+  auto krow_at = [&](int t) {
+    if (a.block_tokens <= 0) return a.k_codes + size_t(t) * krow;
+    const int u = a.first + t;
+    return a.k_blocks[u / a.block_tokens] + size_t(u % a.block_tokens) * krow;
+  };
+  auto vrow_at = [&](int t) {
+    if (a.block_tokens <= 0) return a.v_codes + size_t(t) * vrow;
+    const int u = a.first + t;
+    return a.v_blocks[u / a.block_tokens] + size_t(u % a.block_tokens) * vrow;
+  };
+  for (int t = 0; t < std::min(kBlock, a.n_tokens); ++t) kr[size_t(t)] = krow_at(t);
   for (int b0 = 0; b0 < a.n_tokens; b0 += kBlock) {
     const int nb = std::min(kBlock, a.n_tokens - b0);
-    const uint8_t* kr = a.k_codes + size_t(b0) * krow;
-    const uint8_t* vr = a.v_codes + size_t(b0) * vrow;
-    // Codes stream from memory (a 30-layer cache is far larger than L2). While the scores of
-    // this block run, its value codes and the next block's key codes are requested, one line at
-    // a time at the rate they are consumed (a burst of prefetches stalls on the miss buffers).
-    Prefetch pf;
-    pf.a = a.k_codes + size_t(b0 + nb) * krow;
-    pf.a_bytes = size_t(std::min(kBlock, a.n_tokens - b0 - nb)) * krow;
-    pf.b = vr;
-    pf.b_bytes = size_t(nb) * vrow;
-    pf.step = (pf.a_bytes + pf.b_bytes + 63) / 64 / size_t(nb) + 1;
+    const int n_next = std::min(kBlock, a.n_tokens - b0 - nb);
+    // this block's key rows are kr[0..nb); the next block's go to kr[kBlock..) then move down
+    for (int t = 0; t < n_next; ++t) kr[size_t(kBlock + t)] = krow_at(b0 + nb + t);
+    for (int t = 0; t < nb; ++t) vr[size_t(t)] = vrow_at(b0 + t);
+    // Codes stream from memory (a 30-layer cache is far larger than L2): while the scores of this
+    // block run, its value rows and the next block's key rows are requested.
+    Prefetch pf{kr.data() + kBlock, n_next, vr.data(), nb};
     if (!k8)
-      for (int t = 0; t < nb; ++t) unpack_codes(kr + size_t(t) * krow, nks, a.k_bits, k16.data() + size_t(t) * nks);
+      for (int t = 0; t < nb; ++t) unpack_codes(kr[size_t(t)], nks, a.k_bits, k16.data() + size_t(t) * nks);
     if (!v8)
-      for (int t = 0; t < nb; ++t) unpack_codes(vr + size_t(t) * vrow, nvs, a.v_bits, v16.data() + size_t(t) * nvs);
-    if (k8 && v8) BlockHeads(a, lut, kr, krow, vr, vrow, nb, s_buf.data(), acc_buf.data(), pf);
-    else if (k8) BlockHeads(a, lut, kr, krow, v16.data(), size_t(nvs), nb, s_buf.data(), acc_buf.data(), pf);
-    else if (v8) BlockHeads(a, lut, k16.data(), size_t(nks), vr, vrow, nb, s_buf.data(), acc_buf.data(), pf);
-    else BlockHeads(a, lut, k16.data(), size_t(nks), v16.data(), size_t(nvs), nb, s_buf.data(), acc_buf.data(), pf);
+      for (int t = 0; t < nb; ++t) unpack_codes(vr[size_t(t)], nvs, a.v_bits, v16.data() + size_t(t) * nvs);
+    if (k8 && v8) BlockHeads(a, lut, kr.data(), vr.data(), nb, s_buf.data(), acc_buf.data(), pf);
+    else if (k8) BlockHeads(a, lut, kr.data(), v16r.data(), nb, s_buf.data(), acc_buf.data(), pf);
+    else if (v8) BlockHeads(a, lut, k16r.data(), vr.data(), nb, s_buf.data(), acc_buf.data(), pf);
+    else BlockHeads(a, lut, k16r.data(), v16r.data(), nb, s_buf.data(), acc_buf.data(), pf);
+    std::copy(kr.begin() + kBlock, kr.begin() + kBlock + n_next, kr.begin());
   }
 }
 

@@ -32,10 +32,12 @@ struct KiviAttnArgs {
   int bits = 2;       // 2 or 4
   int kivi_group = 32;  // G: tokens per key group = channels per value group (head_dim % G == 0)
   const float* q = nullptr;  // [group, head_dim] f32, already * scale
-  // Key groups: group i at k_groups + i * k_group_stride; tokens start at a group boundary.
+  // Key groups: group i at k_groups + i * k_group_stride; token t (counted from group 0) is row
+  // t % kivi_group of group t / kivi_group. The call covers tokens [first, first + n_tokens).
   const uint8_t* k_groups = nullptr;
+  int first = 0;
   size_t k_group_stride = 0;
-  const uint8_t* v_rows = nullptr;  // value row t at v_rows + t * v_stride
+  const uint8_t* v_rows = nullptr;  // value row of token t at v_rows + t * v_stride (same counting)
   size_t v_stride = 0;
   float* m = nullptr;  // [group]
   float* d = nullptr;  // [group]

@@ -55,9 +55,25 @@ void dense_attention(const DenseAttnArgs& a) {
       float& d = a.d[i * a.group + g];
       float* o = a.o + (int64_t(i) * a.group + g) * D;
       for (int64_t t = 0; t < nv; ++t) {
-        for (int c = 0; c < D; ++c) {
-          krow[size_t(c)] = a.k16 ? f16_to_f32(a.k16[c * a.k_stride + t]) : a.k32[c * a.k_stride + t];
-          vrow[size_t(c)] = a.v16 ? f16_to_f32(a.v16[t * D + c]) : a.v32[t * D + c];
+        if (a.block_tokens > 0) {
+          const int64_t u = a.first + t, B = a.block_tokens;
+          const uint8_t* blk = a.blocks[u / B];
+          const int64_t slot = u % B;
+          for (int c = 0; c < D; ++c) {
+            const int64_t ki = c * B + slot, vi = slot * D + c;
+            if (a.paged_f32) {
+              krow[size_t(c)] = reinterpret_cast<const float*>(blk + a.k_offset)[ki];
+              vrow[size_t(c)] = reinterpret_cast<const float*>(blk + a.v_offset)[vi];
+            } else {
+              krow[size_t(c)] = f16_to_f32(reinterpret_cast<const uint16_t*>(blk + a.k_offset)[ki]);
+              vrow[size_t(c)] = f16_to_f32(reinterpret_cast<const uint16_t*>(blk + a.v_offset)[vi]);
+            }
+          }
+        } else {
+          for (int c = 0; c < D; ++c) {
+            krow[size_t(c)] = a.k16 ? f16_to_f32(a.k16[c * a.k_stride + t]) : a.k32[c * a.k_stride + t];
+            vrow[size_t(c)] = a.v16 ? f16_to_f32(a.v16[t * D + c]) : a.v32[t * D + c];
+          }
         }
         double dot = 0;
         for (int c = 0; c < D; ++c) dot += double(qv[c]) * krow[size_t(c)];

@@ -1,6 +1,7 @@
 #pragma once
 // Reference dense attention (plain scalar C++, double accumulation): the yardstick for every
 // KV cache's attend(). Also the partial (online-softmax state) form the caches accumulate.
+#include <cstddef>
 #include <cstdint>
 
 namespace vq::ref {
@@ -27,6 +28,17 @@ struct DenseAttnArgs {
   const float* k32 = nullptr;     // [head_dim, k_stride] f32
   const float* v32 = nullptr;     // [n_keys, head_dim] f32
   int64_t k_stride = 0;  // vq::cpu needs a multiple of 16 (it reads whole vectors of keys)
+  // Paged keys/values (block_tokens > 0; the KV store's blocks): key t of the call sits at slot
+  // (first + t) % block_tokens of block (first + t) / block_tokens; in block b the keys are at
+  // blocks[b] + k_offset bytes, channel-major [head_dim][block_tokens], and the values at
+  // blocks[b] + v_offset bytes, row-major [block_tokens][head_dim]; fp16 unless paged_f32.
+  // k16/v16/k32/v32 and k_stride are then unused. vq::cpu needs block_tokens % 16 == 0 and
+  // readable memory for a vector past each key row (the block's value part follows its keys).
+  const uint8_t* const* blocks = nullptr;
+  int block_tokens = 0;
+  int first = 0;
+  size_t k_offset = 0, v_offset = 0;
+  bool paged_f32 = false;
   int64_t n_keys = 0;
   const int64_t* n_visible = nullptr;  // [n_q]: query i sees rows [0, clamp(n_visible[i], 0, n_keys))
   float* m = nullptr;  // [n_q, group] running max (start: -inf)

@@ -20,6 +20,13 @@ struct PQAttnArgs {
   const float* k_codebook = nullptr; // [k_books, 2^k_bits, k_sub_dim] (in the transformed key space)
   const uint8_t* v_codes = nullptr;  // [n_tokens, packed_row_bytes(head_dim/v_sub_dim, v_bits)]
   const float* v_codebook = nullptr; // [v_books, 2^v_bits, v_sub_dim] (original value space)
+  // Paged codes (block_tokens > 0; vq::cpu::pq_attention_accumulate only): token t of the run
+  // sits at slot (first + t) % block_tokens of block (first + t) / block_tokens, whose code rows
+  // for this KV head start at k_blocks[b] / v_blocks[b]; k_codes / v_codes are then unused.
+  const uint8_t* const* k_blocks = nullptr;
+  const uint8_t* const* v_blocks = nullptr;
+  int block_tokens = 0;
+  int first = 0;
   float* m = nullptr;                // [group] out: max score
   float* d = nullptr;                // [group] out: sum exp(s - m)
   float* o = nullptr;                // [group, head_dim] out: sum_t exp(s_t - m) v_t (not normalised)

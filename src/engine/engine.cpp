@@ -1,0 +1,294 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace vq {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::length: return "length";
+    case FinishReason::eos: return "eos";
+    case FinishReason::stop: return "stop";
+    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::context: return "context";
+    case FinishReason::error: return "error";
+  }
+  return "?";
+}
+
+struct Engine::Seq {
+  int64_t id = 0;
+  Request req;
+  SeqKV kv;
+  // tokens: the prompt, then every sampled token; the sequence has fed kv.size() of them.
+  std::vector<int32_t> tokens;
+  int n_generated = 0;
+  std::unique_ptr<Sampler> sampler;
+  std::vector<float> logits;  // [n_vocab] of the last fed token
+  bool prompt_done = false;   // the original prompt has been fed once (fork point reached)
+  int64_t fed() const { return kv.size(); }
+  int64_t pending() const { return int64_t(tokens.size()) - fed(); }
+};
+
+Engine::Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt)
+    : model_(model), opt_(opt), kv_(make_kv_store(model, spec, opt.kv_budget_bytes)), fwd_(model, *kv_) {
+  VQ_CHECK(opt.max_sequences >= 1, "engine: max_sequences {} must be >= 1", opt.max_sequences);
+  VQ_CHECK(opt.max_step_tokens >= 1, "engine: max_step_tokens {} must be >= 1", opt.max_step_tokens);
+  VQ_CHECK(opt.n_ctx >= 0, "engine: n_ctx {} must be >= 0", opt.n_ctx);
+  if (opt_.n_ctx == 0) opt_.n_ctx = int(std::min<int64_t>(model.config().n_ctx_train > 0 ? model.config().n_ctx_train : 4096, 1 << 20));
+}
+
+Engine::~Engine() = default;
+
+int64_t Engine::submit(Request r) {
+  VQ_CHECK(!r.prompt.empty(), "engine: a request needs at least one prompt token");
+  VQ_CHECK(r.max_new_tokens >= 0, "engine: max_new_tokens {} must be >= 0", r.max_new_tokens);
+  const int V = model_.config().n_vocab;
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    VQ_CHECK(r.prompt[i] >= 0 && r.prompt[i] < V, "engine: prompt token id {} at index {} out of range [0, {})",
+             r.prompt[i], i, V);
+  VQ_CHECK(int64_t(r.prompt.size()) < opt_.n_ctx || (int64_t(r.prompt.size()) == opt_.n_ctx && r.max_new_tokens == 0),
+           "engine: the prompt has {} tokens, which does not fit the context of {}", r.prompt.size(), opt_.n_ctx);
+  auto s = std::make_unique<Seq>();
+  s->tokens = r.prompt;
+  s->sampler = std::make_unique<Sampler>(r.sampling);
+  for (int32_t t : r.prompt) s->sampler->accept(t);
+  s->req = std::move(r);
+  std::lock_guard<std::mutex> lock(mu_);
+  s->id = next_id_++;
+  const int64_t id = s->id;
+  waiting_.push_back(std::move(s));
+  return id;
+}
+
+void Engine::cancel(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_.push_back(id);
+}
+
+bool Engine::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_.empty() && running_.empty() && forks_.empty();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s = stats_;
+  s.running = int(running_.size());
+  s.waiting = int(waiting_.size());
+  for (const auto& [p, v] : forks_) s.waiting += int(v.size());
+  return s;
+}
+
+void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
+  SeqResult r;
+  r.id = s.id;
+  r.why = why;
+  r.error = error;
+  r.n_prompt = int64_t(s.req.prompt.size());
+  r.n_generated = s.n_generated;
+  if (s.kv.valid()) {
+    r.kv_token_bytes = kv_->token_bytes(s.kv);
+    r.kv_allocated_bytes = kv_->allocated_bytes(s.kv);
+    r.kv_fp16_bytes = kv_->fp16_bytes(s.kv);
+  }
+  kv_->release(s.kv);
+  if (s.req.on_finish) s.req.on_finish(r);
+}
+
+void Engine::preempt(Seq& s) {
+  // Recomputed later from its tokens; the sampler keeps its history and RNG state.
+  kv_->release(s.kv);
+  ++stats_.preemptions;
+}
+
+void Engine::admit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = waiting_.begin(); it != waiting_.end() && int(running_.size()) < opt_.max_sequences;) {
+    Seq& s = **it;
+    if (s.req.fork_of >= 0 && s.req.fork_of != s.id) {
+      // Wait for a running parent that has not fed its prompt yet; else start normally.
+      auto p = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r->id == s.req.fork_of; });
+      if (p != running_.end() && !(*p)->prompt_done) {
+        forks_[s.req.fork_of].push_back(std::move(*it));
+        it = waiting_.erase(it);
+        continue;
+      }
+    }
+    if (!s.kv.valid()) s.kv = kv_->new_sequence();
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
+  }
+}
+
+bool Engine::fork_children(Seq& parent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto node = forks_.find(parent.id);
+  if (node == forks_.end()) return false;
+  std::vector<std::unique_ptr<Seq>> children = std::move(node->second);
+  forks_.erase(node);
+  for (auto& c : children) {
+    // Shared tokens; the child feeds at least its last prompt token itself (for its own logits).
+    int64_t n = 0;
+    while (n < parent.fed() && n < int64_t(c->tokens.size()) && parent.tokens[size_t(n)] == c->tokens[size_t(n)]) ++n;
+    n = std::min<int64_t>(n, int64_t(c->tokens.size()) - 1);
+    if (n > 0) {
+      try {
+        c->kv = kv_->fork(parent.kv, n);
+      } catch (const Error&) {
+        c->kv = SeqKV();  // the parent no longer holds that point: start from scratch
+      }
+    }
+    waiting_.push_front(std::move(c));
+  }
+  return true;
+}
+
+bool Engine::step() {
+  // Cancellations: waiting ones end here, running ones below (their blocks go back at once).
+  std::vector<int64_t> cancelled;
+  std::vector<std::unique_ptr<Seq>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled.swap(cancelled_);
+    for (int64_t id : cancelled) {
+      auto w = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& q) { return q->id == id; });
+      if (w != waiting_.end()) {
+        dropped.push_back(std::move(*w));
+        waiting_.erase(w);
+      }
+      for (auto& [p, v] : forks_) {
+        auto c = std::find_if(v.begin(), v.end(), [&](const auto& q) { return q->id == id; });
+        if (c != v.end()) {
+          dropped.push_back(std::move(*c));
+          v.erase(c);
+        }
+      }
+    }
+  }
+  for (auto& q : dropped) finish(*q, FinishReason::cancelled);
+  for (int64_t id : cancelled) {
+    auto r = std::find_if(running_.begin(), running_.end(), [&](const auto& q) { return q->id == id; });
+    if (r != running_.end()) {
+      std::unique_ptr<Seq> q = std::move(*r);
+      running_.erase(r);
+      finish(*q, FinishReason::cancelled);
+      fork_children(*q);
+    }
+  }
+  admit();
+  if (running_.empty()) return false;
+
+  const int V = model_.config().n_vocab;
+  // Build the step: one token for every sequence with one pending, then prefill chunks in start
+  // order while the token budget lasts. When the pool cannot hold it: leave out the last prefill
+  // chunk, else preempt the newest sequence, else (one sequence alone) end it with an error.
+  std::vector<const Seq*> no_prefill;  // left out of this step's prefill
+  for (;;) {
+    entries_.clear();
+    entry_seq_.clear();
+    int budget = opt_.max_step_tokens;
+    auto add = [&](Seq& q, int n) {
+      if (q.logits.empty()) q.logits.resize(size_t(V));
+      if (!q.kv.valid()) q.kv = kv_->new_sequence();
+      BatchEntry e;
+      e.seq = &q.kv;
+      e.tokens = q.tokens.data() + q.fed();
+      e.n = n;
+      e.logits = q.fed() + n == int64_t(q.tokens.size()) ? LogitsWanted::last : LogitsWanted::none;
+      e.out = q.logits.data();
+      entries_.push_back(e);
+      entry_seq_.push_back(&q);
+      budget -= n;
+    };
+    for (auto& q : running_)
+      if (q->pending() == 1 && budget > 0) add(*q, 1);
+    for (auto& q : running_)
+      if (q->pending() > 1 && budget > 0 && std::find(no_prefill.begin(), no_prefill.end(), q.get()) == no_prefill.end())
+        add(*q, int(std::min<int64_t>(q->pending(), budget)));
+    std::vector<int64_t> counts;
+    for (const BatchEntry& e : entries_) kv_->blocks_for_append(*e.seq, e.n, counts);
+    if (!entries_.empty() && kv_->pool().can_allocate(counts)) break;
+    if (entries_.size() > 1 && entries_.back().n > 1) {
+      no_prefill.push_back(entry_seq_.back());
+      continue;
+    }
+    if (running_.size() > 1) {
+      std::unique_ptr<Seq> q = std::move(running_.back());
+      running_.pop_back();
+      preempt(*q);
+      no_prefill.clear();
+      std::lock_guard<std::mutex> lock(mu_);
+      waiting_.push_front(std::move(q));
+      continue;
+    }
+    std::unique_ptr<Seq> q = std::move(running_.back());
+    running_.pop_back();
+    const int64_t n = std::min<int64_t>(q->pending(), opt_.max_step_tokens);
+    std::vector<int64_t> c1;
+    kv_->blocks_for_append(q->kv, n, c1);
+    finish(*q, FinishReason::error,
+           fmt::format("the KV pool budget of {:.1f} MiB cannot hold this sequence's next {} tokens (they need {:.2f} "
+                       "MiB more, {:.2f} MiB are free)",
+                       double(kv_->pool().budget_bytes()) / 1048576.0, n, double(kv_->pool().bytes_of(c1)) / 1048576.0,
+                       double(kv_->pool().free_bytes()) / 1048576.0));
+    fork_children(*q);
+    return true;
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  fwd_.step(entries_.data(), int(entries_.size()));
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.steps;
+    stats_.step_seconds += dt;
+    stats_.last_step_ms = dt * 1e3;
+    for (const BatchEntry& e : entries_) {
+      if (e.n == 1 && e.logits == LogitsWanted::last && entry_seq_[size_t(&e - entries_.data())]->prompt_done)
+        ++stats_.decode_tokens;
+      else
+        stats_.prefill_tokens += e.n;
+    }
+  }
+  // Sample and report.
+  const Tokenizer* tok = model_.has_tokenizer() ? &model_.tokenizer() : nullptr;
+  std::vector<std::pair<Seq*, FinishReason>> ends;
+  for (Seq* s : entry_seq_) {
+    if (s->pending() != 0) continue;  // a prefill chunk short of the prompt's end
+    if (!s->prompt_done) {
+      s->prompt_done = true;
+      fork_children(*s);
+    }
+    if (s->n_generated >= s->req.max_new_tokens) {
+      ends.emplace_back(s, FinishReason::length);
+      continue;
+    }
+    const int32_t next = s->sampler->sample(s->logits.data(), V);
+    s->sampler->accept(next);
+    ++s->n_generated;
+    const bool keep_going = !s->req.on_token || s->req.on_token(s->id, next);
+    if (!keep_going) ends.emplace_back(s, FinishReason::stop);
+    else if (tok && tok->is_eog(next) && !s->req.ignore_eos) ends.emplace_back(s, FinishReason::eos);
+    else if (s->n_generated >= s->req.max_new_tokens) ends.emplace_back(s, FinishReason::length);
+    else if (int64_t(s->tokens.size()) + 1 > opt_.n_ctx) ends.emplace_back(s, FinishReason::context);
+    else s->tokens.push_back(next);
+  }
+  for (auto& [s, why] : ends) {
+    auto r = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == s; });
+    std::unique_ptr<Seq> own = std::move(*r);
+    running_.erase(r);
+    finish(*own, why);
+    fork_children(*own);
+  }
+  return true;
+}
+
+void Engine::run() {
+  while (step() || !idle()) {
+  }
+}
+
+}  // namespace vq

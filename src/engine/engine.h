@@ -1,0 +1,118 @@
+#pragma once
+// Engine: continuous batching over one model and one KV pool. Requests wait in a queue; every
+// step runs all active sequences together (one decode token each, then prefill chunks in
+// arrival order up to a token budget) through Forward::step, samples each sequence's next token
+// and reports it. A finished or cancelled sequence gives its blocks back at once and the next
+// waiting request starts.
+//
+// Memory: the pool's budget bounds everything. A step that would not fit drops prefill chunks
+// first, then preempts the most recently started sequence (its blocks are freed and it waits at
+// the head of the queue to be recomputed: prompt + the tokens generated so far); a sequence that
+// cannot fit even alone finishes with an error. Nothing running is ever corrupted.
+//
+// Prefix sharing: a request may name an earlier request (`fork_of`) with the same first prompt
+// tokens; it starts by sharing that sequence's blocks once its prompt is processed (N samples of
+// one prompt prefill it once).
+//
+// Threading: submit() and cancel() may be called from any thread; step() and run() from one.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvcache/kv_store.h"
+#include "model/sampler.h"
+#include "model/session.h"
+
+namespace vq {
+
+enum class FinishReason { length, eos, stop, cancelled, context, error };
+const char* finish_reason_name(FinishReason r);
+
+struct EngineOptions {
+  size_t kv_budget_bytes = size_t(-1);
+  int max_sequences = 16;     // running at once
+  int max_step_tokens = 512;  // rows per step (decode tokens + prefill chunk tokens)
+  int n_ctx = 0;              // positions per sequence (0: the model's context length)
+};
+
+// What a sequence ended with (passed to Request::on_finish).
+struct SeqResult {
+  int64_t id = 0;
+  FinishReason why = FinishReason::length;
+  std::string error;  // for FinishReason::error
+  int64_t n_prompt = 0, n_generated = 0;
+  // KV memory at the end (kvcache/kv_store.h): payload of the tokens, blocks allocated (shared
+  // ones in full), and an fp16 cache for the same tokens.
+  size_t kv_token_bytes = 0, kv_allocated_bytes = 0, kv_fp16_bytes = 0;
+};
+
+struct Request {
+  std::vector<int32_t> prompt;  // at least one token
+  SamplerParams sampling;
+  int max_new_tokens = 128;
+  bool ignore_eos = false;
+  int64_t fork_of = -1;  // an earlier request whose prompt starts with this one's prompt tokens (or -1)
+  // Called with each new token (from the engine's thread); return false to stop the sequence.
+  std::function<bool(int64_t id, int32_t token)> on_token;
+  // Called once when the sequence ends.
+  std::function<void(const SeqResult&)> on_finish;
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  int64_t preemptions = 0;
+  double step_seconds = 0;      // total time in Forward::step
+  double last_step_ms = 0;
+  int running = 0, waiting = 0;
+};
+
+class Engine {
+ public:
+  Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt = {});
+  ~Engine();
+
+  int64_t submit(Request r);  // returns the request id (>= 0)
+  void cancel(int64_t id);    // ends it at the next step (its blocks are freed then)
+  // One step; false when there was nothing to do.
+  bool step();
+  void run();  // steps until no request is left
+  bool idle() const;
+
+  EngineStats stats() const;
+  const KVStore& kv() const { return *kv_; }
+  KVStore& kv() { return *kv_; }
+  const Model& model() const { return model_; }
+  const EngineOptions& options() const { return opt_; }
+
+ private:
+  struct Seq;
+  void admit();
+  void finish(Seq& s, FinishReason why, const std::string& error = "");
+  bool fork_children(Seq& parent);
+  void preempt(Seq& s);
+
+  const Model& model_;
+  EngineOptions opt_;
+  std::unique_ptr<KVStore> kv_;
+  Forward fwd_;
+  mutable std::mutex mu_;  // guards waiting_, cancelled_, next_id_
+  std::deque<std::unique_ptr<Seq>> waiting_;
+  std::vector<int64_t> cancelled_;
+  int64_t next_id_ = 0;
+  std::vector<std::unique_ptr<Seq>> running_;  // in start order
+  std::map<int64_t, std::vector<std::unique_ptr<Seq>>> forks_;  // parent id -> children waiting for it
+  EngineStats stats_;
+  // step scratch
+  std::vector<BatchEntry> entries_;
+  std::vector<Seq*> entry_seq_;
+};
+
+}  // namespace vq

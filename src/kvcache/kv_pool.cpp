@@ -1,0 +1,108 @@
+#include "kvcache/kv_pool.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+namespace vq {
+
+KVPool::KVPool(size_t budget_bytes) : budget_(budget_bytes) {}
+
+KVPool::~KVPool() {
+  for (auto& a : arenas_)
+    for (auto& s : a.slots) std::free(s.ptr);
+}
+
+int KVPool::add_arena(size_t block_bytes, std::string name) {
+  VQ_CHECK(block_bytes > 0, "kv pool: arena '{}' with blocks of 0 bytes", name);
+  Arena a;
+  a.block_bytes = block_bytes;
+  a.name = std::move(name);
+  arenas_.push_back(std::move(a));
+  return int(arenas_.size()) - 1;
+}
+
+KVPool::Slot& KVPool::slot(int arena, int32_t id) {
+  VQ_CHECK(arena >= 0 && arena < n_arenas(), "kv pool: no arena {}", arena);
+  Arena& a = arenas_[size_t(arena)];
+  VQ_CHECK(id >= 0 && size_t(id) < a.slots.size() && a.slots[size_t(id)].refs > 0,
+           "kv pool: block {} of arena '{}' is not allocated", id, a.name);
+  return a.slots[size_t(id)];
+}
+const KVPool::Slot& KVPool::slot(int arena, int32_t id) const { return const_cast<KVPool*>(this)->slot(arena, id); }
+
+int32_t KVPool::alloc(int arena) {
+  VQ_CHECK(arena >= 0 && arena < n_arenas(), "kv pool: no arena {}", arena);
+  Arena& a = arenas_[size_t(arena)];
+  if (used_ + a.block_bytes > budget_) {
+    throw KVPoolExhausted(fmt::format("kv pool: budget of {:.1f} MiB exhausted ({:.1f} MiB in use; a '{}' block needs {} bytes)",
+                                      double(budget_) / 1048576.0, double(used_) / 1048576.0, a.name, a.block_bytes));
+  }
+  const size_t bytes = (a.block_bytes + 63) / 64 * 64;
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+  if (!p) throw std::bad_alloc();
+  int32_t id;
+  if (!a.free_ids.empty()) {
+    id = a.free_ids.back();
+    a.free_ids.pop_back();
+  } else {
+    id = int32_t(a.slots.size());
+    a.slots.emplace_back();
+  }
+  Slot& s = a.slots[size_t(id)];
+  s.ptr = p;
+  s.refs = 1;
+  s.twin_arena = s.twin_id = -1;
+  ++a.in_use;
+  used_ += a.block_bytes;
+  peak_ = std::max(peak_, used_);
+  return id;
+}
+
+void KVPool::retain(int arena, int32_t id) { ++slot(arena, id).refs; }
+
+void KVPool::release(int arena, int32_t id) {
+  Slot& s = slot(arena, id);
+  if (--s.refs == 0) free_block(arena, id);
+}
+
+int KVPool::refcount(int arena, int32_t id) const { return slot(arena, id).refs; }
+
+void KVPool::free_block(int arena, int32_t id) {
+  Arena& a = arenas_[size_t(arena)];
+  Slot& s = a.slots[size_t(id)];
+  if (s.twin_arena >= 0) {
+    Slot& t = arenas_[size_t(s.twin_arena)].slots[size_t(s.twin_id)];
+    t.twin_arena = t.twin_id = -1;
+  }
+  std::free(s.ptr);
+  s = Slot{};
+  a.free_ids.push_back(id);
+  --a.in_use;
+  used_ -= a.block_bytes;
+}
+
+void KVPool::link_twins(int arena_a, int32_t a, int arena_b, int32_t b) {
+  Slot& sa = slot(arena_a, a);
+  Slot& sb = slot(arena_b, b);
+  VQ_CHECK(sa.twin_arena < 0 && sb.twin_arena < 0, "kv pool: block {} or {} already has a twin", a, b);
+  sa.twin_arena = arena_b;
+  sa.twin_id = b;
+  sb.twin_arena = arena_a;
+  sb.twin_id = a;
+}
+
+int32_t KVPool::twin(int arena, int32_t id, int in) const {
+  const Slot& s = slot(arena, id);
+  return s.twin_arena == in ? s.twin_id : -1;
+}
+
+size_t KVPool::bytes_of(const std::vector<int64_t>& counts) const {
+  size_t b = 0;
+  for (size_t a = 0; a < counts.size() && a < arenas_.size(); ++a) b += size_t(std::max<int64_t>(0, counts[a])) * arenas_[a].block_bytes;
+  return b;
+}
+
+bool KVPool::can_allocate(const std::vector<int64_t>& counts) const { return used_ + bytes_of(counts) <= budget_; }
+
+}  // namespace vq

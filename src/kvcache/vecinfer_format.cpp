@@ -1,0 +1,169 @@
+// VecInfer's coded block: keys smoothed + Hadamard-rotated then product-quantized, values
+// product-quantized, codes bit-packed. Block: keys [n_kv_heads][block_tokens][krow] then values
+// [n_kv_heads][block_tokens][vrow]. Attention on the codes: per (query, KV head) a lookup table
+// LUT[j][c] = q~_j . c, scores as sums of table reads, values decoded in registers
+// (ops/cpu/pq_attention.h).
+#include <algorithm>
+#include <vector>
+
+#include "codec/calibration_file.h"
+#include "codec/key_transform.h"
+#include "codec/product_quantizer.h"
+#include "core/buffer.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kvcache/factory.h"
+#include "kvcache/kv_format.h"
+#include "ops/cpu/pq_attention.h"
+
+namespace vq {
+namespace {
+
+// Transformed queries q~ * scale and, for decode (few queries), every (query, KV head) table
+// built up front so that the key ranges of all threads share them.
+class VecInferPrep final : public QueryPrep {
+ public:
+  std::vector<float> qt;    // [n_q, n_heads, head_dim]
+  std::vector<float> luts;  // [n_q, n_kv_heads, lut_n] when prebuilt, else empty
+  size_t lut_n = 0;
+};
+
+class VecInferFormat final : public CodedFormat {
+ public:
+  VecInferFormat(const KVGeometry& g, int B, const KVCacheConfig& cfg, const Calibration& c, int layer)
+      : CodedFormat(g, B), cfg_(cfg) {
+    const CalibrationLayer& L = c.layers[size_t(layer)];
+    lambda_ = L.smoothing;
+    const int H = g.n_kv_heads, D = g.head_dim;
+    const size_t kf = c.key_codebook_floats() / size_t(H), vf = c.value_codebook_floats() / size_t(H);
+    for (int h = 0; h < H; ++h) {
+      kpq_.emplace_back(D, c.key, c.granularity,
+                        std::vector<float>(L.key_codebooks.begin() + h * kf, L.key_codebooks.begin() + (h + 1) * kf));
+      vpq_.emplace_back(D, c.value, c.granularity,
+                        std::vector<float>(L.value_codebooks.begin() + h * vf, L.value_codebooks.begin() + (h + 1) * vf));
+      kbook_t_.push_back(cpu::transpose_codebook(kpq_.back().codebooks().data(), kpq_.back().n_books(), c.key.bits,
+                                                 c.key.sub_dim));
+    }
+    krow_ = kpq_[0].code_size();
+    vrow_ = vpq_[0].code_size();
+    base_.group = g.n_heads / g.n_kv_heads;
+    base_.head_dim = D;
+    base_.k_sub_dim = c.key.sub_dim;
+    base_.k_bits = c.key.bits;
+    base_.k_books = kpq_[0].n_books();
+    base_.v_sub_dim = c.value.sub_dim;
+    base_.v_bits = c.value.bits;
+    base_.v_books = vpq_[0].n_books();
+    lut_n_ = cpu::pq_lut_floats(base_);
+  }
+
+  std::string name() const override { return cfg_.name(); }
+  size_t keys_bytes() const { return size_t(geo_.n_kv_heads) * B_ * krow_; }
+  size_t block_bytes() const override { return keys_bytes() + size_t(geo_.n_kv_heads) * B_ * vrow_; }
+  size_t codebook_bytes() const override {
+    size_t b = lambda_.size() * 4;
+    for (size_t h = 0; h < kpq_.size(); ++h)
+      b += (kpq_[h].codebooks().size() + vpq_[h].codebooks().size() + kbook_t_[h].size()) * 4;
+    return b;
+  }
+
+  void encode_block(float* kf, float* vf, uint8_t* block) const override {
+    const int H = geo_.n_kv_heads, D = geo_.head_dim;
+    for (int h = 0; h < H; ++h) transform_keys(kf + size_t(h) * B_ * D, B_, 1, D, lambda_.data() + size_t(h) * D);
+    for (int h = 0; h < H; ++h) {
+      kpq_[size_t(h)].encode(kf + size_t(h) * B_ * D, B_, block + size_t(h) * B_ * krow_);
+      vpq_[size_t(h)].encode(vf + size_t(h) * B_ * D, B_, block + keys_bytes() + size_t(h) * B_ * vrow_);
+    }
+  }
+
+  std::unique_ptr<QueryPrep> prepare(const float* q, int n_q, float scale) const override {
+    const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, G = HQ / H;
+    auto p = std::make_unique<VecInferPrep>();
+    p->qt.assign(q, q + size_t(n_q) * HQ * D);
+    transform_queries(p->qt.data(), n_q, HQ, H, D, lambda_.data());
+    for (auto& x : p->qt) x *= scale;
+    p->lut_n = lut_n_;
+    if (n_q <= 4) {
+      p->luts.resize(size_t(n_q) * H * lut_n_);
+      parallel_for(size_t(n_q) * H, [&](size_t b, size_t e, int) {
+        for (size_t it = b; it < e; ++it) {
+          const int i = int(it / H), h = int(it % H);
+          PQAttnArgs a = base_;
+          a.q = p->qt.data() + (size_t(i) * HQ + size_t(h) * G) * D;
+          cpu::pq_build_lut(a, kbook_t_[size_t(h)].data(), p->luts.data() + it * lut_n_);
+        }
+      });
+    }
+    return p;
+  }
+
+  void attend(const QueryPrep& prep_in, int i, int h, const uint8_t* const* blocks, int first, int64_t n, float* m,
+              float* d, float* o) const override {
+    const auto& prep = static_cast<const VecInferPrep&>(prep_in);
+    const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, G = HQ / H;
+    PQAttnArgs a = base_;
+    a.q = prep.qt.data() + (size_t(i) * HQ + size_t(h) * G) * D;
+    a.k_codebook = kpq_[size_t(h)].codebooks().data();
+    a.v_codebook = vpq_[size_t(h)].codebooks().data();
+    const float* lut;
+    thread_local AlignedBuffer<float> lut_buf;
+    if (!prep.luts.empty()) {
+      lut = prep.luts.data() + (size_t(i) * H + size_t(h)) * lut_n_;
+    } else {
+      if (lut_buf.size() < lut_n_) lut_buf.resize(lut_n_);
+      cpu::pq_build_lut(a, kbook_t_[size_t(h)].data(), lut_buf.data());
+      lut = lut_buf.data();
+    }
+    // This head's code rows in each block of the run: kp[j], vp[j].
+    const size_t nb = size_t((int64_t(first) + n + B_ - 1) / B_);
+    thread_local std::vector<const uint8_t*> kp, vp;
+    kp.resize(nb);
+    vp.resize(nb);
+    for (size_t j = 0; j < nb; ++j) {
+      kp[j] = blocks[j] + size_t(h) * B_ * krow_;
+      vp[j] = blocks[j] + keys_bytes() + size_t(h) * B_ * vrow_;
+    }
+    a.k_blocks = kp.data();
+    a.v_blocks = vp.data();
+    a.block_tokens = B_;
+    a.first = first;
+    a.n_tokens = int(n);
+    a.m = m;
+    a.d = d;
+    a.o = o;
+    cpu::pq_attention_accumulate(a, lut);
+  }
+
+ private:
+  KVCacheConfig cfg_;
+  std::vector<float> lambda_;                   // [n_kv_heads, head_dim]
+  std::vector<ProductQuantizer> kpq_, vpq_;     // [n_kv_heads]
+  std::vector<std::vector<float>> kbook_t_;     // [n_kv_heads] channel-major key codebooks
+  size_t krow_ = 0, vrow_ = 0;                  // packed bytes per token and head
+  PQAttnArgs base_;
+  size_t lut_n_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CodedFormat> make_vecinfer_format(const KVCacheConfig& cfg, const Calibration* calib, int layer,
+                                                  const KVGeometry& g, int block_tokens) {
+  VQ_CHECK(calib != nullptr, "{}", calibration_howto(cfg));
+  const Calibration& c = *calib;
+  VQ_CHECK(layer >= 0 && layer < c.n_layers, "vecinfer cache: layer {} but the calibration has {} layers", layer,
+           c.n_layers);
+  VQ_CHECK(c.n_kv_heads == g.n_kv_heads && c.head_dim == g.head_dim,
+           "vecinfer cache: calibration is for n_kv_heads {} head_dim {}, the model has n_kv_heads {} head_dim {}",
+           c.n_kv_heads, c.head_dim, g.n_kv_heads, g.head_dim);
+  VQ_CHECK(c.key.sub_dim == cfg.key.sub_dim && c.key.bits == cfg.key.bits,
+           "vecinfer cache: kv_cache.key is {} but the calibration's key codebooks are d{}b{} (calibrate with "
+           "--kv-cache {})",
+           cfg.key.name(), c.key.sub_dim, c.key.bits, cfg.name());
+  VQ_CHECK(c.value.sub_dim == cfg.value.sub_dim && c.value.bits == cfg.value.bits,
+           "vecinfer cache: kv_cache.value is {} but the calibration's value codebooks are d{}b{} (calibrate with "
+           "--kv-cache {})",
+           cfg.value.name(), c.value.sub_dim, c.value.bits, cfg.name());
+  return std::make_unique<VecInferFormat>(g, block_tokens, cfg, c, layer);
+}
+
+}  // namespace vq

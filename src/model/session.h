@@ -1,0 +1,119 @@
+#pragma once
+// The forward pass of llama-family models over a KVStore, batched: one step runs any number of
+// sequences' new tokens (prefill chunks and single decode tokens alike) through all layers as
+// one stack of rows, so every weight is read once per step; attention runs per sequence over its
+// block tables (kvcache/kv_store.h). Session is one sequence on that same path.
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/buffer.h"
+#include "kvcache/kv_store.h"
+#include "model/model.h"
+
+namespace vq {
+
+enum class LogitsWanted { none, last, all };
+
+// One sequence's part of a step: n new tokens at positions seq->size() .. + n - 1.
+struct BatchEntry {
+  SeqKV* seq = nullptr;
+  const int32_t* tokens = nullptr;
+  int n = 0;
+  LogitsWanted logits = LogitsWanted::last;
+  float* out = nullptr;  // [1 (last) or n (all), n_vocab] f32
+};
+
+// The KV geometry, layer count and per-layer sliding windows of a model, for its KVStore.
+KVStoreOptions kv_store_options(const Model& model, size_t budget_bytes);
+std::unique_ptr<KVStore> make_kv_store(const Model& model, const KVSpec& spec, size_t budget_bytes = size_t(-1));
+
+// Runs steps over one KVStore. Scratch grows to the largest step seen, then nothing is allocated
+// per step. Not thread-safe.
+class Forward {
+ public:
+  Forward(const Model& model, KVStore& kv);
+
+  // Checks every entry (token ids in range, distinct sequences of this store) and that the pool
+  // can hold the step, then runs it; each entry's sequence grows by its n tokens and its logits
+  // are written. Throws vq::Error (KVPoolExhausted when the pool cannot hold the step) before
+  // changing anything.
+  void step(const BatchEntry* entries, int n_entries);
+
+  // Sees every layer's new keys (after RoPE) and values of every entry, before they are stored:
+  // k, v: [n, n_kv_heads, head_dim] f32 (calibration records real activations this way).
+  using KVObserver = std::function<void(int layer, int entry, const float* k, const float* v, int n)>;
+  void set_kv_observer(KVObserver f) { observer_ = std::move(f); }
+
+  const Model& model() const { return model_; }
+  KVStore& kv() { return kv_; }
+
+ private:
+  void reserve(int rows);
+  void attention_block(int layer, const BatchEntry* entries, int n_entries, int rows);
+  void mlp_block(int layer, int rows);
+  // y_i = x @ W_i^T for weights sharing the input x [n, cols]: x is quantized once.
+  void project_shared(const float* x, int n, std::initializer_list<std::pair<const WeightMatrix*, float*>> outs);
+
+  const Model& model_;
+  const ModelConfig& cfg_;
+  KVStore& kv_;
+  KVObserver observer_;
+  int cap_ = 0;  // rows the scratch holds
+  // Scratch for `cap_` stacked rows (all entries' tokens in entry order), all row-major:
+  AlignedBuffer<float> x_;      // [rows, n_embd] residual stream
+  AlignedBuffer<float> xn_;     // [rows, n_embd] normalised input of a block
+  AlignedBuffer<float> q_;      // [rows, q_dim] queries
+  AlignedBuffer<float> k_;      // [rows, kv_dim] keys
+  AlignedBuffer<float> v_;      // [rows, kv_dim] values
+  AlignedBuffer<float> attn_;   // [rows, q_dim] attention output
+  AlignedBuffer<float> proj_;   // [rows, n_embd] output of wo / w_down before the residual add
+  AlignedBuffer<float> gate_;   // [rows, n_ff]
+  AlignedBuffer<float> up_;     // [rows, n_ff]
+  AlignedBuffer<float> cos_;    // [rows, n_rot/2] rotary cos per row
+  AlignedBuffer<float> sin_;    // [rows, n_rot/2] rotary sin per row
+  AlignedBuffer<float> logits_; // [logit rows, n_vocab] when several entries want logits
+  ActivationBuffer act_;        // xn_ quantized once for q/k/v and once for gate/up
+  std::vector<int64_t> pos_;    // [rows] position of each row
+  std::vector<AttnEntry> attn_entries_;
+};
+
+// One sequence through its own KVStore: the single-sequence API over the batched path.
+class Session {
+ public:
+  static constexpr int kDefaultChunk = 512;
+  // n_ctx: the most positions this session holds. max_chunk: tokens per step of a prefill.
+  // budget_bytes: the KV pool's budget.
+  Session(const Model& model, const KVSpec& spec, int n_ctx, int max_chunk = kDefaultChunk,
+          size_t budget_bytes = size_t(-1));
+
+  // Runs tokens at positions pos()..pos()+n-1 (in steps of max_chunk). logits: [n, n_vocab] when
+  // all_logits, else [1, n_vocab] for the last token; nullptr skips the output head. Throws when
+  // a token id is out of range or the context would exceed n_ctx.
+  void forward(const int32_t* tokens, int n, float* logits, bool all_logits = false);
+
+  int64_t pos() const { return seq_.size(); }
+  int n_ctx() const { return n_ctx_; }
+  void reset();  // drops the sequence's KV, back to position 0
+  const Model& model() const { return model_; }
+  KVStore& store() { return *store_; }
+  const KVStore& store() const { return *store_; }
+  SeqKV& sequence() { return seq_; }
+  Forward& forward_pass() { return fwd_; }
+  size_t kv_bytes() const { return store_->allocated_bytes(seq_); }   // blocks allocated
+  size_t kv_token_bytes() const { return store_->token_bytes(seq_); }  // payload of the tokens held
+  size_t kv_fp16_bytes() const { return store_->fp16_bytes(seq_); }    // an fp16 cache for the same tokens
+  size_t kv_codebook_bytes() const { return store_->codebook_bytes(); }
+
+ private:
+  const Model& model_;
+  int n_ctx_, max_chunk_;
+  std::unique_ptr<KVStore> store_;
+  SeqKV seq_;
+  Forward fwd_;
+};
+
+}  // namespace vq
