@@ -54,10 +54,14 @@ class CodedFormat {
 
   const KVGeometry& geometry() const { return geo_; }
   int block_tokens() const { return B_; }
+  // Test hook: attend() through the plain reference kernels (VecInfer: decode the codes, then
+  // attend) instead of the fast ones.
+  void set_reference(bool on) { reference_ = on; }
 
  protected:
   KVGeometry geo_;
   int B_;
+  bool reference_ = false;
 };
 
 // q * scale, [n_q, n_heads, head_dim]: the default QueryPrep.

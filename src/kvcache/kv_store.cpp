@@ -170,6 +170,7 @@ int32_t KVStore::writable(std::vector<int32_t>& ids, size_t j, int arena) {
 }
 
 void KVStore::trim_layer(SeqKV::Layer& sl, const Layer& L, int64_t q) {
+  sl.trimmed_for = std::max(sl.trimmed_for, q);
   if (L.window > 0) {
     const size_t jb = size_t(L.key_begin(q) / B_);
     for (size_t j = 0; j < jb && j < sl.dense.size(); ++j) {
@@ -366,9 +367,14 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
   for (int e = 0; e < n_ents; ++e) {
     const AttnEntry& E = ents[e];
     VQ_CHECK(E.seq && E.seq->store_ == this, "kv store: attention entry {} names no sequence of this store", e);
-    VQ_CHECK(E.n_q >= 0 && E.pos0 >= 0 && E.pos0 + E.n_q <= E.seq->layers_[size_t(layer)].n,
+    const SeqKV::Layer& sl = E.seq->layers_[size_t(layer)];
+    VQ_CHECK(E.n_q >= 0 && E.pos0 >= 0 && E.pos0 + E.n_q <= sl.n,
              "kv store: attention entry {}: queries at {}..{} but layer {} holds {} tokens", e, E.pos0,
-             E.pos0 + E.n_q - 1, layer, E.seq->layers_[size_t(layer)].n);
+             E.pos0 + E.n_q - 1, layer, sl.n);
+    VQ_CHECK(E.n_q == 0 || E.pos0 >= sl.trimmed_for,
+             "kv store: attention entry {}: a query at position {} precedes the last append (position {}), whose "
+             "step released the older fp16 window",
+             e, E.pos0, sl.trimmed_for);
   }
   // Per-entry query preparation (transformed queries, decode lookup tables).
   std::vector<std::unique_ptr<QueryPrep>> prep(static_cast<size_t>(n_ents));
@@ -507,6 +513,16 @@ double KVStore::coded_bytes_per_token(int layer) const {
 bool KVStore::reads_coded(int layer, int64_t t, int64_t u) const {
   const Layer& L = layers_[size_t(layer)];
   return L.format && u >= L.coded_begin() && u < L.coded_end(t, B_) && u <= t;
+}
+
+int64_t KVStore::blocks_held(const SeqKV& s, int layer, bool coded) const {
+  const auto& ids = coded ? s.layers_[size_t(layer)].coded : s.layers_[size_t(layer)].dense;
+  return int64_t(std::count_if(ids.begin(), ids.end(), [](int32_t id) { return id >= 0; }));
+}
+
+void KVStore::set_reference_kernels(bool on) {
+  for (Layer& L : layers_)
+    if (L.format) L.format->set_reference(on);
 }
 
 size_t KVStore::token_bytes(const SeqKV& s) const {

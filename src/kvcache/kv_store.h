@@ -75,13 +75,15 @@ class SeqKV {
     std::vector<int32_t> dense;  // [n_blocks] dense-form block id, -1: none
     std::vector<int32_t> coded;  // [n_blocks] coded-form block id, -1: none
     int64_t n = 0;               // tokens held
+    int64_t trimmed_for = 0;     // forms only queries at positions >= this read may be gone
   };
   KVStore* store_ = nullptr;
   std::vector<Layer> layers_;
 };
 
 // One sequence's queries for an attention call: n_q queries at positions pos0 .. pos0 + n_q - 1
-// (their keys and values already appended); query i sees keys up to its own position.
+// (their keys and values already appended); query i sees keys up to its own position. pos0 may
+// not precede the sequence's last append (older queries' fp16 windows may be released).
 struct AttnEntry {
   const SeqKV* seq = nullptr;
   int64_t pos0 = 0;
@@ -136,8 +138,11 @@ class KVStore {
   double dense_bytes_per_token() const { return double(dense_block_bytes_) / B_; }
   double coded_bytes_per_token(int layer) const;
   int sliding_window(int layer) const { return int(layers_[size_t(layer)].window); }
-  // Test hooks: the form a query at position t reads for key position u ("dense" / "coded").
+  // Test hooks: whether a query at position t reads key position u as codes; blocks a sequence
+  // holds in one layer (dense or coded form); attention through the reference kernels.
   bool reads_coded(int layer, int64_t t, int64_t u) const;
+  int64_t blocks_held(const SeqKV& s, int layer, bool coded) const;
+  void set_reference_kernels(bool on);
 
  private:
   struct Layer {

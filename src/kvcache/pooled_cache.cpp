@@ -23,6 +23,22 @@ void PooledCache::attend(const float* q, int n_q, float scale, float* out) const
   store_->attend(0, &e, 1, scale);
 }
 
+int64_t PooledCache::coded_tokens() const {
+  if (store_->spec().config.method == KVMethod::q8_0 || store_->spec().config.method == KVMethod::q4_0) return size();
+  return store_->blocks_held(seq_, 0, true) * store_->block_tokens();
+}
+
+void PooledCache::attend_dequantized(const float* q, int n_q, float scale, float* out) {
+  store_->set_reference_kernels(true);
+  try {
+    attend(q, n_q, scale, out);
+  } catch (...) {
+    store_->set_reference_kernels(false);
+    throw;
+  }
+  store_->set_reference_kernels(false);
+}
+
 void PooledCache::clear() {
   store_->release(seq_);
   seq_ = store_->new_sequence();

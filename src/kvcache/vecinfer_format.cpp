@@ -15,6 +15,8 @@
 #include "kvcache/factory.h"
 #include "kvcache/kv_format.h"
 #include "ops/cpu/pq_attention.h"
+#include "ops/online_softmax.h"
+#include "ops/ref/pq_attention.h"
 
 namespace vq {
 namespace {
@@ -105,6 +107,7 @@ class VecInferFormat final : public CodedFormat {
     a.q = prep.qt.data() + (size_t(i) * HQ + size_t(h) * G) * D;
     a.k_codebook = kpq_[size_t(h)].codebooks().data();
     a.v_codebook = vpq_[size_t(h)].codebooks().data();
+    if (reference_) return attend_reference(a, h, blocks, first, n, m, d, o);
     const float* lut;
     thread_local AlignedBuffer<float> lut_buf;
     if (!prep.luts.empty()) {
@@ -135,6 +138,36 @@ class VecInferFormat final : public CodedFormat {
   }
 
  private:
+  // Gathers the run's codes of head h and attends through ref::pq_attention_dequantized, then
+  // merges that partial into (m, d, o).
+  void attend_reference(PQAttnArgs a, int h, const uint8_t* const* blocks, int first, int64_t n, float* m, float* d,
+                        float* o) const {
+    const int G = a.group, D = geo_.head_dim;
+    std::vector<uint8_t> kc(size_t(n) * krow_), vc(size_t(n) * vrow_);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t u = first + t;
+      const uint8_t* blk = blocks[u / B_];
+      std::copy_n(blk + (size_t(h) * B_ + size_t(u % B_)) * krow_, krow_, kc.data() + size_t(t) * krow_);
+      std::copy_n(blk + keys_bytes() + (size_t(h) * B_ + size_t(u % B_)) * vrow_, vrow_, vc.data() + size_t(t) * vrow_);
+    }
+    std::vector<float> pm(static_cast<size_t>(G)), pd(static_cast<size_t>(G)), po(size_t(G) * D);
+    a.n_tokens = int(n);
+    a.k_codes = kc.data();
+    a.v_codes = vc.data();
+    a.m = pm.data();
+    a.d = pd.data();
+    a.o = po.data();
+    ref::pq_attention_dequantized(a);
+    for (int g = 0; g < G; ++g) {
+      SoftmaxState st{m[g], d[g]};
+      float wa, wb;
+      softmax_merge(st, SoftmaxState{pm[size_t(g)], pd[size_t(g)]}, wa, wb);
+      m[g] = st.m;
+      d[g] = st.d;
+      for (int e = 0; e < D; ++e) o[g * D + e] = o[g * D + e] * wa + po[size_t(g) * D + e] * wb;
+    }
+  }
+
   KVCacheConfig cfg_;
   std::vector<float> lambda_;                   // [n_kv_heads, head_dim]
   std::vector<ProductQuantizer> kpq_, vpq_;     // [n_kv_heads]

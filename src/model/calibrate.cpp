@@ -86,7 +86,7 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
     const int ns = std::min(seg, n - s0);
     // The model runs with an fp16 cache; the observer records each layer's keys and values.
     Session s(model, KVSpec{KVCacheConfig{}, nullptr}, ns);
-    s.forward_pass().set_kv_observer([&](int layer, int, const float* k, const float* v, int m) {
+    s.forward_pass().set_kv_observer([&](int layer, int, const float*, const float* k, const float* v, int m) {
       const size_t e = size_t(m) * mc.n_kv_heads * mc.head_dim;
       keys[size_t(layer)].insert(keys[size_t(layer)].end(), k, k + e);
       values[size_t(layer)].insert(values[size_t(layer)].end(), v, v + e);

@@ -173,7 +173,7 @@ void Forward::attention_block(int layer, const BatchEntry* entries, int n_entrie
     const BatchEntry& B = entries[e];
     const float* kr = k_.data() + int64_t(r) * kvd;
     const float* vr = v_.data() + int64_t(r) * kvd;
-    if (observer_) observer_(layer, e, kr, vr, B.n);
+    if (observer_) observer_(layer, e, q_.data() + int64_t(r) * qd, kr, vr, B.n);
     const int64_t pos0 = B.seq->layer_size(layer);
     kv_.append(*B.seq, layer, kr, vr, B.n);
     attn_entries_.push_back(AttnEntry{B.seq, pos0, B.n, q_.data() + int64_t(r) * qd, attn_.data() + int64_t(r) * qd});

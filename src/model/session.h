@@ -43,9 +43,11 @@ class Forward {
   // changing anything.
   void step(const BatchEntry* entries, int n_entries);
 
-  // Sees every layer's new keys (after RoPE) and values of every entry, before they are stored:
-  // k, v: [n, n_kv_heads, head_dim] f32 (calibration records real activations this way).
-  using KVObserver = std::function<void(int layer, int entry, const float* k, const float* v, int n)>;
+  // Sees every layer's new queries and keys (after RoPE) and values of every entry, before they
+  // are stored: q: [n, n_heads, head_dim], k, v: [n, n_kv_heads, head_dim] f32 (calibration
+  // records real activations this way).
+  using KVObserver =
+      std::function<void(int layer, int entry, const float* q, const float* k, const float* v, int n)>;
   void set_kv_observer(KVObserver f) { observer_ = std::move(f); }
 
   const Model& model() const { return model_; }

@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kvcache/dense_cache.h"
+#include "core/fp16.h"
+#include "kvcache/pooled_cache.h"
 #include "kvcache/factory.h"
 #include "ops/cpu/attention.h"
 #include "ops/ref/attention.h"
@@ -14,10 +15,17 @@
 
 using namespace vq;
 
+namespace {
+std::unique_ptr<KVCache> dense(const KVGeometry& g, bool fp32) {
+  return make_kv_cache_factory(parse_kv_cache_spec(fp32 ? "fp32" : "fp16"))(0, g);
+}
+}  // namespace
+
 TEST(Dense, Fp32MatchesReferenceAcrossChunkings) {
   for (int D : {64, 40, 128}) {
     KVGeometry g{6, 2, D};
-    DenseCache c(g, /*fp32=*/true);
+    auto cp = dense(g, /*fp32=*/true);
+    KVCache& c = *cp;
     std::mt19937 rng(1);
     const int total = 600;
     auto k = randn(size_t(total) * 2 * D, rng), v = randn(size_t(total) * 2 * D, rng);
@@ -33,13 +41,15 @@ TEST(Dense, Fp32MatchesReferenceAcrossChunkings) {
       EXPECT_LT(nmse(out, ref_out), 1e-10) << "D=" << D << " pos=" << pos;
     }
     EXPECT_EQ(c.size(), total);
-    EXPECT_EQ(c.bytes(), size_t(3) * 2 * 2 * DenseCache::kPageTokens * D * 4);
+    // 600 tokens in blocks of 32: 19 blocks x 2 KV heads x (K, V) x 32 tokens x D x 4 bytes
+    EXPECT_EQ(c.bytes(), size_t(19) * 2 * 2 * 32 * D * 4);
   }
 }
 
 TEST(Dense, Fp16WithinRoundingOfReference) {
   KVGeometry g{9, 3, 64};
-  DenseCache c(g, false);
+  auto cp = dense(g, false);
+  KVCache& c = *cp;
   std::mt19937 rng(2);
   const int n = 1500;
   auto k = randn(size_t(n) * 3 * 64, rng, 2.0f), v = randn(size_t(n) * 3 * 64, rng);
@@ -52,7 +62,8 @@ TEST(Dense, Fp16WithinRoundingOfReference) {
   EXPECT_LT(nmse(out, ref_out), 1e-5);
   EXPECT_GT(nmse(out, ref_out), 0.0);  // it really stores fp16
   EXPECT_EQ(c.fp16_bytes(), size_t(n) * 3 * 64 * 4);
-  EXPECT_NEAR(c.bits_per_element(), 16.0 * 1536.0 / 1500.0, 1e-9);  // pages of 256 tokens
+  EXPECT_NEAR(c.bits_per_element(), 16.0 * 1504.0 / 1500.0, 1e-9);  // blocks of 32 tokens
+  EXPECT_EQ(static_cast<PooledCache&>(c).token_bytes(), size_t(n) * 3 * 64 * 4);
 }
 
 TEST(Dense, CpuKernelMatchesRefKernel) {
@@ -80,10 +91,70 @@ TEST(Dense, CpuKernelMatchesRefKernel) {
   }
 }
 
+TEST(Dense, PagedKernelsMatchContiguous) {
+  // The same keys/values as one contiguous run and as blocks of 32 tokens (in scattered order):
+  // ref and cpu kernels, runs starting inside a block, queries seeing different prefixes.
+  std::mt19937 rng(4);
+  for (bool f32 : {false, true})
+    for (int D : {64, 128}) {
+      const int G = 3, nq = 4, B = 32, nblk = 5, first = 7, nk = nblk * B - first - 3;
+      const size_t es = f32 ? 4 : 2, H = 2, h = 1;
+      const size_t block_bytes = 2 * H * D * B * es;
+      std::vector<std::vector<uint8_t>> blocks(nblk, std::vector<uint8_t>(block_bytes + 64));
+      std::vector<const uint8_t*> ptrs;
+      for (int b = nblk - 1; b >= 0; --b) ptrs.insert(ptrs.begin(), blocks[size_t(b)].data());
+      auto k = randn(size_t(nk) * D, rng), v = randn(size_t(nk) * D, rng);
+      // contiguous copy: keys [D][ks], values [nk][D]
+      const int ks = (nk + 15) / 16 * 16;
+      std::vector<float> kc(size_t(ks) * D), vc(size_t(nk) * D);
+      std::vector<uint16_t> kc16(kc.size()), vc16(vc.size());
+      for (int t = 0; t < nk; ++t) {
+        const int u = first + t, b = u / B, slot = u % B;
+        uint8_t* blk = blocks[size_t(b)].data();
+        for (int c = 0; c < D; ++c) {
+          const float kx = f32 ? k[size_t(t) * D + c] : f16_to_f32(f32_to_f16(k[size_t(t) * D + c]));
+          const float vx = f32 ? v[size_t(t) * D + c] : f16_to_f32(f32_to_f16(v[size_t(t) * D + c]));
+          kc[size_t(c) * ks + t] = kx;
+          vc[size_t(t) * D + c] = vx;
+          kc16[size_t(c) * ks + t] = f32_to_f16(kx);
+          vc16[size_t(t) * D + c] = f32_to_f16(vx);
+          const size_t ki = (h * D + c) * B + slot, vi = (H * D * B) + (h * B + slot) * D + c;
+          if (f32) {
+            reinterpret_cast<float*>(blk)[ki] = kx;
+            reinterpret_cast<float*>(blk)[vi] = vx;
+          } else {
+            reinterpret_cast<uint16_t*>(blk)[ki] = f32_to_f16(kx);
+            reinterpret_cast<uint16_t*>(blk)[vi] = f32_to_f16(vx);
+          }
+        }
+      }
+      auto q = randn(size_t(nq) * G * D, rng);
+      std::vector<int64_t> vis = {1, 30, 90, nk};
+      std::vector<std::vector<float>> res;
+      for (int mode = 0; mode < 4; ++mode) {  // ref contiguous, ref paged, cpu contiguous, cpu paged
+        std::vector<float> m(nq * G, -INFINITY), d(nq * G, 0), o(size_t(nq) * G * D, 0);
+        ref::DenseAttnArgs a;
+        a.n_q = nq; a.group = G; a.head_dim = D; a.q = q.data(); a.q_stride = int64_t(G) * D; a.scale = 0.2f;
+        a.n_keys = nk; a.n_visible = vis.data(); a.m = m.data(); a.d = d.data(); a.o = o.data();
+        if (mode % 2 == 0) {
+          if (f32) { a.k32 = kc.data(); a.v32 = vc.data(); } else { a.k16 = kc16.data(); a.v16 = vc16.data(); }
+          a.k_stride = ks;
+        } else {
+          a.blocks = ptrs.data(); a.block_tokens = B; a.first = first; a.paged_f32 = f32;
+          a.k_offset = h * D * B * es; a.v_offset = (H * D * B + h * B * D) * es;
+        }
+        if (mode < 2) ref::dense_attention(a); else cpu::dense_attention(a);
+        res.push_back(o);
+      }
+      for (int mode = 1; mode < 4; ++mode) EXPECT_LT(nmse(res[size_t(mode)], res[0]), 1e-10) << "mode " << mode << " D " << D;
+    }
+}
+
 TEST(Dense, BadInputErrors) {
-  EXPECT_THROW(DenseCache(KVGeometry{5, 2, 64}, false), Error);
-  EXPECT_THROW(DenseCache(KVGeometry{4, 2, 0}, false), Error);
-  DenseCache c(KVGeometry{2, 1, 16}, false);
+  EXPECT_THROW(dense(KVGeometry{5, 2, 64}, false), Error);
+  EXPECT_THROW(dense(KVGeometry{4, 2, 0}, false), Error);
+  auto cp = dense(KVGeometry{2, 1, 16}, false);
+  KVCache& c = *cp;
   std::vector<float> x(64);
   c.append(x.data(), x.data(), 1);
   EXPECT_THROW(c.attend(x.data(), 2, 1.0f, x.data()), Error);  // more queries than tokens

@@ -101,7 +101,8 @@ TEST(Memory, ResidentSetFollowsReportedBytesAtLongContext) {
   // growth is the allocated bytes give or take allocator slack and the last partial pages
   // (a few MiB over 30 layers), plus the encoder's short-lived scratch.
   for (const Measured* m : {&f16, &v, &k2, &q4}) {
-    EXPECT_GT(m->rss_growth, m->reported * 9 / 10 - 4 * int64_t(MiB));
+    // (freed warm-up blocks are reused, so growth may fall short of the reported bytes a little)
+    EXPECT_GT(m->rss_growth, m->reported * 8 / 10 - 8 * int64_t(MiB));
     EXPECT_LT(m->rss_growth, m->reported * 11 / 10 + 16 * int64_t(MiB));
   }
   // And the compressed caches really are smaller in memory: vecinfer d4b8 holds 2 bits per

@@ -17,8 +17,8 @@ TEST(Perplexity, Fp16CacheEqualsFp32Recomputation) {
   if (text.size() < 4000) GTEST_SKIP() << "python3-doc is not installed (scripts/setup.sh installs it)";
   const auto tokens = model_test::first_tokens(*model, text, 384);
   ASSERT_EQ(tokens.size(), 384u);
-  const KVCacheFactory f16 = make_kv_cache_factory(parse_kv_cache_spec("fp16"));
-  const KVCacheFactory f32 = make_kv_cache_factory(parse_kv_cache_spec("fp32"));
+  const KVSpec f16 = make_kv_spec(parse_kv_cache_spec("fp16"));
+  const KVSpec f32 = make_kv_spec(parse_kv_cache_spec("fp32"));
   PerplexityOptions opt;
   opt.n_ctx = 384;
   opt.chunk = 48;

@@ -11,9 +11,9 @@
 #include <map>
 
 #include "kvcache/calibration_train.h"
-#include "kvcache/dense_cache.h"
 #include "kvcache/factory.h"
-#include "kvcache/vecinfer_cache.h"
+#include "kvcache/pooled_cache.h"
+#include "model/session.h"
 #include "model_fixture.h"
 #include "ops/ref/attention.h"
 #include "test_util.h"
@@ -22,52 +22,38 @@ using namespace vq;
 
 namespace {
 
-// Records appended keys/values and the queries given to attend(); attends exactly (fp32 cache).
-class Recorder final : public KVCache {
- public:
-  explicit Recorder(const KVGeometry& g) : inner_(g, true) {}
-  void append(const float* k, const float* v, int n) override {
-    inner_.append(k, v, n);
-    const size_t e = size_t(n) * geometry().n_kv_heads * geometry().head_dim;
-    keys.insert(keys.end(), k, k + e);
-    values.insert(values.end(), v, v + e);
-  }
-  void attend(const float* q, int n_q, float scale, float* out) const override {
-    queries.insert(queries.end(), q, q + size_t(n_q) * geometry().n_heads * geometry().head_dim);
-    inner_.attend(q, n_q, scale, out);
-  }
-  int64_t size() const override { return inner_.size(); }
-  void clear() override { inner_.clear(); }
-  size_t bytes() const override { return inner_.bytes(); }
-  const KVGeometry& geometry() const override { return inner_.geometry(); }
-  std::string name() const override { return "recorder"; }
-  // [tokens, n_kv_heads, head_dim] / [tokens, n_heads, head_dim] f32, row-major
-  std::vector<float> keys, values;
-  mutable std::vector<float> queries;
-
- private:
-  DenseCache inner_;
+// One layer's activations as the model produced them (fp32 cache), row-major f32:
+// keys, values [tokens, n_kv_heads, head_dim]; queries [tokens, n_heads, head_dim] (after RoPE).
+struct Recorder {
+  std::vector<float> keys, values, queries;
 };
 
 struct Recording {
   KVGeometry geo;
-  int n = 0;                      // tokens
-  std::vector<Recorder*> layers;  // owned by the session
-  std::unique_ptr<Session> session;
+  int n = 0;  // tokens
+  std::vector<std::unique_ptr<Recorder>> layer_data;
+  std::vector<Recorder*> layers;
 };
 
-// Runs the model over tokens in chunks of 64 and keeps every layer's activations.
+// Runs the model (fp32 cache) over tokens in chunks of 64 and keeps every layer's activations.
 std::unique_ptr<Recording> record(const Model& m, const std::vector<int32_t>& tokens) {
   auto r = std::make_unique<Recording>();
+  r->geo = m.kv_geometry();
+  for (int l = 0; l < m.config().n_layers; ++l) {
+    r->layer_data.push_back(std::make_unique<Recorder>());
+    r->layers.push_back(r->layer_data.back().get());
+  }
+  Session s(m, make_kv_spec(parse_kv_cache_spec("fp32")), int(tokens.size()), 64);
+  const KVGeometry g = r->geo;
   Recording* rp = r.get();
-  KVCacheFactory f = [rp](int, const KVGeometry& g) {
-    auto c = std::make_unique<Recorder>(g);
-    rp->layers.push_back(c.get());
-    rp->geo = g;
-    return c;
-  };
-  r->session = std::make_unique<Session>(m, f, int(tokens.size()), 64);
-  r->session->forward(tokens.data(), int(tokens.size()), nullptr);
+  s.forward_pass().set_kv_observer([rp, g](int layer, int, const float* q, const float* k, const float* v, int n) {
+    Recorder& L = *rp->layers[size_t(layer)];
+    const size_t kv = size_t(n) * g.n_kv_heads * g.head_dim, qn = size_t(n) * g.n_heads * g.head_dim;
+    L.keys.insert(L.keys.end(), k, k + kv);
+    L.values.insert(L.values.end(), v, v + kv);
+    L.queries.insert(L.queries.end(), q, q + qn);
+  });
+  s.forward(tokens.data(), int(tokens.size()), nullptr);
   r->n = int(tokens.size());
   return r;
 }
@@ -164,7 +150,7 @@ TEST(RealActivations, RecordingSeesTheModel) {
   VQ_REQUIRE_ACTIVATIONS(fx);
   const Recording& ev = *fx->eval;
   ASSERT_EQ(ev.layers.size(), size_t(model_->config().n_layers));
-  for (auto* l : ev.layers) {
+  for (const Recorder* l : ev.layers) {
     EXPECT_EQ(l->keys.size(), size_t(ev.n) * ev.geo.n_kv_heads * ev.geo.head_dim);
     EXPECT_EQ(l->queries.size(), size_t(ev.n) * ev.geo.n_heads * ev.geo.head_dim);
   }
@@ -222,7 +208,7 @@ TEST(RealActivations, VecInferLutEqualsDequantizedOnRealData) {
   const KVGeometry& g = ev.geo;
   const int n = ev.n, D = g.head_dim;
   for (int l : {0, 7, 29}) {
-    VecInferCache cache(g, cfg, cal, l);
+    PooledCache cache(g, make_kv_spec(cfg), l);
     const Recorder& rl = *ev.layers[size_t(l)];
     const size_t row = size_t(g.n_kv_heads) * D;
     for (int t = 0; t < n; t += 64) cache.append(rl.keys.data() + t * row, rl.values.data() + t * row, std::min(64, n - t));

@@ -9,8 +9,8 @@
 
 #include "core/error.h"
 #include "kvcache/factory.h"
-#include "kvcache/kivi_cache.h"
-#include "kvcache/scalar_cache.h"
+#include "codec/scalar_blocks.h"
+#include "kvcache/pooled_cache.h"
 #include "ops/ref/attention.h"
 #include "test_util.h"
 
@@ -73,10 +73,16 @@ TEST(Kivi, FlushBoundariesAndExactWindow) {
       const double e = attention_nmse(spec.c_str(), n, 1, step, rng);
       if (n <= R) EXPECT_LT(e, 1e-5) << "all tokens in the fp16 window, n=" << n;
       else EXPECT_LT(e, 0.05) << n;
-      KiviCache c(KVGeometry{4, 2, 64}, parse_kv_cache_spec(spec));
+      auto cp = make_kv_cache_factory(parse_kv_cache_spec(spec))(0, KVGeometry{4, 2, 64});
+      auto& c = static_cast<PooledCache&>(*cp);
       std::vector<float> x(size_t(n) * 2 * 64, 0.5f);
       for (int done = 0; done < n; done += step) c.append(x.data(), x.data(), std::min(step, n - done));
       EXPECT_EQ(c.coded_tokens() % G, 0);
+      // codes for every whole block that leaves the R-token window; fp16 blocks for the window
+      // and the last chunk (its first queries read them; the next append releases them)
+      EXPECT_EQ(c.coded_tokens(), std::max(0, (n - R) / G * G));
+      const int last = n % step == 0 ? std::min(step, n) : n % step;
+      EXPECT_LE(c.dense_block_tokens(), last + R + 2 * G);
       EXPECT_EQ(c.size(), n);
     }
   }
@@ -86,8 +92,9 @@ TEST(ScalarCaches, BytesAreAllocatedBytes) {
   auto c = make_kv_cache_factory(parse_kv_cache_spec("q8_0"))(0, KVGeometry{9, 3, 64});
   std::vector<float> x(size_t(300) * 3 * 64, 1.0f);
   c->append(x.data(), x.data(), 300);
-  // 2 pages of 256 tokens x 3 heads x (K, V) x 2 blocks x 34 bytes
-  EXPECT_EQ(c->bytes(), size_t(2) * 256 * 3 * 2 * 2 * 34);
-  EXPECT_NEAR(c->bits_per_element(), 8.5 * 512.0 / 300.0, 1e-9);
+  // 10 pool blocks of 32 tokens x 3 heads x (K, V) x 2 q8_0 blocks x 34 bytes
+  EXPECT_EQ(c->bytes(), size_t(10) * 32 * 3 * 2 * 2 * 34);
+  EXPECT_NEAR(c->bits_per_element(), 8.5 * 320.0 / 300.0, 1e-9);
+  EXPECT_EQ(static_cast<PooledCache&>(*c).token_bytes(), size_t(300) * 3 * 2 * 2 * 34);
   EXPECT_THROW(make_kv_cache_factory(parse_kv_cache_spec("q4_0"))(0, KVGeometry{2, 1, 48}), Error);
 }

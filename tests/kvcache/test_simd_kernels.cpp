@@ -12,7 +12,7 @@
 #include "core/bitpack.h"
 #include "core/error.h"
 #include "core/fp16.h"
-#include "kvcache/scalar_cache.h"
+#include "codec/scalar_blocks.h"
 #include "ops/cpu/pq_attention.h"
 #include "ops/cpu/scalar_attention.h"
 #include "ops/ref/pq_attention.h"

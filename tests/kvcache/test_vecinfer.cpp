@@ -12,9 +12,8 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kvcache/calibration_train.h"
-#include "kvcache/dense_cache.h"
 #include "kvcache/factory.h"
-#include "kvcache/vecinfer_cache.h"
+#include "kvcache/pooled_cache.h"
 #include "ops/cpu/pq_attention.h"
 #include "ops/ref/attention.h"
 #include "ops/ref/pq_attention.h"
@@ -130,30 +129,29 @@ TEST(VecInfer, MissingCalibrationSaysHowToMakeIt) {
   }
 }
 
-TEST(VecInfer, FlushesAtResidualBoundaries) {
+TEST(VecInfer, WindowAndSinksFollowPositions) {
   std::mt19937 rng(5);
-  const int H = 2, HQ = 4, D = 64, R = 40;
+  const int H = 2, HQ = 4, D = 64, R = 40, B = 32;
   auto calib = random_calibration(parse_kv_cache_spec("vecinfer:d4b8"), 1, H, D, 512, rng);
-  const int B = VecInferCache::kBlock;
-  for (int S : {0, 4}) {  // fp16 sink tokens: none, the default
+  for (int S : {0, 4}) {  // fp16 sink tokens: none, the default (one whole block)
     const std::string spec = "vecinfer:d4b8,r=40,sink=" + std::to_string(S);
-    for (int n : {0, 1, S - 1, S, S + 1, S + R - 1, S + R, S + R + 1, S + R + B - 1, S + R + B, S + R + B + 1, 700}) {
-      if (n < 0) continue;
+    const int sink_end = S > 0 ? B : 0;
+    for (int n : {0, 1, 31, 32, 33, R - 1, R, R + 1, sink_end + R + B - 1, sink_end + R + B, sink_end + R + B + 1, 700}) {
       for (int step : {1, 7, 1000}) {
         if (n > 200 && step == 1) continue;
-        auto cfg = vi_config(spec.c_str(), calib);
-        VecInferCache c(KVGeometry{HQ, H, D}, cfg, calib, 0);
+        auto cp = make_kv_cache_factory(vi_config(spec.c_str(), calib))(0, KVGeometry{HQ, H, D});
+        auto& c = static_cast<PooledCache&>(*cp);
         auto k = randn(size_t(n + 1) * H * D, rng), v = randn(size_t(n + 1) * H * D, rng);
         for (int done = 0; done < n; done += step) {
           const int m = std::min(step, n - done);
           c.append(k.data() + size_t(done) * H * D, v.data() + size_t(done) * H * D, m);
-          // the first S tokens are sinks; then, before an append, whole blocks leave the window
-          // while >= R stay; so window >= min(size - sinks, R), and the window before the last
-          // append held < R + B tokens
-          EXPECT_EQ(c.sink_tokens(), std::min(done + m, S));
-          EXPECT_EQ(c.coded_tokens() % B, 0);
-          EXPECT_GE(c.window_tokens(), std::min<int64_t>(c.size() - c.sink_tokens(), R));
-          EXPECT_LT(c.window_tokens() - m, R + B);
+          // the last query (at done + m - 1) reads codes for whole blocks after the sinks that
+          // end at least R tokens before it: exactly those blocks are coded
+          const int t = done + m - 1;
+          const int coded_end = std::max(sink_end, std::max(0, t + 1 - R) / B * B);
+          EXPECT_EQ(c.coded_tokens(), std::max(0, coded_end - sink_end)) << "n=" << n << " step " << step;
+          for (int u = 0; u <= t; u += 7)
+            EXPECT_EQ(c.store().reads_coded(0, t, u), u >= sink_end && u < coded_end) << u << " " << t;
         }
         EXPECT_EQ(c.size(), n);
         if (n == 0) continue;
@@ -168,7 +166,8 @@ TEST(VecInfer, FlushesAtResidualBoundaries) {
         // few coded tokens; broken codes give ~1 or more
         else EXPECT_LT(nmse(out, ref_out), 0.4) << "n=" << n;
         // several queries at once (prefill): each sees its causal prefix across sinks/codes/window
-        const int nq = std::min(n, 5);
+        const int last = n % step == 0 ? std::min(n, step) : n % step;  // tokens of the last append
+        const int nq = std::min(last, 5);
         auto qs = randn(size_t(nq) * HQ * D, rng);
         std::vector<float> o5(qs.size()), d5(qs.size());
         c.attend(qs.data(), nq, 0.125f, o5.data());
@@ -177,6 +176,50 @@ TEST(VecInfer, FlushesAtResidualBoundaries) {
       }
     }
   }
+}
+
+TEST(PQAttention, PagedCodesEqualContiguous) {
+  // cpu::pq_attention_accumulate over codes scattered in blocks of 32 (runs starting inside a
+  // block, more than one 256-token softmax block, 8- and 12-bit codes) equals the contiguous call.
+  std::mt19937 rng(12);
+  for (int bits : {8, 12})
+    for (int first : {0, 5}) {
+      const int D = 64, G = 3, sd = 4, n = 600, B = 32;
+      const int nks = D / sd;
+      const size_t row = packed_row_bytes(nks, bits);
+      PQAttnArgs a;
+      a.n_tokens = n; a.group = G; a.head_dim = D;
+      a.k_sub_dim = sd; a.k_bits = bits; a.k_books = 1; a.v_sub_dim = sd; a.v_bits = bits; a.v_books = 1;
+      auto q = randn(size_t(G) * D, rng, 0.3f);
+      auto kcb = randn((size_t(1) << bits) * sd, rng), vcb = randn((size_t(1) << bits) * sd, rng);
+      std::vector<uint8_t> kc(row * n), vc(row * n);
+      for (auto& x : kc) x = uint8_t(rng());
+      for (auto& x : vc) x = uint8_t(rng());
+      const int nblk = (first + n + B - 1) / B;
+      std::vector<std::vector<uint8_t>> kb(size_t(nblk), std::vector<uint8_t>(row * B)), vb = kb;
+      std::vector<const uint8_t*> kp, vp;
+      for (int t = 0; t < n; ++t) {
+        const int u = first + t;
+        std::copy_n(kc.data() + size_t(t) * row, row, kb[size_t(u / B)].data() + size_t(u % B) * row);
+        std::copy_n(vc.data() + size_t(t) * row, row, vb[size_t(u / B)].data() + size_t(u % B) * row);
+      }
+      for (int b = 0; b < nblk; ++b) kp.push_back(kb[size_t(b)].data()), vp.push_back(vb[size_t(b)].data());
+      a.q = q.data(); a.k_codebook = kcb.data(); a.v_codebook = vcb.data();
+      const auto cbt = cpu::transpose_codebook(kcb.data(), 1, bits, sd);
+      std::vector<float> lut(cpu::pq_lut_floats(a));
+      cpu::pq_build_lut(a, cbt.data(), lut.data());
+      std::vector<float> m[2], d[2], o[2];
+      for (int r = 0; r < 2; ++r) {
+        m[r].assign(G, -INFINITY); d[r].assign(G, 0.0f); o[r].assign(size_t(G) * D, 0.0f);
+        PQAttnArgs b = a;
+        b.m = m[r].data(); b.d = d[r].data(); b.o = o[r].data();
+        if (r == 0) { b.k_codes = kc.data(); b.v_codes = vc.data(); }
+        else { b.k_blocks = kp.data(); b.v_blocks = vp.data(); b.block_tokens = B; b.first = first; }
+        cpu::pq_attention_accumulate(b, lut.data());
+      }
+      EXPECT_EQ(m[0], m[1]);
+      EXPECT_LT(nmse(o[1], o[0]), 1e-12) << bits << " " << first;
+    }
 }
 
 TEST(VecInfer, SinkTokensAreAttendedExactly) {
@@ -197,11 +240,11 @@ TEST(VecInfer, SinkTokensAreAttendedExactly) {
   for (int c = 0; c < D; ++c) v0[size_t(c)] = f16_to_f32(f32_to_f16(v[size_t(c)]));
   for (int S : {4, 1, 0}) {
     auto cfg = vi_config(("vecinfer:d4b8,r=0,sink=" + std::to_string(S)).c_str(), calib);
-    VecInferCache c(KVGeometry{HQ, H, D}, cfg, calib, 0);
+    PooledCache c(KVGeometry{HQ, H, D}, make_kv_spec(cfg), 0);
     c.append(k.data(), v.data(), n);
-    c.append(k.data() + size_t(n) * D, v.data() + size_t(n) * D, 1);  // flushes the window into codes
-    EXPECT_EQ(c.sink_tokens(), S);
-    EXPECT_EQ(c.coded_tokens(), (n - S) / 32 * 32);
+    c.append(k.data() + size_t(n) * D, v.data() + size_t(n) * D, 1);
+    // sinks are whole blocks: S > 0 keeps tokens 0..31 in fp16; r=0 codes every other whole block
+    EXPECT_EQ(c.coded_tokens(), S > 0 ? (n + 1) / 32 * 32 - 32 : (n + 1) / 32 * 32);
     std::vector<float> out(size_t(HQ) * D);
     c.attend(q.data(), 1, 1.0f, out.data());
     double err = 0, den = 0;
@@ -279,31 +322,28 @@ TEST(VecInfer, CalibrationLeavesSinksOut) {
   EXPECT_THROW(train_calibration(cfg, H, D, kp, vp, n, opt, "t"), Error);  // nothing left to train on
 }
 
-TEST(VecInfer, BytesAreAllocatedBytes) {
+TEST(VecInfer, BytesAreBlockBytes) {
   std::mt19937 rng(3);
-  const int H = 3, D = 64;
+  const int H = 3, D = 64, B = 32;
   auto calib = random_calibration(parse_kv_cache_spec("vecinfer:d4b8"), 1, H, D, 512, rng);
   for (int S : {0, 4}) {
     auto cfg = vi_config("vecinfer:d4b8", calib);
     cfg.sink_tokens = S;
-    VecInferCache c(KVGeometry{9, H, D}, cfg, calib, 0);
+    PooledCache c(KVGeometry{9, H, D}, make_kv_spec(cfg), 0);
     const int n = 5000;
     auto k = randn(size_t(n) * H * D, rng);
     for (int done = 0; done < n; done += 500) c.append(k.data() + size_t(done) * H * D, k.data() + size_t(done) * H * D, 500);
-    c.append(k.data(), k.data(), 1);  // flushes the last chunk
-    EXPECT_EQ(c.sink_tokens(), S);
+    c.append(k.data(), k.data(), 1);  // releases the fp16 blocks the last chunk no longer needs
     EXPECT_EQ(c.size(), n + 1);
-    // codes: 16 bytes per token per head for keys (16 sub-spaces x 8 bits) and for values;
-    // pages of 512 tokens; window: capacity x head_dim x 2 bytes x 2 (K, V); sinks likewise
-    // (capacity rounded up to 16 tokens, keys with 16 padding tokens).
-    const int64_t pages = (c.coded_tokens() + VecInferCache::kPageTokens - 1) / VecInferCache::kPageTokens;
-    const size_t code_bytes = size_t(pages) * VecInferCache::kPageTokens * H * 32;
-    const size_t window_min = size_t(c.window_tokens()) * H * D * 4;
-    const size_t sink_bytes = S == 0 ? 0 : size_t(16 + 16 + 16) * H * D * 2;  // K [D][16+16], V [16][D]
-    EXPECT_GE(c.bytes(), code_bytes + window_min + size_t(S) * H * D * 4);
-    EXPECT_EQ(c.bytes() >= code_bytes + window_min + sink_bytes, true);
-    // the window's capacity grows by 1.5x; it peaked at R + B + 500 tokens (+16 padding tokens)
-    EXPECT_LE(c.bytes(), code_bytes + size_t(1.5 * (128 + 32 + 500 + 16)) * H * D * 4 + sink_bytes);
+    // A coded block: 32 tokens x 3 heads x (16 key + 16 value bytes); an fp16 block: 32 tokens x
+    // 3 heads x 64 channels x 2 (K, V) x 2 bytes. Held: the sink block, the window (R = 128 plus
+    // the block being filled) and the last chunk's blocks (released at the next append).
+    const size_t coded_block = size_t(B) * H * 32, dense_block = size_t(B) * H * D * 4;
+    EXPECT_EQ(c.bytes(), size_t(c.coded_tokens() / B) * coded_block + size_t(c.dense_block_tokens() / B) * dense_block);
+    EXPECT_EQ(c.coded_tokens(), (n + 1 - 128) / B * B - (S > 0 ? B : 0));
+    // the tokens' payload: coded tokens at 2 bits/element, the rest (sinks, window) in fp16
+    const int64_t dense_tokens = n + 1 - c.coded_tokens();
+    EXPECT_EQ(c.token_bytes(), size_t(c.coded_tokens()) * H * 32 + size_t(dense_tokens) * H * D * 4);
     c.clear();
     EXPECT_EQ(c.bytes(), 0u);
     EXPECT_EQ(c.size(), 0);

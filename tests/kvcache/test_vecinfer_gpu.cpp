@@ -14,7 +14,8 @@
 #include "core/fp16.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
-#include "kvcache/vecinfer_cache.h"
+#include "kvcache/pooled_cache.h"
+#include "ops/ref/attention.h"
 #include "kvcache/vecinfer_gpu.h"
 #include "test_util.h"
 #ifdef VQ_HAVE_CUDA
@@ -60,13 +61,13 @@ TEST(VecInferGpu, SwitchSemantics) {
   const KVGeometry g{4, H, D};
   // forbid: always the CPU cache
   auto forbid = make_kv_cache_factory(config("vecinfer:d4b8,sink=0", GpuKernels::forbid, calib))(0, g);
-  EXPECT_NE(dynamic_cast<VecInferCache*>(forbid.get()), nullptr);
+  EXPECT_NE(dynamic_cast<PooledCache*>(forbid.get()), nullptr);
   auto autoc = make_kv_cache_factory(config("vecinfer:d4b8,sink=0", GpuKernels::auto_select, calib))(0, g);
   if (gpu_present()) {
     // auto with a GPU: the GPU-resident cache; require works too
-    EXPECT_EQ(dynamic_cast<VecInferCache*>(autoc.get()), nullptr);
+    EXPECT_EQ(dynamic_cast<PooledCache*>(autoc.get()), nullptr);
     auto req = make_kv_cache_factory(config("vecinfer:d4b8,sink=0", GpuKernels::require, calib))(0, g);
-    EXPECT_EQ(dynamic_cast<VecInferCache*>(req.get()), nullptr);
+    EXPECT_EQ(dynamic_cast<PooledCache*>(req.get()), nullptr);
     EXPECT_EQ(req->name(), forbid->name());
     // require with a shape the kernels do not take (sub_dim 16 at head_dim 64) fails, naming it
     auto c16 = calib_for(parse_kv_cache_spec("vecinfer:k=d16b8,v=d4b8"), H, D, rng);
@@ -78,15 +79,15 @@ TEST(VecInferGpu, SwitchSemantics) {
     }
     // attention sinks (sink_tokens > 0, the default) are kept on the GPU too: auto and require route there
     auto sink_auto = make_kv_cache_factory(config("vecinfer:d4b8", GpuKernels::auto_select, calib))(0, g);
-    EXPECT_EQ(dynamic_cast<VecInferCache*>(sink_auto.get()), nullptr);
+    EXPECT_EQ(dynamic_cast<PooledCache*>(sink_auto.get()), nullptr);
     auto sink_req = make_kv_cache_factory(config("vecinfer:d4b8,sink=7", GpuKernels::require, calib))(0, g);
-    EXPECT_EQ(dynamic_cast<VecInferCache*>(sink_req.get()), nullptr);
+    EXPECT_EQ(dynamic_cast<PooledCache*>(sink_req.get()), nullptr);
     // ... while auto quietly takes the CPU cache
     auto a16 = make_kv_cache_factory(config("vecinfer:k=d16b8,v=d4b8,sink=0", GpuKernels::auto_select, c16))(0, g);
-    EXPECT_NE(dynamic_cast<VecInferCache*>(a16.get()), nullptr);
+    EXPECT_NE(dynamic_cast<PooledCache*>(a16.get()), nullptr);
   } else {
     // no GPU: auto is the CPU cache, require fails at construction saying why
-    EXPECT_NE(dynamic_cast<VecInferCache*>(autoc.get()), nullptr);
+    EXPECT_NE(dynamic_cast<PooledCache*>(autoc.get()), nullptr);
     EXPECT_THROW(make_kv_cache_factory(config("vecinfer:d4b8,sink=0", GpuKernels::require, calib)), Error);
   }
 }
@@ -112,12 +113,12 @@ TEST(VecInferGpu, MatchesCpuCache) {
     const KVGeometry g{c.HQ, c.H, c.D};
     auto gpu = make_kv_cache_factory(config(c.spec, GpuKernels::require, calib))(0, g);
     auto cpu = make_kv_cache_factory(config(c.spec, GpuKernels::forbid, calib))(0, g);
-    ASSERT_EQ(dynamic_cast<VecInferCache*>(gpu.get()), nullptr);
-    auto* cpu_vi = dynamic_cast<VecInferCache*>(cpu.get());
+    ASSERT_EQ(dynamic_cast<PooledCache*>(gpu.get()), nullptr);
+    auto* cpu_vi = dynamic_cast<PooledCache*>(cpu.get());
     ASSERT_NE(cpu_vi, nullptr);
-    const int S = parse_kv_cache_spec(c.spec).sink_tokens;
     for (int round = 0; round < 2; ++round) {
       int total = 0;
+      std::vector<float> keys, values;  // everything appended this round: [total, H, D]
       for (int step : {2, 3, 37, 1, 1, 5, 200, 1, 64, 3, 1}) {
         auto k = randn(size_t(step) * c.H * c.D, rng), v = randn(size_t(step) * c.H * c.D, rng);
         for (size_t i = 0; i < k.size(); ++i)
@@ -127,14 +128,18 @@ TEST(VecInferGpu, MatchesCpuCache) {
         total += step;
         ASSERT_EQ(gpu->size(), total);
         ASSERT_EQ(cpu->size(), total);
-        ASSERT_EQ(cpu_vi->sink_tokens(), std::min(total, S));
+        keys.insert(keys.end(), k.begin(), k.end());
+        values.insert(values.end(), v.begin(), v.end());
         const int nq = std::min(step, 4);
         auto q = randn(size_t(nq) * c.HQ * c.D, rng, 0.5f);
-        std::vector<float> og(q.size(), 1e30f), oc(q.size());
+        std::vector<float> og(q.size(), 1e30f), oc(q.size()), ex(q.size());
         gpu->attend(q.data(), nq, 0.125f, og.data());
         cpu->attend(q.data(), nq, 0.125f, oc.data());
-        const double e = nmse(og, oc);
-        EXPECT_LT(e, 2e-3) << c.spec << " round " << round << " total " << total << " nq " << nq;
+        ref::attention(q.data(), nq, keys.data(), values.data(), total, c.HQ, c.H, c.D, 0.125f, ex.data());
+        // The CPU store keeps whole sink blocks and a position-defined window, the GPU cache its
+        // own window: both are judged against exact attention (PQ error ~0.1-0.2 on random data).
+        const double eg = nmse(og, ex), ec = nmse(oc, ex);
+        EXPECT_LT(eg, 1.5 * ec + 0.05) << c.spec << " round " << round << " total " << total << " nq " << nq;
       }
       EXPECT_GT(cpu_vi->coded_tokens(), 0);
       EXPECT_GT(gpu->bytes(), 0u);
@@ -165,7 +170,7 @@ TEST(VecInferGpu, SinkTokensAreAttendedExactly) {
   for (int S : {4, 1, 0}) {
     const std::string spec = "vecinfer:d4b8,r=0,sink=" + std::to_string(S);
     auto gpu = make_kv_cache_factory(config(spec.c_str(), GpuKernels::require, calib))(0, KVGeometry{HQ, H, D});
-    ASSERT_EQ(dynamic_cast<VecInferCache*>(gpu.get()), nullptr);
+    ASSERT_EQ(dynamic_cast<PooledCache*>(gpu.get()), nullptr);
     if (S > 0) {
       gpu->append(k.data(), v.data(), S);
       EXPECT_EQ(gpu->bytes(), size_t(2) * S * H * D * 2) << "sinks only: fp16 K and V of S tokens";

@@ -10,6 +10,7 @@
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
 #include "model/model.h"
+#include "model/session.h"
 #include "model/test_forward_tiny.h"
 #include "veloxquant/status.h"
 
@@ -42,9 +43,7 @@ std::vector<Variant> variants() {
   return v;
 }
 
-vq::KVCacheFactory cache(const std::string& spec) {
-  return vq::make_kv_cache_factory(vq::parse_kv_cache_spec(spec), "");
-}
+vq::KVSpec cache(const std::string& spec) { return vq::make_kv_spec(vq::parse_kv_cache_spec(spec), ""); }
 
 std::vector<int32_t> random_tokens(int n, int n_vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -1,4 +1,4 @@
-// veloxquant bench <what>: benchmarks. `bench quantize` runs the quantize table
+// veloxquant bench <what>: benchmarks. `bench e2e`: batched decode (bench_e2e.cpp). `bench quantize` runs the quantize table
 // (src/codec/quantize_bench.h, the same code as bench/bench_quantize).
 #include <cstdio>
 #include <memory>
@@ -23,6 +23,7 @@ struct QuantizeArgs {
 void add_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Run a benchmark and print its table");
   bench->require_subcommand(1);
+  add_bench_e2e(bench);
 
   auto qa = std::make_shared<QuantizeArgs>();
   CLI::App* q = bench->add_subcommand(

@@ -8,4 +8,5 @@ void add_info(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_bench_e2e(CLI::App* bench);  // bench_e2e.cpp
 }  // namespace vq::cli
