@@ -133,9 +133,11 @@ struct EwK {
 };
 
 __device__ __forceinline__ float silu_mul(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
+// 0.5 (1 + tanh(z)) = 1 / (1 + exp(-2z)): no cancellation for negative z, where 1 + tanh(z)
+// would lose the digits of a small result.
 __device__ __forceinline__ float gelu_tanh_mul(float g, float u) {
-  const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-  return 0.5f * g * (1.0f + tanhf(inner)) * u;
+  const float z = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+  return g / (1.0f + expf(-2.0f * z)) * u;
 }
 
 // OP: 0 swiglu, 1 gelu_tanh, 2 add (out = a + b, out may be a), 3 cast (out = a)
