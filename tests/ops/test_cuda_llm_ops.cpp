@@ -67,10 +67,12 @@ TEST_P(CudaRmsNorm, MatchesCpuRmsNorm) {
     bool add;
     ElemType out;
   };
-  // whole rows (attn / ffn norm, f16 out for the GEMM, fused residual add), per-head q / k norms
+  // whole rows (attn / ffn norm, f16 out for the GEMM, fused residual add), per-head q / k norms,
+  // and an odd width
   const Form forms[] = {{1, geo.n_embd, false, ElemType::f32}, {1, geo.n_embd, true, ElemType::f16},
                         {1, geo.n_embd, true, ElemType::bf16}, {geo.n_heads, geo.head_dim, false, ElemType::f32},
-                        {geo.n_kv_heads, geo.head_dim, true, ElemType::f16}};
+                        {geo.n_kv_heads, geo.head_dim, true, ElemType::f16},
+                        {3, 33, true, ElemType::f32}};  // a width not divisible by 4: the scalar path
   for (const Form& f : forms)
     for (const int T : {1, 7, 130}) {
       const int64_t row = int64_t(f.n_heads) * f.n, xs = row + 4, os = row + 8;  // strided rows
