@@ -5,8 +5,8 @@
 // move: inputs read once + outputs written once) and its share of the device-to-device copy
 // bandwidth measured in the same run. Weights are rotated over copies totalling >= 4x the L2 so
 // that every launch reads memory. The quantized GEMV is compared with the fp16 cuBLAS product
-// at 1 and 8 activation rows; the last lines summarise where it wins.
-//   bench_llm_ops [ops|dequant|gemv|gemm|all]
+// at 1, 2, 4 and 8 activation rows; the last lines summarise where it wins.
+//   bench_llm_ops [ops|dequant|gemv|gemm|layer|all]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -179,7 +179,7 @@ void bench_dequant() {
   }
 }
 
-// ---- quantized GEMV vs fp16 cuBLAS at 1 and 8 activation rows ----
+// ---- quantized GEMV vs fp16 cuBLAS at 1, 2, 4 and 8 activation rows ----
 struct Proj {
   const char* name;
   int64_t rows, cols;
@@ -194,7 +194,7 @@ std::vector<Proj> projections(const Geo& geo) {
 
 struct Win {
   int wins = 0, total = 0;
-  double log_speedup = 0;
+  double log_speedup = 0, log_speedup_gemv = 0;  // with / without the activation quantization launch
 };
 
 void bench_gemv() {
@@ -211,9 +211,10 @@ void bench_gemv() {
       c.n_tokens = 8, c.n = int(pr.cols), c.x = x32.as<float>(), c.out = x16.data();
       vc::cast_device(c);
       vc::DeviceBuffer xq(size_t(8) * pr.cols), xd(size_t(8) * pr.cols / 32 * 4), xs(xd.size());
-      double ms_f16[2] = {0, 0};
-      for (int mi = 0; mi < 2; ++mi) {
-        const int m = mi ? 8 : 1;
+      constexpr int kM[4] = {1, 2, 4, 8};
+      double ms_f16[4] = {0, 0, 0, 0};
+      for (int mi = 0; mi < 4; ++mi) {
+        const int m = kM[mi];
         vc::GemmParams p;
         p.m = m, p.n = pr.rows, p.k = pr.cols, p.x = x16.data(), p.y = y.data();
         ms_f16[mi] = median_ms([&](int i) {
@@ -234,8 +235,8 @@ void bench_gemv() {
           pk.type = t, pk.src = raw.data(), pk.rows = pr.rows, pk.cols = pr.cols, pk.dst = packed.as<uint8_t>() + size_t(k) * qb;
           vc::gemv_pack_device(pk);
         }
-        for (int mi = 0; mi < 2; ++mi) {
-          const int m = mi ? 8 : 1;
+        for (int mi = 0; mi < 4; ++mi) {
+          const int m = kM[mi];
           vc::QuantizeActParams qa;
           qa.rows = m, qa.cols = pr.cols, qa.x = x32.data(), qa.q = xq.as<int8_t>(), qa.d = xd.as<float>(), qa.s = xs.as<float>();
           const double ms_qa = median_ms([&](int) { vc::quantize_act_device(qa); }, 10);
@@ -254,14 +255,17 @@ void bench_gemv() {
           report("gemv_quant", what, ms, double(qb) + m * pr.cols * 1.125 + m * pr.rows * 4.0);
           std::printf("gemv_vs_cublas %s ms_quant=%.4f ms_quantize_act=%.4f ms_f16=%.4f speedup_incl_act=%.2f\n",
                       what.c_str(), ms, ms_qa, ms_f16[mi], speedup);
-          Win& wn = summary[std::string(vc::weight_type_name(t)) + " m=" + std::to_string(m)];
+          // large: >= 8M weights (Llama/Falcon wq, wo, MLP); small: the rest (launch-bound on both paths)
+          const char* size = pr.rows * pr.cols >= (int64_t(8) << 20) ? " size=large" : " size=small";
+          Win& wn = summary[std::string(vc::weight_type_name(t)) + " m=" + std::to_string(m) + size];
           wn.total += 1, wn.wins += speedup > 1.0, wn.log_speedup += std::log(speedup);
+          wn.log_speedup_gemv += std::log(ms_f16[mi] / ms);
         }
       }
     }
   for (const auto& [k, wn] : summary)
-    std::printf("gemv_summary %s wins=%d/%d geomean_speedup_vs_f16_cublas=%.2f\n", k.c_str(), wn.wins, wn.total,
-                std::exp(wn.log_speedup / wn.total));
+    std::printf("gemv_summary %s wins_incl_act=%d/%d geomean_speedup_vs_f16_cublas_incl_act=%.2f gemv_only=%.2f\n",
+                k.c_str(), wn.wins, wn.total, std::exp(wn.log_speedup / wn.total), std::exp(wn.log_speedup_gemv / wn.total));
 }
 
 // ---- cuBLAS prefill products (m = 512 tokens) ----
@@ -282,6 +286,130 @@ void bench_gemm() {
     }
 }
 
+// ---- one decode layer (T = 1) without attention, eager vs CUDA-graph replay ----
+// Llama-3.1-8B geometry, weights q4_K (quantized GEMV path) or fp16 (cuBLAS path); q/k/v and
+// gate/up as fused matrices: rms_norm -> [quantize_act] -> qkv -> rope -> cast -> wo (+= x) ->
+// rms_norm -> [quantize_act] -> gate|up -> swiglu -> [quantize_act] -> down (+= x). Byte floor =
+// weight bytes / copy bandwidth. Layers are rotated over copies (> 4x L2).
+void bench_layer() {
+  const Geo& geo = kGeo[1];
+  const int E = geo.E, qd = geo.Hq * geo.D, kvd = geo.Hk * geo.D, F = geo.F;
+  const int64_t qkv_rows = qd + 2 * kvd;
+  vc::GemmHandle gh;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::vector<double> f(static_cast<size_t>(geo.D / 2));
+  for (int i = 0; i < geo.D / 2; ++i) f[size_t(i)] = std::pow(500000.0, -2.0 * i / geo.D);
+  const int32_t pos = 4000;
+  vc::DeviceBuffer df = vc::to_device(f.data(), f.size() * 8), dpos = vc::to_device(&pos, 4);
+  vc::DeviceBuffer x(size_t(E) * 4), xn(size_t(E) * 4), xn16(size_t(E) * 2), qkv(size_t(qkv_rows) * 4), q16(size_t(qd) * 2),
+      gu(size_t(2 * F) * 4), act(size_t(F) * 4), act16(size_t(F) * 2), xq(static_cast<size_t>(F)), xd(size_t(F / 32) * 4), xs(xd.size()),
+      nw(size_t(E) * 4);
+  fill_normal_f32<<<64, 256>>>(x.as<float>(), E, 1, 1.0f);
+  fill_normal_f32<<<64, 256>>>(nw.as<float>(), E, 2, 0.1f);
+  for (const bool quant : {true, false}) {
+    const uint32_t t = g::Q4_K;
+    const int64_t shapes[4][2] = {{qkv_rows, E}, {E, qd}, {2 * int64_t(F), E}, {E, F}};  // qkv, wo, gate|up, down
+    size_t bytes[4], layer_bytes = 0;
+    for (int k = 0; k < 4; ++k)
+      bytes[k] = quant ? vc::gemv_packed_bytes(t, shapes[k][0], shapes[k][1]) : size_t(shapes[k][0] * shapes[k][1]) * 2;
+    for (size_t b : bytes) layer_bytes += b;
+    const int copies = copies_for(layer_bytes);
+    std::vector<vc::DeviceBuffer> w;
+    for (int k = 0; k < 4; ++k) {
+      if (quant) {
+        vc::DeviceBuffer raw = random_weights(t, shapes[k][0], shapes[k][1], 1, 20 + k), packed(bytes[k] * copies);
+        for (int c = 0; c < copies; ++c) {
+          vc::GemvPackParams pk;
+          pk.type = t, pk.src = raw.data(), pk.rows = shapes[k][0], pk.cols = shapes[k][1];
+          pk.dst = packed.as<uint8_t>() + size_t(c) * bytes[k];
+          vc::gemv_pack_device(pk);
+        }
+        w.push_back(std::move(packed));
+      } else {
+        w.push_back(random_half(bytes[k] / 2 * copies, 20 + k, 0.02f));
+      }
+    }
+    CK(cudaDeviceSynchronize());
+    auto product = [&](int k, int c, const void* in32, const void* in16, int64_t rows, int64_t cols, float* y, bool acc) {
+      const void* wk = w[size_t(k)].as<uint8_t>() + size_t(c) * bytes[k];
+      if (quant) {
+        vc::QuantizeActParams qa;
+        qa.rows = 1, qa.cols = cols, qa.x = in32, qa.q = xq.as<int8_t>(), qa.d = xd.as<float>(), qa.s = xs.as<float>();
+        vc::quantize_act_device(qa, st);
+        vc::GemvParams gp;
+        gp.type = t, gp.w = wk, gp.rows = rows, gp.cols = cols, gp.m = 1, gp.xq = xq.as<int8_t>(), gp.xd = xd.as<float>();
+        gp.xs = xs.as<float>(), gp.y = y, gp.accumulate = acc;
+        vc::gemv_device(gp, st);
+      } else {
+        vc::GemmParams gm;
+        gm.m = 1, gm.n = rows, gm.k = cols, gm.w = wk, gm.x = in16, gm.y = y, gm.accumulate = acc;
+        vc::gemm_device(gh, gm, st);
+      }
+    };
+    auto layer = [&](int c) {
+      vc::RmsNormParams n;
+      n.n_tokens = 1, n.n = E, n.x = x.as<float>(), n.w = nw.as<float>();
+      n.out_type = quant ? vc::ElemType::f32 : vc::ElemType::f16, n.out = quant ? xn.data() : xn16.data();
+      vc::rms_norm_device(n, st);
+      product(0, c, xn.data(), xn16.data(), qkv_rows, E, qkv.as<float>(), false);
+      vc::RopeParams r;
+      r.n_tokens = 1, r.head_dim = geo.D, r.n_rot = geo.D, r.pos = dpos.as<int32_t>(), r.inv_freq = df.as<double>();
+      r.q = qkv.as<float>(), r.n_q_heads = geo.Hq, r.k = qkv.as<float>() + qd, r.n_k_heads = geo.Hk;
+      vc::rope_device(r, st);
+      vc::CastParams cs;  // attention stand-in
+      cs.n_tokens = 1, cs.n = qd, cs.x = qkv.as<float>(), cs.out = q16.data();
+      vc::cast_device(cs, st);
+      product(1, c, qkv.data(), q16.data(), E, qd, x.as<float>(), true);
+      vc::rms_norm_device(n, st);
+      product(2, c, xn.data(), xn16.data(), 2 * int64_t(F), E, gu.as<float>(), false);
+      vc::GluParams gl;
+      gl.n_tokens = 1, gl.n = F, gl.gate = gu.as<float>(), gl.up = gu.as<float>() + F;
+      gl.out_type = quant ? vc::ElemType::f32 : vc::ElemType::f16, gl.out = quant ? act.data() : act16.data();
+      vc::glu_device(gl, st);
+      product(3, c, act.data(), act16.data(), E, F, x.as<float>(), true);
+    };
+    // eager: `copies` layers back to back; graph: the same sequence captured once, replayed
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    auto time_it = [&](auto&& body) {
+      std::vector<double> ts;
+      for (int rep = 0; rep < 12; ++rep) {
+        CK(cudaEventRecord(a, st));
+        body();
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (rep >= 2) ts.push_back(double(ms) / copies);
+      }
+      std::sort(ts.begin(), ts.end());
+      return ts[ts.size() / 2];
+    };
+    const double ms_eager = time_it([&] {
+      for (int c = 0; c < copies; ++c) layer(c);
+    });
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int c = 0; c < copies; ++c) layer(c);
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    const double ms_graph = time_it([&] { CK(cudaGraphLaunch(exec, st)); });
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    const double floor_ms = double(layer_bytes) / (g_copy * 1e9) * 1e3;
+    std::printf("layer_decode geo=%s weights=%s launches=%d ms_eager=%.4f ms_graph=%.4f weight_bytes=%zu floor_ms=%.4f "
+                "graph_vs_floor=%.2f\n", geo.name, quant ? "q4_K_gemv" : "f16_cublas", quant ? 13 : 10, ms_eager, ms_graph,
+                layer_bytes, floor_ms, ms_graph / floor_ms);
+    std::fflush(stdout);
+  }
+  CK(cudaStreamDestroy(st));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -296,6 +424,7 @@ int main(int argc, char** argv) {
   if (what == "dequant" || what == "all") bench_dequant();
   if (what == "gemv" || what == "all") bench_gemv();
   if (what == "gemm" || what == "all") bench_gemm();
+  if (what == "layer" || what == "all") bench_layer();
   vc::device_synchronize();
   return 0;
 }

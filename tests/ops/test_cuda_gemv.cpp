@@ -165,6 +165,8 @@ TEST(CudaGemvArgs, RejectsBadArguments) {
   EXPECT_THROW(cuda::gemv_packed_bytes(g::Q6_K, 4, 256), Error);
   EXPECT_THROW(cuda::gemv_packed_bytes(g::Q4_K, 4, 576), Error);
   EXPECT_EQ(cuda::gemv_packed_bytes(g::Q8_0, 3, 64), size_t(3 * 68));
+  EXPECT_TRUE(cuda::gemv_preferred(g::Q8_0, 1) && cuda::gemv_preferred(g::Q4_1, 4) && cuda::gemv_preferred(g::Q4_K, 2));
+  EXPECT_FALSE(cuda::gemv_preferred(g::Q8_0, 8) || cuda::gemv_preferred(g::Q4_K, 4) || cuda::gemv_preferred(g::Q6_K, 1));
   cuda::GemvParams p;
   p.type = g::Q8_0, p.rows = 4, p.cols = 64, p.m = 9;
   EXPECT_THROW(cuda::gemv_device(p), Error);

@@ -67,9 +67,10 @@ struct GemvParams {
 };
 void gemv_device(const GemvParams& p, void* stream = nullptr);
 
-// Whether the quantized product beat the fp16 cuBLAS product (gemm_cuda.h) for this type and
-// activation row count on the H200 (docs/CUDA_NOTES.md, "Forward ops"); the runtime takes the
-// quantized path where true.
+// Whether the quantized product (with its activation quantization) beat the fp16 cuBLAS product
+// (gemm_cuda.h) for this type and activation row count on the H200's large projections
+// (docs/CUDA_NOTES.md section 6): q8_0 and q4_1 for m <= 4, q4_K for m <= 2. Take the quantized
+// path where true, the fp16 copy otherwise (prefill, larger batches).
 bool gemv_preferred(uint32_t type, int m);
 
 }  // namespace vq::cuda

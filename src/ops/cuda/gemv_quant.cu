@@ -106,8 +106,10 @@ __device__ __forceinline__ int dot8(const uint32_t (&w)[8], const uint4 a, const
 // Byte k (runtime) of a 32-bit word.
 __device__ __forceinline__ int byte_of(uint32_t w, int k) { return int((w >> (8 * k)) & 0xffu); }
 
-template <uint32_t T>
-struct Chunk;  // elements per chunk and the per-chunk product
+// Elements per chunk and the per-chunk product. kWide: the 64-element Q4_K chunk (fewer header
+// decodes per weight byte; more registers, so only with R = 2 rows, i.e. m <= 2).
+template <uint32_t T, bool kWide = false>
+struct Chunk;
 
 template <>
 struct Chunk<ggml::Q8_0> {
@@ -170,8 +172,69 @@ struct Chunk<ggml::Q4_1> {
   }
 };
 
+// Q4_K scale and min of sub-blocks 2g and 2g+1 from the super-block header h (d, dmin, scales[12]):
+// scales[0..11] = bytes of h.y, h.z, h.w; sub-block j < 4: sc = s[j] & 63, m = s[j+4] & 63;
+// j >= 4: sc = (s[j+4] & 15) | (s[j-4] >> 6) << 4, m = (s[j+4] >> 4) | (s[j] >> 6) << 4.
+// dmin_on = false zeroes the mins (the second half of a split sub-block pair adds none).
+__device__ __forceinline__ void q4k_scales(const uint4 h, int g, bool dmin_on, float& a0, float& b0, float& a1,
+                                           float& b1) {
+  const __half2 dd = *reinterpret_cast<const __half2*>(&h.x);
+  const float d = __low2float(dd), dmin = dmin_on ? __high2float(dd) : 0.0f;
+  int sc[2], mn[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int j = 2 * g + k;
+    if (g < 2) {
+      sc[k] = byte_of(h.y, j) & 63;
+      mn[k] = byte_of(h.z, j) & 63;
+    } else {
+      sc[k] = (byte_of(h.w, j - 4) & 15) | (byte_of(h.y, j - 4) >> 6) << 4;
+      mn[k] = (byte_of(h.w, j - 4) >> 4) | (byte_of(h.z, j - 4) >> 6) << 4;
+    }
+  }
+  a0 = __fmul_rn(d, float(sc[0])), b0 = __fmul_rn(dmin, float(mn[0]));
+  a1 = __fmul_rn(d, float(sc[1])), b1 = __fmul_rn(dmin, float(mn[1]));
+}
+
 template <>
-struct Chunk<ggml::Q4_K> {
+struct Chunk<ggml::Q4_K, true> {
+  // chunk c = (super-block c/4, pair g = c%4): qs[32g .. 32g+31]; low nibbles are sub-block 2g
+  // (elements 64g .. 64g+31), high nibbles sub-block 2g+1 (64g+32 ..).
+  static constexpr int kElems = 64;
+  struct W {
+    uint32_t lo[8], hi[8];
+    float a0, b0, a1, b1;
+  };
+  static __device__ __forceinline__ void load(const GemvK& p, int64_t row, int64_t c, W& w) {
+    const uint8_t* sb = p.w + row * (p.cols / 256) * 144 + (c >> 2) * 144;
+    const int g = int(c & 3);
+    const uint4 h = ldg16(sb), qa = ldg16(sb + 16 + 32 * g), qb = ldg16(sb + 32 + 32 * g);
+    const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w.lo[j] = q[j] & 0x0f0f0f0fu, w.hi[j] = (q[j] >> 4) & 0x0f0f0f0fu;
+    q4k_scales(h, g, true, w.a0, w.b0, w.a1, w.b1);
+  }
+  struct X {
+    uint4 la, lb, ha, hb;
+    float d0, s0, d1, s1;
+  };
+  static __device__ __forceinline__ void load_x(const GemvK& p, int m, int64_t c, X& x) {
+    const int8_t* xq = p.xq + m * p.cols + 64 * c;
+    x.la = ldg16(xq), x.lb = ldg16(xq + 16), x.ha = ldg16(xq + 32), x.hb = ldg16(xq + 48);
+    const int64_t b = m * (p.cols / 32) + 2 * c;
+    x.d0 = __ldg(p.xd + b), x.d1 = __ldg(p.xd + b + 1);
+    x.s0 = __ldg(p.xs + b), x.s1 = __ldg(p.xs + b + 1);
+  }
+  static __device__ __forceinline__ float dot(const W& w, const X& x) {
+    const int i0 = dot8(w.lo, x.la, x.lb, 0), i1 = dot8(w.hi, x.ha, x.hb, 0);
+    const float v0 = fmaf(__fmul_rn(w.a0, x.d0), float(i0), -__fmul_rn(w.b0, x.s0));
+    const float v1 = fmaf(__fmul_rn(w.a1, x.d1), float(i1), -__fmul_rn(w.b1, x.s1));
+    return v0 + v1;
+  }
+};
+
+template <>
+struct Chunk<ggml::Q4_K, false> {
   // chunk c = (super-block c/8, pair g = (c/2)%4, half h = c%2): the 16 bytes qs[32g + 16h ..];
   // low nibbles are elements 64g + 16h + (0..15) of sub-block 2g, high nibbles the same places of
   // sub-block 2g+1. The min term -dmin*m * sum(x) of each sub-block is added once, by h = 0.
@@ -187,24 +250,7 @@ struct Chunk<ggml::Q4_K> {
     const uint32_t q[4] = {qa.x, qa.y, qa.z, qa.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) w.lo[j] = q[j] & 0x0f0f0f0fu, w.hi[j] = (q[j] >> 4) & 0x0f0f0f0fu;
-    const __half2 dd = *reinterpret_cast<const __half2*>(&h.x);
-    const float d = __low2float(dd), dmin = hf ? 0.0f : __high2float(dd);
-    // scales[0..11] = bytes of h.y, h.z, h.w; sub-block j < 4: sc = s[j] & 63, m = s[j+4] & 63;
-    // j >= 4: sc = (s[j+4] & 15) | (s[j-4] >> 6) << 4, m = (s[j+4] >> 4) | (s[j] >> 6) << 4
-    int sc[2], mn[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int j = 2 * g + k;
-      if (g < 2) {
-        sc[k] = byte_of(h.y, j) & 63;
-        mn[k] = byte_of(h.z, j) & 63;
-      } else {
-        sc[k] = (byte_of(h.w, j - 4) & 15) | (byte_of(h.y, j - 4) >> 6) << 4;
-        mn[k] = (byte_of(h.w, j - 4) >> 4) | (byte_of(h.z, j - 4) >> 6) << 4;
-      }
-    }
-    w.a0 = __fmul_rn(d, float(sc[0])), w.b0 = __fmul_rn(dmin, float(mn[0]));
-    w.a1 = __fmul_rn(d, float(sc[1])), w.b1 = __fmul_rn(dmin, float(mn[1]));
+    q4k_scales(h, g, hf == 0, w.a0, w.b0, w.a1, w.b1);
   }
   struct X {
     uint4 lo, hi;
@@ -235,7 +281,7 @@ struct Chunk<ggml::Q4_K> {
 
 template <uint32_t T, int M, int R>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvK p) {
-  using C = Chunk<T>;
+  using C = Chunk<T, T == ggml::Q4_K && R == 2>;
   const int64_t r0 = int64_t(blockIdx.x) * R;
   const int64_t n_chunks = p.cols / C::kElems;
   float acc[R][M];
@@ -381,6 +427,13 @@ void gemv_device(const GemvParams& p, void* stream) {
   VQ_CUDA_LAUNCHED("gemv");
 }
 
-bool gemv_preferred(uint32_t type, int m) { return gemv_type_supported(type) && m >= 1 && m <= kGemvMaxRows; }
+// Run 9 (docs/CUDA_NOTES.md section 6): counting the activation-quantization launch, the quantized
+// product beat fp16 cuBLAS on the large Llama / Falcon projections for q8_0 and q4_1 up to 4 rows
+// (geomean 1.16-1.62x) and for q4_K up to 2 rows (1.09-1.34x), and lost at 8 rows (0.72-0.93x),
+// where the dp4a inner loop, not memory, is the bound.
+bool gemv_preferred(uint32_t type, int m) {
+  if (!gemv_type_supported(type) || m < 1) return false;
+  return m <= (type == ggml::Q4_K ? 2 : 4);
+}
 
 }  // namespace vq::cuda
