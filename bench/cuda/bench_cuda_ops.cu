@@ -18,75 +18,13 @@
 #include "ops/cuda/device.h"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_cuda.h"
+#include "ops/cuda/pq_attention_lut.cuh"
+#include "bench_util.cuh"
+#include "pq_attention_lut_variants.h"
 
 namespace {
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
-      std::exit(2);                                                                             \
-    }                                                                                           \
-  } while (0)
-
-__global__ void fill_bytes_hash(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed ^ uint32_t(i >> 32) * 40503u;
-    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-    p[i] = uint8_t(h >> 7);
-  }
-}
-
-__global__ void fill_normal_f32(float* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t a = uint32_t(i) * 2654435761u ^ seed, b = uint32_t(i) * 2246822519u + seed * 3266489917u;
-    a ^= a >> 15, a *= 2246822519u, a ^= a >> 13;
-    b ^= b >> 16, b *= 3266489917u, b ^= b >> 13;
-    const float u1 = (float(a >> 8) + 1.0f) / 16777217.0f, u2 = float(b >> 8) / 16777216.0f;
-    p[i] = scale * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
-  }
-}
-
-template <class F>
-double median_ms(F&& launch, int batch, int reps = 15, int warm = 3) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < warm; ++i)
-    for (int j = 0; j < batch; ++j) launch(j);
-  CK(cudaDeviceSynchronize());
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(a));
-    for (int j = 0; j < batch; ++j) launch(r * batch + j);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(double(ms) / batch);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-size_t free_mem() {
-  size_t f = 0, tot = 0;
-  CK(cudaMemGetInfo(&f, &tot));
-  return f;
-}
-
-double copy_gbps() {
-  const size_t bytes = size_t(2) << 30;
-  vq::cuda::DeviceBuffer a(bytes), b(bytes);
-  CK(cudaMemset(a.data(), 1, bytes));
-  const double ms = median_ms([&](int) { CK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); }, 1, 9);
-  const double gbps = 2.0 * bytes / (ms * 1e-3) / 1e9;
-  std::printf("copy bytes=%zu ms=%.4f GBps_rw=%.0f\n", bytes, ms, gbps);
-  return gbps;
-}
+using namespace vq::bench;
 
 void bench_quant() {
   struct Q { int S, D, H, sub; };
@@ -188,25 +126,28 @@ void bench_attn(double copy_bw) {
       a.out = out.as<float>();
       vq::cuda::DeviceBuffer ws(vq::cuda::pq_attention_workspace_bytes(a));
       a.workspace = ws.data(), a.workspace_bytes = ws.size();
+      // variant: null = the shipped kernel chosen by a.kernel; else a losing LUT variant of bench/cuda
+      vq::cuda::detail::SplitLauncher variant = nullptr;
       auto run = [&](int i) {
         const int c = i % copies;
         a.k_codes = dkp.as<const uint8_t*>() + size_t(c) * B;
         a.v_codes = dvp.as<const uint8_t*>() + size_t(c) * B;
-        vq::cuda::pq_attention_device(a);
+        if (variant) vq::cuda::detail::pq_attention_device_with_split(a, variant);
+        else vq::cuda::pq_attention_device(a);
       };
-      // kernel 0 = auto (the LUT split kernel for these shapes), 1 = gather-mma split kernel (v2)
-      a.kernel = 1;
+      a.kernel = vq::cuda::PQAttnKernel::gather_mma;  // v2
       vq::cuda::DeviceBuffer ws1(vq::cuda::pq_attention_workspace_bytes(a));
       a.workspace = ws1.data(), a.workspace_bytes = ws1.size();
       const double ms_gather = median_ms(run, 10, 21, 3);
-      a.kernel = 3;  // v3b: fp32 LUT
-      const double ms_v3b = median_ms(run, 10, 21, 3);
-      a.kernel = 4;  // v5: v4 with 20 warps of 96 registers
+      a.kernel = vq::cuda::PQAttnKernel::lut;  // the LUT plan and workspace for v3b, v5, v4
       a.workspace = ws.data(), a.workspace_bytes = ws.size();
+      variant = vq::cuda::bench_variants::launch_v3b;  // fp32 LUT
+      const double ms_v3b = median_ms(run, 10, 21, 3);
+      variant = vq::cuda::bench_variants::launch_v5;  // v4 with 20 warps of 96 registers
       const double ms_v5 = median_ms(run, 10, 21, 3);
-      a.kernel = 2;  // v4 explicitly
+      variant = nullptr;  // v4 explicitly
       const double ms_v4 = median_ms(run, 10, 21, 3);
-      a.kernel = 0;  // auto
+      a.kernel = vq::cuda::PQAttnKernel::automatic;
       const double ms = median_ms(run, 10, 21, 3);
       // v4 with the split count set for 1, 2 (the default's rule, roughly) and 4 waves of one block per SM.
       double ms_w[3] = {0, 0, 0};
@@ -219,6 +160,31 @@ void bench_attn(double copy_bw) {
         ms_w[w] = median_ms(run, 10, 21, 3);
       }
       a.split_tokens = 0;
+      // The variants compute the same attention as the shipped kernel: largest difference of their
+      // outputs to v4's on the same codes, relative to v4's largest output.
+      auto output_of = [&](vq::cuda::detail::SplitLauncher v) {
+        vq::cuda::DeviceBuffer wsv(vq::cuda::pq_attention_workspace_bytes(a));
+        a.workspace = wsv.data(), a.workspace_bytes = wsv.size();
+        variant = v;
+        out.fill_bytes(0xFF);
+        run(0);
+        std::vector<float> o(size_t(B) * Hq * D);
+        out.download(o.data(), o.size() * 4);
+        variant = nullptr;
+        return o;
+      };
+      a.kernel = vq::cuda::PQAttnKernel::lut;
+      const std::vector<float> o4 = output_of(nullptr), o3 = output_of(vq::cuda::bench_variants::launch_v3b),
+                               o5 = output_of(vq::cuda::bench_variants::launch_v5);
+      a.kernel = vq::cuda::PQAttnKernel::automatic;
+      double omax = 0, d3 = 0, d5 = 0;
+      for (size_t i = 0; i < o4.size(); ++i) {
+        omax = std::max(omax, double(std::fabs(o4[i])));
+        d3 = std::max(d3, double(std::fabs(o3[i] - o4[i])));  // NaN (unwritten) fails the max: printed as nan below
+        d5 = std::max(d5, double(std::fabs(o5[i] - o4[i])));
+        if (std::isnan(o3[i]) || std::isnan(o5[i]) || std::isnan(o4[i])) d3 = d5 = NAN;
+      }
+      std::printf("attn_variants B=%d S=%d v3b_vs_v4_maxrel=%.2e v5_vs_v4_maxrel=%.2e\n", B, S, d3 / omax, d5 / omax);
       const double gbps = double(bytes) / (ms * 1e-3) / 1e9;
       std::printf("attn B=%d Hq=%d Hkv=%d D=%d S=%d k=d4b8 v=d4b8 ms=%.4f code_bytes=%zu GBps_codes=%.0f "
                   "pct_of_copy=%.1f rotate_copies=%d ms_gather_mma_v2=%.4f ms_lut_f32_v3b=%.4f "

@@ -47,12 +47,12 @@ const AttnCase kAttn[] = {
     {"d128_d4b8_g8_two_lut_tiles", 1, 8, 128, 4, 8, false, 4, 8, false, {3000, 77}, {5, 1}},
     {"d64_d4b8per_keys_g4_prefill", 2, 4, 64, 4, 8, true, 4, 8, false, {1200}, {3}, 5},
 };
-// Each case runs with kernel 0 (auto: the v4 fp16-LUT kernel where it applies), kernel 1
-// (gather-mma), kernel 3 (v3b fp32-LUT kernel) and kernel 4 (v5: v4 with 20 warps of 96 registers);
-// 3 and 4 are skipped for shapes they do not take.
-constexpr size_t kKernels = 4;
-constexpr int kKernelIds[kKernels] = {0, 1, 3, 4};
-const char* const kKernelNames[kKernels] = {"_auto", "_gather", "_lut_f32", "_lut_v5"};
+// Each case runs with every shipped split kernel: auto (the v4 fp16-LUT kernel where it applies),
+// gather-mma, and the LUT kernel asked for explicitly (skipped for shapes it does not take).
+constexpr size_t kKernels = 3;
+constexpr cuda::PQAttnKernel kKernelIds[kKernels] = {cuda::PQAttnKernel::automatic, cuda::PQAttnKernel::gather_mma,
+                                                     cuda::PQAttnKernel::lut};
+const char* const kKernelNames[kKernels] = {"_auto", "_gather", "_lut"};
 
 struct Problem {
   int rows;
@@ -83,7 +83,7 @@ class CudaPQAttention : public ::testing::TestWithParam<size_t> {};
 TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   VQ_SKIP_WITHOUT_CUDA();
   const AttnCase& c = kAttn[GetParam() / kKernels];
-  const int kernel = kKernelIds[GetParam() % kKernels];
+  const cuda::PQAttnKernel kernel = kKernelIds[GetParam() % kKernels];
   std::mt19937 rng(101 + unsigned(GetParam()));
   std::normal_distribution<float> nd;
   const int Hkv = c.n_kv_heads, G = c.group, Hq = Hkv * G, D = c.head_dim;
@@ -210,8 +210,8 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   // The LUT kernel keeps the queries in fp32 (LUT = q~ . fp16 centroid); the gather-mma one rounds them.
   const bool lut_shape = c.kbits == 8 && (D / c.kd == 16 || D / c.kd == 32) && c.vd == 4 && c.vbits == 8 &&
                          !c.vper && D <= 128;
-  if (kernel >= 3 && !lut_shape) GTEST_SKIP() << "the LUT kernel does not take this shape";
-  const bool lut = kernel != 1 && lut_shape;
+  if (kernel == cuda::PQAttnKernel::lut && !lut_shape) GTEST_SKIP() << "the LUT kernel does not take this shape";
+  const bool lut = kernel != cuda::PQAttnKernel::gather_mma && lut_shape;
   cuda::DeviceBuffer ws(std::max<size_t>(cuda::pq_attention_workspace_bytes(a), 4));
   a.workspace = ws.data(), a.workspace_bytes = ws.size();
   ws.fill_bytes(0xFF);
@@ -283,8 +283,11 @@ TEST(CudaPQAttentionArgs, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
   a.k_sub_dim = 4, a.code_head_stride = 10;
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
-  a.code_head_stride = 16, a.kernel = 5;
+  a.code_head_stride = 16, a.kernel = static_cast<cuda::PQAttnKernel>(5);
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
+  a.kernel = cuda::PQAttnKernel::lut, a.head_dim = 256, a.k_sub_dim = 8;  // the LUT kernel takes head_dim <= 128
+  EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
+  EXPECT_STREQ(cuda::pq_attn_kernel_name(cuda::PQAttnKernel::automatic), "auto");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/cuda/elem_type.h"
 #include "ops/pq_shape.h"
 
 namespace vq::cuda {
@@ -45,7 +46,6 @@ void pq_encode_mma(const PQShape& s, const float* x, const float* codebooks, uin
 // lives in registers, packed rows are written directly. Matches vq::transform_keys +
 // pq_encode + pack_codes (API.md): k~ = H(k / lambda), H the orthonormal block Walsh-Hadamard
 // of codec/key_transform.h.
-enum class ElemType { f32, f16, bf16 };
 
 struct FusedEncodeArgs {
   int64_t n_tokens = 0;

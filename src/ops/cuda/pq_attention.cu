@@ -461,26 +461,23 @@ void ensure_smem_attr(const void* kernel, size_t bytes) {
 
 struct Plan {
   bool lut;  // LUT split kernel (pq_attention_lut.cu) instead of the gather-mma one
-  bool h16;  // the LUT kernel's v4/v5 form (fp16 LUT) rather than v3b (fp32 LUT)
-  int lut_warps;  // warps per LUT block: 16 (v3b, v4) or 24 (v5)
   int head_tiles, chunk, n_splits, kcb, vcb;
   size_t books_bytes, split_smem_small, split_smem_books;
 };
 
-Plan make_plan(const PQAttnBatchArgs& a, bool query_device) {
+// force_lut: the LUT plan whatever a.kernel says (bench variants of the LUT kernel).
+Plan make_plan(const PQAttnBatchArgs& a, bool query_device, bool force_lut = false) {
   Plan pl{};
   pl.head_tiles = (a.group + kHeadsTile - 1) / kHeadsTile;
   pl.kcb = int(code_row_bytes(a.head_dim / a.k_sub_dim, a.k_bits));
   pl.vcb = int(code_row_bytes(a.head_dim / a.v_sub_dim, a.v_bits));
-  pl.h16 = a.kernel != 3;
-  pl.lut_warps = a.kernel == 4 ? detail::kLut5Warps : detail::kLutWarps;
-  pl.lut = a.kernel >= 2 ||
-           (a.kernel == 0 && detail::lut_kernel_supported(a) &&
-            (!query_device || detail::lut_kernel_smem(a, true, pl.lut_warps) <= size_t(max_smem_optin())));
+  pl.lut = force_lut || a.kernel == PQAttnKernel::lut ||
+           (a.kernel == PQAttnKernel::automatic && detail::lut_kernel_supported(a) &&
+            (!query_device || detail::lut_kernel_smem(a) <= size_t(max_smem_optin())));
   int chunk = a.split_tokens;
   if (chunk <= 0 && pl.lut) {
-    // 1 block of 16 warps per SM: one full wave (measured best in run 5a at every bench shape, v3b
-    // used two), each block at least 32 tokens per warp.
+    // 1 block of 16 warps per SM: one full wave (measured best in run 5a at every bench shape),
+    // each block at least 32 tokens per warp.
     const int sms = query_device ? sm_count() : 132;
     const int64_t per_split = int64_t(a.rows) * a.n_kv_heads * ((a.group + 3) / 4);
     const int64_t by_len = std::max<int64_t>(1, (int64_t(a.max_coded) + 511) / 512);
@@ -529,10 +526,13 @@ void check_pq_attention_args(const PQAttnBatchArgs& a) {
            "cuda::pq_attention: code_head_stride = {} must be a multiple of 16 and >= max_coded = {}",
            a.code_head_stride, a.max_coded);
   VQ_CHECK(a.max_coded >= 0, "cuda::pq_attention: max_coded = {} < 0", a.max_coded);
-  VQ_CHECK(a.kernel >= 0 && a.kernel <= 4, "cuda::pq_attention: kernel = {} must be 0, 1, 2, 3 or 4", a.kernel);
-  VQ_CHECK(a.kernel < 2 || detail::lut_kernel_supported(a),
-           "cuda::pq_attention: kernel = {} (LUT) needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 "
-           "8-bit with one shared book, head_dim 64 or 128", a.kernel);
+  VQ_CHECK(a.kernel == PQAttnKernel::automatic || a.kernel == PQAttnKernel::gather_mma ||
+               a.kernel == PQAttnKernel::lut,
+           "cuda::pq_attention: kernel = {} is not one of auto, gather_mma, lut", int(a.kernel));
+  VQ_CHECK(a.kernel != PQAttnKernel::lut || detail::lut_kernel_supported(a),
+           "cuda::pq_attention: kernel lut needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit with "
+           "one shared book, head_dim 64 or 128 (got head_dim {}, k d{}b{}, v d{}b{}{})", a.head_dim, a.k_sub_dim,
+           a.k_bits, a.v_sub_dim, a.v_bits, a.v_per_subspace ? " per-sub-space" : "");
   VQ_CHECK(a.out && a.n_coded && a.q_code, "cuda::pq_attention: null out, n_coded or q_code");
   if (a.max_coded > 0)
     VQ_CHECK(a.k_codes && a.v_codes && a.k_book && a.v_book, "cuda::pq_attention: null codes or codebooks");
@@ -549,11 +549,17 @@ size_t pq_attention_workspace_bytes(const PQAttnBatchArgs& a) {
          sizeof(float);
 }
 
-void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
+namespace {
+
+// split: the LUT split launcher (the shipped one, or a bench variant through
+// detail::pq_attention_device_with_split, which also forces the LUT plan).
+void run_pq_attention(const PQAttnBatchArgs& a, void* stream, detail::SplitLauncher split, bool force_lut) {
   VQ_CHECK(cuda_device_available(), "cuda::pq_attention: {}", cuda_unavailable_reason());
   check_pq_attention_args(a);
+  VQ_CHECK(!force_lut || detail::lut_kernel_supported(a), "cuda::pq_attention: a LUT variant was asked for a shape "
+           "the LUT kernels do not take");
   if (a.rows == 0) return;
-  const Plan pl = make_plan(a, true);
+  const Plan pl = make_plan(a, true, force_lut);
   const size_t need = size_t(a.rows) * a.n_kv_heads * pl.head_tiles * pl.n_splits *
                       (2 * kHeadsTile + kHeadsTile * a.head_dim) * sizeof(float);
   VQ_CHECK(a.workspace_bytes >= need && (need == 0 || a.workspace),
@@ -584,7 +590,7 @@ void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
     VQ_CHECK(detail::lut_kernel_supported(a), "cuda::pq_attention: the LUT kernel does not take these shapes "
              "(needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit shared book, head_dim 64 or 128)");
     VQ_CHECK(a.n_kv_heads * ((a.group + 3) / 4) <= 65535, "cuda::pq_attention: grid too large");
-    detail::launch_lut_split(a, pl.h16, pl.lut_warps, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
+    split(a, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
   } else if (a.max_coded > 0) {
     VQ_CHECK(a.n_kv_heads * pl.head_tiles <= 65535 && pl.n_splits <= (1 << 30),
              "cuda::pq_attention: grid too large ({} KV heads x {} head tiles)", a.n_kv_heads, pl.head_tiles);
@@ -629,6 +635,26 @@ void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
   cfg.numAttrs = 1;
   VQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, mp));
   VQ_CUDA_LAUNCHED("merge_kernel");
+}
+
+}  // namespace
+
+void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
+  run_pq_attention(a, stream, detail::launch_lut_split, false);
+}
+
+void detail::pq_attention_device_with_split(const PQAttnBatchArgs& a, SplitLauncher split, void* stream) {
+  VQ_CHECK(split != nullptr, "cuda::pq_attention: null split launcher");
+  run_pq_attention(a, stream, split, true);
+}
+
+const char* pq_attn_kernel_name(PQAttnKernel k) {
+  switch (k) {
+    case PQAttnKernel::automatic: return "auto";
+    case PQAttnKernel::gather_mma: return "gather_mma";
+    case PQAttnKernel::lut: return "lut";
+  }
+  return "unknown";
 }
 
 void f32_to_f16_device(const float* src, uint16_t* dst, int64_t n, void* stream) {

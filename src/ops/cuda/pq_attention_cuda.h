@@ -37,6 +37,17 @@ struct F16Segment {
   bool keys_transformed = false;       // true: keys are in the transformed space (score with q_code)
 };
 
+// Split kernel of the decode attention. Only the measured winners ship (docs/CUDA_NOTES.md
+// section 3: v2 gather-mma for every shape, v4 LUT for the 8-bit d4/d8 shapes); the losing
+// variants (v3b fp32 LUT, v5 20-warp LUT) are in bench/cuda with their measured times.
+enum class PQAttnKernel {
+  automatic,   // the LUT kernel where it applies (and fits in shared memory), else gather-mma
+  gather_mma,  // v2: any supported shape
+  lut,         // v4: 8-bit keys with head_dim/k_sub_dim in {16, 32}, values d4 8-bit with one shared
+               // book, head_dim 64 or 128; other shapes throw
+};
+const char* pq_attn_kernel_name(PQAttnKernel k);  // "auto", "gather_mma", "lut"
+
 struct PQAttnBatchArgs {
   int rows = 0;
   int n_kv_heads = 0;
@@ -65,12 +76,7 @@ struct PQAttnBatchArgs {
   void* workspace = nullptr;    // pq_attention_workspace_bytes(args) bytes of device memory
   size_t workspace_bytes = 0;
   int split_tokens = 0;         // tokens per split block; 0 = choose from the device's SM count
-  // Split kernel: 0 = auto (the v4 LUT kernel where it applies, else gather-mma), 1 = gather-mma
-  // (any supported shape), 2 = v4 LUT (fp16 table), 3 = v3b LUT (fp32 table), 4 = v5 LUT (v4 with 24
-  // warps of <= 80 registers); the LUT kernels take
-  // 8-bit keys with head_dim/k_sub_dim in {16, 32}, values d4 8-bit with one shared book, head_dim
-  // 64 or 128, and throw otherwise. docs/CUDA_NOTES.md.
-  int kernel = 0;
+  PQAttnKernel kernel = PQAttnKernel::automatic;
 };
 
 // Throws vq::Error naming the field unless the arguments are supported.

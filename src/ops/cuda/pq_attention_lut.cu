@@ -1,19 +1,19 @@
-// Decode attention on VecInfer codes, LUT form (v3b fp32 LUT, v4 fp16 LUT; docs/CUDA_NOTES.md section 3).
-// v4 differs from the description below in the key side only: LUT entries are 8 bytes (the 4 heads
-// as two half2, built from queries held in registers), lane l reads sub-space (l & 15) ^ i (a
-// half-warp covers 16 bank pairs: 2 wavefronts per LDS.64 instead of 4 per LDS.128), and pairs of
-// terms are summed in fp16 before the fp32 accumulation.
+// Decode attention on VecInfer codes, LUT form: the v4 split kernel (docs/CUDA_NOTES.md section 3),
+// the shipped winner. Its measured predecessors and siblings (v3b: fp32 LUT; v5: 20 warps of 96
+// registers) live in bench/cuda/pq_attention_lut_variants.cu.
 //
 // Block = 16 warps on one (row, KV head, tile of 4 query heads, token range); 1 block per SM.
 // Keys: the block builds LUT[c][s] = (q~_h[s] . centroid_c of sub-space s) for the 4 heads, one
-// 16-byte float4 per (code, sub-space), in shared memory. A warp takes 32 tokens, one per lane;
-// at step i lane l reads sub-space s = (l & 7) ^ i, so the 8 lanes of each quarter-warp (one
-// LDS.128 wavefront) hit 8 different bank quads: every lookup is conflict-free, and one lookup
-// yields the score terms of all 4 heads of the GQA tile. Scores accumulate in fp32 per lane.
+// 8-byte entry per (code, sub-space) (the 4 heads as two half2, built from queries held in
+// registers), in shared memory. A warp takes 32 tokens, one per lane; at step i lane l reads
+// sub-space s = (l & 15) ^ i, so each half-warp (one LDS.64 wavefront) hits 16 distinct bank
+// pairs: every lookup is conflict-free, and one lookup yields the score terms of all 4 heads of
+// the GQA tile. Pairs of terms are summed in fp16, then accumulated in fp32 per lane.
 // Values: O^T = V^T P^T with mma.m16n8k16 (fp16 in, fp32 accumulate); value centroids are
 // gathered from a bank-sliced copy of the (shared, d4, 8-bit) value book: 16 copies, copy j in
 // banks 2j, 2j+1, lane j of each half-warp reads copy j, so every LDS.64 gather is conflict-free.
-// Online softmax in base 2; the accumulators are rescaled only when a head's running max grows.
+// Online softmax in base 2 with a lazy max (one vote per group unless a score passes the running
+// max + 8); the accumulators are rescaled only when a head's running max grows.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -26,7 +26,7 @@
 namespace vq::cuda::detail {
 namespace {
 
-constexpr int kH = 4;         // query heads per LUT entry (float4)
+constexpr int kH = 4;         // query heads per LUT entry (two half2)
 constexpr int kPRow = 40;     // halves per P-tile row (32 tokens + 8 pad: conflict-free fragment reads)
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -60,24 +60,18 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
-// NS: key sub-spaces (16 or 32); D: head_dim (64 or 128); H16: fp16 LUT (v4) instead of fp32 (v3b).
-// Shared memory: lut | vsl [256][16] uint2 | sq [4][D] f32 | ps [kNW][8][kPRow] half, where
-//   v3b: lut [NS/16][256][16] float4 (entry (c, s) = 4 heads in fp32)
-//   v4:  lut [256][32] uint2 (entry (c, s) = 4 heads as two half2; rows of 256 B, NS = 16 uses half a row)
-// NWT: warps per block. 16 = v4 (128 registers); 24 = v5 (80 registers: value codes loaded in their
-// own iteration, value centroids gathered per sub-space; docs/CUDA_NOTES.md v5).
-template <int NS, int D, bool H16, int NWT>
-__global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
-  constexpr int kNW = NWT;
-  constexpr int kThreads = 32 * NWT;
-  constexpr bool V5 = NWT != kLutWarps;
-  static_assert(H16 || !V5, "v5 is the fp16-LUT kernel");
+// NS: key sub-spaces (16 or 32); D: head_dim (64 or 128).
+// Shared memory: lut [256][32] uint2 (entry (c, s) = 4 heads as two half2; rows of 256 B, NS = 16
+// uses half a row) | vsl [256][16] uint2 | sq [4][D] f32 | ps [kNW][8][kPRow] half.
+template <int NS, int D>
+__global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams p) {
+  constexpr int kNW = kLutWarps;
+  constexpr int kThreads = 32 * kNW;
   constexpr int MT = D / 16;  // m-tiles of the value mma
   constexpr int VU = D / 32;  // 4-dim groups (value sub-spaces) per lane
   constexpr int NW4 = NS / 4; // key code words per token
   extern __shared__ __align__(16) unsigned char smem[];
-  float4* lut = reinterpret_cast<float4*>(smem);
-  constexpr int kLutBytes = H16 ? 256 * 256 : NS * 256 * 16;
+  constexpr int kLutBytes = 256 * 256;
   uint2* vsl = reinterpret_cast<uint2*>(smem + kLutBytes);
   float* sq = reinterpret_cast<float*>(smem + kLutBytes + 256 * 16 * 8);
   __half* ps_all = reinterpret_cast<__half*>(sq + kH * D);
@@ -112,14 +106,14 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
   }
   __syncthreads();
   // ---- key LUT ----
-  if constexpr (H16) {
-    // v4: thread keeps one sub-space s (its 4 heads' query slices in registers) and builds the
+  {
+    // Each thread keeps one sub-space s (its 4 heads' query slices in registers) and builds the
     // entries of codes c = tid/NS + k*(kThreads/NS). A half-warp stores 16 distinct s of one c:
     // 16 distinct bank pairs. All centroid loads are issued before the FMAs.
     constexpr int KD = D / NS;
     constexpr int CSTEP = kThreads / NS;
-    constexpr int PASSES = (256 + CSTEP - 1) / CSTEP;
-    constexpr bool exact = PASSES * CSTEP == 256;  // v4: yes; v5 (24 warps): the last pass is partial
+    constexpr int PASSES = 256 / CSTEP;
+    static_assert(PASSES * CSTEP == 256, "whole passes over the 256 codes");
     const int s = threadIdx.x % NS, c0 = threadIdx.x / NS;
     const __half* kb = p.k_book + (size_t(kh) * p.kbooks + (p.kbooks > 1 ? s : 0)) * 256 * KD;
     float qr[kH][KD];
@@ -130,7 +124,6 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
     uint32_t cw[PASSES][KD / 2];
 #pragma unroll
     for (int k = 0; k < PASSES; ++k) {
-      if (!exact && c0 + k * CSTEP >= 256) break;
       const uint32_t* cent = reinterpret_cast<const uint32_t*>(kb + size_t(c0 + k * CSTEP) * KD);
       if constexpr (KD == 2) {
         cw[k][0] = __ldg(cent);
@@ -145,7 +138,6 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
     uint2* lut16 = reinterpret_cast<uint2*>(smem);
 #pragma unroll
     for (int k = 0; k < PASSES; ++k) {
-      if (!exact && c0 + k * CSTEP >= 256) break;
       float acc[kH] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < KD / 2; ++j) {
@@ -157,36 +149,6 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
       lut16[(c0 + k * CSTEP) * 32 + s] =
           make_uint2(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23));
     }
-  } else {
-    // v3b: entry (c, s) at float4 index (s>>4)*4096 + c*16 + (s&15)
-    constexpr int KD = D / NS;                     // key sub_dim: 4 or 8
-    constexpr int PASSES = NS * 256 / kThreads;    // entries per thread
-    const __half* kb = p.k_book + size_t(kh) * p.kbooks * 256 * KD;
-    // A warp covers 8 sub-spaces x 4 codes per pass: quarter-warps store to 8 distinct bank quads.
-    // All centroid loads are issued first (one L2 round trip instead of PASSES).
-    uint32_t cw[PASSES][KD / 2];
-#pragma unroll
-    for (int k = 0; k < PASSES; ++k) {
-      const int pass = warp + k * kNW;
-      const int s = (pass % (NS / 8)) * 8 + (lane & 7), c = (pass / (NS / 8)) * 4 + (lane >> 3);
-      const uint32_t* cent = reinterpret_cast<const uint32_t*>(kb + (size_t(p.kbooks > 1 ? s : 0) * 256 + c) * KD);
-#pragma unroll
-      for (int j = 0; j < KD / 2; ++j) cw[k][j] = __ldg(cent + j);
-    }
-#pragma unroll
-    for (int k = 0; k < PASSES; ++k) {
-      const int pass = warp + k * kNW;
-      const int s = (pass % (NS / 8)) * 8 + (lane & 7), c = (pass / (NS / 8)) * 4 + (lane >> 3);
-      float acc[kH] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < KD / 2; ++j) {
-        const float2 cv = __half22float2(*reinterpret_cast<const __half2*>(&cw[k][j]));
-#pragma unroll
-        for (int h = 0; h < kH; ++h)
-          acc[h] = fmaf(sq[h * D + s * KD + 2 * j], cv.x, fmaf(sq[h * D + s * KD + 2 * j + 1], cv.y, acc[h]));
-      }
-      lut[(s >> 4) * 4096 + c * 16 + (s & 15)] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    }
   }
   __half* ps = ps_all + warp * 8 * kPRow;
   for (int i = lane; i < 8 * kPRow; i += 32) ps[i] = __float2half_rn(0.f);  // heads 4..7 stay 0
@@ -197,34 +159,20 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
   const int n_groups = (tok_end - tok_begin + 31) / 32;
   const int kcb = p.kcb, vcb = p.vcb;
 
-  // Per-lane constants of the diagonal lookup.
-  const int l7 = lane & 7;
-  const bool swap_pairs = (lane >> 2) & 1;      // word index = (i>>2) ^ ((l&7)>>2)
+  // Per-lane constants of the diagonal lookup: the code word of sub-space (l & 15) ^ i is
+  // kw[(i>>2) ^ ((l>>2)&3)] (two conditional word swaps), its byte (l&3) ^ (i&3).
+  const bool swap_pairs = (lane >> 2) & 1;
+  const bool swap_quads = (lane >> 3) & 1;
   uint32_t sel[4];                               // PRMT selector: byte ((l&3)^k) -> bits 8..15
 #pragma unroll
   for (int k = 0; k < 4; ++k) sel[k] = 0x4404u | (uint32_t((lane & 3) ^ k) << 4);
-  uint32_t bsel = 0;                             // v5: PRMT selector, byte k <- byte (l&3)^k
-#pragma unroll
-  for (int k = 0; k < 4; ++k) bsel |= uint32_t((lane & 3) ^ k) << (4 * k);
-  const uint32_t l16 = uint32_t(l7) << 4;
-  const bool swap_quads = (lane >> 3) & 1;      // v4: word index = (i>>2) ^ ((l>>2)&3)
   const uint32_t l8 = uint32_t(lane & 15) << 3;
-  const unsigned char* lutb = reinterpret_cast<const unsigned char*>(lut);
+  const unsigned char* lutb = smem;
   // Value code word of lane g: value sub-spaces [g*VU, g*VU + VU) of a row.
   const int vword_off = (g * VU) & ~3, vbyte0 = (g * VU) & 3;
 
-  auto load_vcodes = [&](int gi, uint32_t (&vw)[2][4]) {
-    const int tok0 = tok_begin + gi * 32;
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks)
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int vt = tok0 + 16 * ks + 2 * t + (s & 1) + (s >> 1) * 8;
-        vw[ks][s] = vt < tok_end ? __ldg(reinterpret_cast<const uint32_t*>(vbase + int64_t(vt) * vcb + vword_off)) : 0u;
-      }
-  };
-  // v4 loads key and value codes one group ahead; v5 only the key codes (kv_ahead = false).
-  auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4], bool kv_ahead) {
+  // Key and value codes of group gi (loaded one group ahead of their use).
+  auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4]) {
     const int tok0 = tok_begin + gi * 32;
     const int tok = tok0 + lane;
     if (tok < tok_end) {
@@ -238,7 +186,13 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
 #pragma unroll
       for (int j = 0; j < NW4; ++j) kw[j] = 0u;
     }
-    if (kv_ahead) load_vcodes(gi, vw);
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int vt = tok0 + 16 * ks + 2 * t + (s & 1) + (s >> 1) * 8;
+        vw[ks][s] = vt < tok_end ? __ldg(reinterpret_cast<const uint32_t*>(vbase + int64_t(vt) * vcb + vword_off)) : 0u;
+      }
   };
 
   float m_run[kH], l_run[kH];
@@ -249,35 +203,24 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
   for (int mt = 0; mt < MT; ++mt) oc[mt][0] = oc[mt][1] = oc[mt][2] = oc[mt][3] = 0.f;
 
   uint32_t kw[NW4], vw[2][4];
-  if (warp < n_groups) load_codes(warp, kw, vw, !V5);
+  if (warp < n_groups) load_codes(warp, kw, vw);
   for (int gi = warp; gi < n_groups; gi += kNW) {
     uint32_t kwn[NW4], vwn[2][4];
     const bool more = gi + kNW < n_groups;
-    if constexpr (V5) load_vcodes(gi, vw);  // consumed after the scores: latency hidden by the lookups
-    if (more) load_codes(gi + kNW, kwn, vwn, !V5);
+    if (more) load_codes(gi + kNW, kwn, vwn);
 
     // ---- scores of token tok0 + lane for the 4 heads ----
     float sc[kH] = {0.f, 0.f, 0.f, 0.f};
-    if constexpr (H16) {
-      // v4: at step i lane l reads s = (l & 15) ^ i: a half-warp (one LDS.64 wavefront) covers 16
-      // distinct s, i.e. 16 distinct bank pairs. Code word of s: kw[(i>>2) ^ ((l>>2)&3)].
+    {
       uint32_t kt[NW4], kp[NW4];
 #pragma unroll
       for (int j = 0; j < NW4; ++j) kt[j] = swap_pairs ? kw[j ^ 1] : kw[j];
 #pragma unroll
       for (int j = 0; j < NW4; ++j) kp[j] = swap_quads ? kt[j ^ 2] : kt[j];
-      if constexpr (V5) {
-        // byte k of each word := byte (l&3)^k, so that the per-step selectors are immediates (v5 keeps
-        // one selector register instead of four)
-#pragma unroll
-        for (int j = 0; j < NW4; ++j) kp[j] = __byte_perm(kp[j], 0u, bsel);
-      }
 #pragma unroll
       for (int i = 0; i < NS; i += 2) {
-        const uint32_t s0 = V5 ? 0x4404u | uint32_t((i & 3) << 4) : sel[i & 3];
-        const uint32_t s1 = V5 ? 0x4404u | uint32_t(((i + 1) & 3) << 4) : sel[(i + 1) & 3];
-        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, s0) | (l8 ^ uint32_t(i << 3));
-        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, s1) | (l8 ^ uint32_t((i + 1) << 3));
+        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]) | (l8 ^ uint32_t(i << 3));
+        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, sel[(i + 1) & 3]) | (l8 ^ uint32_t((i + 1) << 3));
         const uint2 e0 = *reinterpret_cast<const uint2*>(lutb + o0);
         const uint2 e1 = *reinterpret_cast<const uint2*>(lutb + o1);
         // two terms summed in fp16, then accumulated in fp32
@@ -287,36 +230,19 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
                                                   *reinterpret_cast<const __half2*>(&e1.y)));
         sc[0] += f01.x, sc[1] += f01.y, sc[2] += f23.x, sc[3] += f23.y;
       }
-    } else {
-      uint32_t kp[NW4];
-#pragma unroll
-      for (int j = 0; j < NW4; j += 2) {
-        kp[j] = swap_pairs ? kw[j + 1] : kw[j];
-        kp[j + 1] = swap_pairs ? kw[j] : kw[j + 1];
-      }
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        const uint32_t c8 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]);  // code << 8
-        const uint32_t off = c8 | (l16 ^ uint32_t((i & 15) << 4));
-        const float4 e = *reinterpret_cast<const float4*>(lutb + (i >> 4) * 65536 + off);
-        sc[0] += e.x, sc[1] += e.y, sc[2] += e.z, sc[3] += e.w;
-      }
     }
     const int tok0 = tok_begin + gi * 32;
     if (tok0 + lane >= tok_end) sc[0] = sc[1] = sc[2] = sc[3] = -INFINITY;
 
     // ---- online softmax (base 2); rescale only when a running max grows (warp-uniform) ----
-    // v4 (H16): the reference max may lag the true one by up to kSlack (P <= 2^kSlack, safe in fp16
-    // and in the fp32 sums): one vote replaces the 4 warp-max reductions unless some score
-    // exceeds m_run + kSlack; then the exact max is taken. The partial state stays exact.
-    bool need = true;
-    if constexpr (H16) {
-      constexpr float kSlack = 8.f;
-      bool over = false;
+    // The reference max may lag the true one by up to kSlack (P <= 2^kSlack, safe in fp16 and in
+    // the fp32 sums): one vote replaces the 4 warp-max reductions unless some score exceeds
+    // m_run + kSlack; then the exact max is taken. The partial state stays exact.
+    constexpr float kSlack = 8.f;
+    bool over = false;
 #pragma unroll
-      for (int h = 0; h < kH; ++h) over |= sc[h] > m_run[h] + kSlack;
-      need = __any_sync(0xffffffffu, over);
-    }
+    for (int h = 0; h < kH; ++h) over |= sc[h] > m_run[h] + kSlack;
+    const bool need = __any_sync(0xffffffffu, over);
     float mx[kH];
     bool grow = false;
     if (need) {
@@ -353,20 +279,6 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
     for (int ks = 0; ks < 2; ++ks) {
       const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(ps + g * kPRow + 16 * ks + 2 * t);
       const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(ps + g * kPRow + 16 * ks + 2 * t + 8);
-      if constexpr (V5) {
-        // gathers of one value sub-space (8 registers) right before its two mma
-#pragma unroll
-        for (int u = 0; u < VU; ++u) {
-          uint2 xu[4];
-#pragma unroll
-          for (int s = 0; s < 4; ++s) xu[s] = vsl[((vw[ks][s] >> (8 * (vbyte0 + u))) & 0xffu) * 16 + (lane & 15)];
-          mma16816(oc[2 * u], __byte_perm(xu[0].x, xu[1].x, 0x5410), __byte_perm(xu[0].x, xu[1].x, 0x7632),
-                   __byte_perm(xu[2].x, xu[3].x, 0x5410), __byte_perm(xu[2].x, xu[3].x, 0x7632), pb0, pb1);
-          mma16816(oc[2 * u + 1], __byte_perm(xu[0].y, xu[1].y, 0x5410), __byte_perm(xu[0].y, xu[1].y, 0x7632),
-                   __byte_perm(xu[2].y, xu[3].y, 0x5410), __byte_perm(xu[2].y, xu[3].y, 0x7632), pb0, pb1);
-        }
-        continue;
-      }
       uint2 xv[4][VU];
 #pragma unroll
       for (int s = 0; s < 4; ++s)
@@ -389,12 +301,10 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
     if (more) {
 #pragma unroll
       for (int j = 0; j < NW4; ++j) kw[j] = kwn[j];
-      if constexpr (!V5) {
 #pragma unroll
-        for (int ks = 0; ks < 2; ++ks)
+      for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
-          for (int s = 0; s < 4; ++s) vw[ks][s] = vwn[ks][s];
-      }
+        for (int s = 0; s < 4; ++s) vw[ks][s] = vwn[ks][s];
     }
   }
 
@@ -460,23 +370,15 @@ __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
   }
 }
 
-template <int NS, int D, bool H16, int NWT>
+template <int NS, int D>
 void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
   static bool attr_set = false;  // one size per instantiation: set once
   if (!attr_set) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, H16, NWT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(smem)));
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
-  lut_split_kernel<NS, D, H16, NWT><<<grid, 32 * NWT, smem, st>>>(lp);
+  lut_split_kernel<NS, D><<<grid, 32 * kLutWarps, smem, st>>>(lp);
   VQ_CUDA_LAUNCHED("lut_split_kernel");
-}
-
-template <bool H16, int NWT>
-void launch_any(const LutParams& lp, int ns, int D, dim3 grid, size_t smem, cudaStream_t st) {
-  if (D == 128)
-    ns == 32 ? launch<32, 128, H16, NWT>(lp, grid, smem, st) : launch<16, 128, H16, NWT>(lp, grid, smem, st);
-  else ns == 32 ? launch<32, 64, H16, NWT>(lp, grid, smem, st) : launch<16, 64, H16, NWT>(lp, grid, smem, st);
 }
 
 }  // namespace
@@ -487,14 +389,11 @@ bool lut_kernel_supported(const PQAttnBatchArgs& a) {
          a.v_sub_dim == 4 && !a.v_per_subspace;
 }
 
-size_t lut_kernel_smem(const PQAttnBatchArgs& a, bool h16, int warps) {
-  const int ns = a.head_dim / a.k_sub_dim;
-  const size_t lut = h16 ? size_t(256) * 256 : size_t(ns) * 256 * 16;
-  return lut + 256 * 16 * 8 + size_t(kH) * a.head_dim * 4 + size_t(warps) * 8 * kPRow * 2;
+size_t lut_kernel_smem(const PQAttnBatchArgs& a) {
+  return size_t(256) * 256 + 256 * 16 * 8 + size_t(kH) * a.head_dim * 4 + size_t(kLutWarps) * 8 * kPRow * 2;
 }
 
-void launch_lut_split(const PQAttnBatchArgs& a, bool h16, int warps, int head_tiles8, int chunk, int n_splits, float* part,
-                      cudaStream_t st) {
+void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part, cudaStream_t st) {
   LutParams lp{};
   lp.n_kv_heads = a.n_kv_heads;
   lp.group = a.group;
@@ -516,12 +415,10 @@ void launch_lut_split(const PQAttnBatchArgs& a, bool h16, int warps, int head_ti
   lp.part = part;
   const int tiles4 = (a.group + kH - 1) / kH;
   const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
-  const size_t smem = lut_kernel_smem(a, h16, warps);
+  const size_t smem = lut_kernel_smem(a);
   const int ns = a.head_dim / a.k_sub_dim;
-  VQ_CHECK(warps == kLutWarps || (h16 && warps == kLut5Warps), "launch_lut_split: warps = {} (h16 {})", warps, h16);
-  if (warps == kLut5Warps) launch_any<true, kLut5Warps>(lp, ns, a.head_dim, grid, smem, st);
-  else if (h16) launch_any<true, kLutWarps>(lp, ns, a.head_dim, grid, smem, st);
-  else launch_any<false, kLutWarps>(lp, ns, a.head_dim, grid, smem, st);
+  if (a.head_dim == 128) ns == 32 ? launch<32, 128>(lp, grid, smem, st) : launch<16, 128>(lp, grid, smem, st);
+  else ns == 32 ? launch<32, 64>(lp, grid, smem, st) : launch<16, 64>(lp, grid, smem, st);
 }
 
 }  // namespace vq::cuda::detail

@@ -1,5 +1,5 @@
 #pragma once
-// Internal to src/ops/cuda: the LUT split kernel of the decode attention (v3, docs/CUDA_NOTES.md).
+// Internal to src/ops/cuda: the LUT split kernel of the decode attention (v4, docs/CUDA_NOTES.md).
 // It writes the same split partials as the gather-mma split kernel of pq_attention.cu, so the
 // merge kernel serves both.
 #include <cuda_runtime.h>
@@ -10,22 +10,23 @@
 
 namespace vq::cuda::detail {
 
-constexpr int kLutWarps = 16;                  // warps per block (1 block per SM: the LUT is large)
+constexpr int kLutWarps = 16;                      // warps per block (1 block per SM: the LUT is large)
 constexpr int kLutTokensPerIter = 32 * kLutWarps;  // tokens a block consumes per loop iteration
-#ifndef VQ_LUT5_WARPS
-#define VQ_LUT5_WARPS 20
-#endif
-constexpr int kLut5Warps = VQ_LUT5_WARPS;      // v5: more warps with fewer registers (docs/CUDA_NOTES.md)
 
 // True when the LUT kernel takes these shapes: 8-bit key codes with head_dim/k_sub_dim in
 // {16, 32}; values d4 with 8-bit codes and one shared book; head_dim 64 or 128.
 bool lut_kernel_supported(const PQAttnBatchArgs& a);
-// Dynamic shared memory of one block; h16: the v4/v5 kernel (fp16 LUT), else v3b (fp32 LUT);
-// warps: kLutWarps (v3b, v4) or kLut5Warps (v5, h16 only).
-size_t lut_kernel_smem(const PQAttnBatchArgs& a, bool h16, int warps);
+// Dynamic shared memory of one block.
+size_t lut_kernel_smem(const PQAttnBatchArgs& a);
 // Grid (n_splits, n_kv_heads * ceil(group/4), rows). part: [rows, n_kv_heads, head_tiles8,
 // n_splits][2*8 + 8*D] f32, the layout of the gather-mma kernel (8-head tiles).
-void launch_lut_split(const PQAttnBatchArgs& a, bool h16, int warps, int head_tiles8, int chunk, int n_splits, float* part,
-                      cudaStream_t st);
+void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part, cudaStream_t st);
+
+// For bench/cuda's kernel variants only: pq_attention_device with the LUT split plan (chunk,
+// splits, workspace) and `split` launched in place of the shipped LUT split kernel; the merge is
+// the shipped one. Same arguments as launch_lut_split. Throws unless the LUT kernel takes the shape.
+using SplitLauncher = void (*)(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part,
+                               cudaStream_t st);
+void pq_attention_device_with_split(const PQAttnBatchArgs& a, SplitLauncher split, void* stream = nullptr);
 
 }  // namespace vq::cuda::detail
