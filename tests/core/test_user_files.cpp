@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/atomic_file.h"
+#include "common/error_of.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/text_escape.h"
@@ -23,15 +24,7 @@ std::string scratch_dir(const std::string& name) {
   return d.string();
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 void expect_has(const std::string& msg, const std::string& needle) {
   EXPECT_NE(msg.find(needle), std::string::npos) << "'" << needle << "' not in: " << msg;
