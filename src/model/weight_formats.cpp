@@ -1,11 +1,13 @@
 // Type table, row sizes and the scalar reference decoder of the GGML weight types. Block
 // layouts are documented in quant_blocks.h. The decoder is exact: each element is computed
-// with the formula of its type in float32, in the grouping written in quant_blocks.h.
+// with the formula of its type in float32, in the grouping written in quant_blocks.h. The
+// 32-element formats share their decoders with the KV caches (codec/scalar_blocks.h).
 #include "model/weight_formats.h"
 
 #include <cstring>
 #include <vector>
 
+#include "codec/scalar_blocks.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "model/quant_blocks.h"
@@ -76,50 +78,7 @@ void check_row(GGMLType t, int64_t n) {
 
 // --- one block of each type -> 32 or 256 floats
 
-void dq_q8_0(const uint8_t* b, float* y) {
-  const float d = ldh(b);
-  for (int i = 0; i < 32; ++i) y[i] = d * float(int8_t(b[2 + i]));
-}
-void dq_q4_0(const uint8_t* b, float* y) {
-  const float d = ldh(b);
-  const uint8_t* qs = b + 2;
-  for (int i = 0; i < 16; ++i) {
-    y[i] = d * float((qs[i] & 15) - 8);
-    y[i + 16] = d * float((qs[i] >> 4) - 8);
-  }
-}
-void dq_q4_1(const uint8_t* b, float* y) {
-  const float d = ldh(b), m = ldh(b + 2);
-  const uint8_t* qs = b + 4;
-  for (int i = 0; i < 16; ++i) {
-    y[i] = d * float(qs[i] & 15) + m;
-    y[i + 16] = d * float(qs[i] >> 4) + m;
-  }
-}
-void dq_q5_0(const uint8_t* b, float* y) {
-  const float d = ldh(b);
-  uint32_t qh;
-  std::memcpy(&qh, b + 2, 4);
-  const uint8_t* qs = b + 6;
-  for (int i = 0; i < 16; ++i) {
-    const int lo = (qs[i] & 15) | int((qh >> i) & 1) << 4;
-    const int hi = (qs[i] >> 4) | int((qh >> (i + 16)) & 1) << 4;
-    y[i] = d * float(lo - 16);
-    y[i + 16] = d * float(hi - 16);
-  }
-}
-void dq_q5_1(const uint8_t* b, float* y) {
-  const float d = ldh(b), m = ldh(b + 2);
-  uint32_t qh;
-  std::memcpy(&qh, b + 4, 4);
-  const uint8_t* qs = b + 8;
-  for (int i = 0; i < 16; ++i) {
-    const int lo = (qs[i] & 15) | int((qh >> i) & 1) << 4;
-    const int hi = (qs[i] >> 4) | int((qh >> (i + 16)) & 1) << 4;
-    y[i] = d * float(lo) + m;
-    y[i + 16] = d * float(hi) + m;
-  }
-}
+// (the 32-element formats q8_0, q4_0, q4_1, q5_0, q5_1 decode through codec/scalar_blocks)
 void dq_q4_k(const uint8_t* b, float* y) {
   const float d = ldh(b), dmin = ldh(b + 2);
   const uint8_t* scales = b + 4;
@@ -205,11 +164,11 @@ void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n) {
     case GGMLType::BF16:
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(ld16(p + 2 * i));
       return;
-    case GGMLType::Q8_0: fn = dq_q8_0; break;
-    case GGMLType::Q4_0: fn = dq_q4_0; break;
-    case GGMLType::Q4_1: fn = dq_q4_1; break;
-    case GGMLType::Q5_0: fn = dq_q5_0; break;
-    case GGMLType::Q5_1: fn = dq_q5_1; break;
+    case GGMLType::Q8_0: fn = dequantize_q8_0; break;
+    case GGMLType::Q4_0: fn = dequantize_q4_0; break;
+    case GGMLType::Q4_1: fn = dequantize_q4_1; break;
+    case GGMLType::Q5_0: fn = dequantize_q5_0; break;
+    case GGMLType::Q5_1: fn = dequantize_q5_1; break;
     case GGMLType::Q4_K: fn = dq_q4_k; break;
     case GGMLType::Q5_K: fn = dq_q5_k; break;
     case GGMLType::Q6_K: fn = dq_q6_k; break;
