@@ -29,8 +29,9 @@ void check_calibration_matches(const Calibration& c, const KVCacheConfig& cfg, c
            "calibration: value codebooks are {} but the cache spec asks for v={} {}",
            preset(c.value.sub_dim, c.value.bits), preset(cfg.value.sub_dim, cfg.value.bits), how);
   const bool same = (c.granularity == Granularity::shared) == (cfg.granularity == CodebookGranularity::shared);
-  VQ_CHECK(same, "calibration: granularity is {} but the cache spec says gran={} {}", granularity_name(c.granularity),
-           granularity_name(cfg.granularity), how);
+  VQ_CHECK(same, "calibration: granularity is {} but the cache spec says gran={} (add gran={} to the spec, or {}",
+           granularity_name(c.granularity), granularity_name(cfg.granularity), granularity_name(c.granularity),
+           how.substr(1));
 }
 
 }  // namespace vq

@@ -6,17 +6,22 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <unistd.h>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/text_escape.h"
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
+#include "kvcache/spec_syntax.h"
 #include "model/calibrate.h"
 #include "model/chat_template.h"
 #include "model/default_model.h"
@@ -46,18 +51,14 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // when the wall clock mostly shows waiting for a core.
 double process_cpu_seconds() { return double(std::clock()) / CLOCKS_PER_SEC; }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  VQ_CHECK(in.good(), "{}: cannot open the prompt file", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string read_prompt_file(const std::string& path, const char* option) {
+  return read_input_file(path, kMaxPromptFileBytes, option);
 }
 
 // "1,2,3" or "@FILE" (ids separated by commas or whitespace).
 std::vector<int32_t> parse_ids(const std::string& spec) {
   std::string text = spec;
-  if (!spec.empty() && spec[0] == '@') text = read_text_file(spec.substr(1));
+  if (!spec.empty() && spec[0] == '@') text = read_prompt_file(spec.substr(1), "--prompt-ids");
   for (char& c : text) {
     if (c == ',') c = ' ';
   }
@@ -107,10 +108,20 @@ void run_generate(const GenerateOptions& o) {
   VQ_CHECK(o.threads >= 0 && o.threads <= 1024, "-t: {} out of range", o.threads);
   const int n_sources = int(!o.prompt.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty());
   VQ_CHECK(n_sources == 1, "give exactly one of -p PROMPT, --prompt-file FILE, --prompt-ids IDS");
+  VQ_CHECK(o.system.empty() || o.chat, "--system: only applies with --chat");
+  VQ_CHECK(!o.chat || o.prompt_ids.empty(), "--chat: does not apply to --prompt-ids (token ids are not text)");
+  // Output files are checked before anything slow, so a typo fails now, not after the run.
+  if (!o.stats_json.empty()) check_output_path(o.stats_json, "--stats-json");
+  if (!o.dump_logits.empty()) check_output_path(o.dump_logits, "--dump-logits");
   vq::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   // The KV cache spec is checked before the (slow) model load.
   const KVCacheConfig kv_config = parse_kv_cache_spec(o.kv_cache);
+  check_cache_flags(kv_config, o.calib);
+  // Inputs too: a missing or oversized prompt file fails before the model loads.
+  const std::string prompt_text = o.prompt_file.empty() ? o.prompt : read_prompt_file(o.prompt_file, "--prompt-file");
+  std::vector<int32_t> ids;
+  if (!o.prompt_ids.empty()) ids = parse_ids(o.prompt_ids);
   std::string path = o.model;
   if (path.empty()) {
     if (!default_model_present()) {
@@ -121,21 +132,19 @@ void run_generate(const GenerateOptions& o) {
   }
   const auto model = Model::load(path);
   const ModelConfig& cfg = model->config();
+  check_cache_fits_model(kv_config, *model, path);
   // vecinfer: --calib, else (default model) the first-use calibration from the Jargon File.
   const std::string calib = resolve_calibration(*model, path, o.model.empty(), kv_config, o.calib,
                                                 [](const char* stage, int d, int t) {
                                                   std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
                                                   if (d == t) std::fprintf(stderr, "\n");
                                                 });
-  const KVCacheFactory factory = make_kv_cache_factory(kv_config, calib);
+  const KVCacheFactory factory = make_checked_factory(kv_config, *model, calib, o.calib.empty());
 
-  std::vector<int32_t> ids;
   std::string shown_prompt;
-  if (!o.prompt_ids.empty()) {
-    ids = parse_ids(o.prompt_ids);
-  } else {
+  if (o.prompt_ids.empty()) {
     const Tokenizer& tok = model->tokenizer();
-    std::string text = o.prompt_file.empty() ? o.prompt : read_text_file(o.prompt_file);
+    std::string text = prompt_text;
     shown_prompt = text;
     if (o.chat) {
       std::vector<ChatMessage> msgs;
@@ -163,8 +172,11 @@ void run_generate(const GenerateOptions& o) {
   Sampler sampler(sp);
   for (int32_t id : ids) sampler.accept(id);
 
+  // On a terminal, text from the prompt file and the model's vocabulary is shown with control
+  // characters escaped (a token or file could otherwise drive the terminal); pipes get it raw.
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
   if (!o.no_display_prompt && !o.quiet) {
-    std::fputs(shown_prompt.c_str(), stdout);
+    std::fputs((tty ? escape_control(shown_prompt, true) : shown_prompt).c_str(), stdout);
     if (o.chat && !shown_prompt.empty()) std::fputs("\n\n", stdout);  // the reply starts below the question
     std::fflush(stdout);
   }
@@ -193,7 +205,7 @@ void run_generate(const GenerateOptions& o) {
     ++n_generated;
     const bool eog = tok && tok->is_eog(next) && !o.ignore_eos;
     if (tok && !o.quiet && !eog) {
-      const std::string piece = tok->piece(next);
+      const std::string piece = tty ? escape_control(tok->piece(next), true) : tok->piece(next);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
@@ -219,8 +231,8 @@ void run_generate(const GenerateOptions& o) {
   const size_t kvb = session.kv_bytes(), kv16 = session.kv_fp16_bytes(), cb = session.kv_codebook_bytes();
   const double bpe = kv16 ? 16.0 * double(kvb) / double(kv16) : 0.0;
   const std::string kv_name = session.caches().empty() ? kv_config.name() : session.caches()[0]->name();
-  std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, seed %llu, stop: %s\n", path.c_str(),
-               cfg.arch.c_str(), cfg.n_layers, vq::num_threads(), static_cast<unsigned long long>(sp.seed),
+  std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, seed %llu, stop: %s\n", printable(path).c_str(),
+               printable(cfg.arch).c_str(), cfg.n_layers, vq::num_threads(), static_cast<unsigned long long>(sp.seed),
                stop_reason.c_str());
   std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", n_prompt, prefill_s, pp_tps);
   std::fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s)\n", n_decoded, decode_s, tg_tps);
@@ -247,8 +259,8 @@ void add_generate(CLI::App& app) {
   CLI::App* c = app.add_subcommand("generate", "Generate text from a GGUF model (default: SmolLM2-135M-Instruct)");
   c->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct, fetched on first use)");
   c->add_option("-p,--prompt", o->prompt, "Prompt text");
-  c->add_option("-f,--prompt-file", o->prompt_file, "Read the prompt from a file");
-  c->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: \"1,2,3\" or @FILE");
+  c->add_option("-f,--prompt-file", o->prompt_file, "Read the prompt from a file (at most 16 MiB)");
+  c->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: \"1,2,3\" or @FILE (at most 16 MiB)");
   c->add_option("--system", o->system, "System message (with --chat)");
   c->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
   c->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens (0: prompt + n-predict)")->capture_default_str();
@@ -262,9 +274,9 @@ void add_generate(CLI::App& app) {
   c->add_option("--repeat-last-n", o->repeat_last_n, "Tokens the penalty looks back over")->capture_default_str();
   c->add_option("-s,--seed", o->seed, "RNG seed (-1: random)")->capture_default_str();
   c->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template");
-  c->add_option("--kv-cache", o->kv_cache, "KV cache: fp16, fp32, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, ...")
-      ->capture_default_str();
+  c->add_option("--kv-cache", o->kv_cache, "KV cache spec (syntax below)")->capture_default_str();
   c->add_option("--calib", o->calib, "Calibration file for vecinfer (from `veloxquant calibrate`)");
+  c->footer(kv_cache_spec_syntax());
   c->add_flag("--no-display-prompt", o->no_display_prompt, "Do not echo the prompt");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_flag("-q,--quiet", o->quiet, "Print no text, only the statistics");

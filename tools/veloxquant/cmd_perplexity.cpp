@@ -4,11 +4,13 @@
 
 #include <thread>
 
+#include "cli_checks.h"
 #include "cli_model.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
+#include "kvcache/spec_syntax.h"
 #include "model/calibrate.h"
 #include "model/perplexity.h"
 
@@ -23,17 +25,21 @@ struct PplOptions {
 
 void run_perplexity(const PplOptions& o) {
   set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  VQ_CHECK(o.n_ctx >= 2 && o.chunk >= 1 && o.windows >= 1, "-c {} must be >= 2, --chunk {} and --windows {} >= 1",
+           o.n_ctx, o.chunk, o.windows);
   const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
+  check_cache_flags(cfg, o.calib);
   const std::string text = read_text_file(o.text);
   bool is_default = false;
   const std::string path = model_path_or_default(o.model, &is_default);
   const auto model = Model::load(path);
+  check_cache_fits_model(cfg, *model, path);
   ProgressBar bar;
   bool made = false;
   const std::string calib = resolve_calibration(*model, path, is_default, cfg, o.calib,
                                                 [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
   if (made) std::fprintf(stderr, "perplexity: made the default calibration %s\n", calib.c_str());
-  const KVCacheFactory method = make_kv_cache_factory(cfg, calib);
+  const KVCacheFactory method = make_checked_factory(cfg, *model, calib, o.calib.empty());
   const KVCacheFactory reference = make_kv_cache_factory(parse_kv_cache_spec("fp16"));
   const std::vector<int32_t> ids = model->tokenizer().encode(text, model->tokenizer().add_bos_default());
   PerplexityOptions po;
@@ -74,9 +80,9 @@ void add_perplexity(CLI::App& app) {
   auto o = std::make_shared<PplOptions>();
   auto* c = app.add_subcommand("perplexity", "Perplexity, KL and top-1 agreement vs fp16 with a KV cache");
   c->add_option("-m,--model", o->model, "GGUF model (default: SmolLM2-135M-Instruct)");
-  c->add_option("--text", o->text, "Evaluation text (.txt, .gz, .html)")->required();
-  c->add_option("--kv-cache", o->kv_cache, "KV cache: fp16, fp32, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, ...")
-      ->capture_default_str();
+  c->add_option("--text", o->text, "Evaluation text (.txt, .gz, .html; at most 256 MiB)")->required();
+  c->add_option("--kv-cache", o->kv_cache, "KV cache spec (syntax below)")->capture_default_str();
+  c->footer(kv_cache_spec_syntax());
   c->add_option("--calib", o->calib, "Calibration file for vecinfer");
   c->add_option("-c,--ctx-size", o->n_ctx, "Tokens per window")->capture_default_str();
   c->add_option("--chunk", o->chunk, "Tokens per forward call")->capture_default_str();

@@ -1,0 +1,43 @@
+#include "cli_checks.h"
+
+#include "codec/calibration_check.h"
+#include "core/error.h"
+#include "core/text_escape.h"
+
+namespace vq::cli {
+
+void check_cache_flags(const KVCacheConfig& cfg, const std::string& calib_flag) {
+  VQ_CHECK(calib_flag.empty() || cfg.method == KVMethod::vecinfer,
+           "--calib: the kv cache {} uses no calibration (only vecinfer does)", cfg.name());
+}
+
+void check_cache_fits_model(const KVCacheConfig& cfg, const Model& model, const std::string& model_path) {
+  try {
+    cfg.validate(model.config().head_dim);
+  } catch (const Error& e) {
+    VQ_FAIL("--kv-cache {} does not fit {} (head_dim {}): {}", cfg.name(), model_path, model.config().head_dim,
+            e.what());
+  }
+}
+
+KVCacheFactory make_checked_factory(KVCacheConfig cfg, const Model& model, const std::string& calib_path,
+                                    bool auto_calib) {
+  if (cfg.method == KVMethod::vecinfer && !calib_path.empty()) {
+    auto calib = std::make_shared<const Calibration>(load_calibration(calib_path));
+    if (auto_calib)
+      cfg.granularity = calib->granularity == Granularity::shared ? CodebookGranularity::shared
+                                                                  : CodebookGranularity::per_subspace;
+    try {
+      check_calibration_matches(*calib, cfg, model.kv_geometry(), model.config().n_layers);
+    } catch (const Error& e) {
+      VQ_FAIL("{}: {}", calib_path, e.what());
+    }
+    cfg.calibration = std::move(calib);
+    return make_kv_cache_factory(cfg);
+  }
+  return make_kv_cache_factory(cfg, calib_path);
+}
+
+std::string printable(const std::string& text) { return escape_control(text); }
+
+}  // namespace vq::cli
