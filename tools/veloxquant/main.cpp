@@ -31,6 +31,16 @@ int main(int argc, char** argv) {
   vq::cli::add_calibrate(app);
   vq::cli::add_perplexity(app);
   vq::cli::add_bench(app);
+  // CLI11 reports an unknown command as "a subcommand is required": name it and list the known.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found) return fail("unknown command '" + std::string(argv[1]) + "' (commands: " + known + ")");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
