@@ -150,6 +150,46 @@ size_t ggml_row_bytes(GGMLType t, int64_t n) {
   return size_t(n / ti.block_elems) * ti.block_bytes;
 }
 
+namespace {
+bool f16_non_finite(const uint8_t* p) { return (ld16(p) & 0x7c00) == 0x7c00; }
+}  // namespace
+
+int64_t find_non_finite(GGMLType t, const void* data, int64_t n) {
+  check_row(t, n);
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  switch (t) {
+    case GGMLType::F32:
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, p + 4 * i, 4);
+        if ((u & 0x7f800000u) == 0x7f800000u) return i;
+      }
+      return -1;
+    case GGMLType::F16:
+      for (int64_t i = 0; i < n; ++i)
+        if (f16_non_finite(p + 2 * i)) return i;
+      return -1;
+    case GGMLType::BF16:
+      for (int64_t i = 0; i < n; ++i)
+        if ((ld16(p + 2 * i) & 0x7f80) == 0x7f80) return i;
+      return -1;
+    default: break;
+  }
+  // Byte offsets of the fp16 scale fields in a block (quant_blocks.h): d, and m / dmin if any.
+  int first = 0, second = -1;
+  switch (t) {
+    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: second = 2; break;
+    case GGMLType::Q6_K: first = 208; break;
+    default: break;  // q8_0, q4_0, q5_0: d only
+  }
+  const TypeInfo ti = type_info(t);
+  for (int64_t b = 0; b < n / ti.block_elems; ++b) {
+    const uint8_t* blk = p + size_t(b) * ti.block_bytes;
+    if (f16_non_finite(blk + first) || (second >= 0 && f16_non_finite(blk + second))) return b * ti.block_elems;
+  }
+  return -1;
+}
+
 void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n) {
   check_row(t, n);
   const uint8_t* p = static_cast<const uint8_t*>(src);

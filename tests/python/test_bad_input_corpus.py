@@ -112,6 +112,27 @@ def test_bad_gguf(tiny, tmp_path, case):
     expect_refused(["generate", "-m", p, *IDS], str(p), *needles)
 
 
+def test_non_finite_weights(tiny, tmp_path):
+    """A NaN or inf weight: before, the attention's softmax hid it from the logits and generation
+    printed garbage with exit 0. Now every command that runs the model refuses it after the load."""
+    import gguf
+    for value, in_model in ((float("nan"), tiny[0]), (float("inf"), tiny[0])):
+        p = tmp_path / "nan.gguf"
+        p.write_bytes(in_model.read_bytes())
+        t = next(t for t in gguf.GGUFReader(str(p)).tensors if t.name == "blk.0.attn_q.weight")
+        poke(p, t.data_offset + 4 * 5, "<f", value)
+        expect_refused(["generate", "-m", p, *IDS], str(p), "'blk.0.attn_q.weight' (f32) holds a NaN or inf value at element 5")
+    if not SMOLLM2.exists():
+        pytest.fail(f"default model missing at {SMOLLM2}: run scripts/setup.sh")
+    p.write_bytes(SMOLLM2.read_bytes())
+    t = next(t for t in gguf.GGUFReader(str(p)).tensors if t.name == "blk.2.attn_v.weight")
+    poke(p, t.data_offset + 20 * 3 + 2, "<H", 0x7C00)  # the min (m) of block 3 of a q4_1 tensor: +inf
+    expect_refused(["generate", "-m", p, "-p", "hi", "-n", "1", "-q"], "'blk.2.attn_v.weight' (q4_1) holds a NaN or inf block scale at element 96")
+    text = tmp_path / "t.txt"
+    text.write_text("Some text to score. " * 20)
+    expect_refused(["perplexity", "-m", p, "--text", text], "holds a NaN or inf")
+
+
 def test_missing_and_directory_model(tmp_path):
     expect_refused(["info", tmp_path / "none.gguf"], str(tmp_path / "none.gguf"), "cannot open")
     expect_refused(["generate", "-m", tmp_path, *IDS], str(tmp_path), "not a regular file")

@@ -1,5 +1,7 @@
 #include "cli_checks.h"
 
+#include <cmath>
+
 #include "codec/calibration_check.h"
 #include "core/error.h"
 #include "core/text_escape.h"
@@ -36,6 +38,23 @@ KVCacheFactory make_checked_factory(KVCacheConfig cfg, const Model& model, const
     return make_kv_cache_factory(cfg);
   }
   return make_kv_cache_factory(cfg, calib_path);
+}
+
+void check_weights_finite(const Model& model, const std::string& model_path) {
+  for (const GGUFTensorInfo& t : model.gguf().tensors()) {
+    if (!ggml_type_supported(t.type) || t.dims.empty()) continue;  // unused, or refused where used
+    const int64_t at = find_non_finite(t.type, t.data, t.numel());
+    VQ_CHECK(at < 0, "{}: tensor '{}' ({}) holds a NaN or inf {} at element {}", model_path, t.name,
+             ggml_type_name(t.type), ggml_block_elems(t.type) == 1 ? "value" : "block scale", at);
+  }
+}
+
+void check_logits_finite(const float* logits, int n_vocab, int64_t pos) {
+  for (int i = 0; i < n_vocab; ++i)
+    VQ_CHECK(std::isfinite(logits[i]),
+             "the model produced a non-finite logit ({} for token id {}) at position {}: its weights or the KV "
+             "cache hold NaN or inf values",
+             logits[i], i, pos);
 }
 
 std::string printable(const std::string& text) { return escape_control(text); }

@@ -24,6 +24,17 @@ void check_cache_fits_model(const KVCacheConfig& cfg, const Model& model, const 
 KVCacheFactory make_checked_factory(KVCacheConfig cfg, const Model& model, const std::string& calib_path,
                                     bool auto_calib);
 
+// Every weight finite (find_non_finite over every supported tensor: the float values and the
+// block scales), before generation: a NaN weight otherwise yields garbage with exit 0, and the
+// attention's softmax can hide it from the logits. Costs one pass over the float tensors and a
+// few bytes per quantized block, which the first forward pass reads anyway.
+void check_weights_finite(const Model& model, const std::string& model_path);
+
+// Logits [n_vocab] after position pos must be finite: NaN or inf weights (which the loader does
+// not scan, that would read every weight) or an overflowing cache otherwise sample garbage
+// with exit 0. Throws naming the position and the first bad entry.
+void check_logits_finite(const float* logits, int n_vocab, int64_t pos);
+
 // Text from a file (a prompt, an id list, a name) made safe to print on a terminal.
 std::string printable(const std::string& text);
 

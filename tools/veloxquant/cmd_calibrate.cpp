@@ -34,6 +34,7 @@ void run_calibrate(const CalibrateOptions& o) {
   const std::string path = model_path_or_default(o.model);
   const auto model = Model::load(path);
   check_cache_fits_model(cfg, *model, path);
+  check_weights_finite(*model, path);
   CalibTrainOptions opt;
   opt.kmeans_iters = o.iters;
   opt.seed = o.seed;

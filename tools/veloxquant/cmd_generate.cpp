@@ -133,6 +133,7 @@ void run_generate(const GenerateOptions& o) {
   const auto model = Model::load(path);
   const ModelConfig& cfg = model->config();
   check_cache_fits_model(kv_config, *model, path);
+  check_weights_finite(*model, path);
   // vecinfer: --calib, else (default model) the first-use calibration from the Jargon File.
   const std::string calib = resolve_calibration(*model, path, o.model.empty(), kv_config, o.calib,
                                                 [](const char* stage, int d, int t) {
@@ -192,6 +193,7 @@ void run_generate(const GenerateOptions& o) {
   const double prefill_cpu_s = process_cpu_seconds() - c_prefill;
   if (dump) dumped = logits;
   const float* last = logits.data() + size_t(dump ? n_prompt - 1 : 0) * V;
+  check_logits_finite(last, V, n_prompt - 1);
 
   double decode_s = 0.0, decode_cpu_s = 0.0;
   int n_decoded = 0, n_generated = 0;
@@ -218,6 +220,7 @@ void run_generate(const GenerateOptions& o) {
     decode_s += seconds_since(t0);
     decode_cpu_s += process_cpu_seconds() - c0;
     ++n_decoded;
+    check_logits_finite(step.data(), V, session.pos() - 1);
     if (dump) dumped.insert(dumped.end(), step.begin(), step.end());
     last = step.data();
   }

@@ -2,6 +2,7 @@
 // divergence / top-1 agreement of its next-token distributions against the fp16 cache's.
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <thread>
 
 #include "cli_checks.h"
@@ -34,6 +35,7 @@ void run_perplexity(const PplOptions& o) {
   const std::string path = model_path_or_default(o.model, &is_default);
   const auto model = Model::load(path);
   check_cache_fits_model(cfg, *model, path);
+  check_weights_finite(*model, path);
   ProgressBar bar;
   bool made = false;
   const std::string calib = resolve_calibration(*model, path, is_default, cfg, o.calib,
@@ -47,6 +49,9 @@ void run_perplexity(const PplOptions& o) {
   po.chunk = o.chunk;
   po.max_windows = o.windows;
   const PerplexityResult r = evaluate_perplexity(*model, ids, method, o.no_reference ? nullptr : &reference, po);
+  VQ_CHECK(std::isfinite(r.perplexity) && (o.no_reference || std::isfinite(r.kl)),
+           "perplexity {} / KL {}: the model produced non-finite logits (its weights or the KV cache hold NaN or inf "
+           "values)", r.perplexity, r.kl);
   if (o.json) {
     nlohmann::json j = {{"model", path},          {"text", o.text},        {"kv_cache", cfg.name()},
                         {"n_ctx", o.n_ctx},       {"chunk", o.chunk},      {"tokens_scored", r.n_scored},
