@@ -35,6 +35,7 @@ def expect_refused(args, *needles, outputs=()):
     lines = err.strip("\n").split("\n")
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}: {err!r}"
     assert lines[0].startswith("veloxquant: error: "), lines[0]
+    print(f"[refused] {' '.join(map(str, args))[:100]}\n          -> {lines[0]}")  # shown with pytest -s
     for n in needles:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
     assert "\x1b" not in err and "\x07" not in err, f"raw control characters reached stderr: {err!r}"
@@ -250,7 +251,7 @@ def test_spec_that_does_not_fit_the_model(tmp_path):
     (["generate", "-m", NO_MODEL, "--prompt-ids", "1,x"], "'x' is not a token id"),
     (["calibrate", "-m", NO_MODEL, "--text", "t", "-o", "/tmp/x.vqcal", "--iters", "0"], "--iters: 0"),
     (["calibrate", "-m", NO_MODEL, "--text", "t", "-o", "/tmp/x.vqcal", "--kv-cache", "q8_0"], "no codebooks"),
-    (["perplexity", "-m", NO_MODEL, "--text", "t", "-c", "1"], "-c 1 must be >= 2"),
+    (["perplexity", "-m", NO_MODEL, "--text", "t", "-c", "1"], "-c: 1 must be >= 2"),
 ])
 def test_options_that_do_not_apply_before_the_model(args, needle):
     expect_refused(args, needle)

@@ -26,8 +26,9 @@ struct PplOptions {
 
 void run_perplexity(const PplOptions& o) {
   set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
-  VQ_CHECK(o.n_ctx >= 2 && o.chunk >= 1 && o.windows >= 1, "-c {} must be >= 2, --chunk {} and --windows {} >= 1",
-           o.n_ctx, o.chunk, o.windows);
+  VQ_CHECK(o.n_ctx >= 2, "-c: {} must be >= 2", o.n_ctx);
+  VQ_CHECK(o.chunk >= 1, "--chunk: {} must be >= 1", o.chunk);
+  VQ_CHECK(o.windows >= 1, "--windows: {} must be >= 1", o.windows);
   const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
   check_cache_flags(cfg, o.calib);
   const std::string text = read_text_file(o.text);
