@@ -52,4 +52,27 @@ std::string escape_control(std::string_view s, bool keep_layout) {
   return out;
 }
 
+std::string StreamEscaper::push(std::string_view piece) {
+  pending_.append(piece);
+  // Back over at most 3 continuation bytes to the last lead byte; hold it back when its sequence
+  // is not complete yet.
+  size_t cut = pending_.size();
+  for (size_t k = 1; k <= 4 && k <= pending_.size(); ++k) {
+    const unsigned char c = static_cast<unsigned char>(pending_[pending_.size() - k]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (need > k && c >= 0xC0) cut = pending_.size() - k;
+    break;
+  }
+  std::string out = escape_control(std::string_view(pending_).substr(0, cut), true);
+  pending_.erase(0, cut);
+  return out;
+}
+
+std::string StreamEscaper::flush() {
+  std::string out = escape_control(pending_, true);
+  pending_.clear();
+  return out;
+}
+
 }  // namespace vq

@@ -99,5 +99,23 @@ TEST(TextEscape, ControlsAndBrokenUtf8BecomeVisible) {
   EXPECT_EQ(escape_control("cut \xe2\x82"), "cut \\xe2\\x82");  // truncated sequence
 }
 
+TEST(TextEscape, StreamKeepsCharactersSplitAcrossPieces) {
+  StreamEscaper e;
+  // "é€😀" split inside each character, then an escape sequence split from its ESC.
+  std::string out = e.push("caf\xc3");
+  EXPECT_EQ(out, "caf");
+  out += e.push("\xa9 \xe2\x82");
+  out += e.push("\xac \xf0\x9f");
+  out += e.push("\x98\x80\x1b");
+  out += e.push("[31m\n");
+  out += e.flush();
+  EXPECT_EQ(out, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\\x1b[31m\n");
+  // A sequence that never completes is escaped at the end.
+  StreamEscaper f;
+  EXPECT_EQ(f.push("ok\xe2\x82"), "ok");
+  EXPECT_EQ(f.flush(), "\\xe2\\x82");
+  EXPECT_EQ(f.push("\x9b"), "\\x9b");  // a stray continuation byte is not held back
+}
+
 }  // namespace
 }  // namespace vq

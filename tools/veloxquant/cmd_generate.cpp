@@ -176,6 +176,7 @@ void run_generate(const GenerateOptions& o) {
   // On a terminal, text from the prompt file and the model's vocabulary is shown with control
   // characters escaped (a token or file could otherwise drive the terminal); pipes get it raw.
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
+  StreamEscaper terminal;  // tokens may split a UTF-8 character
   if (!o.no_display_prompt && !o.quiet) {
     std::fputs((tty ? escape_control(shown_prompt, true) : shown_prompt).c_str(), stdout);
     if (o.chat && !shown_prompt.empty()) std::fputs("\n\n", stdout);  // the reply starts below the question
@@ -207,7 +208,7 @@ void run_generate(const GenerateOptions& o) {
     ++n_generated;
     const bool eog = tok && tok->is_eog(next) && !o.ignore_eos;
     if (tok && !o.quiet && !eog) {
-      const std::string piece = tty ? escape_control(tok->piece(next), true) : tok->piece(next);
+      const std::string piece = tty ? terminal.push(tok->piece(next)) : tok->piece(next);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
@@ -224,6 +225,7 @@ void run_generate(const GenerateOptions& o) {
     if (dump) dumped.insert(dumped.end(), step.begin(), step.end());
     last = step.data();
   }
+  if (tty && !o.quiet) std::fputs(terminal.flush().c_str(), stdout);
   if (!o.quiet) std::fputs("\n", stdout);
   std::fflush(stdout);
 
