@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "kvcache/factory.h"
 #include "model/default_model.h"
 #include "model/session.h"
@@ -48,15 +49,13 @@ std::string read_text_file(const std::string& path) {
     VQ_CHECK(p, "text file '{}': cannot run gzip -dc", path);
     char buf[65536];
     size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0 && text.size() <= kMaxTextFileBytes) text.append(buf, n);
     const int rc = ::pclose(p);
+    VQ_CHECK(text.size() <= kMaxTextFileBytes, "text file '{}': decompresses to more than the limit of {}", path,
+             format_size_limit(kMaxTextFileBytes));
     VQ_CHECK(rc == 0, "text file '{}': gzip -dc failed (status {})", path, rc);
   } else {
-    std::ifstream f(path, std::ios::binary);
-    VQ_CHECK(f, "text file '{}': cannot open", path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
+    text = read_input_file(path, kMaxTextFileBytes, "text file");
   }
   if (ends_with(path, ".html") || ends_with(path, ".htm") || ends_with(path, ".html.gz")) text = strip_html(text);
   VQ_CHECK(!text.empty(), "text file '{}' is empty", path);

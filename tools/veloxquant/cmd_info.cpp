@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <string>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "core/error.h"
 #include "kvcache/factory.h"
@@ -28,10 +29,11 @@ void run_info(const InfoOptions& o) {
   const ModelConfig& c = model->config();
   std::error_code ec;
   const auto file_size = std::filesystem::file_size(path, ec);
-  std::printf("file:          %s (%.1f MB, GGUF v%u)\n", path.c_str(), ec ? 0.0 : double(file_size) / 1e6,
+  // Strings from the file's metadata are printed escaped: a crafted name cannot drive the terminal.
+  std::printf("file:          %s (%.1f MB, GGUF v%u)\n", printable(path).c_str(), ec ? 0.0 : double(file_size) / 1e6,
               model->gguf().version());
-  if (!c.name.empty()) std::printf("name:          %s\n", c.name.c_str());
-  std::printf("architecture:  %s\n", c.arch.c_str());
+  if (!c.name.empty()) std::printf("name:          %s\n", printable(c.name).c_str());
+  std::printf("architecture:  %s\n", printable(c.arch).c_str());
   std::printf("layers:        %d, embedding %d, feed-forward %d, vocabulary %d\n", c.n_layers, c.n_embd, c.n_ff,
               c.n_vocab);
   std::printf("attention:     %d query heads, %d KV heads (group %d), head_dim %d%s%s\n", c.n_heads, c.n_kv_heads,
@@ -47,7 +49,7 @@ void run_info(const InfoOptions& o) {
   if (model->has_tokenizer()) {
     const Tokenizer& t = model->tokenizer();
     std::printf("tokenizer:     %s (pre-tokenizer %s), %d tokens, bos %d, eos %d; chat format %s\n",
-                t.model().c_str(), t.pre().c_str(), t.n_vocab(), t.bos(), t.eos(),
+                printable(t.model()).c_str(), printable(t.pre()).c_str(), t.n_vocab(), t.bos(), t.eos(),
                 chat_format_name(detect_chat_format(model->gguf().get_string_or("tokenizer.chat_template", ""))));
   } else {
     std::printf("tokenizer:     none\n");
