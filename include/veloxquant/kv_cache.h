@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "veloxquant/status.h"
+
 namespace vq {
 
 struct KVGeometry {
@@ -29,6 +31,16 @@ class KVCache {
   // out: [n_q, n_heads, head_dim] float32, row-major.
   // Query head h reads KV head h / (n_heads / n_kv_heads). scores = scale * q.k.
   virtual void attend(const float* q, int n_q, float scale, float* out) const = 0;
+
+  // TEMPORARY (gemma3 branch): attend() restricted to a sliding window: query i (at position
+  // p = size() - n_q + i) sees keys [max(0, p - window + 1), p]. The cache still holds every key;
+  // the batched engine's KV pool replaces this with per-layer windows of bounded memory for every
+  // method. Only the dense fp16/fp32 caches implement it.
+  virtual void attend_window(const float* /*q*/, int /*n_q*/, float /*scale*/, float* /*out*/,
+                             int64_t /*window*/) const {
+    throw Error(name() + " cache: sliding-window attention (gemma3 local layers past the window) is only "
+                "implemented for the fp16 and fp32 caches for now");
+  }
 
   virtual int64_t size() const = 0;  // tokens held
   virtual void clear() = 0;          // drops all tokens, keeps configuration

@@ -63,6 +63,25 @@ void DenseCache::append(const float* k, const float* v, int n_tokens) {
   n_ += n_tokens;
 }
 
+ref::DenseAttnArgs DenseCache::page_args(size_t page, int kvh, int64_t first, float scale) const {
+  ref::DenseAttnArgs a;
+  a.group = geo_.n_heads / geo_.n_kv_heads;
+  a.head_dim = geo_.head_dim;
+  a.q_stride = int64_t(geo_.n_heads) * geo_.head_dim;
+  a.scale = scale;
+  // Starting at an unaligned key: the SIMD kernel's whole-vector reads past the last key stay in
+  // the page (the next channel's keys, then the values), and their lanes are masked.
+  if (fp32_) {
+    a.k32 = reinterpret_cast<const float*>(rows(page, 0, kvh)) + first;
+    a.v32 = reinterpret_cast<const float*>(rows(page, 1, kvh)) + first * geo_.head_dim;
+  } else {
+    a.k16 = reinterpret_cast<const uint16_t*>(rows(page, 0, kvh)) + first;
+    a.v16 = reinterpret_cast<const uint16_t*>(rows(page, 1, kvh)) + first * geo_.head_dim;
+  }
+  a.k_stride = kPageTokens;
+  return a;
+}
+
 void DenseCache::attend(const float* q, int n_q, float scale, float* out) const {
   AttnProblem p{n_q, geo_.n_heads, geo_.n_kv_heads, geo_.head_dim, n_, kPageTokens};
   const int G = geo_.n_heads / geo_.n_kv_heads, D = geo_.head_dim;
@@ -72,27 +91,43 @@ void DenseCache::attend(const float* q, int n_q, float scale, float* out) const 
       const size_t page = size_t(t / kPageTokens);
       const int64_t nk = std::min<int64_t>(kPageTokens, t1 - t);
       for (int i = q0; i < q1; ++i) vis[size_t(i - q0)] = (n_ - n_q + i + 1) - t;
-      ref::DenseAttnArgs a;
+      ref::DenseAttnArgs a = page_args(page, kvh, 0, scale);
       a.n_q = q1 - q0;
-      a.group = G;
-      a.head_dim = D;
       a.q = q + (int64_t(q0) * geo_.n_heads + int64_t(kvh) * G) * D;
-      a.q_stride = int64_t(geo_.n_heads) * D;
-      a.scale = scale;
-      if (fp32_) {
-        a.k32 = reinterpret_cast<const float*>(rows(page, 0, kvh));
-        a.v32 = reinterpret_cast<const float*>(rows(page, 1, kvh));
-      } else {
-        a.k16 = reinterpret_cast<const uint16_t*>(rows(page, 0, kvh));
-        a.v16 = reinterpret_cast<const uint16_t*>(rows(page, 1, kvh));
-      }
-      a.k_stride = kPageTokens;
       a.n_keys = nk;
       a.n_visible = vis.data();
       a.m = m;
       a.d = d;
       a.o = o;
       cpu::dense_attention(a);
+    }
+  }, out);
+}
+
+// TEMPORARY (gemma3 branch, see KVCache::attend_window): each query's window [lo, hi) is cut at
+// page boundaries and each piece runs through the kernel as a prefix of keys starting at lo.
+void DenseCache::attend_window(const float* q, int n_q, float scale, float* out, int64_t window) const {
+  VQ_CHECK(window >= 1, "{} cache attend_window: window {} must be >= 1", name(), window);
+  AttnProblem p{n_q, geo_.n_heads, geo_.n_kv_heads, geo_.head_dim, n_, kPageTokens};
+  const int G = geo_.n_heads / geo_.n_kv_heads, D = geo_.head_dim;
+  run_attention(p, [&](int kvh, int q0, int q1, int64_t t0, int64_t t1, float* m, float* d, float* o) {
+    for (int i = q0; i < q1; ++i) {
+      const int64_t pos = n_ - n_q + i;
+      const int64_t hi = std::min(t1, pos + 1);
+      for (int64_t t = std::max(t0, pos - window + 1); t < hi;) {
+        const int64_t first = t % kPageTokens;
+        const int64_t nk = std::min<int64_t>(kPageTokens - first, hi - t);
+        ref::DenseAttnArgs a = page_args(size_t(t / kPageTokens), kvh, first, scale);
+        a.n_q = 1;
+        a.q = q + (int64_t(i) * geo_.n_heads + int64_t(kvh) * G) * D;
+        a.n_keys = nk;
+        a.n_visible = &nk;
+        a.m = m + int64_t(i - q0) * G;
+        a.d = d + int64_t(i - q0) * G;
+        a.o = o + int64_t(i - q0) * G * D;
+        cpu::dense_attention(a);
+        t += nk;
+      }
     }
   }, out);
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "ops/ref/attention.h"
 #include "veloxquant/kv_cache.h"
 
 namespace vq {
@@ -18,6 +19,7 @@ class DenseCache final : public KVCache {
 
   void append(const float* k, const float* v, int n_tokens) override;
   void attend(const float* q, int n_q, float scale, float* out) const override;
+  void attend_window(const float* q, int n_q, float scale, float* out, int64_t window) const override;
   int64_t size() const override { return n_; }
   void clear() override;
   size_t bytes() const override;
@@ -32,6 +34,9 @@ class DenseCache final : public KVCache {
   size_t page_bytes() const;
   // Start of the rows of KV head h in page p: K when kind = 0, V when kind = 1.
   const uint8_t* rows(size_t page, int kind, int h) const;
+  // Kernel arguments for the keys of KV head kvh in `page` from slot `first` on (the caller sets
+  // n_q, q, n_keys, n_visible and the state).
+  ref::DenseAttnArgs page_args(size_t page, int kvh, int64_t first, float scale) const;
 
   KVGeometry geo_;
   bool fp32_;

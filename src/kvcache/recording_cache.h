@@ -19,6 +19,9 @@ class RecordingCache final : public KVCache {
     values_.insert(values_.end(), v, v + e);
   }
   void attend(const float* q, int n_q, float scale, float* out) const override { inner_.attend(q, n_q, scale, out); }
+  void attend_window(const float* q, int n_q, float scale, float* out, int64_t window) const override {
+    inner_.attend_window(q, n_q, scale, out, window);  // TEMPORARY (gemma3 branch), see KVCache
+  }
   int64_t size() const override { return inner_.size(); }
   void clear() override {
     inner_.clear();

@@ -1,7 +1,8 @@
 // Session: the forward pass of llama-family models. Per chunk of tokens: embeddings, then per
 // layer [RMSNorm -> q,k,v products (+bias, per-head q/k norm) -> RoPE -> cache.append(k, v) ->
 // cache.attend(q) -> output product -> residual -> RMSNorm -> SiLU-gated MLP -> residual], then
-// the final norm and the output head.
+// the final norm and the output head. gemma3 additions are marked `// gemma3:` (embedding scale,
+// per-layer rope base, attention scale, sliding window, post-norms, GELU-tanh MLP).
 #include <algorithm>
 #include <cmath>
 
@@ -21,6 +22,14 @@ void add_bias(float* y, const std::vector<float>& b, int n) {
   if (b.empty()) return;
   const int64_t dim = static_cast<int64_t>(b.size());
   for (int t = 0; t < n; ++t) add_inplace(y + t * dim, b.data(), dim);
+}
+
+// gemma3: RMSNorm in place of each of the n rows of y [n, dim] (the post-attention / post-MLP
+// norms); nothing when the architecture has no such weights.
+void post_norm(float* y, const std::vector<float>& w, int n, float eps) {
+  if (w.empty()) return;
+  const int dim = static_cast<int>(w.size());
+  for (int t = 0; t < n; ++t) rms_norm(y + int64_t(t) * dim, w.data(), y + int64_t(t) * dim, dim, eps);
 }
 
 }  // namespace
@@ -48,6 +57,10 @@ Session::Session(const Model& model, const KVCacheFactory& factory, int n_ctx, i
   up_.resize(c * cfg_.n_ff);
   cos_.resize(c * (cfg_.n_rot / 2));
   sin_.resize(c * (cfg_.n_rot / 2));
+  if (cfg_.n_sliding_layers() > 0) {  // gemma3: the sliding-window layers' own rope base
+    cos_swa_.resize(c * (cfg_.n_rot / 2));
+    sin_swa_.resize(c * (cfg_.n_rot / 2));
+  }
 }
 
 void Session::reset() {
@@ -98,14 +111,25 @@ void Session::forward_chunk(const int32_t* tokens, int n, float* logits, bool al
     const auto* row = static_cast<const uint8_t*>(emb.data) + size_t(tokens[t]) * row_bytes;
     dequantize_row(emb.type, row, x_.data() + int64_t(t) * E, E);
   }
+  if (cfg_.embd_scale != 1.0f) scale_inplace(x_.data(), cfg_.embd_scale, int64_t(n) * E);  // gemma3: * sqrt(n_embd)
   // Rotary angles of this chunk's positions, in double: pos * freq reaches 1e5 radians.
   const int half = cfg_.n_rot / 2;
-  const std::vector<double>& f = model_.rope_inv_freqs();
-  for (int t = 0; t < n; ++t) {
-    const double p = double(pos_ + t);
-    for (int i = 0; i < half; ++i) {
-      cos_[size_t(t) * half + i] = static_cast<float>(std::cos(p * f[i]));
-      sin_[size_t(t) * half + i] = static_cast<float>(std::sin(p * f[i]));
+  auto angles = [&](const std::vector<double>& f, float* cs, float* sn) {
+    for (int t = 0; t < n; ++t) {
+      const double p = double(pos_ + t);
+      for (int i = 0; i < half; ++i) {
+        cs[size_t(t) * half + i] = static_cast<float>(std::cos(p * f[i]));
+        sn[size_t(t) * half + i] = static_cast<float>(std::sin(p * f[i]));
+      }
+    }
+  };
+  angles(model_.rope_inv_freqs(), cos_.data(), sin_.data());
+  if (!cos_swa_.empty()) {  // gemma3: sliding-window layers rotate with their own base (10000)
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+      if (cfg_.is_sliding(l)) {
+        angles(model_.rope_inv_freqs(l), cos_swa_.data(), sin_swa_.data());
+        break;
+      }
     }
   }
   for (int l = 0; l < cfg_.n_layers; ++l) {
@@ -134,6 +158,9 @@ void Session::attention_block(int layer, int n) {
   add_bias(v_.data(), L.v_bias, n);
   const bool neox = cfg_.rope_layout == RopeLayout::NeoX;
   const int half = cfg_.n_rot / 2;
+  const bool sliding = cfg_.is_sliding(layer);  // gemma3: local layer
+  const float* cos_l = sliding ? cos_swa_.data() : cos_.data();
+  const float* sin_l = sliding ? sin_swa_.data() : sin_.data();
   for (int t = 0; t < n; ++t) {
     float* qt = q_.data() + int64_t(t) * qd;
     float* kt = k_.data() + int64_t(t) * kvd;
@@ -141,15 +168,22 @@ void Session::attention_block(int layer, int n) {
       for (int h = 0; h < cfg_.n_heads; ++h) rms_norm(qt + h * D, L.q_norm.data(), qt + h * D, D, cfg_.norm_eps);
       for (int h = 0; h < cfg_.n_kv_heads; ++h) rms_norm(kt + h * D, L.k_norm.data(), kt + h * D, D, cfg_.norm_eps);
     }
-    const float* c = cos_.data() + size_t(t) * half;
-    const float* s = sin_.data() + size_t(t) * half;
+    const float* c = cos_l + size_t(t) * half;
+    const float* s = sin_l + size_t(t) * half;
     rope_apply(qt, cfg_.n_heads, D, cfg_.n_rot, c, s, neox);
     rope_apply(kt, cfg_.n_kv_heads, D, cfg_.n_rot, c, s, neox);
   }
   KVCache& kv = *caches_[size_t(layer)];
   kv.append(k_.data(), v_.data(), n);
-  kv.attend(q_.data(), n, 1.0f / std::sqrt(float(D)), attn_.data());
+  // gemma3: the scale comes from the config (query_pre_attn_scalar^-0.5; 1/sqrt(head_dim) elsewhere).
+  // A sliding-window layer whose window holds every key so far attends as a global one.
+  if (sliding && pos_ + n > cfg_.sliding_window) {
+    kv.attend_window(q_.data(), n, cfg_.attn_scale, attn_.data(), cfg_.sliding_window);  // gemma3: TEMPORARY
+  } else {
+    kv.attend(q_.data(), n, cfg_.attn_scale, attn_.data());
+  }
   matmul_w(L.wo, attn_.data(), n, proj_.data());
+  post_norm(proj_.data(), L.post_attn_norm, n, cfg_.norm_eps);  // gemma3: norm before the residual add
   add_inplace(x_.data(), proj_.data(), int64_t(n) * E);
 }
 
@@ -194,8 +228,13 @@ void Session::mlp_block(int layer, int n) {
   const int E = cfg_.n_embd, F = cfg_.n_ff;
   for (int t = 0; t < n; ++t) rms_norm(x_.data() + int64_t(t) * E, L.ffn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
   project_shared(xn_.data(), n, {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}});
-  silu_mul(gate_.data(), up_.data(), gate_.data(), int64_t(n) * F);
+  if (cfg_.ffn_act == FfnActivation::GeluTanh) {
+    gelu_tanh_mul(gate_.data(), up_.data(), gate_.data(), int64_t(n) * F);  // gemma3
+  } else {
+    silu_mul(gate_.data(), up_.data(), gate_.data(), int64_t(n) * F);
+  }
   matmul_w(L.w_down, gate_.data(), n, proj_.data());
+  post_norm(proj_.data(), L.post_ffn_norm, n, cfg_.norm_eps);  // gemma3: norm before the residual add
   add_inplace(x_.data(), proj_.data(), int64_t(n) * E);
 }
 

@@ -118,6 +118,11 @@ TINY = {
     "rope_freqs": dict(rope_freqs=True),
     "qwen2_bias": dict(arch="qwen2", bias=True, n_kv=1),
     "qwen3_qk_norm": dict(arch="qwen3", qk_norm=True),
+    # gemma3: the default pattern (layers 0-4 local, 5 global), window 8, head_dim 32 != 64/4;
+    # and a per-layer bool pattern with its own local rope base and window 5.
+    "gemma3_default": dict(arch="gemma3", n_layers=6, n_kv=1, head_dim=32, key_length=True, tied=True),
+    "gemma3_bool_pattern": dict(arch="gemma3", n_layers=3, swa_pattern=[True, False, True], sliding_window=5,
+                                rope_base_swa=500.0),
 }
 
 
