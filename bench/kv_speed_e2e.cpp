@@ -34,7 +34,7 @@
 #include "kvcache/factory.h"
 #include "kvcache/recording_cache.h"
 #include "model/calibrate.h"
-#include "model/default_model.h"
+#include "model_fetch/model_fetch.h"
 #include "model/model.h"
 
 using namespace vq;

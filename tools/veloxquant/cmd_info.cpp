@@ -3,11 +3,11 @@
 #include <filesystem>
 #include <string>
 
+#include "cli_model.h"
 #include "commands.h"
 #include "core/error.h"
 #include "kvcache/factory.h"
 #include "model/chat_template.h"
-#include "model/default_model.h"
 #include "model/model.h"
 
 namespace vq::cli {
@@ -23,7 +23,7 @@ void run_info(const InfoOptions& o) {
     std::printf("%s\n", default_model_path().c_str());
     return;
   }
-  const std::string path = o.model.empty() ? default_model_path() : o.model;
+  const std::string path = model_path_or_default(o.model);
   const auto model = Model::load(path);
   const ModelConfig& c = model->config();
   std::error_code ec;
