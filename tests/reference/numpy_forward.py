@@ -189,8 +189,9 @@ class NumpyModel:
     def proj(self, h: np.ndarray, w: np.ndarray) -> np.ndarray:
         return (self.int8_blocks(h) if self.act_int8 else h) @ w.T
 
-    def forward(self, tokens, neox: bool | None = None, act_int8: bool = False) -> np.ndarray:
-        """Logits [n, n_vocab] (float64) for every position of `tokens` from position 0.
+    def forward(self, tokens, neox: bool | None = None, act_int8: bool = False, rows=None) -> np.ndarray:
+        """Logits [n, n_vocab] (float64) for every position of `tokens` from position 0, or only
+        for the positions in `rows` ([len(rows), n_vocab]: a 262k vocabulary makes every row 2 MB).
         act_int8: round each product's input rows to int8 blocks first (diagnostics only)."""
         self.act_int8 = act_int8
         c = self.cfg
@@ -249,6 +250,8 @@ class NumpyModel:
             if c.gemma:
                 o = self.rmsnorm(o, self.w(p + "post_ffw_norm.weight"))
             x = x + o
+        if rows is not None:
+            x = x[np.asarray(rows)]
         x = self.rmsnorm(x, self.w("output_norm.weight"))
         out = self.w("output.weight")
         if out is None:
