@@ -124,14 +124,8 @@ void Session::forward_chunk(const int32_t* tokens, int n, float* logits, bool al
     }
   };
   angles(model_.rope_inv_freqs(), cos_.data(), sin_.data());
-  if (!cos_swa_.empty()) {  // gemma3: sliding-window layers rotate with their own base (10000)
-    for (int l = 0; l < cfg_.n_layers; ++l) {
-      if (cfg_.is_sliding(l)) {
-        angles(model_.rope_inv_freqs(l), cos_swa_.data(), sin_swa_.data());
-        break;
-      }
-    }
-  }
+  // gemma3: sliding-window layers rotate with their own base (10000)
+  if (!cos_swa_.empty()) angles(model_.rope_inv_freqs_swa(), cos_swa_.data(), sin_swa_.data());
   for (int l = 0; l < cfg_.n_layers; ++l) {
     attention_block(l, n);
     mlp_block(l, n);

@@ -52,7 +52,9 @@ class Model {
   const std::vector<float>& output_norm() const { return output_norm_; }  // [n_embd]
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const std::vector<double>& rope_inv_freqs() const { return inv_freqs_; }  // [n_rot/2]
-  // [n_rot/2] of the given layer: sliding-window layers have their own base (gemma3).
+  // [n_rot/2] of the sliding-window layers (gemma3: their own base); empty without such layers.
+  const std::vector<double>& rope_inv_freqs_swa() const { return inv_freqs_swa_; }
+  // [n_rot/2] of the given layer.
   const std::vector<double>& rope_inv_freqs(int layer) const {
     return cfg_.is_sliding(layer) ? inv_freqs_swa_ : inv_freqs_;
   }

@@ -1,6 +1,7 @@
 // Dense caches (fp16 / fp32) against the reference attention, and the spec parser.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -78,6 +79,43 @@ TEST(Dense, CpuKernelMatchesRefKernel) {
     }
     EXPECT_LT(nmse(o2, o1), 1e-10);
   }
+}
+
+// TEMPORARY (gemma3 branch) windowed attention: query at position p sees keys [p - W + 1, p].
+// Reference: exact attention of each query alone over its window's keys. Windows that start
+// mid-page, span page boundaries (256 tokens), of one key, and longer than the sequence; head
+// dims on every kernel path (16-lane, 8-lane, the scalar fallback for 18).
+TEST(Dense, WindowedAttendMatchesReferenceOnTheWindow) {
+  for (bool fp32 : {true, false}) {
+    for (int D : {256, 40, 18}) {
+      for (int64_t W : {1, 7, 300, 5000}) {
+        KVGeometry g{4, 1, D};
+        DenseCache c(g, fp32);
+        std::mt19937 rng(uint32_t(D + W));
+        const int total = 600;
+        auto k = randn(size_t(total) * D, rng), v = randn(size_t(total) * D, rng);
+        int pos = 0;
+        for (int chunk : {1, 300, 257, 2, 40}) {
+          c.append(k.data() + size_t(pos) * D, v.data() + size_t(pos) * D, chunk);
+          pos += chunk;
+          auto q = randn(size_t(chunk) * 4 * D, rng);
+          std::vector<float> out(q.size()), ref_out(q.size());
+          c.attend_window(q.data(), chunk, 0.1f, out.data(), W);
+          for (int i = 0; i < chunk; ++i) {
+            const int64_t p = pos - chunk + i, lo = std::max<int64_t>(0, p - W + 1);
+            ref::attention(q.data() + size_t(i) * 4 * D, 1, k.data() + lo * D, v.data() + lo * D, p - lo + 1, 4, 1,
+                           D, 0.1f, ref_out.data() + size_t(i) * 4 * D);
+          }
+          EXPECT_LT(nmse(out, ref_out), fp32 ? 1e-10 : 1e-5) << "fp32=" << fp32 << " D=" << D << " W=" << W
+                                                               << " pos=" << pos;
+        }
+      }
+    }
+  }
+  DenseCache c(KVGeometry{4, 1, 16}, true);
+  std::vector<float> x(16, 1.0f), out(64);
+  c.append(x.data(), x.data(), 1);
+  EXPECT_THROW(c.attend_window(x.data(), 1, 1.0f, out.data(), 0), Error);
 }
 
 TEST(Dense, BadInputErrors) {

@@ -238,8 +238,7 @@ void run_generate(const GenerateOptions& o) {
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Generate text from a GGUF model (default: SmolLM2-135M-Instruct)");
-  c->add_option("-m,--model", o->model,
-                "GGUF model file, or a known model fetched on first use: smollm2-135m (the default), gemma3-270m");
+  c->add_option("-m,--model", o->model, kModelHelp);
   c->add_option("-p,--prompt", o->prompt, "Prompt text");
   c->add_option("-f,--prompt-file", o->prompt_file, "Read the prompt from a file");
   c->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: \"1,2,3\" or @FILE");

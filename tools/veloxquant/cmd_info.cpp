@@ -94,8 +94,8 @@ void run_info(const InfoOptions& o) {
 void add_info(CLI::App& app) {
   auto o = std::make_shared<InfoOptions>();
   CLI::App* c = app.add_subcommand("info", "Describe a GGUF model: architecture, geometry, tensor types, KV-cache size");
-  c->add_option("model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct)");
-  c->add_option("-m,--model", o->model, "GGUF model file");
+  c->add_option("model", o->model, "GGUF model file or known model name (default: smollm2-135m)");
+  c->add_option("-m,--model", o->model, kModelHelp);
   c->add_flag("--default-model-path", o->default_path, "Print the default model's path (fetching it when absent)");
   c->callback([o] { run_info(*o); });
 }
