@@ -21,6 +21,11 @@ unicode 0.99937/0.99429/2.01, long (775 tokens, past the 512 window) 0.99917/0.9
 largest greedy gap 0.33. Thresholds: mean >= 0.997, rows >= 0.95, max-abs <= 8 (logit ranges
 50-130), tie margin 1.0, as for the NumPy test of SmolLM2. A real bug is far outside: ignoring
 Gemma's window gives cos mean 0.73 on the long prompt, a wrong rope base 0.61.
+
+Exact semantics (the window's edge, the local rope base, the norms' placement) hide under that
+noise; tiny random models with float32 weights (no activation rounding on either side) and f32
+caches pin them: C++ and llama.cpp agree to 5.2e-5 of the logit range (llama.cpp's GELU reads a
+half-precision table), while a window one token off is 0.061 away. Threshold 1e-3.
 """
 import json
 import os
@@ -35,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.reference.real_models import (GEMMA3, SMOLLM2, agreement, generate_greedy,  # noqa: E402
                                          greedy_gaps, long_text)
+from tests.reference.tiny_models import write_tiny  # noqa: E402
 
 LLAMA_PY = os.environ.get("VQ_LLAMACPP_PYTHON", str(ROOT / "build/llamacpp-venv/bin/python"))
 REQUIRED = os.environ.get("VQ_LLAMACPP_REQUIRED") == "1"
@@ -60,9 +66,7 @@ def llamacpp_missing():
     return None if r.returncode == 0 else f"`import llama_cpp` fails under {LLAMA_PY}"
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def runs(request, tmp_path_factory):
-    """{prompt name: (text, ids, n_prompt, our logits, llama.cpp npz)} for one model."""
+def require_llamacpp():
     why = llamacpp_missing()
     if why:
         msg = (f"llama-cpp-python is not installed ({why}): run `bench/llamacpp_bench.sh --install-only` "
@@ -70,6 +74,22 @@ def runs(request, tmp_path_factory):
         if REQUIRED:
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+def llamacpp_run(model, items, out_dir, *extra):
+    """tests/reference/llamacpp_logits.py on `items` (one llama.cpp process): the loaded .npz."""
+    (out_dir / "req.json").write_text(json.dumps({"items": items}))
+    r = subprocess.run([LLAMA_PY, str(ROOT / "tests/reference/llamacpp_logits.py"), "--model", str(model),
+                        "--request", str(out_dir / "req.json"), "--out", str(out_dir / "out.npz"), *extra],
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return np.load(out_dir / "out.npz")
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def runs(request, tmp_path_factory):
+    """{prompt name: (text, ids, n_prompt, our logits, llama.cpp npz)} for one model."""
+    require_llamacpp()
     model = MODELS[request.param]
     if not model.exists():
         pytest.fail(f"{model} missing: run scripts/setup.sh")
@@ -82,12 +102,7 @@ def runs(request, tmp_path_factory):
         ids, n_prompt, logits = generate_greedy(model, args, N_GEN, tmp / f"{name}.bin")
         ours[name] = (text, ids, n_prompt, logits)
         items.append({"name": name, "text": text, "ids": ids[:-1], "n_prompt": n_prompt, "n_gen": N_GEN})
-    (tmp / "req.json").write_text(json.dumps({"items": items}))
-    r = subprocess.run([LLAMA_PY, str(ROOT / "tests/reference/llamacpp_logits.py"), "--model", str(model),
-                        "--request", str(tmp / "req.json"), "--out", str(tmp / "out.npz")],
-                       capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0, r.stderr[-4000:]
-    theirs = np.load(tmp / "out.npz")
+    theirs = llamacpp_run(model, items, tmp)
     return request.param, {k: (*v, theirs) for k, v in ours.items()}
 
 
@@ -114,3 +129,29 @@ def test_matches_llamacpp(runs, prompt):
     if prefix < N_GEN:  # the sequences may part only where llama.cpp itself sees a near-tie
         row = want[n_prompt - 1 + prefix]
         assert row.max() - row[gen[prefix]] <= TIE_MARGIN, f"{tag} greedy parts at step {prefix} without a tie"
+
+
+# Float32 weights and caches on both sides; gemma3 with llama.cpp's fixed Gemma 3 layout (every
+# 6th layer global, local base 10000: llama.cpp reads neither the pattern nor the local base from
+# the file), window 8 < the 52 positions.
+TINY = {
+    "gemma3": dict(arch="gemma3", n_layers=6, n_kv=1, head_dim=32, key_length=True, tied=True),
+    "llama": dict(arch="llama"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(TINY))
+def test_tiny_float_model_matches_llamacpp(tmp_path, variant):
+    require_llamacpp()
+    path = tmp_path / f"{variant}.gguf"
+    write_tiny(path, n_vocab=300, vocab=True, **TINY[variant])
+    prompt = np.random.default_rng(1).integers(4, 300, size=40).tolist()
+    ids, n_prompt, logits = generate_greedy(path, ["--prompt-ids", ",".join(map(str, prompt))], 12,
+                                            tmp_path / "logits.bin", extra=("--kv-cache", "fp32", "-b", "16"))
+    theirs = llamacpp_run(path, [{"name": "t", "text": None, "ids": ids[:-1], "n_prompt": n_prompt, "n_gen": 12}],
+                          tmp_path, "--kv-f32")
+    want = theirs["t.logits"]
+    rel = float(np.abs(logits - want).max() / np.abs(want).max())
+    print(f"\n[tiny {variant}] rel. max diff vs llama.cpp {rel:.2e}")
+    assert rel < 1e-3
+    assert ids[n_prompt:] == theirs["t.greedy"].tolist()
