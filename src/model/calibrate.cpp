@@ -7,10 +7,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/cache_dir.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "kvcache/factory.h"
-#include "model/default_model.h"
 #include "model/session.h"
 #include "model/sha256.h"
 
@@ -115,7 +115,6 @@ std::string default_calibration_text_path() {
 }
 
 std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg) {
-  const std::filesystem::path models = default_model_dir();
   // Only what the file depends on: the key/value presets and the codebook granularity (not the
   // cache's residual or sink lengths), plus the recipe tag kCalibRecipe: files of an older recipe
   // are not reused.
@@ -124,7 +123,7 @@ std::string default_calibration_path(const std::string& model_path, const KVCach
   if (cfg.granularity == CodebookGranularity::shared) preset += "_shared";
   preset += kCalibRecipe;
   const std::string sha = sha256_file(model_path).substr(0, 16);
-  return (models.parent_path() / "calib" / (sha + "-" + preset + ".vqcal")).string();
+  return (std::filesystem::path(cache_dir()) / "calib" / (sha + "-" + preset + ".vqcal")).string();
 }
 
 std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,

@@ -1,6 +1,7 @@
 // Dense caches (fp16 / fp32) against the reference attention, and the spec parser.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>

