@@ -24,7 +24,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, gguf, tokenizers, pytest" 2>/dev/null; then
+if ! .venv/bin/python -c "import numpy, gguf, tokenizers, pytest, nanobind, scikit_build_core" 2>/dev/null; then
   echo "setup: installing Python test dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -r scripts/requirements-test.txt
