@@ -6,6 +6,9 @@
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
+#include <string>
+
+#include "veloxquant/model.h"
 
 namespace vqpy {
 namespace nb = nanobind;
@@ -31,8 +34,15 @@ nb::ndarray<nb::numpy, const T> view(const T* data, std::initializer_list<size_t
   return nb::ndarray<nb::numpy, const T>(data, shape.size(), shape.begin(), owner);
 }
 
+// Text from the model may end inside a UTF-8 sequence (a generation cut at max_new_tokens):
+// invalid bytes become U+FFFD rather than an exception.
+inline nb::str utf8(const std::string& s) {
+  return nb::steal<nb::str>(PyUnicode_DecodeUTF8(s.data(), Py_ssize_t(s.size()), "replace"));
+}
+
 void bind_codec(nb::module_& m);
-void bind_model(nb::module_& m);
-void bind_generate(nb::module_& m);
+// bind_model returns the Model class for bind_generate to add generate/perplexity to.
+nb::class_<veloxquant::Model> bind_model(nb::module_& m);
+void bind_generate(nb::module_& m, nb::class_<veloxquant::Model>& model);
 
 }  // namespace vqpy

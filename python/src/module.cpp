@@ -16,6 +16,6 @@ NB_MODULE(_veloxquant, m) {
   m.def("cuda_available", &veloxquant::cuda_available,
         "True when this build has the CUDA backend and a usable GPU is present.");
   vqpy::bind_codec(m);
-  vqpy::bind_model(m);
-  vqpy::bind_generate(m);
+  auto model = vqpy::bind_model(m);
+  vqpy::bind_generate(m, model);
 }

@@ -13,7 +13,7 @@ struct ProductQuantizer::Impl {
 static vq::CodecParams params(PQPreset p) { return {p.sub_dim, p.bits}; }
 
 ProductQuantizer::ProductQuantizer(int dim, PQPreset preset, CodebookGranularity granularity)
-    : impl_(std::make_unique<Impl>(Impl{vq::ProductQuantizer(dim, params(preset), to_internal(granularity))})) {}
+    : impl_(new Impl{vq::ProductQuantizer(dim, params(preset), to_internal(granularity))}) {}
 
 ProductQuantizer::ProductQuantizer(int dim, PQPreset preset, CodebookGranularity granularity, const float* codebooks)
     : ProductQuantizer(dim, preset, granularity) {

@@ -34,8 +34,8 @@ static vq::EngineOptions engine_options(const Model& model, const KVSpec& spec, 
 }
 
 Engine::Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt)
-    : impl_(std::make_unique<Impl>(
-          Impl{model, 0, vq::Engine(ApiAccess::model(model), ApiAccess::spec(spec), engine_options(model, spec, opt))})) {
+    // new Impl{...}: the internal engine is built in place (it cannot move).
+    : impl_(new Impl{model, 0, vq::Engine(ApiAccess::model(model), ApiAccess::spec(spec), engine_options(model, spec, opt))}) {
   impl_->codebook_bytes = impl_->engine.kv().codebook_bytes();
 }
 Engine::~Engine() = default;

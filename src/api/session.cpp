@@ -24,7 +24,7 @@ vq::SamplerParams to_internal(const SamplingParams& p) {
 struct Sampler::Impl {
   vq::Sampler sampler;
 };
-Sampler::Sampler(const SamplingParams& params) : impl_(std::make_unique<Impl>(Impl{vq::Sampler(to_internal(params))})) {}
+Sampler::Sampler(const SamplingParams& params) : impl_(new Impl{vq::Sampler(to_internal(params))}) {}
 Sampler::~Sampler() = default;
 Sampler::Sampler(Sampler&&) noexcept = default;
 Sampler& Sampler::operator=(Sampler&&) noexcept = default;
@@ -54,9 +54,10 @@ static int checked_ctx(const Model& model, const KVSpec& spec, const SessionOpti
 }
 
 Session::Session(const Model& model, const KVSpec& spec, const SessionOptions& opt)
-    : impl_(std::make_unique<Impl>(Impl{model, spec,
-                                        vq::Session(ApiAccess::model(model), ApiAccess::spec(spec),
-                                                    checked_ctx(model, spec, opt), opt.max_chunk, opt.kv_budget_bytes)})) {}
+    // new Impl{...}: the internal session is built in place (it cannot move).
+    : impl_(new Impl{model, spec,
+                     vq::Session(ApiAccess::model(model), ApiAccess::spec(spec), checked_ctx(model, spec, opt),
+                                 opt.max_chunk, opt.kv_budget_bytes)}) {}
 Session::~Session() = default;
 Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;
