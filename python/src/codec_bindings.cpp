@@ -138,6 +138,7 @@ static void bind_pq(nb::module_& m) {
             std::copy(b.begin(), b.end(), out.data());
             return out;
           },
+          nb::rv_policy::move,  // a new array: not a reference into the quantizer
           "float32 [n_books, 2**bits, sub_dim] (a copy; empty before training).");
 }
 

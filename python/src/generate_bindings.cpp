@@ -2,10 +2,12 @@
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "common.h"
@@ -18,12 +20,15 @@ using namespace veloxquant;
 
 // A prompt or text given as a str (encoded with the model's BOS rule, optionally in its chat
 // format) or as token ids.
-static std::vector<int32_t> token_ids(const Model& model, nb::handle text, bool chat, const std::optional<std::string>& system) {
-  if (!nb::isinstance<nb::str>(text)) {
+using Text = std::variant<std::string, std::vector<int32_t>>;
+using Spec = std::variant<std::string, KVSpec>;
+
+static std::vector<int32_t> token_ids(const Model& model, const Text& text, bool chat, const std::optional<std::string>& system) {
+  if (const auto* ids = std::get_if<std::vector<int32_t>>(&text)) {
     if (chat) throw Error("chat=True needs the prompt as text, not token ids");
-    return nb::cast<std::vector<int32_t>>(text);
+    return *ids;
   }
-  std::string s = nb::cast<std::string>(text);
+  std::string s = std::get<std::string>(text);
   const Tokenizer tok = model.tokenizer();
   if (chat) {
     std::vector<ChatMessage> msgs;
@@ -35,12 +40,12 @@ static std::vector<int32_t> token_ids(const Model& model, nb::handle text, bool 
 }
 
 // kv_cache given as a KVSpec, or as a spec string resolved for the model.
-static KVSpec spec_of(const Model& model, nb::handle kv_cache, const std::optional<std::string>& calibration_file) {
-  if (nb::isinstance<KVSpec>(kv_cache)) {
+static KVSpec spec_of(const Model& model, const Spec& kv_cache, const std::optional<std::string>& calibration_file) {
+  if (const auto* spec = std::get_if<KVSpec>(&kv_cache)) {
     if (calibration_file) throw Error("calibration_file applies to a spec string, not to a KVSpec");
-    return nb::cast<KVSpec>(kv_cache);
+    return *spec;
   }
-  const std::string s = nb::cast<std::string>(kv_cache);
+  const std::string& s = std::get<std::string>(kv_cache);
   nb::gil_scoped_release nogil;  // the default model's first-use calibration takes a while
   return KVSpec::for_model(model, s, calibration_file.value_or(""));
 }
@@ -93,7 +98,7 @@ void bind_generate(nb::module_& m, nb::class_<Model>& model) {
   bind_results(m);
   model.def(
       "generate",
-      [](const Model& self, nb::handle prompt, int max_new_tokens, nb::handle kv_cache,
+      [](const Model& self, const Text& prompt, int max_new_tokens, const Spec& kv_cache,
          std::optional<std::string> calibration_file, bool chat, std::optional<std::string> system, float temperature,
          int top_k, float top_p, float min_p, float repeat_penalty, uint64_t seed, bool ignore_eos,
          std::optional<size_t> kv_budget_bytes, std::function<bool(int)> on_token) {
@@ -115,12 +120,12 @@ void bind_generate(nb::module_& m, nb::class_<Model>& model) {
       "called with each token (return False to stop).");
   model.def(
       "generate_batch",
-      [](const Model& self, const std::vector<nb::handle>& prompts, int max_new_tokens, nb::handle kv_cache,
+      [](const Model& self, const std::vector<Text>& prompts, int max_new_tokens, const Spec& kv_cache,
          std::optional<std::string> calibration_file, bool chat, std::optional<std::string> system, float temperature,
          int top_k, float top_p, float min_p, float repeat_penalty, uint64_t seed, bool ignore_eos,
          std::optional<size_t> kv_budget_bytes, int parallel) {
         std::vector<std::vector<int32_t>> ids;
-        for (nb::handle p : prompts) ids.push_back(token_ids(self, p, chat, system));
+        for (const Text& p : prompts) ids.push_back(token_ids(self, p, chat, system));
         const KVSpec spec = spec_of(self, kv_cache, calibration_file);
         const GenArgs a{max_new_tokens, temperature, top_p, min_p, repeat_penalty, top_k, seed, ignore_eos, kv_budget_bytes};
         nb::gil_scoped_release nogil;
@@ -135,16 +140,16 @@ void bind_generate(nb::module_& m, nb::class_<Model>& model) {
       "step reads the weights once for all of them). Sequence i samples with seed + i. Results in prompt order.");
   model.def(
       "perplexity",
-      [](const Model& self, nb::handle text, nb::handle kv_cache, nb::handle reference,
+      [](const Model& self, const Text& text, const Spec& kv_cache, const std::optional<Spec>& reference,
          std::optional<std::string> calibration_file, int n_ctx, int chunk, int max_windows) {
         const std::vector<int32_t> ids = token_ids(self, text, false, std::nullopt);
         const KVSpec spec = spec_of(self, kv_cache, calibration_file);
         std::optional<KVSpec> ref;
-        if (!reference.is_none()) ref = spec_of(self, reference, std::nullopt);
+        if (reference) ref = spec_of(self, *reference, std::nullopt);
         nb::gil_scoped_release nogil;
         return perplexity(self, ids, spec, ref ? &*ref : nullptr, {n_ctx, chunk, max_windows});
       },
-      nb::arg("text"), nb::kw_only(), nb::arg("kv_cache") = "fp16", nb::arg("reference") = "fp16",
+      nb::arg("text"), nb::kw_only(), nb::arg("kv_cache") = "fp16", nb::arg("reference").none() = "fp16",
       nb::arg("calibration_file") = nb::none(), nb::arg("n_ctx") = 2048, nb::arg("chunk") = 32,
       nb::arg("max_windows") = 1,
       "Perplexity of text (str or token ids) with kv_cache, and against reference (None: skip) the mean KL "

@@ -31,8 +31,8 @@ def greedy_by_hand(model, spec, ids, n):
     for _ in range(n):
         t = int(np.argmax(logits[-1]))
         out.append(t)
-        if model.tokenizer.is_end_of_generation(t):
-            break
+        if model.tokenizer.is_end_of_generation(t) or len(out) == n:
+            break  # the last token need not go through the model
         logits = s.forward([t])
     return out, s
 

@@ -46,7 +46,7 @@ else
 fi
 
 # 4. Exported symbols: the public namespace and the few shared vq types (src/api/veloxquant.map).
-leaked=$(nm -D --defined-only -C "$libdir/libveloxquant.so" | awk '{ $1=""; $2=""; print }' | sed 's/^ *//' |
+leaked=$(nm -D --defined-only -C "$libdir/libveloxquant.so" | awk '{ $1=""; $2=""; print }' | sed -e 's/^ *//' -e 's/@@.*//' |
          grep -vE '^(veloxquant::|vq::(PQPreset|KVCacheConfig)::|vq::(method_name|gpu_kernels_name)\(|(typeinfo|typeinfo name|vtable) for (veloxquant::|vq::(Error|KVCache)$)|VELOXQUANT_0$)' || true)
 if [ -n "$leaked" ]; then
   echo "libveloxquant.so exports internal symbols:" >&2
