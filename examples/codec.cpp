@@ -8,7 +8,7 @@
 #include <vector>
 
 int main() {
-  namespace vq = veloxquant;
+  namespace vx = veloxquant;
   try {
     const int dim = 64, n = 4096;
     std::vector<float> x(size_t(n) * dim);  // [n, dim] float32, row-major
@@ -16,7 +16,7 @@ int main() {
     std::normal_distribution<float> normal;
     for (float& v : x) v = normal(rng);
 
-    vq::ProductQuantizer pq(dim, {4, 8});  // 4-element sub-vectors, 256 centroids: 2 bits/element
+    vx::ProductQuantizer pq(dim, {4, 8});  // 4-element sub-vectors, 256 centroids: 2 bits/element
     pq.train(x.data(), n);
     std::vector<uint8_t> codes(size_t(n) * pq.code_size());  // [n, code_size] bytes
     pq.encode(x.data(), n, codes.data());
@@ -29,9 +29,9 @@ int main() {
       ref += double(x[i]) * double(x[i]);
     }
     std::printf("veloxquant %s: %d floats -> %zu bytes per vector, relative squared error %.4f\n",
-                vq::version().c_str(), dim, pq.code_size(), err / ref);
+                vx::version().c_str(), dim, pq.code_size(), err / ref);
     return err / ref < 0.5 ? 0 : 1;  // far below 1 (the error of decoding to zero) or something is wrong
-  } catch (const vq::Error& e) {
+  } catch (const vx::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

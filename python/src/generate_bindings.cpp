@@ -52,7 +52,7 @@ static KVSpec spec_of(const Model& model, const Spec& kv_cache, const std::optio
 
 struct GenArgs {
   int max_new_tokens = 128;
-  float temperature = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
+  double temperature = 0.8, top_p = 0.95, min_p = 0.05, repeat_penalty = 1.0;  // double: exact defaults in the stubs
   int top_k = 40;
   uint64_t seed = 0;
   bool ignore_eos = false;
@@ -60,7 +60,7 @@ struct GenArgs {
   GenerateOptions options(int max_sequences) const {
     GenerateOptions o;
     o.max_new_tokens = max_new_tokens;
-    o.sampling = {temperature, top_k, top_p, min_p, repeat_penalty, 64, seed};
+    o.sampling = {float(temperature), top_k, float(top_p), float(min_p), float(repeat_penalty), 64, seed};
     o.ignore_eos = ignore_eos;
     o.engine.kv_budget_bytes = kv_budget_bytes.value_or(size_t(-1));
     o.engine.max_sequences = max_sequences;
@@ -99,8 +99,8 @@ void bind_generate(nb::module_& m, nb::class_<Model>& model) {
   model.def(
       "generate",
       [](const Model& self, const Text& prompt, int max_new_tokens, const Spec& kv_cache,
-         std::optional<std::string> calibration_file, bool chat, std::optional<std::string> system, float temperature,
-         int top_k, float top_p, float min_p, float repeat_penalty, uint64_t seed, bool ignore_eos,
+         std::optional<std::string> calibration_file, bool chat, std::optional<std::string> system, double temperature,
+         int top_k, double top_p, double min_p, double repeat_penalty, uint64_t seed, bool ignore_eos,
          std::optional<size_t> kv_budget_bytes, std::function<bool(int)> on_token) {
         const std::vector<int32_t> ids = token_ids(self, prompt, chat, system);
         const KVSpec spec = spec_of(self, kv_cache, calibration_file);
@@ -112,8 +112,8 @@ void bind_generate(nb::module_& m, nb::class_<Model>& model) {
       },
       nb::arg("prompt"), nb::kw_only(), nb::arg("max_new_tokens") = 128, nb::arg("kv_cache") = "fp16",
       nb::arg("calibration_file") = nb::none(), nb::arg("chat") = false, nb::arg("system") = nb::none(),
-      nb::arg("temperature") = 0.8f, nb::arg("top_k") = 40, nb::arg("top_p") = 0.95f, nb::arg("min_p") = 0.05f,
-      nb::arg("repeat_penalty") = 1.0f, nb::arg("seed") = 0, nb::arg("ignore_eos") = false,
+      nb::arg("temperature") = 0.8, nb::arg("top_k") = 40, nb::arg("top_p") = 0.95, nb::arg("min_p") = 0.05,
+      nb::arg("repeat_penalty") = 1.0, nb::arg("seed") = 0, nb::arg("ignore_eos") = false,
       nb::arg("kv_budget_bytes") = nb::none(), nb::arg("on_token") = nb::none(),
       "Generates from a prompt (str, or a list of token ids). kv_cache: a spec string (see KVSpec) or a KVSpec; "
       "chat wraps the prompt in the model's chat format; temperature <= 0 is greedy; on_token(id) -> bool is "
@@ -121,8 +121,8 @@ void bind_generate(nb::module_& m, nb::class_<Model>& model) {
   model.def(
       "generate_batch",
       [](const Model& self, const std::vector<Text>& prompts, int max_new_tokens, const Spec& kv_cache,
-         std::optional<std::string> calibration_file, bool chat, std::optional<std::string> system, float temperature,
-         int top_k, float top_p, float min_p, float repeat_penalty, uint64_t seed, bool ignore_eos,
+         std::optional<std::string> calibration_file, bool chat, std::optional<std::string> system, double temperature,
+         int top_k, double top_p, double min_p, double repeat_penalty, uint64_t seed, bool ignore_eos,
          std::optional<size_t> kv_budget_bytes, int parallel) {
         std::vector<std::vector<int32_t>> ids;
         for (const Text& p : prompts) ids.push_back(token_ids(self, p, chat, system));
@@ -133,8 +133,8 @@ void bind_generate(nb::module_& m, nb::class_<Model>& model) {
       },
       nb::arg("prompts"), nb::kw_only(), nb::arg("max_new_tokens") = 128, nb::arg("kv_cache") = "fp16",
       nb::arg("calibration_file") = nb::none(), nb::arg("chat") = false, nb::arg("system") = nb::none(),
-      nb::arg("temperature") = 0.8f, nb::arg("top_k") = 40, nb::arg("top_p") = 0.95f, nb::arg("min_p") = 0.05f,
-      nb::arg("repeat_penalty") = 1.0f, nb::arg("seed") = 0, nb::arg("ignore_eos") = false,
+      nb::arg("temperature") = 0.8, nb::arg("top_k") = 40, nb::arg("top_p") = 0.95, nb::arg("min_p") = 0.05,
+      nb::arg("repeat_penalty") = 1.0, nb::arg("seed") = 0, nb::arg("ignore_eos") = false,
       nb::arg("kv_budget_bytes") = nb::none(), nb::arg("parallel") = 16,
       "Generates for every prompt through one continuous-batching engine, `parallel` sequences at once (each "
       "step reads the weights once for all of them). Sequence i samples with seed + i. Results in prompt order.");

@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-namespace vq = veloxquant;
+namespace vx = veloxquant;
 
 namespace {
 
@@ -21,16 +21,16 @@ std::vector<float> random_rows(int n, int dim, unsigned seed) {
   return x;
 }
 
-bool have_default_model() { return std::filesystem::exists(vq::Model::default_path()); }
+bool have_default_model() { return std::filesystem::exists(vx::Model::default_path()); }
 
 }  // namespace
 
 TEST(ApiCodec, CopiesAreIndependentAndEncodeTheSame) {
   const int dim = 16, n = 512;
   const std::vector<float> x = random_rows(n, dim, 1);
-  vq::ProductQuantizer a(dim, {4, 6});
+  vx::ProductQuantizer a(dim, {4, 6});
   a.train(x.data(), n, {10, 3, 64});
-  vq::ProductQuantizer b = a;  // deep copy
+  vx::ProductQuantizer b = a;  // deep copy
   std::vector<uint8_t> ca(size_t(n) * a.code_size()), cb(ca.size());
   a.encode(x.data(), n, ca.data());
   b.encode(x.data(), n, cb.data());
@@ -41,31 +41,31 @@ TEST(ApiCodec, CopiesAreIndependentAndEncodeTheSame) {
   EXPECT_EQ(ca, again);
   EXPECT_NE(a.codebooks(), b.codebooks());
   // Trained from codebooks: decodes the same as the original.
-  vq::ProductQuantizer c(dim, a.preset(), a.granularity(), a.codebooks().data());
+  vx::ProductQuantizer c(dim, a.preset(), a.granularity(), a.codebooks().data());
   std::vector<float> ya(x.size()), yc(x.size());
   a.decode(ca.data(), n, ya.data());
   c.decode(ca.data(), n, yc.data());
   EXPECT_EQ(ya, yc);
   std::vector<uint16_t> bad(size_t(a.n_sub()), 64);  // 2^6: out of range
-  EXPECT_THROW(a.decode_codes(bad.data(), 1, ya.data()), vq::Error);
+  EXPECT_THROW(a.decode_codes(bad.data(), 1, ya.data()), vx::Error);
 }
 
 TEST(ApiSpec, ParsesAndRefusesBeforeAnyWork) {
-  const vq::KVSpec s = vq::KVSpec::parse("KIVI4");
+  const vx::KVSpec s = vx::KVSpec::parse("KIVI4");
   EXPECT_EQ(s.name(), "kivi4");
-  EXPECT_EQ(s.config().method, vq::KVMethod::kivi);
+  EXPECT_EQ(s.config().method, vx::KVMethod::kivi);
   EXPECT_FALSE(s.has_calibration());
-  EXPECT_THROW(s.calibration(), vq::Error);
-  EXPECT_THROW(vq::KVSpec::parse("vecinfer:d4b8"), vq::Error);  // no calibration
-  EXPECT_THROW(vq::KVSpec::parse("vecinfer:d4b8", "/nonexistent/x.vqcal"), vq::Error);
-  EXPECT_THROW(vq::parse_kv_cache_config("q3_0"), vq::Error);
-  EXPECT_EQ(vq::parse_kv_cache_config("vecinfer:d8b12").key.bits, 12);
+  EXPECT_THROW(s.calibration(), vx::Error);
+  EXPECT_THROW(vx::KVSpec::parse("vecinfer:d4b8"), vx::Error);  // no calibration
+  EXPECT_THROW(vx::KVSpec::parse("vecinfer:d4b8", "/nonexistent/x.vqcal"), vx::Error);
+  EXPECT_THROW(vx::parse_kv_cache_config("q3_0"), vx::Error);
+  EXPECT_EQ(vx::parse_kv_cache_config("vecinfer:d8b12").key.bits, 12);
 }
 
 TEST(ApiSpec, StandaloneCacheAttendsLikeExactAttention) {
   // One fp32 layer of 2 query heads over 1 KV head, attention by hand for the last query.
-  const vq::KVGeometry geo{2, 1, 8};
-  const std::unique_ptr<vq::KVCache> cache = vq::KVSpec::parse("fp32").make_cache(0, geo);
+  const vx::KVGeometry geo{2, 1, 8};
+  const std::unique_ptr<vx::KVCache> cache = vx::KVSpec::parse("fp32").make_cache(0, geo);
   const int n = 5;
   const std::vector<float> k = random_rows(n, 8, 3), v = random_rows(n, 8, 4), q = random_rows(1, 16, 5);
   cache->append(k.data(), v.data(), n);
@@ -90,31 +90,31 @@ TEST(ApiSpec, StandaloneCacheAttendsLikeExactAttention) {
 
 TEST(ApiModel, EngineCallbacksSessionAndSampler) {
   if (!have_default_model()) GTEST_SKIP() << "default model absent (scripts/setup.sh fetches it)";
-  const vq::Model model = vq::Model::load_default();
-  const vq::KVSpec spec = vq::KVSpec::for_model(model, "q8_0");
+  const vx::Model model = vx::Model::load_default();
+  const vx::KVSpec spec = vx::KVSpec::for_model(model, "q8_0");
   const std::vector<int32_t> prompt = model.tokenizer().encode("The sun rises in the");
 
   // Engine: two requests, the second cancelled from its own token callback after 2 tokens.
-  vq::Engine engine(model, spec, {size_t(64) << 20, 2, 64, 256});
+  vx::Engine engine(model, spec, {size_t(64) << 20, 2, 64, 256});
   std::vector<int32_t> got[2];
-  vq::SequenceResult results[2];
+  vx::SequenceResult results[2];
   for (int i = 0; i < 2; ++i) {
-    vq::Request r;
+    vx::Request r;
     r.prompt = prompt;
-    r.sampling = vq::SamplingParams::greedy();
+    r.sampling = vx::SamplingParams::greedy();
     r.max_new_tokens = 6;
     r.ignore_eos = true;
     r.on_token = [&, i](int64_t, int32_t t) {
       got[i].push_back(t);
       return i == 0 || got[i].size() < 2;
     };
-    r.on_finish = [&, i](const vq::SequenceResult& s) { results[i] = s; };
+    r.on_finish = [&, i](const vx::SequenceResult& s) { results[i] = s; };
     engine.submit(std::move(r));
   }
   engine.run();
   EXPECT_TRUE(engine.idle());
-  EXPECT_EQ(results[0].finish, vq::FinishReason::length);
-  EXPECT_EQ(results[1].finish, vq::FinishReason::stop);
+  EXPECT_EQ(results[0].finish, vx::FinishReason::length);
+  EXPECT_EQ(results[1].finish, vx::FinishReason::stop);
   ASSERT_EQ(got[0].size(), 6u);
   ASSERT_EQ(got[1].size(), 2u);
   EXPECT_EQ(got[1][0], got[0][0]);  // same greedy start
@@ -123,10 +123,10 @@ TEST(ApiModel, EngineCallbacksSessionAndSampler) {
   EXPECT_NEAR(results[0].memory.bits_per_element(), 8.5, 1e-9);
 
   // Session + Sampler, by hand: the same greedy tokens.
-  vq::Session session(model, spec, {64});
+  vx::Session session(model, spec, {64});
   std::vector<float> logits(size_t(model.info().n_vocab));
   session.forward(prompt, logits.data());
-  vq::Sampler sampler(vq::SamplingParams::greedy());
+  vx::Sampler sampler(vx::SamplingParams::greedy());
   for (int i = 0; i < 6; ++i) {
     const int32_t t = sampler.sample(logits.data(), model.info().n_vocab);
     EXPECT_EQ(t, got[0][size_t(i)]) << "token " << i;
@@ -134,6 +134,6 @@ TEST(ApiModel, EngineCallbacksSessionAndSampler) {
     session.forward({&t, 1}, logits.data());
   }
   EXPECT_EQ(session.pos(), int64_t(prompt.size()) + 6);
-  EXPECT_THROW(vq::Engine(model, spec, {size_t(-1), 0}), vq::Error);
-  EXPECT_THROW(engine.submit(vq::Request{}), vq::Error);  // empty prompt
+  EXPECT_THROW(vx::Engine(model, spec, {size_t(-1), 0}), vx::Error);
+  EXPECT_THROW(engine.submit(vx::Request{}), vx::Error);  // empty prompt
 }
