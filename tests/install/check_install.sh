@@ -22,6 +22,12 @@ if grep -hE '^#include "' "$prefix"/include/veloxquant/*.h | grep -v '"veloxquan
   exit 1
 fi
 
+# Every header compiles on its own (includes what it uses).
+for h in "$prefix"/include/veloxquant/*.h; do
+  echo "#include <veloxquant/$(basename "$h")>" | c++ -std=c++20 -fsyntax-only -I"$prefix/include" -x c++ - ||
+    { echo "$h does not compile on its own" >&2; exit 1; }
+done
+
 # 1. CMake package. Only the install prefix is given; the build tree is not reachable from there.
 cmake -S "$src/examples" -B "$tmp/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$tmp/cmake" >/dev/null
