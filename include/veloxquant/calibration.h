@@ -67,11 +67,12 @@ class Calibration {
   // Throws vq::Error naming the mismatched field unless it fits a model of this geometry.
   void check_fits(int n_layers, int n_kv_heads, int head_dim) const;
 
-  // The shared data a KVCacheConfig::calibration holds.
+  // The shared data, for KVCacheConfig::calibration (cfg.calibration = c.data()).
   std::shared_ptr<const vq::Calibration> data() const { return data_; }
-  explicit Calibration(std::shared_ptr<const vq::Calibration> data);
 
  private:
+  friend struct ApiAccess;  // src/api: makes handles from internal data
+  explicit Calibration(std::shared_ptr<const vq::Calibration> data);
   std::shared_ptr<const vq::Calibration> data_;  // never null
 };
 

@@ -20,15 +20,15 @@ static vq::CalibTrainOptions train_options(const CalibrationOptions& o) {
   return t;
 }
 
-static std::shared_ptr<const vq::Calibration> shared(vq::Calibration c) {
-  return std::make_shared<const vq::Calibration>(std::move(c));
+static Calibration make_handle(vq::Calibration c) {
+  return ApiAccess::make_calibration(std::make_shared<const vq::Calibration>(std::move(c)));
 }
 
 Calibration::Calibration(std::shared_ptr<const vq::Calibration> data) : data_(std::move(data)) {
   VQ_CHECK(data_ != nullptr, "calibration: no data");
 }
 
-Calibration Calibration::load(const std::string& path) { return Calibration(shared(vq::load_calibration(path))); }
+Calibration Calibration::load(const std::string& path) { return make_handle(vq::load_calibration(path)); }
 
 Calibration Calibration::train(const KVCacheConfig& cfg, int n_kv_heads, int head_dim, const std::vector<const float*>& k,
                                const std::vector<const float*>& v, int64_t n_tokens, const CalibrationOptions& opt,
@@ -38,8 +38,7 @@ Calibration Calibration::train(const KVCacheConfig& cfg, int n_kv_heads, int hea
            k.size(), v.size());
   for (size_t l = 0; l < k.size(); ++l)
     VQ_CHECK(k[l] && v[l], "calibration: layer {} has a null key or value array", l);
-  return Calibration(
-      shared(vq::train_calibration(cfg, n_kv_heads, head_dim, k, v, n_tokens, train_options(opt), model_name)));
+  return make_handle(vq::train_calibration(cfg, n_kv_heads, head_dim, k, v, n_tokens, train_options(opt), model_name));
 }
 
 Calibration Calibration::from_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
@@ -47,7 +46,7 @@ Calibration Calibration::from_model(const Model& model, const std::string& text,
   VQ_CHECK(cfg.method == KVMethod::vecinfer, "calibration: the config is {}, not a vecinfer cache", cfg.name());
   const Model::Impl& m = ApiAccess::model_impl(model);
   const std::string name = std::filesystem::path(m.info.path).filename().string();
-  return Calibration(shared(vq::calibrate_model(*m.model, text, max_tokens, cfg, train_options(opt), name)));
+  return make_handle(vq::calibrate_model(*m.model, text, max_tokens, cfg, train_options(opt), name));
 }
 
 void Calibration::save(const std::string& path) const { vq::save_calibration(path, *data_); }

@@ -8,6 +8,7 @@
 #include "kvcache/kv_store.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "veloxquant/calibration.h"
 #include "veloxquant/kv_spec.h"
 #include "veloxquant/model.h"
 #include "veloxquant/sampling.h"
@@ -32,6 +33,7 @@ struct ApiAccess {
   static const vq::Tokenizer& tokenizer(const Tokenizer& t) { return t.model_->model->tokenizer(); }
   static Tokenizer make_tokenizer(const Model& m) { return Tokenizer(m.impl_); }
   static const vq::KVSpec& spec(const KVSpec& s) { return s.impl_->spec; }
+  static Calibration make_calibration(std::shared_ptr<const vq::Calibration> c) { return Calibration(std::move(c)); }
   static KVSpec make_spec(vq::KVSpec spec) {
     return KVSpec(std::make_shared<const KVSpec::Impl>(KVSpec::Impl{std::move(spec)}));
   }

@@ -46,7 +46,7 @@ bool KVSpec::has_calibration() const { return impl_->spec.calibration != nullptr
 
 Calibration KVSpec::calibration() const {
   VQ_CHECK(impl_->spec.calibration, "kv cache {}: has no calibration (only vecinfer caches have one)", name());
-  return Calibration(impl_->spec.calibration);
+  return ApiAccess::make_calibration(impl_->spec.calibration);
 }
 
 std::unique_ptr<KVCache> KVSpec::make_cache(int layer, const KVGeometry& geometry) const {
