@@ -94,8 +94,30 @@ static void bind_results(nb::module_& m) {
       .def_ro("memory", &PerplexityResult::memory, "KV memory at the end of the last window.");
 }
 
+static void bind_sampler(nb::module_& m) {
+  nb::class_<Sampler>(m, "Sampler",
+                      "Token sampling with llama.cpp's order: repetition penalty, then greedy (temperature <= 0) or "
+                      "top-k, top-p, min-p and one draw at the temperature from a generator seeded with seed.")
+      .def(
+          "__init__",
+          [](Sampler* self, double temperature, int top_k, double top_p, double min_p, double repeat_penalty,
+             int repeat_last_n, uint64_t seed) {
+            new (self) Sampler(
+                {float(temperature), top_k, float(top_p), float(min_p), float(repeat_penalty), repeat_last_n, seed});
+          },
+          nb::kw_only(), nb::arg("temperature") = 0.8, nb::arg("top_k") = 40, nb::arg("top_p") = 0.95,
+          nb::arg("min_p") = 0.05, nb::arg("repeat_penalty") = 1.0, nb::arg("repeat_last_n") = 64, nb::arg("seed") = 0)
+      .def(
+          "sample",
+          [](Sampler& s, In<float, 1> logits) { return s.sample(logits.data(), int(logits.shape(0))); },
+          nb::arg("logits"), "logits: float32 [n_vocab] -> a token id (not accepted: call accept()).")
+      .def("accept", &Sampler::accept, nb::arg("token"), "Feeds the repetition penalty (prompt tokens too).")
+      .def("reset", &Sampler::reset, "Forgets accepted tokens and re-seeds.");
+}
+
 void bind_generate(nb::module_& m, nb::class_<Model>& model) {
   bind_results(m);
+  bind_sampler(m);
   model.def(
       "generate",
       [](const Model& self, const Text& prompt, int max_new_tokens, const Spec& kv_cache,

@@ -145,3 +145,15 @@ def test_version_and_threads():
     with pytest.raises(vq.Error):
         vq.set_num_threads(0)
     assert vq.cuda_available() in (True, False)
+
+
+def test_sampler_is_seeded_and_greedy_is_argmax():
+    logits = np.random.default_rng(0).normal(size=1000).astype(np.float32)
+    assert vq.Sampler(temperature=0).sample(logits) == int(np.argmax(logits))
+    draws = lambda seed: [vq.Sampler(temperature=1.5, top_k=0, top_p=1.0, min_p=0, seed=seed).sample(logits)
+                          for _ in range(3)]
+    assert draws(7) == draws(7)
+    s = vq.Sampler(temperature=1.5, top_k=0, top_p=1.0, min_p=0, seed=1)
+    assert len({s.sample(logits) for _ in range(50)}) > 5  # a real distribution, not argmax
+    with pytest.raises(vq.Error):
+        s.sample(np.zeros(0, np.float32))

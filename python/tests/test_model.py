@@ -24,12 +24,14 @@ def test_model_info_and_tokenizer(model):
 
 
 def greedy_by_hand(model, spec, ids, n):
-    """Greedy decoding through a Session, one forward call per token."""
+    """Greedy decoding through a Session, one forward call per token, the sampler checked against argmax."""
     s = vq.Session(model, spec, n_ctx=len(ids) + n)
+    sampler = vq.Sampler(temperature=0)
     logits = s.forward(np.asarray(ids, dtype=np.int32))
     out = []
     for _ in range(n):
         t = int(np.argmax(logits[-1]))
+        assert sampler.sample(logits[-1]) == t
         out.append(t)
         if model.tokenizer.is_end_of_generation(t) or len(out) == n:
             break  # the last token need not go through the model
