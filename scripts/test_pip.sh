@@ -14,4 +14,6 @@ python3 -m venv "$tmp/venv"
 cd "$tmp"
 "$tmp/venv/bin/python" -c "import veloxquant, os; print('veloxquant', veloxquant.__version__, 'from', os.path.dirname(veloxquant.__file__))"
 test -f "$("$tmp/venv/bin/python" -c 'import veloxquant, os; print(os.path.dirname(veloxquant.__file__))')/_veloxquant.pyi"
+# The distribution's version (read from CMakeLists.txt at build time) is the library's.
+"$tmp/venv/bin/python" -c "import importlib.metadata as m, veloxquant as v; assert m.version('veloxquant') == v.__version__, (m.version('veloxquant'), v.__version__)"
 "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider "$root/python/tests"

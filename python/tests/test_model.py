@@ -76,6 +76,16 @@ def test_generate_batch_equals_one_by_one(model):
         assert b.tokens == one.tokens and b.text == one.text
 
 
+def test_kv_budget(model):
+    ids = model.tokenizer.encode(TEXT)[:100]
+    s = vq.Session(model, vq.KVSpec("fp16"), n_ctx=256, kv_budget_bytes=4096)
+    with pytest.raises(vq.Error, match="budget|pool"):
+        s.forward(ids)
+    assert s.pos == 0
+    g = model.generate(ids, max_new_tokens=4, kv_budget_bytes=4096)
+    assert g.finish_reason == "error" and "budget" in g.error and g.tokens == []
+
+
 def test_on_token_streams_and_stops(model):
     seen = []
 

@@ -134,6 +134,11 @@ TEST(ApiModel, EngineCallbacksSessionAndSampler) {
     session.forward({&t, 1}, logits.data());
   }
   EXPECT_EQ(session.pos(), int64_t(prompt.size()) + 6);
+  // Out of budget: the library's KVPoolExhausted (hidden inside libveloxquant.so) is caught here
+  // as the public vx::Error, and the session is unchanged.
+  vx::Session tiny(model, spec, {64, 512, 4096});
+  EXPECT_THROW(tiny.forward(prompt, logits.data()), vx::Error);
+  EXPECT_EQ(tiny.pos(), 0);
   EXPECT_THROW(vx::Engine(model, spec, {size_t(-1), 0}), vx::Error);
   EXPECT_THROW(engine.submit(vx::Request{}), vx::Error);  // empty prompt
 }
