@@ -40,9 +40,19 @@ inline nb::str utf8(const std::string& s) {
   return nb::steal<nb::str>(PyUnicode_DecodeUTF8(s.data(), Py_ssize_t(s.size()), "replace"));
 }
 
+// Calls a Python callable from C++ code running without the GIL (engine callbacks): takes the GIL,
+// and reads a None result as "go on" so that callbacks need not return anything.
+template <typename... A>
+bool call_python(PyObject* f, A... args) {
+  nb::gil_scoped_acquire gil;
+  nb::object r = nb::borrow(f)(args...);
+  return r.is_none() || nb::cast<bool>(r);
+}
+
 void bind_codec(nb::module_& m);
 // bind_model returns the Model class for bind_generate to add generate/perplexity to.
 nb::class_<veloxquant::Model> bind_model(nb::module_& m);
 void bind_generate(nb::module_& m, nb::class_<veloxquant::Model>& model);
+void bind_engine(nb::module_& m);
 
 }  // namespace vqpy

@@ -1,5 +1,4 @@
 // Model.generate / generate_batch / perplexity, with their result types.
-#include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
@@ -123,12 +122,12 @@ void bind_generate(nb::module_& m, nb::class_<Model>& model) {
       [](const Model& self, const Text& prompt, int max_new_tokens, const Spec& kv_cache,
          std::optional<std::string> calibration_file, bool chat, std::optional<std::string> system, double temperature,
          int top_k, double top_p, double min_p, double repeat_penalty, uint64_t seed, bool ignore_eos,
-         std::optional<size_t> kv_budget_bytes, std::function<bool(int)> on_token) {
+         std::optional<size_t> kv_budget_bytes, std::optional<nb::callable> on_token) {
         const std::vector<int32_t> ids = token_ids(self, prompt, chat, system);
         const KVSpec spec = spec_of(self, kv_cache, calibration_file);
         const GenArgs a{max_new_tokens, temperature, top_p, min_p, repeat_penalty, top_k, seed, ignore_eos, kv_budget_bytes};
         std::function<bool(int32_t)> cb;
-        if (on_token) cb = [&on_token](int32_t t) { return on_token(t); };  // the wrapper takes the GIL
+        if (on_token) cb = [f = on_token->ptr()](int32_t t) { return call_python(f, t); };
         nb::gil_scoped_release nogil;
         return generate(self, spec, std::span<const int32_t>(ids), a.options(1), cb);
       },
@@ -139,7 +138,7 @@ void bind_generate(nb::module_& m, nb::class_<Model>& model) {
       nb::arg("kv_budget_bytes") = nb::none(), nb::arg("on_token") = nb::none(),
       "Generates from a prompt (str, or a list of token ids). kv_cache: a spec string (see KVSpec) or a KVSpec; "
       "chat wraps the prompt in the model's chat format; temperature <= 0 is greedy; on_token(id) -> bool is "
-      "called with each token (return False to stop).");
+      "called with each token (return False to stop; None goes on).");
   model.def(
       "generate_batch",
       [](const Model& self, const std::vector<Text>& prompts, int max_new_tokens, const Spec& kv_cache,

@@ -18,4 +18,5 @@ NB_MODULE(_veloxquant, m) {
   vqpy::bind_codec(m);
   auto model = vqpy::bind_model(m);
   vqpy::bind_generate(m, model);
+  vqpy::bind_engine(m);
 }

@@ -124,3 +124,30 @@ def test_perplexity(model):
     assert q.kl > 0 and q.memory.bits_per_element == pytest.approx(4.5)
     alone = model.perplexity(TEXT, kv_cache="q4_0", reference=None, n_ctx=128)
     assert alone.kl == 0 and alone.perplexity == pytest.approx(q.perplexity)
+
+
+def test_engine_callbacks_fork_and_cancel(model):
+    tok = model.tokenizer
+    prompt = tok.encode("List three colours:")
+    engine = vq.Engine(model, vq.KVSpec("q8_0"), max_sequences=4)
+    streams, done = {}, {}
+
+    def on_token(i, t):
+        streams.setdefault(i, []).append(t)  # returns None: go on
+
+    def on_finish(r):
+        done[r.id] = r
+
+    a = engine.submit(prompt, max_new_tokens=6, temperature=0, ignore_eos=True, on_token=on_token, on_finish=on_finish)
+    b = engine.submit(prompt, max_new_tokens=6, temperature=0, ignore_eos=True, fork_of=a, on_token=on_token,
+                      on_finish=on_finish)
+    c = engine.submit(tok.encode("Never runs"), max_new_tokens=6, on_finish=on_finish)
+    engine.cancel(c)
+    engine.run()
+    assert engine.idle and engine.memory_used_bytes == 0 and engine.memory_peak_bytes > 0
+    assert done[c].finish_reason == "cancelled" and done[c].n_generated == 0
+    # The fork shares the prompt's blocks and, greedy, produces the same tokens as its parent and as
+    # a plain generate.
+    assert streams[a] == streams[b] == model.generate(prompt, max_new_tokens=6, temperature=0, ignore_eos=True,
+                                                      kv_cache="q8_0").tokens
+    assert done[a].finish_reason == done[b].finish_reason == "length" and done[b].memory.fp16_bytes > 0

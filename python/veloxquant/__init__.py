@@ -19,6 +19,7 @@ with a message naming the field, file or value at fault.
 
 from ._veloxquant import (  # noqa: F401
     Calibration,
+    Engine,
     Error,
     Generation,
     KVMemory,
@@ -27,6 +28,7 @@ from ._veloxquant import (  # noqa: F401
     PerplexityResult,
     ProductQuantizer,
     Sampler,
+    SequenceResult,
     Session,
     Tokenizer,
     cuda_available,
@@ -39,6 +41,7 @@ __version__ = version()
 
 __all__ = [
     "Calibration",
+    "Engine",
     "Error",
     "Generation",
     "KVMemory",
@@ -47,6 +50,7 @@ __all__ = [
     "PerplexityResult",
     "ProductQuantizer",
     "Sampler",
+    "SequenceResult",
     "Session",
     "Tokenizer",
     "cuda_available",
