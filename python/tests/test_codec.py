@@ -16,7 +16,7 @@ def test_train_encode_decode_roundtrip():
     x = clustered(2048, 32)
     pq = vq.ProductQuantizer(32, sub_dim=4, bits=8)
     assert not pq.trained and pq.codebooks.shape == (0, 0, 4)
-    pq.train(x, seed=3)
+    pq.train(x, max_iters=8, seed=3)
     assert pq.trained and pq.n_sub == 8 and pq.code_size == 8
     assert pq.codebooks.shape == (8, 256, 4) and pq.codebooks.dtype == np.float32
     packed = pq.encode(x)

@@ -41,8 +41,8 @@ def greedy_by_hand(model, spec, ids, n):
 
 def test_generate_equals_session_argmax(model):
     ids = model.tokenizer.encode("The capital of France is")
-    g = model.generate(ids, max_new_tokens=12, temperature=0)
-    ref, session = greedy_by_hand(model, vq.KVSpec("fp16"), ids, 12)
+    g = model.generate(ids, max_new_tokens=8, temperature=0)
+    ref, session = greedy_by_hand(model, vq.KVSpec("fp16"), ids, 8)
     assert g.tokens == ref
     assert g.n_prompt == len(ids) and g.n_generated == len(ref)
     assert g.finish_reason in ("length", "eos")
@@ -69,10 +69,10 @@ def test_session_logits_shapes_and_reset(model):
 
 def test_generate_batch_equals_one_by_one(model):
     prompts = ["Once upon a time", "The best way to learn", "Water boils at"]
-    batch = model.generate_batch(prompts, max_new_tokens=8, temperature=0, parallel=3, kv_cache="q8_0")
+    batch = model.generate_batch(prompts, max_new_tokens=5, temperature=0, parallel=3, kv_cache="q8_0")
     assert len(batch) == 3
     for p, b in zip(prompts, batch):
-        one = model.generate(p, max_new_tokens=8, temperature=0, kv_cache="q8_0")
+        one = model.generate(p, max_new_tokens=5, temperature=0, kv_cache="q8_0")
         assert b.tokens == one.tokens and b.text == one.text
 
 
@@ -115,14 +115,14 @@ def test_vecinfer_with_in_memory_calibration(model):
 
 
 def test_perplexity(model):
-    same = model.perplexity(TEXT, kv_cache="fp16", reference="fp16", n_ctx=128)
-    assert same.n_scored == 127
+    same = model.perplexity(TEXT, kv_cache="fp16", reference="fp16", n_ctx=64)
+    assert same.n_scored == 63
     assert same.kl == pytest.approx(0, abs=1e-9) and same.top1 == 1.0
     assert same.perplexity == pytest.approx(same.ref_perplexity)
     assert 1.0 < same.perplexity < 50.0  # a repeated English text is easy for the model
-    q = model.perplexity(TEXT, kv_cache="q4_0", reference="fp16", n_ctx=128)
+    q = model.perplexity(TEXT, kv_cache="q4_0", reference="fp16", n_ctx=64)
     assert q.kl > 0 and q.memory.bits_per_element == pytest.approx(4.5)
-    alone = model.perplexity(TEXT, kv_cache="q4_0", reference=None, n_ctx=128)
+    alone = model.perplexity(TEXT, kv_cache="q4_0", reference=None, n_ctx=64)
     assert alone.kl == 0 and alone.perplexity == pytest.approx(q.perplexity)
 
 
