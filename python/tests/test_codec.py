@@ -157,3 +157,11 @@ def test_sampler_is_seeded_and_greedy_is_argmax():
     assert len({s.sample(logits) for _ in range(50)}) > 5  # a real distribution, not argmax
     with pytest.raises(vq.Error):
         s.sample(np.zeros(0, np.float32))
+
+
+def test_model_load_errors_name_the_file(tmp_path):
+    with pytest.raises(vq.Error, match="nope.gguf"):
+        vq.Model.load(str(tmp_path / "nope.gguf"))
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\0" * 60)
+    with pytest.raises(vq.Error, match="junk.gguf"):
+        vq.Model.load(str(tmp_path / "junk.gguf"))
