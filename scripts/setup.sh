@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything VeloxQuant needs on a fresh Debian 12 machine (idempotent):
-# compilers and libraries from Debian, Python test tools into .venv from PyPI.
+# compilers and libraries from Debian (python3-dev: headers for the Python module), Python test
+# tools and the Python build tools (nanobind, scikit-build-core) into .venv from PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,7 +9,7 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 pkgs=(build-essential cmake ninja-build pkg-config git unzip ca-certificates
       libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-      libxxhash-dev clang libclang-rt-dev python3 python3-venv python3-pip
+      libxxhash-dev clang libclang-rt-dev python3 python3-venv python3-pip python3-dev
       jargon-text python3-doc)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -24,7 +25,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, gguf, tokenizers, pytest" 2>/dev/null; then
+if ! .venv/bin/python -c "import numpy, gguf, tokenizers, pytest, nanobind, scikit_build_core" 2>/dev/null; then
   echo "setup: installing Python test dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -r scripts/requirements-test.txt
