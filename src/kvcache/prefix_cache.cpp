@@ -31,6 +31,16 @@ const PrefixCache::Node* PrefixCache::child(uint64_t parent_key, uint64_t key, c
 
 PrefixCache::Hit PrefixCache::lookup(const int32_t* tokens, int64_t n_tokens, int64_t max_n) {
   ++stats_.lookups;
+  const Hit best = find(tokens, n_tokens, max_n);
+  if (best.point >= 0) {
+    points_.at(best.point).last_used = ++clock_;
+    ++stats_.hits;
+    stats_.hit_tokens += best.n;
+  }
+  return best;
+}
+
+PrefixCache::Hit PrefixCache::find(const int32_t* tokens, int64_t n_tokens, int64_t max_n) const {
   Hit best;
   max_n = std::min(max_n, n_tokens);
   uint64_t key = root_;
@@ -52,11 +62,6 @@ PrefixCache::Hit PrefixCache::lookup(const int32_t* tokens, int64_t n_tokens, in
     if (!c) break;
     key = k;
     node = c;
-  }
-  if (best.point >= 0) {
-    points_.at(best.point).last_used = ++clock_;
-    ++stats_.hits;
-    stats_.hit_tokens += best.n;
   }
   return best;
 }

@@ -48,6 +48,8 @@ class PrefixCache {
   // The longest point whose tokens are tokens[0, n) with n <= max_n (a request feeds at least its
   // last token itself: max_n = n_tokens - 1). Marks it used.
   Hit lookup(const int32_t* tokens, int64_t n_tokens, int64_t max_n);
+  // The same without marking it used or counting a lookup (bookkeeping, e.g. naming a session).
+  Hit find(const int32_t* tokens, int64_t n_tokens, int64_t max_n) const;
 
   struct Inserted {
     int64_t point = -1;  // -1: not cached (s does not hold the forms of position n, or a collision)

@@ -19,6 +19,7 @@
 #include "cli_kv.h"
 #include "engine/engine.h"
 #include "kvcache/factory.h"
+#include "kvcache/seq_file.h"
 #include "model/calibrate.h"
 #include "model/chat_template.h"
 #include "model/default_model.h"
@@ -45,6 +46,7 @@ struct GenerateOptions {
   std::string prompts_file;          // one prompt per line
   int parallel = 1;
   double kv_budget_mib = 0;
+  std::string save_session, load_session;  // session files (kvcache/seq_file.h)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -224,10 +226,12 @@ void run_generate(const GenerateOptions& o) {
     VQ_CHECK(!texts.empty(), "{}: no prompts (one per line)", o.prompts_file);
   }
   const int n_sources = int(!texts.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty());
-  VQ_CHECK(n_sources == 1, "give exactly one of -p PROMPT (repeatable), --prompts-file FILE, --prompt-file FILE, --prompt-ids IDS");
+  const bool loading = !o.load_session.empty();
+  VQ_CHECK(n_sources == 1 || (n_sources == 0 && loading), "give exactly one of -p PROMPT (repeatable), --prompts-file FILE, --prompt-file FILE, --prompt-ids IDS");
   const bool parallel = o.parallel > 1 || texts.size() > 1;
-  VQ_CHECK(!parallel || (o.dump_logits.empty() && o.stats_json.empty()),
-           "--dump-logits and --stats-json are for one sequence (not with --parallel or several prompts)");
+  VQ_CHECK(!parallel || (o.dump_logits.empty() && o.stats_json.empty() && o.save_session.empty() && !loading),
+           "--dump-logits, --stats-json and sessions are for one sequence (not with --parallel or several prompts)");
+  VQ_CHECK(!loading || o.dump_logits.empty(), "--dump-logits is not available with --load-session");
   vq::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   // The KV cache spec is checked before the (slow) model load.
@@ -260,15 +264,29 @@ void run_generate(const GenerateOptions& o) {
   std::string shown_prompt;
   if (!o.prompt_ids.empty()) {
     ids = parse_ids(o.prompt_ids);
-  } else {
+  } else if (n_sources > 0) {
     shown_prompt = o.prompt_file.empty() ? texts[0] : read_text_file(o.prompt_file);
     ids = encode_prompt(*model, o, shown_prompt);
   }
+  // --load-session: the context holds the session's tokens too (their count is in the file).
+  const int n_ctx = o.n_ctx > 0 ? o.n_ctx
+                    : loading   ? int(std::max<int64_t>({cfg.n_ctx_train, 4096, int64_t(ids.size()) + std::max(o.n_predict, 1)}))
+                                : int(ids.size()) + std::max(o.n_predict, 1);
+  Session session(*model, spec, n_ctx, o.batch, kv_budget_bytes(o.kv_budget_mib));
+  int64_t n_kv = 0;  // tokens whose KV the session file brought
+  if (loading) {
+    LoadedSequence ld = load_sequence(o.load_session, session.store(), kv_identity(session.store(), path));
+    // The new prompt continues the session's text: no second BOS.
+    if (!ids.empty() && model->tokenizer().add_bos_default() && ids[0] == model->tokenizer().bos()) ids.erase(ids.begin());
+    ids.insert(ids.begin(), ld.tokens.begin(), ld.tokens.end());
+    n_kv = ld.n_kv;
+    session.sequence() = std::move(ld.seq);
+    VQ_CHECK(int64_t(ids.size()) > n_kv, "{}: the session's tokens are all in its KV; give -p to continue it",
+             o.load_session);
+  }
   const int n_prompt = static_cast<int>(ids.size());
-  const int n_ctx = o.n_ctx > 0 ? o.n_ctx : n_prompt + std::max(o.n_predict, 1);
   VQ_CHECK(n_prompt < n_ctx || (n_prompt == n_ctx && o.n_predict == 0),
            "the prompt has {} tokens, which does not fit the context of {} (-c)", n_prompt, n_ctx);
-  Session session(*model, spec, n_ctx, o.batch, kv_budget_bytes(o.kv_budget_mib));
 
   const SamplerParams sp = sampler_params(o);
   Sampler sampler(sp);
@@ -285,7 +303,7 @@ void run_generate(const GenerateOptions& o) {
 
   const auto t_prefill = Clock::now();
   const double c_prefill = process_cpu_seconds();
-  session.forward(ids.data(), n_prompt, logits.data(), dump);
+  session.forward(ids.data() + n_kv, n_prompt - int(n_kv), logits.data(), dump);
   const double prefill_s = seconds_since(t_prefill);
   const double prefill_cpu_s = process_cpu_seconds() - c_prefill;
   if (dump) dumped = logits;
@@ -323,6 +341,8 @@ void run_generate(const GenerateOptions& o) {
   std::fflush(stdout);
 
   if (dump) write_logits_dump(o.dump_logits, ids, n_prompt, V, dumped);
+  // The KV of every fed token and all the ids (the last one sampled is still to be fed).
+  if (!o.save_session.empty()) save_sequence(o.save_session, session.store(), session.sequence(), ids, kv_identity(session.store(), path));
 
   const double pp_tps = prefill_s > 0 ? n_prompt / prefill_s : 0.0;
   const double tg_tps = decode_s > 0 ? n_decoded / decode_s : 0.0;
@@ -385,6 +405,9 @@ void add_generate(CLI::App& app) {
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_flag("-q,--quiet", o->quiet, "Print no text, only the statistics");
   c->add_option("--stats-json", o->stats_json, "Write the statistics as JSON to a file");
+  c->add_option("--save-session", o->save_session, "Write the sequence's KV (native form) and tokens to a file at the end");
+  c->add_option("--load-session", o->load_session,
+                "Continue a session file: its tokens, then the prompt (if any), then n-predict new tokens");
   c->add_option("--dump-logits", o->dump_logits, "(testing) write token ids and all logits to a file")
       ->group("");
   c->callback([o] { run_generate(*o); });

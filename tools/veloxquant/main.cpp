@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   vq::cli::add_calibrate(app);
   vq::cli::add_perplexity(app);
   vq::cli::add_bench(app);
+  vq::cli::add_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
