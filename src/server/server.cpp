@@ -43,6 +43,7 @@ struct HttpServer::Impl {
   ServerOptions opt;
   httplib::Server svr;
   std::atomic<bool> draining{false};
+  std::atomic<int64_t> active{0};  // generation responses not ended yet
   std::atomic<int64_t> next_id{0};
   int n_ctx = 0;
 
@@ -77,8 +78,20 @@ struct HttpServer::Impl {
             {"choices", json::array({choice})}};
   }
 
+  // Counts a generation response as active until it ends (a stream: its releaser, called when
+  // httplib drops the response).
+  struct ActiveGuard {
+    std::atomic<int64_t>& n;
+    bool armed = true;
+    explicit ActiveGuard(std::atomic<int64_t>& c) : n(c) { ++n; }
+    ~ActiveGuard() {
+      if (armed) --n;
+    }
+  };
+
   void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
     const auto arrived = Clock::now();
+    ActiveGuard guard(active);
     if (draining) return send_error(res, 503, "the server is shutting down", "server_busy");
     json body;
     try {
@@ -109,14 +122,20 @@ struct HttpServer::Impl {
     if (!stream) return finish_plain(res, *ch, id, created);
     res.set_header("Cache-Control", "no-cache");
     auto first = std::make_shared<bool>(true);
+    guard.armed = false;  // the releaser below ends it
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, ch, id, created, first](size_t, httplib::DataSink& sink) {
           return stream_step(*ch, sink, id, created, *first);
         },
         [this, ch](bool) {
-          std::lock_guard<std::mutex> lock(ch->mu);
-          if (!ch->done) runner.cancel(*ch);  // the client went away
+          bool done;
+          {
+            std::lock_guard<std::mutex> lock(ch->mu);
+            done = ch->done;
+          }
+          if (!done) runner.cancel(*ch);  // the client went away
+          --active;
         });
   }
 
@@ -262,6 +281,10 @@ int HttpServer::bind() {
 }
 
 void HttpServer::run() { impl_->svr.listen_after_bind(); }
+
+void HttpServer::drain() { impl_->draining = true; }
+
+int64_t HttpServer::active() const { return impl_->active; }
 
 void HttpServer::stop() {
   impl_->draining = true;

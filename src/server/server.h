@@ -7,7 +7,8 @@
 // Requests past --parallel + --max-queue in flight get 429 with Retry-After. A streaming client
 // that goes away is cancelled at its next write (tokens or a keep-alive comment each second), so
 // its blocks are freed; a non-streaming one runs to its end (max_tokens bounds it).
-// Shutdown (stop()): no new connections, waiting and running requests finish, then run() returns.
+// Shutdown: drain() answers new requests 503 while those in flight finish (active() counts them,
+// streams until their last byte); stop() then closes the socket and run() returns.
 #include <memory>
 #include <string>
 
@@ -32,8 +33,10 @@ class HttpServer {
   ~HttpServer();
   int bind();  // binds host:port; returns the port; throws vq::Error naming them on failure
   void run();  // serves until stop(); returns once every connection's handler has returned
-  // From another thread: stop accepting (new requests get 503 until the socket closes); requests
-  // in flight go on.
+  void drain();            // from another thread: new generation requests get 503 from now on
+  int64_t active() const;  // generation requests whose HTTP response has not ended
+  // From another thread: closes the listening socket and ends every connection's loop (a stream
+  // still running is cut: drain first and wait for active() == 0).
   void stop();
 
  private:

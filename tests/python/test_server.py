@@ -271,3 +271,16 @@ def test_load_32_clients_200_requests(server):
     wrong = [(k, i) for k, i, text in results if text != expect[i]]
     assert not wrong, f"{len(wrong)} answers differ from their prompt's: {wrong[:5]}"
     assert time.time() - t0 < 300
+
+
+def test_sigterm_lets_running_requests_finish_and_exits_0():
+    s = Server("--kv-cache", KV, "--kv-budget", "128")
+    events = s.client().completions.create(model="m", prompt=PROMPTS[4], max_tokens=48, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+    first = next(iter(events))
+    s.proc.send_signal(signal.SIGTERM)
+    rest = list(events)
+    assert [e.choices[0].finish_reason for e in rest if e.choices][-1] == "length", "the stream ran to its end"
+    assert 1 + sum(1 for e in rest if e.choices and e.choices[0].text) >= 40 and first.choices
+    assert s.stop() == 0, "".join(s.log)
+    assert any("SIGTERM: stopping" in line for line in s.log)

@@ -33,8 +33,10 @@ struct ServeOptions {
   bool no_prefix_cache = false;
 };
 
-// Signals arrive in this thread only (blocked everywhere else): the first INT/TERM stops the
-// server, a second one (or the grace running out) cancels what is still running; USR1 ends it.
+// Signals arrive in this thread only (blocked everywhere else). The first INT/TERM drains the
+// server: new requests get 503, those in flight finish; a second signal, or the grace running
+// out, cancels them. Once no response is active the socket closes and run() returns. USR1 (sent by
+// the main thread at the end) ends this thread.
 void signal_loop(HttpServer& server, Runner& runner, double grace_s) {
   sigset_t set;
   sigemptyset(&set);
@@ -44,19 +46,22 @@ void signal_loop(HttpServer& server, Runner& runner, double grace_s) {
   if (sig == SIGUSR1) return;
   std::fprintf(stderr, "veloxquant serve: %s: stopping (requests in flight finish; a second signal cancels them)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM");
-  server.stop();
+  server.drain();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
-  timespec tick{0, 100 * 1000 * 1000};
-  for (;;) {
+  const timespec tick{0, 50 * 1000 * 1000};
+  bool cancelled = false;
+  while (server.active() > 0) {
     const int s = sigtimedwait(&set, nullptr, &tick);
     if (s == SIGUSR1) return;
-    if (s == SIGINT || s == SIGTERM || std::chrono::steady_clock::now() > deadline) {
-      if (runner.in_flight() > 0) std::fprintf(stderr, "veloxquant serve: cancelling %lld requests\n", (long long)runner.in_flight());
+    if (!cancelled && (s == SIGINT || s == SIGTERM || std::chrono::steady_clock::now() > deadline)) {
+      std::fprintf(stderr, "veloxquant serve: cancelling %lld requests\n", (long long)runner.in_flight());
       runner.cancel_all();
-      sigwait(&set, &sig);  // only USR1 (the end) matters now
-      if (sig == SIGUSR1) return;
+      cancelled = true;
     }
   }
+  server.stop();
+  sigwait(&set, &sig);  // the end (USR1); further INT/TERM change nothing now
+  while (sig != SIGUSR1) sigwait(&set, &sig);
 }
 
 void run_serve(const ServeOptions& o) {
