@@ -316,6 +316,7 @@ bool Engine::step() {
       ends.emplace_back(s, FinishReason::length);
       continue;
     }
+    if (s->req.on_logits) s->req.on_logits(s->id, s->logits.data(), V);
     const int32_t next = s->sampler->sample(s->logits.data(), V);
     s->sampler->accept(next);
     ++s->n_generated;

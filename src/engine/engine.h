@@ -74,6 +74,9 @@ struct Request {
   std::function<bool(int64_t id, int32_t token)> on_token;
   // Called once when the sequence ends.
   std::function<void(const SeqResult&)> on_finish;
+  // Optional: the logits [n_vocab] the next token is sampled from, just before its on_token (the
+  // server's logprobs); valid during this call and that on_token.
+  std::function<void(int64_t id, const float* logits, int n_vocab)> on_logits;
 };
 
 struct EngineStats {

@@ -132,8 +132,6 @@ void check_defaults(const json& body) {
   must("frequency_penalty", [](const json& x) { return x.is_number() && x.get<double>() == 0; }, "other than 0");
   must("logit_bias", [](const json& x) { return x.is_object() && x.empty(); }, "(non-empty)");
   must("suffix", [](const json& x) { return x.is_string() && x.get<std::string>().empty(); }, "(non-empty)");
-  must("logprobs", [](const json& x) { return x == false || x == 0; }, "");
-  must("top_logprobs", [](const json& x) { return x == 0; }, "");
   must("tools", [](const json& x) { return x.is_array() && x.empty(); }, "(tool calls)");
   must("tool_choice", [](const json& x) { return x == "none"; }, "(tool calls)");
   must("response_format", [](const json& x) { return x.is_object() && x.value("type", "") == "text"; },
@@ -222,6 +220,16 @@ GenParams parse_generation(const json& body, bool chat, const Model& model, cons
   if (has("ignore_eos")) p.ignore_eos = boolean(body["ignore_eos"], "ignore_eos");
   if (has("return_token_ids")) p.return_token_ids = boolean(body["return_token_ids"], "return_token_ids");
   if (has("user")) text_of(body["user"], "user");
+  // Log-probabilities: completions take logprobs = N (0..5 top entries), chat logprobs = true
+  // with top_logprobs = N (0..20).
+  if (!chat && has("logprobs")) p.logprobs = int(integer(body["logprobs"], "logprobs", 0, 5));
+  if (chat && has("logprobs") && boolean(body["logprobs"], "logprobs")) p.logprobs = 0;
+  if (has("top_logprobs")) {
+    if (!chat) bad("top_logprobs", "'top_logprobs' is a chat field; completions take 'logprobs': N");
+    const int n = int(integer(body["top_logprobs"], "top_logprobs", 0, 20));
+    if (p.logprobs < 0 && n > 0) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (p.logprobs >= 0) p.logprobs = n;
+  }
   if (has("session")) {
     p.session = text_of(body["session"], "session");
     if (!valid_session_name(p.session))

@@ -39,6 +39,7 @@ struct GenParams {
   std::vector<std::string> stop;
   bool stream = false, include_usage = false;
   bool ignore_eos = false, return_token_ids = false;
+  int logprobs = -1;  // -1: none; else the sampled token's log-probability and this many top ones
   std::string session;  // "" or a valid session name
 };
 

@@ -55,6 +55,7 @@ void Runner::loop() {
 std::shared_ptr<Channel> Runner::submit(GenParams p, Channel::Clock::time_point arrived) {
   auto c = std::make_shared<Channel>();
   c->arrived = arrived;
+  c->params = p;
   c->stream = std::make_unique<TextStream>(engine_.model().tokenizer(), p.stop);
   Request r;
   r.prompt = p.prompt;
@@ -62,10 +63,15 @@ std::shared_ptr<Channel> Runner::submit(GenParams p, Channel::Clock::time_point 
   r.max_new_tokens = p.max_tokens;
   r.ignore_eos = p.ignore_eos;
   Channel* ch = c.get();
-  r.on_token = [this, ch](int64_t, int32_t tok) {
+  const int n_vocab = engine_.model().config().n_vocab;
+  if (p.logprobs >= 0) r.on_logits = [ch](int64_t, const float* logits, int) { ch->logits = logits; };
+  r.on_token = [this, ch, n_vocab](int64_t, int32_t tok) {
     const std::string d = ch->stream->push(tok);
+    TokenLogprob lp;
+    if (ch->logits) lp = token_logprob(ch->logits, n_vocab, tok, ch->params.logprobs);
     {
       std::lock_guard<std::mutex> lock(ch->mu);
+      if (ch->logits) ch->logprobs.push_back(std::move(lp));
       if (ch->tokens.empty()) metrics_.observe_ttft(std::chrono::duration<double>(Channel::Clock::now() - ch->arrived).count());
       ch->tokens.push_back(tok);
       ch->text += d;
@@ -74,7 +80,6 @@ std::shared_ptr<Channel> Runner::submit(GenParams p, Channel::Clock::time_point 
     return !ch->stream->stopped();
   };
   r.on_finish = [this, ch](const SeqResult& res) { finished(*ch, res); };
-  c->params = std::move(p);
   std::lock_guard<std::mutex> lock(mu_);
   // Under mu_: the engine's thread cannot finish it (and look it up) before it is registered.
   c->id = engine_.submit(std::move(r));

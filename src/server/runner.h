@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "kvcache/kv_identity.h"
 #include "server/api.h"
+#include "server/logprobs.h"
 #include "server/metrics.h"
 #include "server/text_stream.h"
 
@@ -31,6 +32,7 @@ struct Channel {
   std::condition_variable cv;
   std::string text;             // emitted text not yet taken by the HTTP thread
   std::vector<int32_t> tokens;  // every generated token id
+  std::vector<TokenLogprob> logprobs;  // one per token when params.logprobs >= 0
   bool done = false;
   SeqResult result;
   std::string finish_reason;  // OpenAI's: "stop" or "length" (or "cancelled"/"error")
@@ -38,6 +40,7 @@ struct Channel {
   Clock::time_point arrived;
   // Engine thread only:
   std::unique_ptr<TextStream> stream;
+  const float* logits = nullptr;  // of the token being sampled (Request::on_logits)
   GenParams params;
 };
 

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "server/logprobs.h"
 
 namespace vq {
 namespace {
@@ -59,18 +60,17 @@ struct HttpServer::Impl {
 
   // One streamed chunk's JSON (completion or chat), with text and an optional finish reason.
   json chunk(const Channel& c, const std::string& id, int64_t created, const std::string& text, bool first,
-             const char* finish) const {
+             const char* finish, json logprobs = nullptr) const {
     json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json()}};
     if (c.params.chat) {
       json delta = json::object();
       if (first) delta["role"] = "assistant";
       if (!text.empty() || first) delta["content"] = text;
       choice["delta"] = delta;
-      choice["logprobs"] = nullptr;
     } else {
       choice["text"] = text;
-      choice["logprobs"] = nullptr;
     }
+    choice["logprobs"] = std::move(logprobs);
     return {{"id", id},
             {"object", c.params.chat ? "chat.completion.chunk" : "text_completion"},
             {"created", created},
@@ -121,12 +121,12 @@ struct HttpServer::Impl {
     const int64_t created = unix_now();
     if (!stream) return finish_plain(res, *ch, id, created);
     res.set_header("Cache-Control", "no-cache");
-    auto first = std::make_shared<bool>(true);
+    auto st = std::make_shared<StreamState>();
     guard.armed = false;  // the releaser below ends it
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, ch, id, created, first](size_t, httplib::DataSink& sink) {
-          return stream_step(*ch, sink, id, created, *first);
+        [this, ch, id, created, st](size_t, httplib::DataSink& sink) {
+          return stream_step(*ch, sink, id, created, *st);
         },
         [this, ch](bool) {
           bool done;
@@ -139,21 +139,35 @@ struct HttpServer::Impl {
         });
   }
 
+  struct StreamState {
+    bool first = true;
+    size_t lp_sent = 0, text_bytes = 0;  // logprob entries and text bytes sent so far
+  };
+
   // Waits for news (up to 1 s), sends it; false ends the response (and cancels an unfinished one).
-  bool stream_step(Channel& c, httplib::DataSink& sink, const std::string& id, int64_t created, bool& first) {
+  bool stream_step(Channel& c, httplib::DataSink& sink, const std::string& id, int64_t created, StreamState& st) {
     std::string text;
     bool done;
+    json lp;
     {
       std::unique_lock<std::mutex> lock(c.mu);
       c.cv.wait_for(lock, std::chrono::seconds(1), [&] { return c.done || !c.text.empty(); });
       text.swap(c.text);
       done = c.done;
+      // The tokens generated since the last chunk (text may lag them: held-back bytes).
+      if (c.params.logprobs >= 0 && (!text.empty() || done) && st.lp_sent < c.logprobs.size()) {
+        lp = logprobs_json(c.logprobs, st.lp_sent, c.logprobs.size(), engine.model().tokenizer(), c.params.chat,
+                           st.text_bytes);
+        st.lp_sent = c.logprobs.size();
+      }
     }
+    st.text_bytes += text.size();
     auto send = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
     auto event = [&](const json& j) { return send("data: " + dump(j) + "\n\n"); };
-    if (!text.empty() || (first && (done || c.params.chat))) {
-      if (!event(chunk(c, id, created, text, first, nullptr))) return false;
-      first = false;
+    const bool first = st.first;
+    if (!text.empty() || !lp.is_null() || (first && (done || c.params.chat))) {
+      if (!event(chunk(c, id, created, text, first, nullptr, lp))) return false;
+      st.first = false;
     } else if (!done) {
       return send(": keep-alive\n\n");  // finds a vanished client while waiting
     }
@@ -183,6 +197,8 @@ struct HttpServer::Impl {
     if (c.finish_reason == "error") return send_error(res, 400, c.result.error);
     if (c.finish_reason == "cancelled") return send_error(res, 503, "the request was cancelled (server stopping)", "server_busy");
     json choice = {{"index", 0}, {"finish_reason", c.finish_reason}, {"logprobs", nullptr}};
+    if (c.params.logprobs >= 0)
+      choice["logprobs"] = logprobs_json(c.logprobs, 0, c.logprobs.size(), engine.model().tokenizer(), c.params.chat, 0);
     if (c.params.chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     else choice["text"] = c.text;
     if (c.params.return_token_ids) choice["token_ids"] = c.tokens;

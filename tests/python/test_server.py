@@ -78,6 +78,22 @@ def test_streaming_equals_plain(server):
     assert events[-1].usage.completion_tokens == chat_plain.usage.completion_tokens
 
 
+def test_logprobs(server):
+    c = server.client()
+    ch = complete(c, PROMPTS[5], n=6, logprobs=3)
+    lp = ch.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert "".join(lp.tokens) == ch.text and lp.text_offset[0] == 0
+    for chosen, tok, top in zip(lp.token_logprobs, lp.tokens, lp.top_logprobs):
+        assert len(top) == 3 and chosen <= 0
+        assert abs(chosen - max(top.values())) < 1e-6 and top[tok] == chosen, "greedy takes the most likely token"
+    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                  temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in content)
+    assert bytes(b for e in content for b in e.bytes).decode() == r.choices[0].message.content
+
+
 def test_stop_strings_spanning_tokens_are_cut(server):
     c = server.client()
     full = complete(c, PROMPTS[2], n=32).text
@@ -177,6 +193,8 @@ BAD = [
     ("empty stop", {"prompt": "x", "stop": [""]}, "empty"),
     ("stream not bool", {"prompt": "x", "stream": "yes"}, "'stream'"),
     ("bad session name", {"prompt": "x", "session": "../etc"}, "'session'"),
+    ("logprobs past 5", {"prompt": "x", "logprobs": 6}, "'logprobs'"),
+    ("top_logprobs on completions", {"prompt": "x", "top_logprobs": 2}, "'top_logprobs'"),
 ]
 
 
