@@ -29,6 +29,13 @@ WORDS = ("river stone cloud maple lantern copper violet harbor meadow falcon emb
          "willow canyon saffron glacier thimble basalt juniper").split()
 
 
+T0 = time.time()
+
+
+def say(msg):
+    print(f"[{time.time() - T0:7.1f}s, load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,7 +143,7 @@ def llama_kv_bytes(py, model, type_kv, ctx=4096):
             f"t={{'f16':1,'q4_0':2,'q8_0':8}}['{type_kv}']\n"
             f"llama_cpp.Llama(model_path=sys.argv[1], n_ctx={ctx}, type_k=t, type_v=t, flash_attn=True, verbose=True)\n")
     r = subprocess.run([py, "-c", code, model], capture_output=True, text=True, timeout=600)
-    m = re.search(r"KV[^\n]*?size\s*=\s*([\d.]+)\s*MiB", r.stderr)
+    m = re.search(r"KV buffer size\s*=\s*([\d.]+)\s*MiB", r.stderr)
     if not m:
         raise RuntimeError("no KV size in llama.cpp's log:\n" + r.stderr[-2000:])
     return float(m.group(1)) * 1048576
@@ -165,7 +172,9 @@ def main():
                log="/tmp/vq_server_bench.log")
     try:
         stream_one(srv.client, "warm up", 4)
+        say("ours: load test")
         rows["ours"] = load_test(srv.client, a.clients, a.requests, a.max_tokens, {"ignore_eos": True})
+        say(f"ours: {rows['ours']}; prefix test")
         rows["ours"]["miss"], rows["ours"]["hit"] = prefix_test(srv.client, {})
     finally:
         srv.stop()
@@ -178,10 +187,13 @@ def main():
                log="/tmp/llamacpp_server_bench.log")
     try:
         stream_one(srv.client, "warm up", 4)
+        say("llama.cpp: load test")
         rows["llama"] = load_test(srv.client, a.clients, a.requests, a.max_tokens, {"ignore_eos": True})
+        say(f"llama.cpp: {rows['llama']}; prefix test")
         rows["llama"]["miss"], rows["llama"]["hit"] = prefix_test(srv.client, {})
     finally:
         srv.stop()
+    say("4k conversations")
     budget = a.budget_mib * 1048576
     conv = ours_conv_bytes(a.bin, a.model, a.kv, a.threads)
     f16 = llama_kv_bytes(a.llama_python, a.model, "f16")

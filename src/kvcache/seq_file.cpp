@@ -162,6 +162,9 @@ LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdent
            n_layers, H, D, B);
   VQ_CHECK(n_kv >= 0 && uint64_t(n_kv) <= n_tokens, "{}: session holds {} KV tokens but {} token ids", path, n_kv,
            n_tokens);
+  // A checksum proves integrity, not sense: sizes are bounded by the file before anything is allocated.
+  VQ_CHECK(n_tokens <= data.size() / sizeof(int32_t), "{}: session file is inconsistent: {} token ids in {} bytes",
+           path, n_tokens, data.size());
   LoadedSequence out;
   out.n_kv = n_kv;
   out.tokens.resize(n_tokens);
