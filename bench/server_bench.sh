@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift ;;
     --model) model=$2; shift ;;
-    --kv|--threads|--clients|--requests|--max-tokens|--budget-mib|--write-doc) args+=("$1" "$2"); shift ;;
+    --kv|--calib|--threads|--clients|--requests|--max-tokens|--budget-mib|--write-doc) args+=("$1" "$2"); shift ;;
     *) echo "server_bench: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -29,6 +29,9 @@ if ! "$venv/bin/python" -c "import llama_cpp.server, sse_starlette" 2>/dev/null;
   CMAKE_BUILD_PARALLEL_LEVEL=${VQ_JOBS:-2} \
     "$venv/bin/python" -m pip install -q --no-cache-dir "llama-cpp-python[server]==$llama_cpp_version"
 fi
-[ -n "$model" ] || model=$("$bin" info --default-model-path)
+if [ -z "$model" ]; then
+  model=$("$bin" info --default-model-path)
+  args+=(--default-model)
+fi
 exec .venv/bin/python bench/server_bench.py --bin "$bin" --model "$model" --llama-python "$venv/bin/python" \
   --command "$cmdline" "${args[@]}"

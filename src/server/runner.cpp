@@ -92,8 +92,8 @@ std::shared_ptr<Channel> Runner::submit(GenParams p, Channel::Clock::time_point 
 
 void Runner::finished(Channel& c, const SeqResult& r) {
   // Engine thread, inside Engine::finish (the end point is already in the prefix cache).
-  const bool completed = r.why == FinishReason::length || r.why == FinishReason::eos || r.why == FinishReason::stop ||
-                         r.why == FinishReason::context;
+  // The ends the engine caches a point for (a sequence that filled its context has no next turn).
+  const bool completed = r.why == FinishReason::length || r.why == FinishReason::eos || r.why == FinishReason::stop;
   std::string tail = c.stream->finish();
   if (completed && !c.params.session.empty()) {
     std::vector<int32_t> all = c.params.prompt;
