@@ -97,6 +97,9 @@ def load_test(client, clients, requests, max_tokens, extra):
     wall = time.perf_counter() - t0
     ttfts = sorted(r[0] for r in res)
     q = lambda f: ttfts[min(len(ttfts) - 1, int(f * len(ttfts)))]
+    short = [r[1] for r in res if r[1] < max_tokens]
+    if short:  # an event may carry two tokens (UTF-8 held back), or a server stopped early
+        say(f"{len(short)} of {len(res)} requests streamed fewer than {max_tokens} text events: {short[:8]}")
     return {"tok_s": sum(r[1] for r in res) / wall, "ttft_p50": q(0.5), "ttft_p99": q(0.99), "wall": wall,
             "tokens": sum(r[1] for r in res)}
 
@@ -173,6 +176,7 @@ def main():
     ap.add_argument("--default-model", action="store_true",
                     help="the model is veloxquant's default one (its first-use VecInfer calibration applies)")
     ap.add_argument("--calib", default="", help="calibration file for a vecinfer --kv with another model")
+    ap.add_argument("--eog-ids", default="0,1,2", help="end-of-generation token ids (SmolLM2: 0, 1, 2)")
     ap.add_argument("--command", default="")
     ap.add_argument("--write-doc", default="")
     a = ap.parse_args()
@@ -196,12 +200,16 @@ def main():
     env = dict(os.environ)
     srv = Proc([a.llama_python, "-m", "llama_cpp.server", "--model", a.model, "--model_alias", "m", "--port",
                 str(port), "--host", "127.0.0.1", "--n_ctx", "8192", "--n_threads", str(a.threads),
-                "--n_threads_batch", str(a.threads), "--n_batch", "512"], port, env=env,
+                "--n_threads_batch", str(a.threads), "--n_batch", "512",
+                # By default a new request interrupts the one streaming; here they queue instead.
+                "--interrupt_requests", "False"], port, env=env,
                log="/tmp/llamacpp_server_bench.log")
     try:
         stream_one(srv.client, "warm up", 4)
         say("llama.cpp: load test")
-        rows["llama"] = load_test(srv.client, a.clients, a.requests, a.max_tokens, {"ignore_eos": True})
+        # No ignore_eos there: the end-of-text tokens are banned instead, so both run max_tokens.
+        no_eos = {"logit_bias": {str(t): -100 for t in a.eog_ids.split(",")}}
+        rows["llama"] = load_test(srv.client, a.clients, a.requests, a.max_tokens, no_eos)
         say(f"llama.cpp: {rows['llama']}; prefix test")
         rows["llama"]["miss"], rows["llama"]["second"], rows["llama"]["hit"] = prefix_test(srv.client, {})
     finally:
