@@ -63,6 +63,13 @@ void zero_dense_tail(uint8_t* blk, int H, int D, int B, size_t es, int r) {
   for (int h = 0; h < H; ++h) std::memset(v + (size_t(h) * B + r) * D * es, 0, size_t(B - r) * D * es);
 }
 
+// Zeroes slots [r, B) of a q8_0/q4_0 block: [2 (K, V)][H][B][row bytes] (kv_format.cpp), the
+// one layout of the formats written per token.
+void zero_scalar_tail(uint8_t* blk, int H, int B, size_t block_bytes, int r) {
+  const size_t row = block_bytes / (2 * size_t(H) * size_t(B));
+  for (size_t kh = 0; kh < 2 * size_t(H); ++kh) std::memset(blk + (kh * B + r) * row, 0, size_t(B - r) * row);
+}
+
 }  // namespace
 
 void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
@@ -95,6 +102,8 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
   const size_t dbytes = kv.dense_block_bytes();
   const size_t es = dbytes / (2 * size_t(g.n_kv_heads) * size_t(g.head_dim) * size_t(B));
   std::vector<uint8_t> tmp(dbytes);
+  const KVMethod method = kv.spec().config.method;
+  const bool per_token = method == KVMethod::q8_0 || method == KVMethod::q4_0;
   for (int l = 0; l < kv.n_layers(); ++l) {
     const size_t cbytes = kv.coded_block_bytes(l);
     const int64_t nb = kv.n_blocks(s, l);
@@ -112,7 +121,17 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
         if (r < B) zero_dense_tail(tmp.data(), g.n_kv_heads, g.head_dim, B, es, int(r));
         w.put_bytes(tmp.data(), dbytes);
       }
-      if (b.coded >= 0) w.put_bytes(kv.block_data(l, true, b.coded), cbytes);
+      if (b.coded >= 0) {
+        const uint8_t* src = kv.block_data(l, true, b.coded);
+        const int64_t r = std::min<int64_t>(B, n - j * B);
+        if (per_token && r < B) {  // a partial block: its unused slots hold stale pool memory
+          std::vector<uint8_t> c(src, src + cbytes);
+          zero_scalar_tail(c.data(), g.n_kv_heads, B, cbytes, int(r));
+          w.put_bytes(c.data(), cbytes);
+        } else {
+          w.put_bytes(src, cbytes);
+        }
+      }
     }
   }
   const uint64_t total = w.buf.size() + 8;

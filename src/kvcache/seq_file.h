@@ -16,7 +16,7 @@
 // Written to a temporary name and renamed. Reading refuses, with one message naming the file and
 // the cause, a file that is truncated or has trailing bytes, fails its checksum, has another
 // version, or was made for another model, spec or calibration (or geometry).
-// Unused slots of a partial fp16 block are written as zeros (no stale pool memory on disk).
+// Unused slots of a partial block are written as zeros (no stale pool memory on disk).
 #include <cstdint>
 #include <string>
 #include <vector>
