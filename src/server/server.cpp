@@ -256,8 +256,10 @@ struct HttpServer::Impl {
     // Whatever httplib answers by itself (404, 413, 400 on a broken request line) gets a JSON body.
     svr.set_error_handler([](const httplib::Request&, httplib::Response& r) {
       if (!r.body.empty()) return;
-      const char* msg = r.status == 404 ? "no such endpoint" : r.status == 413 ? "the request body is too large"
-                                                                               : "bad request";
+      const char* msg = r.status == 404   ? "no such endpoint"
+                        : r.status == 413 ? "the request body is too large"
+                                          : "bad request (malformed HTTP, or a POST without a body or Content-Length: "
+                                            "send one, e.g. curl -d '')";
       r.set_content(error_body(r.status, msg), "application/json");
     });
     svr.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
