@@ -127,6 +127,23 @@ def test_prefix_hit_equals_miss(server, cold):
     assert warm == [complete(cold.client(), p, n=12).text for p in prompts]
 
 
+def test_small_budget_queues_and_preempts_without_changing_outputs(cold):
+    """A pool that holds about two of these sequences: the rest wait or are preempted and recomputed;
+    every output still equals the one-at-a-time output."""
+    prompts = [" ".join(f"{w}{i}" for w in PROMPTS[i].split()) * 6 for i in range(6)]  # ~300 tokens each
+    s = Server("--kv-cache", KV, "--kv-budget", "8", "--parallel", "6")
+    try:
+        c = s.client()
+        with cf.ThreadPoolExecutor(6) as ex:
+            got = list(ex.map(lambda p: complete(c, p, n=24).text, prompts))
+        squeezed = s.metric("vq_engine_preemptions_total") + s.metric("vq_prefix_cache_evictions_total")
+        assert s.metric("vq_kv_pool_used_bytes") <= 8 * 1048576
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+    assert got == [complete(cold.client(), p, n=24).text for p in prompts]
+    assert squeezed > 0, "the budget should have forced evictions or preemptions"
+
+
 def test_session_save_restore_across_restart(tmp_path):
     sdir = tmp_path / "sessions"
     prompt_ids = list(range(1000, 1090))  # token ids: no re-tokenization between turns
