@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "veloxquant/status.h"
+
 namespace vq {
 
 struct KVGeometry {

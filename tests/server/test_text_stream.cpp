@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "model/default_model.h"
+#include "model_fetch/model_fetch.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "server/text_stream.h"

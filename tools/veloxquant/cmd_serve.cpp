@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "cli_checks.h"
 #include "cli_kv.h"
 #include "cli_model.h"
 #include "commands.h"
@@ -81,16 +82,19 @@ void run_serve(const ServeOptions& o) {
   vq::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   const KVCacheConfig kv_config = parse_kv_cache_spec(o.kv_cache);
+  check_cache_flags(kv_config, o.calib);
   bool is_default = false;
   const std::string path = model_path_or_default(o.model, &is_default);
   const auto model = Model::load(path);
   VQ_CHECK(model->has_tokenizer(), "{}: the model has no tokenizer metadata; the server needs one", path);
+  check_cache_fits_model(kv_config, *model, path);
+  check_weights_finite(*model, path);
   const std::string calib = resolve_calibration(*model, path, is_default, kv_config, o.calib,
                                                 [](const char* stage, int d, int t) {
                                                   std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
                                                   if (d == t) std::fprintf(stderr, "\n");
                                                 });
-  const KVSpec spec = make_kv_spec(kv_config, calib);
+  const KVSpec spec = make_checked_spec(kv_config, *model, calib, o.calib.empty());
   EngineOptions eo;
   eo.kv_budget_bytes = kv_budget_bytes(o.kv_budget_mib);
   eo.max_sequences = o.parallel;
