@@ -28,8 +28,17 @@ struct Engine::Seq {
   std::unique_ptr<Sampler> sampler;
   std::vector<float> logits;  // [n_vocab] of the last fed token
   bool prompt_done = false;   // the original prompt has been fed once (fork point reached)
+  // Prefix cache: positions where a prefill chunk must end (see engine.h), and the decode-time
+  // point this sequence cached last (replaced by the next one).
+  std::vector<int64_t> cuts;
+  int64_t rolling_point = -1;
   int64_t fed() const { return kv.size(); }
   int64_t pending() const { return int64_t(tokens.size()) - fed(); }
+  int64_t until_cut() const {
+    for (int64_t c : cuts)
+      if (c > fed()) return c - fed();
+    return pending();
+  }
 };
 
 Engine::Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt)
@@ -38,6 +47,7 @@ Engine::Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt)
   VQ_CHECK(opt.max_step_tokens >= 1, "engine: max_step_tokens {} must be >= 1", opt.max_step_tokens);
   VQ_CHECK(opt.n_ctx >= 0, "engine: n_ctx {} must be >= 0", opt.n_ctx);
   if (opt_.n_ctx == 0) opt_.n_ctx = int(std::min<int64_t>(model.config().n_ctx_train > 0 ? model.config().n_ctx_train : 4096, 1 << 20));
+  if (opt_.prefix_cache) cache_ = std::make_unique<PrefixCache>(*kv_, opt_.kv_identity);
 }
 
 Engine::~Engine() = default;
@@ -89,6 +99,12 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
   r.error = error;
   r.n_prompt = int64_t(s.req.prompt.size());
   r.n_generated = s.n_generated;
+  const bool completed = why == FinishReason::length || why == FinishReason::eos || why == FinishReason::stop;
+  if (cache_ && completed && s.kv.valid() && s.fed() > 0) {
+    // The sequence's end, for a next turn that extends this conversation.
+    const PrefixCache::Inserted p = cache_->insert(s.tokens.data(), s.fed(), s.kv);
+    if (s.rolling_point >= 0 && s.rolling_point != p.point) cache_->erase(s.rolling_point);
+  }
   if (s.kv.valid()) {
     r.kv_token_bytes = kv_->token_bytes(s.kv);
     r.kv_allocated_bytes = kv_->allocated_bytes(s.kv);
@@ -118,9 +134,36 @@ void Engine::admit() {
       }
     }
     if (!s.kv.valid()) s.kv = kv_->new_sequence();
+    if (cache_ && s.kv.size() == 0) attach_cached_prefix(s);
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
   }
+}
+
+void Engine::attach_cached_prefix(Seq& s) {
+  const int64_t len = int64_t(s.tokens.size()), B = kv_->block_tokens();
+  const PrefixCache::Hit h = cache_->lookup(s.tokens.data(), len, len - 1);  // it feeds >= 1 token itself
+  if (h.seq) {
+    try {
+      s.kv = kv_->fork(*h.seq, h.n);
+    } catch (const Error&) {
+      s.kv = kv_->new_sequence();  // cannot happen for a point (it holds its position's forms): recompute
+    }
+  }
+  s.cuts.clear();
+  for (int64_t c : {h.matched, (len - 1) / B * B})
+    if (c > s.fed()) s.cuts.push_back(c);
+  std::sort(s.cuts.begin(), s.cuts.end());
+}
+
+void Engine::cache_points(const BatchEntry& e, Seq& s) {
+  const int64_t n = s.fed();
+  if (n % kv_->block_tokens() != 0) return;
+  const PrefixCache::Inserted p = cache_->insert(s.tokens.data(), n, s.kv);
+  if (e.n > 1 || !p.created) return;  // prefill points stay (LRU)
+  // Decoding: keep only the latest point of this sequence; its end is cached when it finishes.
+  if (s.rolling_point >= 0) cache_->erase(s.rolling_point);
+  s.rolling_point = p.point;
 }
 
 bool Engine::fork_children(Seq& parent) {
@@ -179,7 +222,10 @@ bool Engine::step() {
     }
   }
   admit();
-  if (running_.empty()) return false;
+  if (running_.empty()) {
+    publish_stats();
+    return false;
+  }
 
   const int V = model_.config().n_vocab;
   // Build the step: one token for every sequence with one pending, then prefill chunks in start
@@ -207,10 +253,11 @@ bool Engine::step() {
       if (q->pending() == 1 && budget > 0) add(*q, 1);
     for (auto& q : running_)
       if (q->pending() > 1 && budget > 0 && std::find(no_prefill.begin(), no_prefill.end(), q.get()) == no_prefill.end())
-        add(*q, int(std::min<int64_t>(q->pending(), budget)));
+        add(*q, int(std::min<int64_t>({q->pending(), int64_t(budget), q->until_cut()})));
     std::vector<int64_t> counts;
     for (const BatchEntry& e : entries_) kv_->blocks_for_append(*e.seq, e.n, counts);
     if (!entries_.empty() && kv_->pool().can_allocate(counts)) break;
+    if (!entries_.empty() && cache_ && cache_->evict_one()) continue;  // cached prefixes go first
     if (entries_.size() > 1 && entries_.back().n > 1) {
       no_prefill.push_back(entry_seq_.back());
       continue;
@@ -235,12 +282,15 @@ bool Engine::step() {
                        double(kv_->pool().budget_bytes()) / 1048576.0, n, double(kv_->pool().bytes_of(c1)) / 1048576.0,
                        double(kv_->pool().free_bytes()) / 1048576.0));
     fork_children(*q);
+    publish_stats();
     return true;
   }
 
   const auto t0 = std::chrono::steady_clock::now();
   fwd_.step(entries_.data(), int(entries_.size()));
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cache_)
+    for (size_t i = 0; i < entries_.size(); ++i) cache_points(entries_[i], *entry_seq_[i]);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.steps;
@@ -266,6 +316,7 @@ bool Engine::step() {
       ends.emplace_back(s, FinishReason::length);
       continue;
     }
+    if (s->req.on_logits) s->req.on_logits(s->id, s->logits.data(), V);
     const int32_t next = s->sampler->sample(s->logits.data(), V);
     s->sampler->accept(next);
     ++s->n_generated;
@@ -283,7 +334,15 @@ bool Engine::step() {
     finish(*own, why);
     fork_children(*own);
   }
+  publish_stats();
   return true;
+}
+
+void Engine::publish_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cache_) stats_.prefix = cache_->stats();
+  stats_.pool_used_bytes = kv_->pool().used_bytes();
+  stats_.pool_budget_bytes = kv_->pool().budget_bytes();
 }
 
 void Engine::run() {

@@ -14,6 +14,14 @@
 // tokens; it starts by sharing that sequence's blocks once its prompt is processed (N samples of
 // one prompt prefill it once).
 //
+// Prefix cache (EngineOptions::prefix_cache, kvcache/prefix_cache.h): a starting sequence forks
+// from the longest cached point its tokens extend and feeds only the rest. Points are cached at
+// block-aligned ends of prefill chunks (a prefill chunk also ends where the cached chain it
+// extends ends, and at the last full block before the prompt's end, so that the next request
+// sharing that prefix finds a point there), at block boundaries of decoding (only the latest per
+// sequence) and where a sequence ends. Cached points are evicted (least recently used) before any
+// prefill is delayed or any sequence preempted.
+//
 // Threading: submit() and cancel() may be called from any thread; step() and run() from one.
 #include <atomic>
 #include <chrono>
@@ -27,6 +35,7 @@
 #include <vector>
 
 #include "kvcache/kv_store.h"
+#include "kvcache/prefix_cache.h"
 #include "model/sampler.h"
 #include "model/session.h"
 
@@ -40,6 +49,8 @@ struct EngineOptions {
   int max_sequences = 16;     // running at once
   int max_step_tokens = 512;  // rows per step (decode tokens + prefill chunk tokens)
   int n_ctx = 0;              // positions per sequence (0: the model's context length)
+  bool prefix_cache = false;  // cache prefixes' KV for later requests (see above)
+  uint64_t kv_identity = 0;   // root of the prefix cache's hash chains (kv_identity.h)
 };
 
 // What a sequence ended with (passed to Request::on_finish).
@@ -63,6 +74,9 @@ struct Request {
   std::function<bool(int64_t id, int32_t token)> on_token;
   // Called once when the sequence ends.
   std::function<void(const SeqResult&)> on_finish;
+  // Optional: the logits [n_vocab] the next token is sampled from, just before its on_token (the
+  // server's logprobs); valid during this call and that on_token.
+  std::function<void(int64_t id, const float* logits, int n_vocab)> on_logits;
 };
 
 struct EngineStats {
@@ -72,6 +86,9 @@ struct EngineStats {
   double step_seconds = 0;      // total time in Forward::step
   double last_step_ms = 0;
   int running = 0, waiting = 0;
+  // Copied at the end of each step, so that other threads can read them (server metrics).
+  PrefixCacheStats prefix;
+  size_t pool_used_bytes = 0, pool_budget_bytes = 0;
 };
 
 class Engine {
@@ -91,6 +108,8 @@ class Engine {
   KVStore& kv() { return *kv_; }
   const Model& model() const { return model_; }
   const EngineOptions& options() const { return opt_; }
+  // The prefix cache (nullptr when off); the engine's thread only, between steps.
+  PrefixCache* prefix_cache() { return cache_.get(); }
 
  private:
   struct Seq;
@@ -98,11 +117,15 @@ class Engine {
   void finish(Seq& s, FinishReason why, const std::string& error = "");
   bool fork_children(Seq& parent);
   void preempt(Seq& s);
+  void attach_cached_prefix(Seq& s);
+  void cache_points(const BatchEntry& e, Seq& s);
+  void publish_stats();  // copies what other threads may read into stats_
 
   const Model& model_;
   EngineOptions opt_;
   std::unique_ptr<KVStore> kv_;
   Forward fwd_;
+  std::unique_ptr<PrefixCache> cache_;  // after kv_: its points go back to kv_ first
   mutable std::mutex mu_;  // guards waiting_, cancelled_, next_id_
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<int64_t> cancelled_;

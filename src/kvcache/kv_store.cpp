@@ -571,3 +571,93 @@ size_t KVStore::codebook_bytes() const {
 }
 
 }  // namespace vq
+
+// ---- Block-level access (issue 11: sessions on disk). Added methods only. ----
+namespace vq {
+
+int64_t KVStore::n_blocks(const SeqKV& s, int layer) const {
+  VQ_CHECK(s.store_ == this, "kv store: n_blocks of a sequence of another store");
+  VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
+  return int64_t(s.layers_[size_t(layer)].dense.size());
+}
+
+KVStore::BlockIds KVStore::block_ids(const SeqKV& s, int layer, int64_t j) const {
+  const int64_t nb = n_blocks(s, layer);
+  VQ_CHECK(j >= 0 && j < nb, "kv store: block {} of layer {} out of range [0, {})", j, layer, nb);
+  const SeqKV::Layer& sl = s.layers_[size_t(layer)];
+  return BlockIds{sl.dense[size_t(j)], sl.coded[size_t(j)]};
+}
+
+size_t KVStore::coded_block_bytes(int layer) const {
+  VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
+  const Layer& L = layers_[size_t(layer)];
+  return L.format ? pool_.block_bytes(L.coded_arena) : 0;
+}
+
+const uint8_t* KVStore::block_data(int layer, bool coded, int32_t id) const {
+  return const_cast<KVStore*>(this)->block_data(layer, coded, id);
+}
+
+uint8_t* KVStore::block_data(int layer, bool coded, int32_t id) {
+  VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
+  const Layer& L = layers_[size_t(layer)];
+  VQ_CHECK(!coded || L.format, "kv store: layer {} has no coded form", layer);
+  return pool_.data(coded ? L.coded_arena : dense_arena_, id);
+}
+
+int32_t KVStore::alloc_block(int layer, bool coded) {
+  VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
+  const Layer& L = layers_[size_t(layer)];
+  VQ_CHECK(!coded || L.format, "kv store: layer {} has no coded form", layer);
+  VQ_CHECK(coded || has_dense(L), "kv store: layer {} ({}) has no dense form", layer, spec_.name());
+  return pool_.alloc(coded ? L.coded_arena : dense_arena_);
+}
+
+void KVStore::release_block(int layer, bool coded, int32_t id) {
+  VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
+  pool_.release(coded ? layers_[size_t(layer)].coded_arena : dense_arena_, id);
+}
+
+SeqKV KVStore::adopt_blocks(int64_t n, std::vector<std::vector<BlockIds>> ids) {
+  // The references are taken over in every case: on any error they are released.
+  const size_t nb = n >= 0 ? size_t((n + B_ - 1) / B_) : 0;
+  SeqKV s = new_sequence();
+  bool shape_ok = n >= 0 && ids.size() == layers_.size();
+  for (size_t l = 0; l < ids.size() && l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    SeqKV::Layer& b = s.layers_[l];
+    shape_ok = shape_ok && ids[l].size() == nb;
+    for (const BlockIds& id : ids[l]) {
+      // A form the layer does not have cannot be held (nor released through its arena).
+      shape_ok = shape_ok && (id.coded < 0 || L.format) && (id.dense < 0 || has_dense(L));
+      b.dense.push_back(has_dense(L) ? id.dense : -1);
+      b.coded.push_back(L.format ? id.coded : -1);
+    }
+    b.n = std::max<int64_t>(n, 0);
+  }
+  if (!shape_ok) {
+    release(s);
+    VQ_FAIL("kv store: adopt_blocks of {} tokens needs {} layers of {} blocks each, in forms the layers have "
+            "(got {} layers)", n, layers_.size(), nb, ids.size());
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    SeqKV::Layer& b = s.layers_[l];
+    const int64_t kb = L.key_begin(n), ce = L.coded_end(n, B_);
+    for (size_t j = 0; j < nb; ++j) {
+      const int64_t j0 = int64_t(j) * B_, j1 = j0 + B_;
+      if (j1 <= kb) continue;  // left a sliding window for good
+      const bool need_dense = has_dense(L) && (j0 < L.sink_end || j1 > ce);
+      const bool need_code = L.format && !need_dense;
+      if ((need_dense && b.dense[j] < 0) || (need_code && b.coded[j] < 0 && b.dense[j] < 0)) {
+        release(s);
+        VQ_FAIL("kv store: a sequence of {} tokens lacks the {} form of tokens {}..{} in layer {}", n,
+                need_dense ? "fp16" : "coded", j0, j1 - 1, l);
+      }
+    }
+    trim_layer(b, L, n);
+  }
+  return s;
+}
+
+}  // namespace vq

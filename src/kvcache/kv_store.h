@@ -147,6 +147,29 @@ class KVStore {
   int64_t blocks_held(const SeqKV& s, int layer, bool coded) const;
   void set_reference_kernels(bool on);
 
+  // ---- Block-level access (issue 11: sessions on disk; the server's prefix cache uses fork()).
+  // Added methods only: nothing above calls them and they change nothing above.
+  struct BlockIds {
+    int32_t dense = -1;  // dense-arena block id, -1: absent
+    int32_t coded = -1;  // the layer's coded-arena block id, -1: absent
+  };
+  // Block-table length of one layer of s, and block j's ids (not retained).
+  int64_t n_blocks(const SeqKV& s, int layer) const;
+  BlockIds block_ids(const SeqKV& s, int layer, int64_t j) const;
+  size_t dense_block_bytes() const { return dense_block_bytes_; }
+  size_t coded_block_bytes(int layer) const;  // 0: the layer has no coded form
+  // A block's payload: [dense_block_bytes()] or [coded_block_bytes(layer)].
+  const uint8_t* block_data(int layer, bool coded, int32_t id) const;
+  uint8_t* block_data(int layer, bool coded, int32_t id);
+  // A new block of one form with refcount 1 (contents undefined). Throws KVPoolExhausted.
+  int32_t alloc_block(int layer, bool coded);
+  void release_block(int layer, bool coded, int32_t id);
+  // A sequence of n tokens in every layer made of existing blocks: ids[l] has ceil(n / B) entries.
+  // The sequence takes over one reference per id given. Throws (releasing them all) when a form
+  // that a query at position n reads is missing, naming the layer and the tokens; forms no query
+  // at n reads are released, as fork() does.
+  SeqKV adopt_blocks(int64_t n, std::vector<std::vector<BlockIds>> ids);
+
  private:
   struct Layer {
     std::unique_ptr<CodedFormat> format;  // null: dense only

@@ -24,6 +24,7 @@
 #include "cli_kv.h"
 #include "engine/engine.h"
 #include "kvcache/factory.h"
+#include "kvcache/seq_file.h"
 #include "kvcache/spec_syntax.h"
 #include "model/calibrate.h"
 #include "model/chat_template.h"
@@ -50,6 +51,7 @@ struct GenerateOptions {
   std::string prompts_file;          // one prompt per line
   int parallel = 1;
   double kv_budget_mib = 0;
+  std::string save_session, load_session;  // session files (kvcache/seq_file.h)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -219,13 +221,15 @@ void run_generate(const GenerateOptions& o) {
   VQ_CHECK(o.threads >= 0 && o.threads <= 1024, "-t: {} out of range", o.threads);
   const int n_sources = int(!o.prompts.empty()) + int(!o.prompts_file.empty()) + int(!o.prompt_file.empty()) +
                         int(!o.prompt_ids.empty());
-  VQ_CHECK(n_sources == 1,
+  const bool loading = !o.load_session.empty();  // --load-session: a prompt is optional
+  VQ_CHECK(n_sources == 1 || (n_sources == 0 && loading),
            "give exactly one of -p PROMPT (repeatable), --prompts-file FILE, --prompt-file FILE, --prompt-ids IDS");
   VQ_CHECK(o.system.empty() || o.chat, "--system: only applies with --chat");
   VQ_CHECK(!o.chat || o.prompt_ids.empty(), "--chat: does not apply to --prompt-ids (token ids are not text)");
   // Output files are checked before anything slow, so a typo fails now, not after the run.
   if (!o.stats_json.empty()) check_output_path(o.stats_json, "--stats-json");
   if (!o.dump_logits.empty()) check_output_path(o.dump_logits, "--dump-logits");
+  if (!o.save_session.empty()) check_output_path(o.save_session, "--save-session");
   std::vector<std::string> texts = o.prompts;
   if (!o.prompts_file.empty()) {
     std::istringstream in(read_prompt_file(o.prompts_file, "--prompts-file"));
@@ -235,8 +239,9 @@ void run_generate(const GenerateOptions& o) {
     VQ_CHECK(!texts.empty(), "--prompts-file: {} holds no prompts (one per line)", printable(o.prompts_file));
   }
   const bool parallel = o.parallel > 1 || texts.size() > 1;
-  VQ_CHECK(!parallel || (o.dump_logits.empty() && o.stats_json.empty()),
-           "--dump-logits and --stats-json are for one sequence (not with --parallel or several prompts)");
+  VQ_CHECK(!parallel || (o.dump_logits.empty() && o.stats_json.empty() && o.save_session.empty() && !loading),
+           "--dump-logits, --stats-json and sessions are for one sequence (not with --parallel or several prompts)");
+  VQ_CHECK(!loading || o.dump_logits.empty(), "--dump-logits is not available with --load-session");
   vq::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   // The KV cache spec is checked before the (slow) model load.
@@ -266,15 +271,29 @@ void run_generate(const GenerateOptions& o) {
   }
 
   std::string shown_prompt;
-  if (o.prompt_ids.empty()) {
+  if (o.prompt_ids.empty() && n_sources > 0) {
     shown_prompt = prompt_text;
     ids = encode_prompt(*model, o, prompt_text);
   }
+  // --load-session: the context holds the session's tokens too (their count is in the file).
+  const int n_ctx = o.n_ctx > 0 ? o.n_ctx
+                    : loading   ? int(std::max<int64_t>({cfg.n_ctx_train, 4096, int64_t(ids.size()) + std::max(o.n_predict, 1)}))
+                                : int(ids.size()) + std::max(o.n_predict, 1);
+  Session session(*model, spec, n_ctx, o.batch, kv_budget_bytes(o.kv_budget_mib));
+  int64_t n_kv = 0;  // tokens whose KV the session file brought
+  if (loading) {
+    LoadedSequence ld = load_sequence(o.load_session, session.store(), kv_identity(session.store(), path));
+    // The new prompt continues the session's text: no second BOS.
+    if (!ids.empty() && model->tokenizer().add_bos_default() && ids[0] == model->tokenizer().bos()) ids.erase(ids.begin());
+    ids.insert(ids.begin(), ld.tokens.begin(), ld.tokens.end());
+    n_kv = ld.n_kv;
+    session.sequence() = std::move(ld.seq);
+    VQ_CHECK(int64_t(ids.size()) > n_kv, "{}: the session's tokens are all in its KV; give -p to continue it",
+             o.load_session);
+  }
   const int n_prompt = static_cast<int>(ids.size());
-  const int n_ctx = o.n_ctx > 0 ? o.n_ctx : n_prompt + std::max(o.n_predict, 1);
   VQ_CHECK(n_prompt < n_ctx || (n_prompt == n_ctx && o.n_predict == 0),
            "the prompt has {} tokens, which does not fit the context of {} (-c)", n_prompt, n_ctx);
-  Session session(*model, spec, n_ctx, o.batch, kv_budget_bytes(o.kv_budget_mib));
 
   const SamplerParams sp = sampler_params(o);
   Sampler sampler(sp);
@@ -296,7 +315,7 @@ void run_generate(const GenerateOptions& o) {
 
   const auto t_prefill = Clock::now();
   const double c_prefill = process_cpu_seconds();
-  session.forward(ids.data(), n_prompt, logits.data(), dump);
+  session.forward(ids.data() + n_kv, n_prompt - int(n_kv), logits.data(), dump);
   const double prefill_s = seconds_since(t_prefill);
   const double prefill_cpu_s = process_cpu_seconds() - c_prefill;
   if (dump) dumped = logits;
@@ -337,6 +356,8 @@ void run_generate(const GenerateOptions& o) {
   std::fflush(stdout);
 
   if (dump) write_logits_dump(o.dump_logits, ids, n_prompt, V, dumped);
+  // The KV of every fed token and all the ids (the last one sampled is still to be fed).
+  if (!o.save_session.empty()) save_sequence(o.save_session, session.store(), session.sequence(), ids, kv_identity(session.store(), path));
 
   const double pp_tps = prefill_s > 0 ? n_prompt / prefill_s : 0.0;
   const double tg_tps = decode_s > 0 ? n_decoded / decode_s : 0.0;
@@ -399,6 +420,9 @@ void add_generate(CLI::App& app) {
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_flag("-q,--quiet", o->quiet, "Print no text, only the statistics");
   c->add_option("--stats-json", o->stats_json, "Write the statistics as JSON to a file");
+  c->add_option("--save-session", o->save_session, "Write the sequence's KV (native form) and tokens to a file at the end");
+  c->add_option("--load-session", o->load_session,
+                "Continue a session file: its tokens, then the prompt (if any), then n-predict new tokens");
   c->add_option("--dump-logits", o->dump_logits, "(testing) write token ids and all logits to a file")
       ->group("");
   c->callback([o] { run_generate(*o); });

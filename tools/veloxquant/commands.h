@@ -8,5 +8,6 @@ void add_info(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_serve(CLI::App& app);  // cmd_serve.cpp
 void add_bench_e2e(CLI::App* bench);  // bench_e2e.cpp
 }  // namespace vq::cli

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   vq::cli::add_calibrate(app);
   vq::cli::add_perplexity(app);
   vq::cli::add_bench(app);
+  vq::cli::add_serve(app);
   // CLI11 reports an unknown command as "a subcommand is required": name it and list the known.
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;

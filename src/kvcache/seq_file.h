@@ -1,0 +1,42 @@
+#pragma once
+// Session files: one sequence's KV in its native form (the bytes of its blocks: codes and scales,
+// the fp16 window and sinks), its token ids and position, so that a conversation can be written
+// to disk and continued later exactly where it stopped.
+//
+// Layout (little-endian):
+//   "VQKVSES\0" | u32 version (=1) | u32 header bytes (=kHeaderBytes) | u64 file bytes
+//   u64 model checksum | u64 spec checksum | u64 calibration checksum       (kv_identity.h)
+//   u32 n_layers | u32 block_tokens | u32 n_kv_heads | u32 head_dim | u64 dense block bytes
+//   i64 n_kv (tokens whose KV is stored) | u64 n_tokens (>= n_kv; the rest are still to be fed)
+//   u32 model name bytes | u32 spec name bytes                              (for messages)
+//   model name | spec name | i32 tokens[n_tokens]
+//   per layer: u64 coded block bytes | u32 n_blocks | u8 forms[n_blocks] (bit 0 dense, bit 1
+//              coded) | the present forms' payloads in block order, dense before coded
+//   u64 xxh64 (seed 0) of every preceding byte.
+// Written to a temporary name and renamed. Reading refuses, with one message naming the file and
+// the cause, a file that is truncated or has trailing bytes, fails its checksum, has another
+// version, or was made for another model, spec or calibration (or geometry).
+// Unused slots of a partial block are written as zeros (no stale pool memory on disk).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvcache/kv_identity.h"
+#include "kvcache/kv_store.h"
+
+namespace vq {
+
+// Writes s (s.size() tokens of KV) and tokens (its tokens, then any not fed yet) to path.
+void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
+                   const KVIdentity& id);
+
+struct LoadedSequence {
+  SeqKV seq;                    // a sequence of kv holding n_kv tokens
+  std::vector<int32_t> tokens;  // [n_tokens]: the first n_kv are in seq
+  int64_t n_kv = 0;
+};
+// Reads a file written by save_sequence into new blocks of kv (throws KVPoolExhausted, having
+// taken nothing, when the pool cannot hold them).
+LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdentity& id);
+
+}  // namespace vq
