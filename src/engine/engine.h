@@ -40,6 +40,7 @@ struct EngineOptions {
   int max_sequences = 16;     // running at once
   int max_step_tokens = 512;  // rows per step (decode tokens + prefill chunk tokens)
   int n_ctx = 0;              // positions per sequence (0: the model's context length)
+  KVDevice device = KVDevice::cpu;  // where the pool lives and the steps run
 };
 
 // What a sequence ended with (passed to Request::on_finish).

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "cli_model.h"
+#include "cli_device.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -15,7 +16,7 @@ namespace vq::cli {
 namespace {
 
 struct CalibrateOptions {
-  std::string model, text, kv_cache = "vecinfer:d4b8", out;
+  std::string model, text, kv_cache = "vecinfer:d4b8", out, device = "cpu";
   int tokens = 4096, threads = 0, iters = 12;
   uint64_t seed = 1234;
 };
@@ -30,13 +31,14 @@ void run_calibrate(const CalibrateOptions& o) {
   const std::string text = read_text_file(o.text);
   const std::string path = model_path_or_default(o.model);
   const auto model = Model::load(path);
+  const KVDevice device = resolve_device(o.device);
   CalibTrainOptions opt;
   opt.kmeans_iters = o.iters;
   opt.seed = o.seed;
   ProgressBar bar;
   const auto t0 = std::chrono::steady_clock::now();
   const Calibration c = calibrate_model(*model, text, o.tokens, cfg, opt, std::filesystem::path(path).filename().string(),
-                                        [&](const char* stage, int d, int t) { bar.update(stage, d, t); });
+                                        [&](const char* stage, int d, int t) { bar.update(stage, d, t); }, device);
   save_calibration(o.out, c);
   std::fprintf(stderr, "calibrate: %s, %llu tokens, %d layers x %d KV heads, %.1f s -> %s\n", cfg.name().c_str(),
                (unsigned long long)c.n_calib_tokens, c.n_layers, c.n_kv_heads,
@@ -57,6 +59,7 @@ void add_calibrate(CLI::App& app) {
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   c->add_option("--iters", o->iters, "k-means iterations")->capture_default_str();
   c->add_option("--seed", o->seed, "k-means seed")->capture_default_str();
+  add_device_option(c, o->device);
   c->callback([o] { run_calibrate(*o); });
 }
 

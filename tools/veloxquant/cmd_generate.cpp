@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_device.h"
 #include "commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -45,6 +46,7 @@ struct GenerateOptions {
   std::string prompts_file;          // one prompt per line
   int parallel = 1;
   double kv_budget_mib = 0;
+  std::string device = "cpu";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -136,7 +138,9 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
                   const std::vector<std::string>& texts) {
   const ModelConfig& cfg = model.config();
   EngineOptions eo;
-  eo.kv_budget_bytes = kv_budget_bytes(o.kv_budget_mib);
+  eo.device = resolve_device(o.device);
+  eo.kv_budget_bytes = eo.device == KVDevice::cuda ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(model))
+                                                   : kv_budget_bytes(o.kv_budget_mib);
   eo.max_sequences = o.parallel;
   eo.max_step_tokens = o.batch;
   eo.n_ctx = o.n_ctx;
@@ -268,7 +272,10 @@ void run_generate(const GenerateOptions& o) {
   const int n_ctx = o.n_ctx > 0 ? o.n_ctx : n_prompt + std::max(o.n_predict, 1);
   VQ_CHECK(n_prompt < n_ctx || (n_prompt == n_ctx && o.n_predict == 0),
            "the prompt has {} tokens, which does not fit the context of {} (-c)", n_prompt, n_ctx);
-  Session session(*model, spec, n_ctx, o.batch, kv_budget_bytes(o.kv_budget_mib));
+  const KVDevice device = resolve_device(o.device);
+  const size_t budget = device == KVDevice::cuda ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(*model))
+                                                 : kv_budget_bytes(o.kv_budget_mib);
+  Session session(*model, spec, n_ctx, o.batch, budget, device);
 
   const SamplerParams sp = sampler_params(o);
   Sampler sampler(sp);
@@ -381,6 +388,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--kv-cache", o->kv_cache, "KV cache: fp16, fp32, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, ...")
       ->capture_default_str();
   c->add_option("--calib", o->calib, "Calibration file for vecinfer (from `veloxquant calibrate`)");
+  add_device_option(c, o->device);
   c->add_flag("--no-display-prompt", o->no_display_prompt, "Do not echo the prompt");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_flag("-q,--quiet", o->quiet, "Print no text, only the statistics");

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "cli_model.h"
+#include "cli_device.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -16,7 +17,7 @@ namespace vq::cli {
 namespace {
 
 struct PplOptions {
-  std::string model, text, kv_cache = "fp16", calib;
+  std::string model, text, kv_cache = "fp16", calib, device = "cpu";
   int n_ctx = 2048, chunk = 32, windows = 1, threads = 0;
   bool json = false, no_reference = false;
 };
@@ -40,6 +41,7 @@ void run_perplexity(const PplOptions& o) {
   po.n_ctx = o.n_ctx;
   po.chunk = o.chunk;
   po.max_windows = o.windows;
+  po.device = resolve_device(o.device);
   const PerplexityResult r = evaluate_perplexity(*model, ids, method, o.no_reference ? nullptr : &reference, po);
   if (o.json) {
     nlohmann::json j = {{"model", path},          {"text", o.text},        {"kv_cache", cfg.name()},
@@ -79,6 +81,7 @@ void add_perplexity(CLI::App& app) {
   c->add_option("--kv-cache", o->kv_cache, "KV cache: fp16, fp32, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, ...")
       ->capture_default_str();
   c->add_option("--calib", o->calib, "Calibration file for vecinfer");
+  add_device_option(c, o->device);
   c->add_option("-c,--ctx-size", o->n_ctx, "Tokens per window")->capture_default_str();
   c->add_option("--chunk", o->chunk, "Tokens per forward call")->capture_default_str();
   c->add_option("--windows", o->windows, "Windows of ctx tokens to evaluate")->capture_default_str();

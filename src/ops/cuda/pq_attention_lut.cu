@@ -22,6 +22,7 @@
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
+#include "ops/cuda/paged_split.cuh"
 
 namespace vq::cuda::detail {
 namespace {
@@ -43,6 +44,13 @@ struct LutParams {
   const __half* v_book;  // [n_kv_heads, 1, 256, 4]
   int chunk, n_splits;
   float* part;
+  // Paged mode (template flag): codes through the rows' block tables (paged_attention_cuda.h).
+  const uint8_t* const* const* tables;
+  const int32_t* row_table;  // null: row b uses tables[b]
+  const int32_t* pos;
+  PagedRule rule;
+  int lb;              // log2(block_tokens); block_tokens >= 32, so a 32-token group is in one block
+  int64_t keys_bytes;  // n_kv_heads * block_tokens * kcb
 };
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -63,7 +71,7 @@ __device__ __forceinline__ float warp_max(float x) {
 // NS: key sub-spaces (16 or 32); D: head_dim (64 or 128).
 // Shared memory: lut [256][32] uint2 (entry (c, s) = 4 heads as two half2; rows of 256 B, NS = 16
 // uses half a row) | vsl [256][16] uint2 | sq [4][D] f32 | ps [kNW][8][kPRow] half.
-template <int NS, int D>
+template <int NS, int D, bool kPaged = false>
 __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams p) {
   constexpr int kNW = kLutWarps;
   constexpr int kThreads = 32 * kNW;
@@ -79,10 +87,18 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   const int split = blockIdx.x;
   const int kh = blockIdx.y / ((p.group + kH - 1) / kH), ht4 = blockIdx.y % ((p.group + kH - 1) / kH);
   const int b = blockIdx.z;
-  const int len = p.n_coded[b];
-  const int tok_begin = split * p.chunk;
-  if (tok_begin >= len) return;  // the merge kernel reads only splits that hold tokens
-  const int tok_end = min(len, tok_begin + p.chunk);
+  int tok_begin, tok_end, lo = 0;
+  const uint8_t* const* tab = nullptr;
+  if constexpr (kPaged) {
+    if (!detail::coded_split_tokens(p, b, split, detail::kLutAlign, detail::kLutChunkAlign, detail::kLutMinChunk, tok_begin, tok_end, lo,
+                                    tab))
+      return;  // the merge kernel reads only splits that hold tokens
+  } else {
+    const int len = p.n_coded[b];
+    tok_begin = split * p.chunk;
+    if (tok_begin >= len) return;  // the merge kernel reads only splits that hold tokens
+    tok_end = min(len, tok_begin + p.chunk);
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 
@@ -154,8 +170,12 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   for (int i = lane; i < 8 * kPRow; i += 32) ps[i] = __float2half_rn(0.f);  // heads 4..7 stay 0
   __syncthreads();
 
-  const uint8_t* kbase = p.k_codes[b] + int64_t(kh) * p.code_head_stride * p.kcb;
-  const uint8_t* vbase = p.v_codes[b] + int64_t(kh) * p.code_head_stride * p.vcb;
+  const uint8_t* kbase = nullptr;
+  const uint8_t* vbase = nullptr;
+  if constexpr (!kPaged) {
+    kbase = p.k_codes[b] + int64_t(kh) * p.code_head_stride * p.kcb;
+    vbase = p.v_codes[b] + int64_t(kh) * p.code_head_stride * p.vcb;
+  }
   const int n_groups = (tok_end - tok_begin + 31) / 32;
   const int kcb = p.kcb, vcb = p.vcb;
 
@@ -175,8 +195,20 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4]) {
     const int tok0 = tok_begin + gi * 32;
     const int tok = tok0 + lane;
-    if (tok < tok_end) {
-      const uint4* src = reinterpret_cast<const uint4*>(kbase + int64_t(tok) * kcb);
+    // Rows of token tok0 + i: key kb + i*kcb, value vb + i*vcb (the group lies in one block).
+    const uint8_t* kb;
+    const uint8_t* vb;
+    if constexpr (kPaged) {
+      const uint8_t* blk = tab[tok0 >> p.lb];
+      const int64_t row0 = (int64_t(kh) << p.lb) + (tok0 & ((1 << p.lb) - 1));
+      kb = blk + row0 * kcb;
+      vb = blk + p.keys_bytes + row0 * vcb;
+    } else {
+      kb = kbase + int64_t(tok0) * kcb;
+      vb = vbase + int64_t(tok0) * vcb;
+    }
+    if (tok < tok_end && tok >= lo) {
+      const uint4* src = reinterpret_cast<const uint4*>(kb + int64_t(lane) * kcb);
 #pragma unroll
       for (int j = 0; j < NW4 / 4; ++j) {
         const uint4 x = __ldg(src + j);
@@ -191,7 +223,9 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int vt = tok0 + 16 * ks + 2 * t + (s & 1) + (s >> 1) * 8;
-        vw[ks][s] = vt < tok_end ? __ldg(reinterpret_cast<const uint32_t*>(vbase + int64_t(vt) * vcb + vword_off)) : 0u;
+        vw[ks][s] = vt < tok_end && vt >= lo
+                        ? __ldg(reinterpret_cast<const uint32_t*>(vb + int64_t(vt - tok0) * vcb + vword_off))
+                        : 0u;
       }
   };
 
@@ -232,7 +266,7 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
       }
     }
     const int tok0 = tok_begin + gi * 32;
-    if (tok0 + lane >= tok_end) sc[0] = sc[1] = sc[2] = sc[3] = -INFINITY;
+    if (tok0 + lane >= tok_end || tok0 + lane < lo) sc[0] = sc[1] = sc[2] = sc[3] = -INFINITY;
 
     // ---- online softmax (base 2); rescale only when a running max grows (warp-uniform) ----
     // The reference max may lag the true one by up to kSlack (P <= 2^kSlack, safe in fp16 and in
@@ -370,14 +404,15 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   }
 }
 
-template <int NS, int D>
+template <int NS, int D, bool kPaged = false>
 void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
   static bool attr_set = false;  // one size per instantiation: set once
   if (!attr_set) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(smem)));
     attr_set = true;
   }
-  lut_split_kernel<NS, D><<<grid, 32 * kLutWarps, smem, st>>>(lp);
+  lut_split_kernel<NS, D, kPaged><<<grid, 32 * kLutWarps, smem, st>>>(lp);
   VQ_CUDA_LAUNCHED("lut_split_kernel");
 }
 
@@ -393,32 +428,72 @@ size_t lut_kernel_smem(const PQAttnBatchArgs& a) {
   return size_t(256) * 256 + 256 * 16 * 8 + size_t(kH) * a.head_dim * 4 + size_t(kLutWarps) * 8 * kPRow * 2;
 }
 
-void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part, cudaStream_t st) {
-  LutParams lp{};
+namespace {
+
+// The kernel arguments both modes share; grid (n_splits, n_kv_heads * ceil(group/4), rows).
+template <bool kPaged>
+void launch_lut(const PQAttnBatchArgs& a, LutParams lp, int n_splits, cudaStream_t st) {
   lp.n_kv_heads = a.n_kv_heads;
   lp.group = a.group;
-  lp.head_tiles8 = head_tiles8;
   lp.n_q_heads = a.n_kv_heads * a.group;
   lp.kd = a.k_sub_dim;
   lp.kbooks = a.k_per_subspace ? a.head_dim / a.k_sub_dim : 1;
   lp.kcb = int(code_row_bytes(a.head_dim / a.k_sub_dim, 8));
   lp.vcb = int(code_row_bytes(a.head_dim / 4, 8));
   lp.q = a.q_code;
+  lp.k_book = reinterpret_cast<const __half*>(a.k_book);
+  lp.v_book = reinterpret_cast<const __half*>(a.v_book);
+  lp.n_splits = n_splits;
+  const int tiles4 = (a.group + kH - 1) / kH;
+  VQ_CHECK(a.n_kv_heads * tiles4 <= 65535, "cuda::pq_attention: grid too large");
+  const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
+  const size_t smem = lut_kernel_smem(a);
+  const int ns = a.head_dim / a.k_sub_dim;
+  if (a.head_dim == 128) ns == 32 ? launch<32, 128, kPaged>(lp, grid, smem, st) : launch<16, 128, kPaged>(lp, grid, smem, st);
+  else ns == 32 ? launch<32, 64, kPaged>(lp, grid, smem, st) : launch<16, 64, kPaged>(lp, grid, smem, st);
+}
+
+// The LUT arguments of a paged call (the shapes and the query pointers).
+PQAttnBatchArgs batch_args_of(const PagedAttnParams& a) {
+  PQAttnBatchArgs b{};
+  b.rows = a.rows, b.n_kv_heads = a.n_kv_heads, b.group = a.group, b.head_dim = a.head_dim;
+  b.k_sub_dim = a.k_sub_dim, b.k_bits = a.k_bits, b.k_per_subspace = a.k_per_subspace;
+  b.v_sub_dim = a.v_sub_dim, b.v_bits = a.v_bits, b.v_per_subspace = a.v_per_subspace;
+  b.q_code = a.q_code, b.k_book = a.k_book, b.v_book = a.v_book;
+  return b;
+}
+
+}  // namespace
+
+void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part, cudaStream_t st) {
+  LutParams lp{};
+  lp.head_tiles8 = head_tiles8;
   lp.k_codes = a.k_codes;
   lp.v_codes = a.v_codes;
   lp.n_coded = a.n_coded;
   lp.code_head_stride = a.code_head_stride;
-  lp.k_book = reinterpret_cast<const __half*>(a.k_book);
-  lp.v_book = reinterpret_cast<const __half*>(a.v_book);
   lp.chunk = chunk;
-  lp.n_splits = n_splits;
   lp.part = part;
-  const int tiles4 = (a.group + kH - 1) / kH;
-  const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
-  const size_t smem = lut_kernel_smem(a);
-  const int ns = a.head_dim / a.k_sub_dim;
-  if (a.head_dim == 128) ns == 32 ? launch<32, 128>(lp, grid, smem, st) : launch<16, 128>(lp, grid, smem, st);
-  else ns == 32 ? launch<32, 64>(lp, grid, smem, st) : launch<16, 64>(lp, grid, smem, st);
+  launch_lut<false>(a, lp, n_splits, st);
+}
+
+bool lut_kernel_supported_paged(const PagedAttnParams& a) {
+  return lut_kernel_supported(batch_args_of(a)) && a.rule.block_tokens >= 32;
+}
+
+void launch_lut_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st) {
+  LutParams lp{};
+  lp.head_tiles8 = (a.group + 7) / 8;
+  lp.part = part;
+  lp.tables = a.coded_tables;
+  lp.row_table = a.row_table;
+  lp.pos = a.pos;
+  lp.rule = a.rule;
+  int lb = 0;
+  while ((1 << lb) < a.rule.block_tokens) ++lb;
+  lp.lb = lb;
+  lp.keys_bytes = int64_t(a.n_kv_heads) * a.rule.block_tokens * int64_t(code_row_bytes(a.head_dim / a.k_sub_dim, 8));
+  launch_lut<true>(batch_args_of(a), lp, a.coded_splits, st);
 }
 
 }  // namespace vq::cuda::detail

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/pq_attention_cuda.h"
 
 namespace vq::cuda::detail {
@@ -28,5 +29,12 @@ void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int 
 using SplitLauncher = void (*)(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part,
                                cudaStream_t st);
 void pq_attention_device_with_split(const PQAttnBatchArgs& a, SplitLauncher split, void* stream = nullptr);
+
+// The paged modes of the split kernels (paged_attention.cu): grid (a.coded_splits, heads x tiles,
+// a.rows); part: [rows, n_kv_heads, ceil(group/8), coded_splits][2*8 + 8*D].
+void launch_lut_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st);
+void launch_gather_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st);
+// Whether the LUT kernel takes these presets (lut_kernel_supported for the paged arguments).
+bool lut_kernel_supported_paged(const PagedAttnParams& a);
 
 }  // namespace vq::cuda::detail
