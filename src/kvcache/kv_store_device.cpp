@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -129,11 +131,13 @@ struct KVStoreDevice::Impl {
   std::vector<std::vector<cuda::BlockEncodeJob>> jobs;  // per layer
   std::vector<cuda::BlockCopy> copies;
   std::vector<cuda::TableUpdate> updates;
+  std::vector<cuda::PagedPrefillTile> tiles;  // rows of prefill chunks for the tensor-core kernel
+  std::vector<uint8_t> row_skip;              // [rows] 1: a prefill tile computes the row
 
   // descriptor layout (byte offsets into host / dev)
-  int rows_cap = 0, seq_cap = 0, jobs_cap = 0, upd_cap = 0, copy_cap = 0;
+  int rows_cap = 0, seq_cap = 0, jobs_cap = 0, upd_cap = 0, copy_cap = 0, tiles_cap = 0;
   size_t o_pos = 0, o_rowseq = 0, o_dtab = 0, o_ctab = 0, o_njobs = 0, o_jobs = 0, o_nupd = 0, o_upd = 0, o_ncopy = 0,
-         o_copy = 0, total = 0;
+         o_copy = 0, o_skip = 0, o_tiles = 0, total = 0;
   cuda::PinnedBuffer host;
   cuda::DeviceBuffer dev;
   uint64_t version = 0;
@@ -196,10 +200,11 @@ struct KVStoreDevice::Impl {
     t.pending.clear();
   }
 
-  void layout(int rows, int seqs, int njobs, int nupd, int ncopy) {
+  void layout(int rows, int seqs, int njobs, int nupd, int ncopy, int ntiles) {
     const bool grow = rows > rows_cap || seqs > seq_cap || njobs > jobs_cap || nupd > upd_cap || ncopy > copy_cap ||
-                      !dev.data();
+                      ntiles > tiles_cap || !dev.data();
     if (!grow) return;
+    tiles_cap = std::max(tiles_cap, pow2_at_least(ntiles, 8));
     rows_cap = std::max(rows_cap, pow2_at_least(rows, 16));
     seq_cap = std::max(seq_cap, pow2_at_least(seqs, 8));
     jobs_cap = std::max(jobs_cap, pow2_at_least(njobs, 4));
@@ -221,6 +226,8 @@ struct KVStoreDevice::Impl {
     o_upd = take(size_t(upd_cap) * sizeof(cuda::TableUpdate));
     o_ncopy = take(4);
     o_copy = take(size_t(copy_cap) * sizeof(cuda::BlockCopy));
+    o_skip = take(size_t(rows_cap));
+    o_tiles = take(size_t(tiles_cap) * sizeof(cuda::PagedPrefillTile));
     total = o;
     host = cuda::PinnedBuffer(total);
     dev = cuda::DeviceBuffer(total);
@@ -311,7 +318,22 @@ void KVStoreDevice::begin_step() {
   for (auto& j : m.jobs) j.clear();
   m.copies.clear();
   m.updates.clear();
+  m.tiles.clear();
+  m.row_skip.clear();
 }
+
+namespace {
+// Prefill chunks of at least this many rows take the tensor-core prefill kernel
+// (VQ_PREFILL_KERNEL=0: the decode kernels for every row, for comparison).
+constexpr int kPrefillMinRows = 16;
+bool prefill_kernel_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("VQ_PREFILL_KERNEL");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+}  // namespace
 
 int KVStoreDevice::add_rows(const SeqKV& s, int64_t pos0, int n) {
   Impl& m = *impl_;
@@ -334,6 +356,12 @@ int KVStoreDevice::add_rows(const SeqKV& s, int64_t pos0, int n) {
     m.row_pos.push_back(int32_t(pos0 + i));
     m.row_seq.push_back(si);
   }
+  const bool tiled = n >= kPrefillMinRows && m.B == 32 && prefill_kernel_enabled();
+  m.row_skip.resize(m.row_pos.size(), tiled ? 1 : 0);
+  if (tiled) {
+    const int P = cuda::paged_prefill_positions_per_tile(m.HQ / m.H);
+    for (int i0 = 0; i0 < n; i0 += P) m.tiles.push_back({int32_t(first + i0), int32_t(std::min(P, n - i0))});
+  }
   return first;
 }
 
@@ -355,7 +383,8 @@ bool KVStoreDevice::finish_step() {
   int njobs = 0;
   for (const auto& j : m.jobs) njobs = std::max(njobs, int(j.size()));
   const uint64_t v0 = m.version;
-  m.layout(std::max(rows, 1), std::max(seqs, 1), njobs, int(m.updates.size()), int(m.copies.size()));
+  m.layout(std::max(rows, 1), std::max(seqs, 1), njobs, int(m.updates.size()), int(m.copies.size()),
+           int(m.tiles.size()));
   m.size_workspace(std::max(rows, 1));
   // descriptors
   std::memcpy(m.hptr<int32_t>(m.o_pos), m.row_pos.data(), size_t(rows) * 4);
@@ -376,6 +405,8 @@ bool KVStoreDevice::finish_step() {
   std::copy(m.updates.begin(), m.updates.end(), m.hptr<cuda::TableUpdate>(m.o_upd));
   *m.hptr<int32_t>(m.o_ncopy) = int32_t(m.copies.size());
   std::copy(m.copies.begin(), m.copies.end(), m.hptr<cuda::BlockCopy>(m.o_copy));
+  std::copy(m.row_skip.begin(), m.row_skip.end(), m.hptr<uint8_t>(m.o_skip));
+  std::copy(m.tiles.begin(), m.tiles.end(), m.hptr<cuda::PagedPrefillTile>(m.o_tiles));
   cuda::copy_to_device_async(m.dev.data(), m.host.data(), m.total, m.stream.handle());
   m.open = false;
   return m.version != v0;
@@ -466,6 +497,11 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
     p.q_code = m.qcode.as<float>();
     p.k_book = m.books[size_t(layer)].k16.as<uint16_t>();
     p.v_book = m.books[size_t(layer)].v16.as<uint16_t>();
+  }
+  if (!m.tiles.empty()) {
+    p.tiles = m.dptr<cuda::PagedPrefillTile>(m.o_tiles);
+    p.n_tiles = int(m.tiles.size());
+    p.row_skip = m.dptr<uint8_t>(m.o_skip);
   }
   p.out_type = out_type;
   p.out = out;

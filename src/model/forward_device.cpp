@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -41,12 +43,30 @@ namespace {
 
 using cuda::ElemType;
 
-bool use_gemv(const DeviceMatrix& m, int rows) {
-  if (!m.has_gemv() || rows > cuda::kGemvMaxRows) return false;
-  for (const auto& p : m.parts)
-    if (!cuda::gemv_preferred(p.type, rows)) return false;
-  return true;
+// How a projection of `rows` activation rows runs: the native quantized GEMV where it beat cuBLAS
+// (gemv_preferred), the fp16 GEMV for up to 4 rows (VQ_GEMV_F16=0 turns it off, for comparison),
+// else cuBLAS. Both GEMV paths read f32 activations; cuBLAS reads fp16.
+enum class Path { gemm, gemv_quant, gemv_f16 };
+
+bool gemv_f16_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("VQ_GEMV_F16");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
 }
+
+Path path_of(const DeviceMatrix& m, int rows) {
+  if (m.has_gemv() && rows <= cuda::kGemvMaxRows) {
+    bool all = true;
+    for (const auto& p : m.parts) all = all && cuda::gemv_preferred(p.type, rows);
+    if (all) return Path::gemv_quant;
+  }
+  if (rows <= cuda::kGemvF16MaxRows && m.cols % 8 == 0 && gemv_f16_enabled()) return Path::gemv_f16;
+  return Path::gemm;
+}
+
+bool use_gemv(const DeviceMatrix& m, int rows) { return path_of(m, rows) != Path::gemm; }
 
 }  // namespace
 
@@ -103,7 +123,20 @@ struct ForwardDevice::Impl {
   // (cuBLAS); only the one the path needs is read.
   void project(const DeviceMatrix& W, int rows, const float* x32, const void* x16, float* y, int64_t ldy, bool acc,
                void* st) {
-    if (use_gemv(W, rows)) {
+    const Path path = path_of(W, rows);
+    if (path == Path::gemv_f16) {
+      cuda::GemvF16Params g;
+      g.w = W.f16;
+      g.rows = W.rows, g.cols = W.cols;
+      g.m = rows;
+      g.x = x32;
+      g.y = y;
+      g.y_stride = ldy;
+      g.accumulate = acc;
+      cuda::gemv_f16_device(g, st);
+      return;
+    }
+    if (path == Path::gemv_quant) {
       cuda::QuantizeActParams q;
       q.rows = rows;
       q.cols = W.cols;

@@ -59,7 +59,9 @@ TEST_P(DeviceStoreParity, AppendsForksAndAttentionMatchTheCpu) {
   auto cpu = make_store(c, spec, KVDevice::cpu);
   auto gpu = make_store(c, spec, KVDevice::cuda);
   const bool coded = spec.config.method == KVMethod::vecinfer;
-  const double tol = coded ? 2e-4 : 1e-8;
+  // VecInfer: the two encoders may pick different centroids at near-ties (counted below), and
+  // the GPU kernels use fp16 lookup tables / queries; fp16: only the order of fp32 sums differs.
+  const double tol = coded ? 2e-3 : 1e-8;
   std::mt19937 rng(1234);
   const size_t kvrow = size_t(c.H) * c.D, qrow = size_t(c.HQ) * c.D;
   std::vector<SeqKV> sc, sg;
@@ -87,9 +89,9 @@ TEST_P(DeviceStoreParity, AppendsForksAndAttentionMatchTheCpu) {
   grow(0, 75);
   for (int s = 0; s < 40; ++s) grow(0, 1);
   grow(0, 45);
-  // a fork at a block boundary shares whole blocks; the first write into a shared block copies it
-  sc.push_back(cpu->fork(sc[0], 128));
-  sg.push_back(gpu->fork(sg[0], 128));
+  // a fork shares every block (the partial last one too); the first write into it copies it
+  sc.push_back(cpu->fork(sc[0]));
+  sg.push_back(gpu->fork(sg[0]));
   for (int s = 0; s < 70; ++s) grow(1, 1), grow(0, 1);
   EXPECT_EQ(cpu->pool().used_bytes(), gpu->pool().used_bytes());
   for (size_t i = 0; i < sc.size(); ++i) EXPECT_EQ(cpu->token_bytes(sc[i]), gpu->token_bytes(sg[i]));
@@ -153,10 +155,40 @@ const Case kCases[] = {
     {"d8b12_sub_g1_d64", 2, 2, 64, "vecinfer:d8b12"},
     {"d4b8_r64_sink0", 8, 2, 64, "vecinfer:d4b8,r=64,sink=0"},
     {"d4b8_window", 8, 2, 64, "vecinfer:d4b8", 100},
+    // r=32: the prefill chunks' later rows read codes of the same chunk (the prefill kernel's coded form)
+    {"d4b8_r32_g4_d128", 8, 2, 128, "vecinfer:d4b8,r=32"},
+    {"d8b8_r32_g3_d256", 12, 4, 256, "vecinfer:d8b8,r=32"},
+    {"d8b12_r32_g2_d64", 4, 2, 64, "vecinfer:d8b12,r=32,gran=shared"},
+    {"fp16_g8_d256", 16, 2, 256, "fp16"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceStoreParity, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// A short run for compute-sanitizer racecheck (every attention kernel: dense split, LUT and
+// gather-mma coded splits, merge, and the block encoder).
+TEST(DeviceStore, SmallRunForSanitizers) {
+  VQ_SKIP_WITHOUT_GPU();
+  for (const char* kv : {"fp16", "vecinfer:d4b8,r=32,gran=shared", "vecinfer:d4b8,r=32"}) {
+    const Case c{"small", 8, 2, 64, kv};
+    const KVSpec spec = spec_for(c, 2);
+    auto gpu = make_store(c, spec, KVDevice::cuda);
+    std::mt19937 rng(3);
+    SeqKV s = gpu->new_sequence();
+    const size_t kvrow = size_t(c.H) * c.D, qrow = size_t(c.HQ) * c.D;
+    for (int n : {70, 1, 33}) {
+      for (int l = 0; l < 2; ++l) {
+        const auto k = randn(size_t(n) * kvrow, rng), v = randn(size_t(n) * kvrow, rng);
+        gpu->append(s, l, k.data(), v.data(), n);
+      }
+      const auto q = randn(size_t(n) * qrow, rng);
+      std::vector<float> o(q.size(), NAN);
+      AttnEntry e{&s, s.size() - n, n, q.data(), o.data()};
+      gpu->attend(1, &e, 1, 0.125f);
+      for (float x : o) ASSERT_TRUE(std::isfinite(x)) << kv;
+    }
+  }
+}
 
 TEST(DeviceStore, RefusesMethodsWithoutDeviceKernels) {
   for (const char* s : {"q8_0", "q4_0", "kivi2", "fp32"}) {

@@ -88,8 +88,12 @@ TEST_P(ForwardDeviceParity, LogitsAndGreedyTokensMatchTheCpu) {
   auto model = tiny(g, std::string("fwd_dev_") + g.name);
   const KVSpec spec = spec_of(*model, GetParam().kv);
   const int V = g.n_vocab, n_prompt = 40, n_decode = 60;
-  Session cpu(*model, spec, 256, 16);
-  Session dev(*model, spec, 256, 16, size_t(-1), KVDevice::cuda);
+  // VecInfer prefills 2 tokens per step: the device then takes the int8-activation GEMV, the CPU's
+  // numerics, so the keys are the CPU's to rounding and near-tie centroid choices agree (the fp16
+  // GEMM path is compared on the fp16 cache and in the batched test).
+  const int chunk = spec.config.method == KVMethod::vecinfer ? 2 : 16;
+  Session cpu(*model, spec, 256, chunk);
+  Session dev(*model, spec, 256, chunk, size_t(-1), KVDevice::cuda);
   std::mt19937 rng(9);
   std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
   for (auto& t : prompt) t = int32_t(rng() % uint32_t(V));
@@ -107,14 +111,26 @@ TEST_P(ForwardDeviceParity, LogitsAndGreedyTokensMatchTheCpu) {
     dev.forward(&next, 1, sd.data());
     worst = std::min(worst, cosine(sc.data(), sd.data(), V));
     const int a = argmax(sc.data(), V), b = argmax(sd.data(), V);
-    if (margin(sc.data(), V) > 1e-2f) {
+    // Count the positions where the CPU's top-2 margin is well above the two forwards' rounding
+    // difference (int8 activations on the CPU, fp16 GEMMs in the device prefill).
+    float scale = 0, diff = 0;
+    for (int i = 0; i < V; ++i)
+      scale = std::max(scale, std::fabs(sc[size_t(i)])), diff = std::max(diff, std::fabs(sc[size_t(i)] - sd[size_t(i)]));
+    const float m = margin(sc.data(), V);
+    if (m > 0.02f * scale) {
       ++counted;
       equal += a == b;
+      if (a != b)
+        ADD_FAILURE() << "step " << s << " (position " << n_prompt + s << "): cpu token " << a << " device " << b
+                      << ", cpu margin " << m << ", max |logit| " << scale << ", max |cpu - device| " << diff
+                      << ", cosine " << cosine(sc.data(), sd.data(), V);
     }
     next = a;
   }
   EXPECT_GE(worst, 0.999) << "decode logits (worst cosine over all steps)";
-  EXPECT_EQ(equal, counted) << "greedy tokens differ where the CPU's top-2 margin exceeds 0.01";
+  EXPECT_EQ(equal, counted) << "greedy tokens differ where the CPU's top-2 margin exceeds 2% of the logits' scale";
+  std::printf("[ parity ] %s %s: worst cosine %.6f, %d of %d greedy tokens counted equal\n", g.name, GetParam().kv,
+              worst, equal, counted);
   EXPECT_GT(counted, n_decode / 2);
   EXPECT_EQ(cpu.store().token_bytes(cpu.sequence()), dev.store().token_bytes(dev.sequence()));
 }

@@ -209,7 +209,7 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   a.kernel = kernel;
   // The LUT kernel keeps the queries in fp32 (LUT = q~ . fp16 centroid); the gather-mma one rounds them.
   const bool lut_shape = c.kbits == 8 && (D / c.kd == 16 || D / c.kd == 32) && c.vd == 4 && c.vbits == 8 &&
-                         !c.vper && D <= 128;
+                         D <= 128;
   if (kernel == cuda::PQAttnKernel::lut && !lut_shape) GTEST_SKIP() << "the LUT kernel does not take this shape";
   const bool lut = kernel != cuda::PQAttnKernel::gather_mma && lut_shape;
   cuda::DeviceBuffer ws(std::max<size_t>(cuda::pq_attention_workspace_bytes(a), 4));

@@ -27,6 +27,7 @@ struct DenseParams {
   PagedRule rule;
   const int32_t* pos;
   const int32_t* row_table;
+  const uint8_t* row_skip;
   const uint8_t* const* const* tables;
   const float* q;
   int64_t q_stride;
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(32 * kDenseWarps) dense_split_kernel(DensePara
   const int kh = blockIdx.y / p.ht_tiles;
   const int head0 = (blockIdx.y % p.ht_tiles) * HT;  // first query head of the group in this block
   const int t8 = head0 / kTile8;                     // HT divides 8: a tile lies in one 8-head tile
+  if (p.row_skip && p.row_skip[b]) return;
   const detail::DenseSplit ds = detail::dense_split(p.rule, p.pos[b], p.splits);
   if (!ds.holds(split)) return;
   const int vbeg = split * ds.chunk, vend = min(ds.n(), vbeg + ds.chunk);
@@ -223,6 +225,7 @@ struct MergeParams {
   int n_kv_heads, group, tiles8, n_q_heads, D;
   PagedRule rule;
   const int32_t* pos;
+  const uint8_t* row_skip;
   int coded_splits, dense_splits;
   bool lut;  // which coded split geometry
   const float* coded_part;
@@ -236,6 +239,7 @@ struct MergeParams {
 // by log-sum-exp, normalised. A row with no keys gets zeros.
 __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
   const int qh = blockIdx.x, b = blockIdx.y;
+  if (p.row_skip && p.row_skip[b]) return;  // the prefill kernel writes this row
   const int kh = qh / p.group, gl = qh % p.group, t8 = gl / kTile8, hh = gl % kTile8;
   const int D = p.D;
   const int64_t pstride = 2 * kTile8 + kTile8 * D;
@@ -380,9 +384,11 @@ void check_paged_attention(const PagedAttnParams& p) {
                side ? "value" : "key", d, bits, p.head_dim / 8);
     }
     VQ_CHECK(p.kernel != PQAttnKernel::lut || detail::lut_kernel_supported_paged(p),
-             "cuda::paged_attention: kernel lut does not take k d{}b{} v d{}b{}{} at head_dim {}", p.k_sub_dim, p.k_bits,
-             p.v_sub_dim, p.v_bits, p.v_per_subspace ? " (per-sub-space value books)" : "", p.head_dim);
+             "cuda::paged_attention: kernel lut does not take k d{}b{} v d{}b{} at head_dim {}", p.k_sub_dim, p.k_bits,
+             p.v_sub_dim, p.v_bits, p.head_dim);
   }
+  VQ_CHECK(p.n_tiles >= 0 && (p.n_tiles == 0 || (p.tiles && p.row_skip && p.rule.block_tokens == 32)),
+           "cuda::paged_attention: {} prefill tiles need tiles, row_skip and blocks of 32 tokens", p.n_tiles);
   const size_t need = paged_attention_workspace_bytes(p);
   VQ_CHECK(p.workspace_bytes >= need && (need == 0 || p.workspace),
            "cuda::paged_attention: workspace of {} bytes is smaller than the {} needed", p.workspace_bytes, need);
@@ -412,6 +418,7 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   dp.rule = p.rule;
   dp.pos = p.pos;
   dp.row_table = p.row_table;
+  dp.row_skip = p.row_skip;
   dp.tables = p.dense_tables;
   dp.q = p.q;
   dp.q_stride = p.q_stride ? p.q_stride : int64_t(dp.n_q_heads) * p.head_dim;
@@ -431,6 +438,7 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   mp.D = p.head_dim;
   mp.rule = p.rule;
   mp.pos = p.pos;
+  mp.row_skip = p.row_skip;
   mp.coded_splits = p.rule.coded ? p.coded_splits : 0;
   mp.dense_splits = p.dense_splits;
   mp.lut = lut;
@@ -441,6 +449,9 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   mp.out_stride = p.out_stride ? p.out_stride : int64_t(dp.n_q_heads) * p.head_dim;
   paged_merge_kernel<<<dim3(unsigned(dp.n_q_heads), unsigned(p.rows)), 128, 0, st>>>(mp);
   VQ_CUDA_LAUNCHED("paged_merge_kernel");
+  if (p.n_tiles > 0) detail::launch_prefill(p, st);
 }
+
+int paged_prefill_positions_per_tile(int group) { return detail::prefill_positions_per_tile(group); }
 
 }  // namespace vq::cuda

@@ -65,6 +65,15 @@ VQ_HD PagedRanges paged_ranges(const PagedRule& r, int64_t t) {
   return g;
 }
 
+// Prefill: a tile of consecutive query rows (positions) of one sequence, computed by the
+// tensor-core prefill kernel (each key block read once per tile); at most
+// paged_prefill_positions_per_tile(group) rows, block_tokens 32.
+struct PagedPrefillTile {
+  int32_t row0 = 0;   // first row (rows row0 .. row0 + n_pos - 1: positions p, p+1, ...)
+  int32_t n_pos = 0;
+};
+int paged_prefill_positions_per_tile(int group);
+
 struct PagedAttnParams {
   int rows = 0;               // query rows (decode: one per sequence; prefill: one per position)
   int n_kv_heads = 0;
@@ -92,6 +101,11 @@ struct PagedAttnParams {
   PQAttnKernel kernel = PQAttnKernel::automatic;
   // Split counts (paged_attention_plan fills them from the SM count; fixed for a captured graph).
   int coded_splits = 0, dense_splits = 0;
+  // Prefill tiles (device array, n_tiles of them; eager steps): their rows are computed by the
+  // prefill kernel and skipped by the decode kernels (row_skip[r] = 1).
+  const PagedPrefillTile* tiles = nullptr;
+  int n_tiles = 0;
+  const uint8_t* row_skip = nullptr;  // [rows] or null
   ElemType out_type = ElemType::f32;  // f32 or f16 (the input of the output projection)
   void* out = nullptr;        // row r at out + r*out_stride: [n_kv_heads*group][head_dim]
   int64_t out_stride = 0;     // elements; 0: packed

@@ -41,6 +41,7 @@ struct SplitParams {
   // and chunk derived from pos[b] by detail::coded_split (paged_attention_cuda.h).
   const uint8_t* const* const* tables;
   const int32_t* row_table;  // null: row b uses tables[b]
+  const uint8_t* row_skip;   // rows the prefill kernel computes (null: none)
   const int32_t* pos;
   PagedRule rule;
   int lb;              // log2(block_tokens)
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(Split
   int tok_begin, tok_end, lo = 0;
   const uint8_t* const* tab = nullptr;
   if constexpr (kPaged) {
+    if (p.row_skip && p.row_skip[b]) return;
     if (!detail::coded_split_tokens(p, b, split, detail::kGatherAlign, detail::kGatherChunkAlign, detail::kGatherMinChunk, tok_begin, tok_end, lo,
                                     tab))
       return;  // the merge kernel reads only splits that hold tokens
@@ -554,9 +556,9 @@ void check_pq_attention_args(const PQAttnBatchArgs& a) {
                a.kernel == PQAttnKernel::lut,
            "cuda::pq_attention: kernel = {} is not one of auto, gather_mma, lut", int(a.kernel));
   VQ_CHECK(a.kernel != PQAttnKernel::lut || detail::lut_kernel_supported(a),
-           "cuda::pq_attention: kernel lut needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit with "
-           "one shared book, head_dim 64 or 128 (got head_dim {}, k d{}b{}, v d{}b{}{})", a.head_dim, a.k_sub_dim,
-           a.k_bits, a.v_sub_dim, a.v_bits, a.v_per_subspace ? " per-sub-space" : "");
+           "cuda::pq_attention: kernel lut needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit, "
+           "head_dim 64 or 128 (got head_dim {}, k d{}b{}, v d{}b{})", a.head_dim, a.k_sub_dim, a.k_bits,
+           a.v_sub_dim, a.v_bits);
   VQ_CHECK(a.out && a.n_coded && a.q_code, "cuda::pq_attention: null out, n_coded or q_code");
   if (a.max_coded > 0)
     VQ_CHECK(a.k_codes && a.v_codes && a.k_book && a.v_book, "cuda::pq_attention: null codes or codebooks");
@@ -636,7 +638,7 @@ void run_pq_attention(const PQAttnBatchArgs& a, void* stream, detail::SplitLaunc
   sp.part = static_cast<float*>(a.workspace);
   if (a.max_coded > 0 && pl.lut) {
     VQ_CHECK(detail::lut_kernel_supported(a), "cuda::pq_attention: the LUT kernel does not take these shapes "
-             "(needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit shared book, head_dim 64 or 128)");
+             "(needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit, head_dim 64 or 128)");
     VQ_CHECK(a.n_kv_heads * ((a.group + 3) / 4) <= 65535, "cuda::pq_attention: grid too large");
     split(a, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
   } else if (a.max_coded > 0) {
@@ -696,6 +698,7 @@ void launch_gather_split_paged(const PagedAttnParams& a, float* part, cudaStream
   sp.part = part;
   sp.tables = a.coded_tables;
   sp.row_table = a.row_table;
+  sp.row_skip = a.row_skip;
   sp.pos = a.pos;
   sp.rule = a.rule;
   int lb = 0;

@@ -47,6 +47,7 @@ struct LutParams {
   // Paged mode (template flag): codes through the rows' block tables (paged_attention_cuda.h).
   const uint8_t* const* const* tables;
   const int32_t* row_table;  // null: row b uses tables[b]
+  const uint8_t* row_skip;   // rows the prefill kernel computes (null: none)
   const int32_t* pos;
   PagedRule rule;
   int lb;              // log2(block_tokens); block_tokens >= 32, so a 32-token group is in one block
@@ -71,7 +72,11 @@ __device__ __forceinline__ float warp_max(float x) {
 // NS: key sub-spaces (16 or 32); D: head_dim (64 or 128).
 // Shared memory: lut [256][32] uint2 (entry (c, s) = 4 heads as two half2; rows of 256 B, NS = 16
 // uses half a row) | vsl [256][16] uint2 | sq [4][D] f32 | ps [kNW][8][kPRow] half.
-template <int NS, int D, bool kPaged = false>
+// kVPer: value codebooks per sub-space (the default calibration granularity): vsl is replaced by
+// the D/4 books [D/4][256] uint2 as they are (no bank-sliced copies: 32x the bytes); lane (g, t)
+// reads the book of its sub-space g*VU + u, so the gathers are no longer conflict-free (random
+// codes: ~3 wavefronts per half-warp instead of 1).
+template <int NS, int D, bool kPaged = false, bool kVPer = false>
 __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams p) {
   constexpr int kNW = kLutWarps;
   constexpr int kThreads = 32 * kNW;
@@ -80,8 +85,9 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   constexpr int NW4 = NS / 4; // key code words per token
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kLutBytes = 256 * 256;
+  constexpr int kVBytes = kVPer ? (D / 4) * 256 * 8 : 256 * 16 * 8;
   uint2* vsl = reinterpret_cast<uint2*>(smem + kLutBytes);
-  float* sq = reinterpret_cast<float*>(smem + kLutBytes + 256 * 16 * 8);
+  float* sq = reinterpret_cast<float*>(smem + kLutBytes + kVBytes);
   __half* ps_all = reinterpret_cast<__half*>(sq + kH * D);
 
   const int split = blockIdx.x;
@@ -90,6 +96,7 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   int tok_begin, tok_end, lo = 0;
   const uint8_t* const* tab = nullptr;
   if constexpr (kPaged) {
+    if (p.row_skip && p.row_skip[b]) return;
     if (!detail::coded_split_tokens(p, b, split, detail::kLutAlign, detail::kLutChunkAlign, detail::kLutMinChunk, tok_begin, tok_end, lo,
                                     tab))
       return;  // the merge kernel reads only splits that hold tokens
@@ -108,7 +115,10 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
     sq[i] = qh < p.group ? p.q[(int64_t(b) * p.n_q_heads + int64_t(kh) * p.group + qh) * D + d] * kLog2e : 0.f;
   }
   // ---- value book, 16 bank-sliced copies: vsl[c*16 + j] = centroid c (loads batched) ----
-  {
+  if constexpr (kVPer) {  // the sub-spaces' books as they are: vsl[u*256 + c]
+    const uint4* vb = reinterpret_cast<const uint4*>(p.v_book + size_t(kh) * (D / 4) * 256 * 4);
+    for (int i = threadIdx.x; i < (D / 4) * 256 / 2; i += kThreads) reinterpret_cast<uint4*>(vsl)[i] = __ldg(vb + i);
+  } else {
     const uint2* vb = reinterpret_cast<const uint2*>(p.v_book + size_t(kh) * 256 * 4);
     constexpr int VPT = (256 * 16 + kThreads - 1) / kThreads;
     constexpr bool exact = VPT * kThreads == 256 * 16;
@@ -319,7 +329,8 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
 #pragma unroll
         for (int u = 0; u < VU; ++u) {
           const uint32_t c = (vw[ks][s] >> (8 * (vbyte0 + u))) & 0xffu;
-          xv[s][u] = vsl[c * 16 + (lane & 15)];
+          if constexpr (kVPer) xv[s][u] = vsl[(g * VU + u) * 256 + c];
+          else xv[s][u] = vsl[c * 16 + (lane & 15)];
         }
 #pragma unroll
       for (int u = 0; u < VU; ++u) {
@@ -404,15 +415,15 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   }
 }
 
-template <int NS, int D, bool kPaged = false>
+template <int NS, int D, bool kPaged = false, bool kVPer = false>
 void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
   static bool attr_set = false;  // one size per instantiation: set once
   if (!attr_set) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(smem)));
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, kPaged, kVPer>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
-  lut_split_kernel<NS, D, kPaged><<<grid, 32 * kLutWarps, smem, st>>>(lp);
+  lut_split_kernel<NS, D, kPaged, kVPer><<<grid, 32 * kLutWarps, smem, st>>>(lp);
   VQ_CUDA_LAUNCHED("lut_split_kernel");
 }
 
@@ -421,11 +432,12 @@ void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
 bool lut_kernel_supported(const PQAttnBatchArgs& a) {
   const int ns = a.k_sub_dim > 0 ? a.head_dim / a.k_sub_dim : 0;
   return (a.head_dim == 64 || a.head_dim == 128) && a.k_bits == 8 && (ns == 16 || ns == 32) && a.v_bits == 8 &&
-         a.v_sub_dim == 4 && !a.v_per_subspace;
+         a.v_sub_dim == 4;
 }
 
 size_t lut_kernel_smem(const PQAttnBatchArgs& a) {
-  return size_t(256) * 256 + 256 * 16 * 8 + size_t(kH) * a.head_dim * 4 + size_t(kLutWarps) * 8 * kPRow * 2;
+  const size_t vbytes = a.v_per_subspace ? size_t(a.head_dim / 4) * 256 * 8 : size_t(256) * 16 * 8;
+  return size_t(256) * 256 + vbytes + size_t(kH) * a.head_dim * 4 + size_t(kLutWarps) * 8 * kPRow * 2;
 }
 
 namespace {
@@ -449,8 +461,14 @@ void launch_lut(const PQAttnBatchArgs& a, LutParams lp, int n_splits, cudaStream
   const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
   const size_t smem = lut_kernel_smem(a);
   const int ns = a.head_dim / a.k_sub_dim;
-  if (a.head_dim == 128) ns == 32 ? launch<32, 128, kPaged>(lp, grid, smem, st) : launch<16, 128, kPaged>(lp, grid, smem, st);
-  else ns == 32 ? launch<32, 64, kPaged>(lp, grid, smem, st) : launch<16, 64, kPaged>(lp, grid, smem, st);
+  if (a.v_per_subspace) {
+    if (a.head_dim == 128)
+      ns == 32 ? launch<32, 128, kPaged, true>(lp, grid, smem, st) : launch<16, 128, kPaged, true>(lp, grid, smem, st);
+    else ns == 32 ? launch<32, 64, kPaged, true>(lp, grid, smem, st) : launch<16, 64, kPaged, true>(lp, grid, smem, st);
+  } else {
+    if (a.head_dim == 128) ns == 32 ? launch<32, 128, kPaged>(lp, grid, smem, st) : launch<16, 128, kPaged>(lp, grid, smem, st);
+    else ns == 32 ? launch<32, 64, kPaged>(lp, grid, smem, st) : launch<16, 64, kPaged>(lp, grid, smem, st);
+  }
 }
 
 // The LUT arguments of a paged call (the shapes and the query pointers).
@@ -487,6 +505,7 @@ void launch_lut_split_paged(const PagedAttnParams& a, float* part, cudaStream_t 
   lp.part = part;
   lp.tables = a.coded_tables;
   lp.row_table = a.row_table;
+  lp.row_skip = a.row_skip;
   lp.pos = a.pos;
   lp.rule = a.rule;
   int lb = 0;

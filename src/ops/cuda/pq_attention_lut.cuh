@@ -15,7 +15,7 @@ constexpr int kLutWarps = 16;                      // warps per block (1 block p
 constexpr int kLutTokensPerIter = 32 * kLutWarps;  // tokens a block consumes per loop iteration
 
 // True when the LUT kernel takes these shapes: 8-bit key codes with head_dim/k_sub_dim in
-// {16, 32}; values d4 with 8-bit codes and one shared book; head_dim 64 or 128.
+// {16, 32}; values d4 with 8-bit codes (shared or per-sub-space books); head_dim 64 or 128.
 bool lut_kernel_supported(const PQAttnBatchArgs& a);
 // Dynamic shared memory of one block.
 size_t lut_kernel_smem(const PQAttnBatchArgs& a);
@@ -34,6 +34,9 @@ void pq_attention_device_with_split(const PQAttnBatchArgs& a, SplitLauncher spli
 // a.rows); part: [rows, n_kv_heads, ceil(group/8), coded_splits][2*8 + 8*D].
 void launch_lut_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st);
 void launch_gather_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st);
+// The tensor-core prefill kernel over the tiles (paged_prefill.cu).
+void launch_prefill(const PagedAttnParams& a, cudaStream_t st);
+int prefill_positions_per_tile(int group);
 // Whether the LUT kernel takes these presets (lut_kernel_supported for the paged arguments).
 bool lut_kernel_supported_paged(const PagedAttnParams& a);
 
