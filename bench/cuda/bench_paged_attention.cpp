@@ -3,10 +3,11 @@
 // K/V), then the paged attention launch sequence (query transform + coded split + dense split +
 // merge) of B rows at position S - 1, timed with CUDA events (median of 30 after 5 warm-ups).
 // GB/s counts the KV bytes a step must read (codes + fp16 window and sinks, or fp16 K/V).
-//   bench_paged_attention [llama|falcon|all] [caches...]
+//   bench_paged_attention [llama|falcon|all] [caches...] [--B N --S N]  (one shape: for ncu)
 // Peers: bench/cuda/torch_peers.py attn10 (torch SDPA fp16 and dequantize-then-SDPA, same shapes).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -98,7 +99,13 @@ int main(int argc, char** argv) {
   }
   const std::string which = argc > 1 ? argv[1] : "all";
   std::vector<std::string> caches;
-  for (int i = 2; i < argc; ++i) caches.push_back(argv[i]);
+  int only_b = 0, only_s = 0;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--B" && i + 1 < argc) only_b = std::atoi(argv[++i]);
+    else if (a == "--S" && i + 1 < argc) only_s = std::atoi(argv[++i]);
+    else caches.push_back(a);
+  }
   if (caches.empty()) caches = {"fp16", "vecinfer:d4b8,gran=shared", "vecinfer:d4b8"};
   const Geo geos[] = {{"llama-3.1-8b", 32, 8, 128}, {"falcon3-7b", 12, 4, 256}};
   std::printf("device %s\n", cuda::cuda_device_description().c_str());
@@ -107,6 +114,7 @@ int main(int argc, char** argv) {
     for (const auto& kv : caches)
       for (int B : {1, 8, 32})
         for (int S : {4096, 32768, 131072}) {
+          if ((only_b && B != only_b) || (only_s && S != only_s)) continue;
           const double fp16_gb = 4.0 * B * double(S) * g.H * g.D / 1e9;
           if (kv == "fp16" && fp16_gb > 40) {
             std::printf("paged_attn geo=%s kv=%s B=%d S=%d skipped (%.0f GB of fp16 K/V)\n", g.name, kv.c_str(), B, S,

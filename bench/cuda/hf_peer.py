@@ -4,7 +4,7 @@
 Llama-3.1-8B geometry with random bf16 weights (built on the GPU, no files), B=1:
   decode step = (generate 65 new tokens - generate 1) / 64, prefill tok/s = ctx / generate(1 token),
 with cache_implementation="static" (generate compiles the decode step into CUDA graphs) and with
-the default dynamic cache. Usage: hf_peer.py [ctx ...] (default 4096 32768).
+the default dynamic cache (HF_MODES=static,dynamic picks). Usage: hf_peer.py [ctx ...] (default 4096 32768).
 """
 import sys
 import time
@@ -46,7 +46,8 @@ def main():
     print(f"torch {torch.__version__} transformers {transformers.__version__} device {torch.cuda.get_device_name(0)}",
           flush=True)
     m = build()
-    for mode in ["static", "dynamic"]:
+    import os
+    for mode in os.environ.get("HF_MODES", "static,dynamic").split(","):
         for ctx in ctxs:
             ids = torch.randint(0, 128256, (1, ctx), device="cuda")
             kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
