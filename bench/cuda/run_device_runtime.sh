@@ -103,6 +103,17 @@ if has e2e; then
   echo "e2e smollm exit $?"; grep -E "^\|" "$OUT/e2e_smollm.log"
 fi
 save
+if has e2e_final; then
+  timeout 150 "$BIN/veloxquant" bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8,32 --ctx 4096,32768 \
+    --kv-cache fp16 --kv-cache vecinfer:d4b8 --steps 16 --warmup 34 > "$OUT/e2e_final_a.log" 2>&1
+  echo "e2e final a exit $?"; grep -E "^\|" "$OUT/e2e_final_a.log"
+  timeout 150 "$BIN/veloxquant" bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 --ctx 131072 \
+    --kv-cache vecinfer:d4b8 --kv-cache vecinfer:d4b8,gran=shared --steps 16 --warmup 34 > "$OUT/e2e_final_b.log" 2>&1
+  echo "e2e final b exit $?"; grep -E "^\|" "$OUT/e2e_final_b.log"
+  timeout 60 "$BIN/bench_paged_attention" llama fp16 vecinfer:d4b8 --B 8 --S 32768 > "$OUT/paged_attn_final.log" 2>&1
+  grep paged_attn "$OUT/paged_attn_final.log"
+fi
+save
 if has hf; then
   PYTHONUNBUFFERED=1 HF_MODES=${HF_MODES:-static} timeout 300 python3 "$P/hf_peer.py" 4096 32768 > "$OUT/hf_peer.log" 2>&1; echo "hf peer exit $?"
   grep -E "hf_peer|Error|error" "$OUT/hf_peer.log" | tail -8
@@ -125,16 +136,16 @@ if has real; then  # the real SmolLM2 model, carried in two parts over two calls
   if [ -n "$C" ]; then
     for dev in cpu cuda; do
       timeout 200 "$BIN/veloxquant" perplexity -m $M --text "$T" -c 512 --chunk 64 --windows 4 --device $dev \
-        --kv-cache vecinfer:d4b8 --calib "$C" --no-reference > "$OUT/ppl_vq_$dev.log" 2>&1
+        --kv-cache vecinfer:d4b8,gran=shared --calib "$C" --no-reference > "$OUT/ppl_vq_$dev.log" 2>&1
       echo "perplexity vecinfer:d4b8 $dev exit $?: $(grep -E 'perplexity' "$OUT/ppl_vq_$dev.log" | head -1)"
       timeout 100 "$BIN/veloxquant" generate -m $M -p "The capital of France is" -n 48 --temp 0 --device $dev \
-        --kv-cache vecinfer:d4b8,r=32 --calib "$C" > "$OUT/gen_vq_$dev.log" 2>&1; echo "generate vecinfer $dev exit $?"
+        --kv-cache vecinfer:d4b8,r=32,gran=shared --calib "$C" > "$OUT/gen_vq_$dev.log" 2>&1; echo "generate vecinfer $dev exit $?"
     done
     cmp "$OUT/gen_vq_cpu.log" "$OUT/gen_vq_cuda.log" && echo "greedy text equal (vecinfer:d4b8,r=32)" || diff "$OUT/gen_vq_cpu.log" "$OUT/gen_vq_cuda.log" | head
-    timeout 120 "$BIN/veloxquant" calibrate -m $M --text "$T" --kv-cache vecinfer:d4b8 --tokens 2048 --device cuda -o /tmp/dev.vqcal > "$OUT/calib_cuda.log" 2>&1
+    timeout 120 "$BIN/veloxquant" calibrate -m $M --text "$T" --kv-cache vecinfer:d4b8,gran=shared --tokens 2048 --device cuda -o /tmp/dev.vqcal > "$OUT/calib_cuda.log" 2>&1
     echo "calibrate cuda exit $?: $(tail -1 "$OUT/calib_cuda.log")"
     timeout 100 "$BIN/veloxquant" perplexity -m $M --text "$T" -c 512 --chunk 64 --windows 4 --device cuda \
-      --kv-cache vecinfer:d4b8 --calib /tmp/dev.vqcal --no-reference > "$OUT/ppl_vq_devcal.log" 2>&1
+      --kv-cache vecinfer:d4b8,gran=shared --calib /tmp/dev.vqcal --no-reference > "$OUT/ppl_vq_devcal.log" 2>&1
     echo "perplexity vecinfer:d4b8 (device calibration) exit $?: $(grep -E 'perplexity' "$OUT/ppl_vq_devcal.log" | head -1)"
   fi
 fi

@@ -196,10 +196,17 @@ void KVStore::trim_layer(SeqKV::Layer& sl, const Layer& L, int64_t q) {
     }
   }
   if (L.format && !L.direct) {
-    // Dense forms of blocks that every later query reads as codes (once the codes exist).
-    const size_t j1 = size_t(L.coded_end(q, B_) / B_);
-    for (size_t j = size_t(L.sink_end / B_); j < j1 && j < sl.dense.size(); ++j)
-      if (sl.dense[j] >= 0 && sl.coded[j] >= 0) pool_.release(dense_arena_, sl.dense[j]), sl.dense[j] = -1;
+    // Dense forms of blocks that every later query reads as codes (once the codes exist). Blocks
+    // below trim_from were done by an earlier call (dense forms only ever appear at the end).
+    const size_t j1 = std::min(size_t(L.coded_end(q, B_) / B_), sl.dense.size());
+    const size_t j0 = std::max(size_t(L.sink_end / B_), size_t(sl.trim_from));
+    size_t kept = j1;  // the first block whose dense form still waits for its codes
+    for (size_t j = j0; j < j1; ++j) {
+      if (sl.dense[j] < 0) continue;
+      if (sl.coded[j] >= 0) pool_.release(dense_arena_, sl.dense[j]), sl.dense[j] = -1;
+      else kept = std::min(kept, j);
+    }
+    sl.trim_from = int64_t(std::max(j0, kept));
   }
 }
 
@@ -298,11 +305,12 @@ std::vector<size_t> KVStore::append_bookkeeping(SeqKV& s, int layer, int n, Run&
   // Blocks the last new query reads as codes; the ones nobody encoded yet are encoded (twins of
   // an already encoded fp16 block are shared instead).
   const size_t j0 = size_t(std::max(L.sink_end, L.key_begin(a)) / B_), j1 = size_t(L.coded_end(b - 1, B_) / B_);
-  for (size_t j = j0; j < j1; ++j) {
+  for (size_t j = std::max(j0, size_t(sl.coded_upto)); j < j1; ++j) {  // (earlier blocks have their codes)
     if (sl.coded[j] >= 0) continue;
     encode(s, layer, j);
     if (pool_.refcount(L.coded_arena, sl.coded[j]) == 1) todo.push_back(j);  // new, not a twin
   }
+  sl.coded_upto = std::max(sl.coded_upto, int64_t(j1));
   return todo;
 }
 
@@ -358,7 +366,8 @@ void KVStore::blocks_for_append(const SeqKV& s, int64_t n_new, std::vector<int64
       if (!present || pool_.refcount(arena, ids[size_t(j)]) > 1) ++counts[size_t(arena)];
     }
     if (L.format && !L.direct) {
-      for (int64_t j = std::max(L.sink_end, L.key_begin(a)) / B_; j < L.coded_end(b - 1, B_) / B_; ++j)
+      for (int64_t j = std::max(std::max(L.sink_end, L.key_begin(a)) / B_, sl.coded_upto); j < L.coded_end(b - 1, B_) / B_;
+           ++j)
         if (size_t(j) >= sl.coded.size() || sl.coded[size_t(j)] < 0) ++counts[size_t(L.coded_arena)];
     }
   }

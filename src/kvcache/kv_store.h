@@ -85,6 +85,10 @@ class SeqKV {
     std::vector<int32_t> coded;  // [n_blocks] coded-form block id, -1: none
     int64_t n = 0;               // tokens held
     int64_t trimmed_for = 0;     // forms only queries at positions >= this read may be gone
+    // Cursors that keep every step's bookkeeping O(new blocks), not O(context): blocks
+    // [sink, coded_upto) have their codes; below trim_from no dense form waits for its codes.
+    int64_t coded_upto = 0;
+    int64_t trim_from = 0;
   };
   KVStore* store_ = nullptr;
   std::vector<Layer> layers_;

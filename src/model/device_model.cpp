@@ -86,6 +86,9 @@ struct Uploader {
       m.rows += w->rows;
     }
     m.f16 = st.alloc(size_t(m.rows) * m.cols * 2, total, what + " (fp16)");
+    for (const WeightMatrix* w : parts)
+      m.act_int8 = m.act_int8 || !(w->type == GGMLType::F32 || w->type == GGMLType::F16 || w->type == GGMLType::BF16);
+    m.act_int8 = m.act_int8 && m.cols % 32 == 0;
     int64_t row0 = 0;
     for (const WeightMatrix* w : parts) {
       const size_t rb = ggml_row_bytes(w->type, w->cols);

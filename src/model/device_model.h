@@ -31,6 +31,9 @@ struct DeviceMatrix {
   };
   std::vector<Part> parts;
   bool has_gemv() const { return !parts.empty(); }
+  // The GGUF weights are block-quantized: the CPU multiplies them with int8-rounded activations,
+  // so the device's float-activation products (cuBLAS, fp16 GEMV) take the same rounded rows.
+  bool act_int8 = false;
 };
 
 struct DeviceLayer {

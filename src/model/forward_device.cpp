@@ -66,7 +66,9 @@ Path path_of(const DeviceMatrix& m, int rows) {
   return Path::gemm;
 }
 
-bool use_gemv(const DeviceMatrix& m, int rows) { return path_of(m, rows) != Path::gemm; }
+// Whether the projection reads f32 activations (both GEMV paths, and the int8 rounding of
+// act_int8 matrices), else fp16 for cuBLAS.
+bool use_gemv(const DeviceMatrix& m, int rows) { return path_of(m, rows) != Path::gemm || m.act_int8; }
 
 }  // namespace
 
@@ -77,7 +79,7 @@ struct ForwardDevice::Impl {
   cuda::GemmHandle gemm;
   int cap = 0, lcap = 0;
   int E, HQ, H, D, qd, kvd, qkvd, F, V;
-  cuda::DeviceBuffer tokens, lidx, x, xn, xn16, qkv, attn, gu, act, xq, xd, xs, xl, xl16, logits;
+  cuda::DeviceBuffer tokens, lidx, x, xn, xn16, qkv, attn, gu, act, xq, xd, xs, xdq, xl, xl16, logits;
   cuda::PinnedBuffer h_tokens, h_lidx, h_logits;
   uint64_t buf_version = 0;
   struct GraphRec {
@@ -110,6 +112,7 @@ struct ForwardDevice::Impl {
     xq = cuda::DeviceBuffer(R * wide);
     xd = cuda::DeviceBuffer(R * (wide / 32 + 1) * 4);
     xs = cuda::DeviceBuffer(R * (wide / 32 + 1) * 4);
+    xdq = cuda::DeviceBuffer(R * wide * 4);
     xl = cuda::DeviceBuffer(LR * E * 4);
     xl16 = cuda::DeviceBuffer(LR * E * 4);
     logits = cuda::DeviceBuffer(LR * V * 4);
@@ -124,6 +127,28 @@ struct ForwardDevice::Impl {
   void project(const DeviceMatrix& W, int rows, const float* x32, const void* x16, float* y, int64_t ldy, bool acc,
                void* st) {
     const Path path = path_of(W, rows);
+    if (W.act_int8 && path != Path::gemv_quant) {
+      // The CPU's int8 activation rounding (DeviceMatrix::act_int8): quantize, then back to the
+      // float form the product reads.
+      cuda::QuantizeActParams q;
+      q.rows = rows;
+      q.cols = W.cols;
+      q.x = x32;
+      q.q = xq.as<int8_t>();
+      q.d = xd.as<float>();
+      q.s = xs.as<float>();
+      cuda::quantize_act_device(q, st);
+      cuda::DequantizeActParams dq;
+      dq.rows = rows;
+      dq.cols = W.cols;
+      dq.q = xq.as<int8_t>();
+      dq.d = xd.as<float>();
+      dq.out_type = path == Path::gemm ? ElemType::f16 : ElemType::f32;
+      dq.out = xdq.data();
+      cuda::dequantize_act_device(dq, st);
+      if (path == Path::gemm) x16 = xdq.data();
+      else x32 = xdq.as<float>();
+    }
     if (path == Path::gemv_f16) {
       cuda::GemvF16Params g;
       g.w = W.f16;

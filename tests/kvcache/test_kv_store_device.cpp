@@ -60,8 +60,9 @@ TEST_P(DeviceStoreParity, AppendsForksAndAttentionMatchTheCpu) {
   auto gpu = make_store(c, spec, KVDevice::cuda);
   const bool coded = spec.config.method == KVMethod::vecinfer;
   // VecInfer: the two encoders may pick different centroids at near-ties (counted below), and
-  // the GPU kernels use fp16 lookup tables / queries; fp16: only the order of fp32 sums differs.
-  const double tol = coded ? 2e-3 : 1e-8;
+  // the GPU kernels use fp16 lookup tables / queries; fp16 decode rows: only the order of fp32
+  // sums differs; fp16 prefill rows (>= 16 rows: the tensor-core kernel) round q and P to fp16.
+  auto tol_for = [&](int n) { return coded ? 2e-3 : n >= 16 ? 1e-6 : 1e-8; };
   std::mt19937 rng(1234);
   const size_t kvrow = size_t(c.H) * c.D, qrow = size_t(c.HQ) * c.D;
   std::vector<SeqKV> sc, sg;
@@ -81,7 +82,7 @@ TEST_P(DeviceStoreParity, AppendsForksAndAttentionMatchTheCpu) {
       cpu->attend(l, &ec, 1, 1.0f / std::sqrt(float(c.D)));
       gpu->attend(l, &eg, 1, 1.0f / std::sqrt(float(c.D)));
       for (float x : og) ASSERT_TRUE(std::isfinite(x)) << "unwritten or NaN output, seq " << i << " layer " << l;
-      ASSERT_LT(nmse(og, oc), tol) << c.name << ": seq " << i << " layer " << l << " at " << sc[i].size();
+      ASSERT_LT(nmse(og, oc), tol_for(n)) << c.name << ": seq " << i << " layer " << l << " at " << sc[i].size();
     }
     cpu->trim(sc[i]);
     gpu->trim(sg[i]);

@@ -52,6 +52,20 @@ struct QuantizeActParams {
 };
 void quantize_act_device(const QuantizeActParams& p, void* stream = nullptr);
 
+// ---- Back from int8 blocks: out = d * q (f32 or f16) ----
+// The CPU multiplies quantized weights with int8-rounded activations (vq::matmul_q); the device
+// products that read float activations (cuBLAS, the fp16 GEMV) take these dequantized rows for
+// quantized weights, so that their results follow the CPU's (and llama.cpp's) rounding.
+struct DequantizeActParams {
+  int rows = 0;
+  int64_t cols = 0;            // a multiple of 32
+  const int8_t* q = nullptr;   // [rows, cols]
+  const float* d = nullptr;    // [rows, cols/32]
+  ElemType out_type = ElemType::f16;  // f32 or f16
+  void* out = nullptr;         // [rows, cols] packed
+};
+void dequantize_act_device(const DequantizeActParams& p, void* stream = nullptr);
+
 // ---- The product ----
 struct GemvParams {
   uint32_t type = 0;

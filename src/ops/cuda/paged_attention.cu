@@ -36,6 +36,11 @@ struct DenseParams {
   float* part;   // [rows, n_kv_heads, tiles8, splits][2*8 + 8*D]
 };
 
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src));
+}
+
 // Grid (splits, n_kv_heads * ceil(group / HT), rows); 4 warps. A block takes HT query heads of
 // one KV head over one split of the row's dense tokens (sinks + window, or all keys of an fp16
 // layer). Warp = 32 tokens at a time, lane = token for the scores (keys are channel-major, so
@@ -48,6 +53,9 @@ __global__ void __launch_bounds__(32 * kDenseWarps) dense_split_kernel(DensePara
   float* sq = dsm;                                 // [HT][D]
   float* sp = sq + HT * D;                         // [warps][32][HT]
   const __half** svp = reinterpret_cast<const __half**>(sp + kDenseWarps * 32 * HT);  // [warps][32]
+  // [warps] staging of one whole block's K [D][32] and V [32][D] of this head (16-byte aligned)
+  __half* stage = reinterpret_cast<__half*>(
+      (reinterpret_cast<uintptr_t>(svp + kDenseWarps * 32) + 15) & ~uintptr_t(15));
 
   const int split = blockIdx.x, b = blockIdx.z;
   const int kh = blockIdx.y / p.ht_tiles;
@@ -76,9 +84,26 @@ __global__ void __launch_bounds__(32 * kDenseWarps) dense_split_kernel(DensePara
   }
   float* spw = sp + warp * 32 * HT;
   const __half** svw = svp + warp * 32;
+  __half* kst = stage + size_t(warp) * 2 * D * 32;  // K [D][32]
+  __half* vst = kst + D * 32;                       // V [32][D]
   for (int g0 = vbeg + warp * 32; g0 < vend; g0 += kDenseWarps * 32) {
     const int v = g0 + lane;
     const bool valid = v < vend;
+    // A group that is one whole block (the common case: sinks and window start on block
+    // boundaries) is staged with cp.async: all its K/V loads in flight at once, instead of a
+    // dependent chain of 2-byte loads per channel.
+    const int t0 = ds.position(g0);
+    const bool whole = B == 32 && g0 + 32 <= vend && (t0 & 31) == 0 && (g0 >= ds.n0 || g0 + 32 <= ds.n0);
+    if (whole) {
+      const __half* blk = reinterpret_cast<const __half*>(tab[t0 >> p.lb]);
+      const __half* kg = blk + size_t(kh) * D * 32;
+      const __half* vg = blk + size_t(H) * D * 32 + size_t(kh) * 32 * D;
+      for (int i = lane; i < D * 4; i += 32) cp_async16(kst + 8 * i, kg + 8 * i);
+      for (int i = lane; i < D * 4; i += 32) cp_async16(vst + 8 * i, vg + 8 * i);
+      asm volatile("cp.async.commit_group;\n" ::);
+      asm volatile("cp.async.wait_group 0;\n" ::);
+      __syncwarp();
+    }
     float s[HT];
 #pragma unroll
     for (int h = 0; h < HT; ++h) s[h] = 0.f;
@@ -87,8 +112,8 @@ __global__ void __launch_bounds__(32 * kDenseWarps) dense_split_kernel(DensePara
       const int t = ds.position(v);
       const __half* blk = reinterpret_cast<const __half*>(tab[t >> p.lb]);
       const int slot = t & (B - 1);
-      const __half* kp = blk + size_t(kh) * D * B + slot;  // channel c at kp[c*B]
-      vrow = blk + size_t(H) * D * B + (size_t(kh) * B + slot) * D;
+      const __half* kp = whole ? kst + lane : blk + size_t(kh) * D * B + slot;  // channel c at kp[c*B]
+      vrow = whole ? vst + size_t(lane) * D : blk + size_t(H) * D * B + (size_t(kh) * B + slot) * D;
 #pragma unroll 2
       for (int c0 = 0; c0 < D; c0 += 16) {
         float kv[16];
@@ -287,7 +312,8 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
 int ht_for(int group) { return group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? (group == 2 ? 2 : 4) : 1; }
 
 size_t dense_smem(int D, int HT) {
-  const size_t main = (size_t(HT) * D + size_t(kDenseWarps) * 32 * HT) * 4 + size_t(kDenseWarps) * 32 * 8;
+  const size_t main = (size_t(HT) * D + size_t(kDenseWarps) * 32 * HT) * 4 + size_t(kDenseWarps) * 32 * 8 + 16 +
+                      size_t(kDenseWarps) * 2 * D * 32 * 2;
   const size_t merge = (size_t(kDenseWarps) * HT * 2 + size_t(kDenseWarps) * HT * D) * 4;
   return std::max(main, merge);
 }
