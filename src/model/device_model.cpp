@@ -263,7 +263,8 @@ std::shared_ptr<const DeviceModel> DeviceModel::random(const ModelConfig& c, con
 
 namespace {
 size_t matrix_step_bytes(const DeviceMatrix& m, int rows) {
-  const bool gemv = m.has_gemv() && rows <= cuda::kGemvMaxRows;  // forward_device.cpp path_of
+  bool gemv = m.has_gemv() && rows <= cuda::kGemvMaxRows;  // forward_device.cpp path_of
+  for (const auto& p : m.parts) gemv = gemv && cuda::gemv_preferred(p.type, rows);
   if (!gemv) return size_t(m.rows) * m.cols * 2;
   size_t b = 0;
   for (const auto& p : m.parts) b += cuda::gemv_packed_bytes(p.type, p.rows, m.cols);

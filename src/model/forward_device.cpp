@@ -57,10 +57,11 @@ bool gemv_f16_enabled() {
 }
 
 Path path_of(const DeviceMatrix& m, int rows) {
-  // Native quantized weights take the quantized GEMV for up to kGemvMaxRows rows even where cuBLAS
-  // on the fp16 copy was faster (5-8 rows: 0.7-0.96x, CUDA_NOTES.md section 6): its integer dot
-  // products are the CPU's numerics, so short prompts and small batches give the CPU's tokens.
-  if (m.has_gemv() && rows <= cuda::kGemvMaxRows) return Path::gemv_quant;
+  if (m.has_gemv() && rows <= cuda::kGemvMaxRows) {
+    bool all = true;
+    for (const auto& p : m.parts) all = all && cuda::gemv_preferred(p.type, rows);
+    if (all) return Path::gemv_quant;
+  }
   if (rows <= cuda::kGemvF16MaxRows && m.cols % 8 == 0 && gemv_f16_enabled()) return Path::gemv_f16;
   return Path::gemm;
 }
