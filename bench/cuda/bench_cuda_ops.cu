@@ -22,6 +22,8 @@
 #include "bench_util.cuh"
 #include "pq_attention_lut_variants.h"
 
+void bench_decode_variants(double copy_bw, int sub_dim, bool per_subspace);  // pq_decode_variants.cu
+
 namespace {
 
 using namespace vq::bench;
@@ -227,10 +229,16 @@ int main(int argc, char** argv) {
   }
   std::printf("device %s\n", vq::cuda::cuda_device_description().c_str());
   double bw = 4163.0;
-  if (what == "copy" || what == "all" || what == "attn") bw = copy_gbps();
+  if (what == "copy" || what == "all" || what == "attn" || what == "decode") bw = copy_gbps();
   if (what == "quant" || what == "all") bench_quant();
   if (what == "attn" || what == "all") bench_attn(bw);
-  if (what == "decode" || what == "all") bench_decode(bw);
+  if (what == "decode" || what == "all") {
+    bench_decode(bw);
+    bench_decode_variants(bw, 4, false);
+    bench_decode_variants(bw, 8, false);
+    bench_decode_variants(bw, 4, true);
+    bench_decode(bw);  // the shipped kernel again: the spread between two runs of one version
+  }
   vq::cuda::device_synchronize();
   return 0;
 }

@@ -9,9 +9,16 @@
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
 #include "ops/cuda/pq.h"
+#include "ops/cuda/pq_decode.cuh"
+#include "ops/cuda/stream_cuda.h"
 
 namespace vq::cuda {
 namespace {
+
+// The vectorised kernel's shipped configuration (bench/cuda/pq_decode_variants.cu times the others).
+constexpr int kDecItems = 4;
+constexpr int kDecWaves = 8;
+constexpr bool kDecStream = false;
 
 __global__ void pq_decode_kernel(int64_t total, int n_sub, int DS, int K, int books, const uint16_t* codes,
                                  const float* codebooks, float* out) {
@@ -94,6 +101,20 @@ void decode_codes_device(const CodeDecodeArgs& a, void* stream) {
   const int n_sub = a.head_dim / a.sub_dim;
   const int64_t total = a.n_tokens * n_sub;
   if (total == 0) return;
+  if (detail::decode_codes_vec_ok(a)) {
+    // Shipped configuration (BENCHMARKS.md (c)): kDecItems chunks per thread, kDecWaves blocks per SM.
+    const cudaStream_t s = as_stream(stream);
+    const bool bf = a.out_type == ElemType::bf16;
+    if (a.sub_dim == 4) {
+      if (bf) detail::launch_decode_vec<4, true, kDecItems, kDecStream>(a, kDecWaves, s);
+      else detail::launch_decode_vec<4, false, kDecItems, kDecStream>(a, kDecWaves, s);
+    } else {
+      if (bf) detail::launch_decode_vec<8, true, kDecItems, kDecStream>(a, kDecWaves, s);
+      else detail::launch_decode_vec<8, false, kDecItems, kDecStream>(a, kDecWaves, s);
+    }
+    VQ_CUDA_LAUNCHED("decode_codes_vec_kernel");
+    return;
+  }
   const int type = a.out_type == ElemType::f32 ? 0 : a.out_type == ElemType::f16 ? 1 : 2;
   decode_codes_kernel<<<dim3(grid_for(total, 256), unsigned(a.n_heads)), 256, 0, as_stream(stream)>>>(
       a, n_sub, 1 << a.bits, a.per_subspace ? n_sub : 1, type);
