@@ -237,6 +237,7 @@ int main(int argc, char** argv) {
     bench_decode_variants(bw, 4, false);
     bench_decode_variants(bw, 8, false);
     bench_decode_variants(bw, 4, true);
+    bench_decode_variants(bw, 8, true);
     bench_decode(bw);  // the shipped kernel again: the spread between two runs of one version
   }
   vq::cuda::device_synchronize();

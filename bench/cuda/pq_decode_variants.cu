@@ -50,9 +50,9 @@ void run_v1(const vq::cuda::CodeDecodeArgs& a) {
   decode_codes_v1<<<dim3(g, unsigned(a.n_heads)), 256>>>(a, n_sub, 1 << a.bits, a.per_subspace ? n_sub : 1);
 }
 
-template <int SD, int ITEMS, bool STREAM>
+template <int SD, int ITEMS, bool STREAM, bool L1 = false>
 void run_vec(const vq::cuda::CodeDecodeArgs& a, int waves) {
-  vq::cuda::detail::launch_decode_vec<SD, false, ITEMS, STREAM>(a, waves, nullptr);
+  vq::cuda::detail::launch_decode_vec<SD, false, ITEMS, STREAM, L1>(a, waves, nullptr);
 }
 
 }  // namespace
@@ -94,22 +94,24 @@ void bench_decode_variants(double copy_bw, int sub_dim, bool per_subspace) {
   auto time_it = [&](const char* name, auto&& f) {
     CK(cudaMemset(out.data(), 0xFF, out.size()));
     f();
+    CK(cudaGetLastError());
     check(name);
     report(name, median_ms([&](int) { f(); }, 5, 15));
   };
   time_it("shipped", [&] { vq::cuda::decode_codes_device(b); });
   time_it("v1_scalar", [&] { run_v1(b); });
   char nm[64];
-#define VQ_DEC_VAR(SD, IT, ST)                                                        \
-  for (int w : {4, 8, 16}) {                                                          \
-    std::snprintf(nm, sizeof nm, "vec_it%d_%s_w%d", IT, ST ? "stcs" : "st", w);      \
-    time_it(nm, [&] { run_vec<SD, IT, ST>(b, w); });                                 \
+#define VQ_DEC_VAR(SD, IT, ST, L1)                                                    \
+  for (int w : {2, 4, 8, 16}) {                                                       \
+    std::snprintf(nm, sizeof nm, "%s_it%d_%s_w%d", L1 ? "l1" : "vec", IT, ST ? "stcs" : "st", w); \
+    time_it(nm, [&] { run_vec<SD, IT, ST, L1>(b, w); });                             \
   }
   if (sub_dim == 4) {
-    VQ_DEC_VAR(4, 1, false) VQ_DEC_VAR(4, 2, false) VQ_DEC_VAR(4, 4, false) VQ_DEC_VAR(4, 8, false)
-    VQ_DEC_VAR(4, 4, true) VQ_DEC_VAR(4, 8, true)
+    VQ_DEC_VAR(4, 2, false, false) VQ_DEC_VAR(4, 4, false, false) VQ_DEC_VAR(4, 8, false, false)
+    VQ_DEC_VAR(4, 4, true, false) VQ_DEC_VAR(4, 8, true, false)
+    VQ_DEC_VAR(4, 4, true, true) VQ_DEC_VAR(4, 8, true, true)
   } else {
-    VQ_DEC_VAR(8, 2, false) VQ_DEC_VAR(8, 4, false) VQ_DEC_VAR(8, 8, false) VQ_DEC_VAR(8, 4, true)
+    VQ_DEC_VAR(8, 4, false, false) VQ_DEC_VAR(8, 4, true, false) VQ_DEC_VAR(8, 4, true, true)
   }
 #undef VQ_DEC_VAR
   std::fflush(stdout);

@@ -32,7 +32,11 @@ if has decode; then timeout 120 $BIN/bench_cuda_ops decode > $L/decode.log 2>&1;
 save
 if has quant; then timeout 120 $BIN/bench_cuda_ops quant > $L/quant.log 2>&1; echo "quant exit $?"; grep -E "quant|mma" $L/quant.log | tail -20; fi
 save
-if has attn; then
-  for g in ${ATTN_GEOMS:-falcon3}; do timeout 200 $BIN/bench_paged_attention $g > $L/paged_$g.log 2>&1; echo "paged $g exit $?"; grep paged_attn $L/paged_$g.log | tail -30; done
+if has attn; then  # d4b8 shared books: the automatic kernel choice, then the gather-mma kernel (the old D=256 path)
+  KV=${ATTN_KV:-vecinfer:d4b8,gran=shared}
+  for g in ${ATTN_GEOMS:-falcon}; do
+    timeout 150 $BIN/bench_paged_attention $g $KV > $L/paged_${g}_auto.log 2>&1; echo "paged $g auto exit $?"; grep paged_attn $L/paged_${g}_auto.log
+    VQ_CODED_ATTN_KERNEL=gather_mma timeout 150 $BIN/bench_paged_attention $g $KV > $L/paged_${g}_gather.log 2>&1; echo "paged $g gather_mma exit $?"; grep paged_attn $L/paged_${g}_gather.log
+  done
 fi
 save

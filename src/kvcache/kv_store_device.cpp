@@ -85,6 +85,18 @@ void KVStoreDevice::release_table(SeqKV&) {}
 #else
 
 namespace {
+// VQ_CODED_ATTN_KERNEL=gather_mma: the gather-mma split kernel for every coded layer (benchmarks
+// compare it with the automatic choice in one run); unset or anything else: automatic.
+cuda::PQAttnKernel coded_kernel_override() {
+  static const cuda::PQAttnKernel k = [] {
+    const char* e = std::getenv("VQ_CODED_ATTN_KERNEL");
+    return e && std::string(e) == "gather_mma" ? cuda::PQAttnKernel::gather_mma : cuda::PQAttnKernel::automatic;
+  }();
+  return k;
+}
+}  // namespace
+
+namespace {
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 int pow2_at_least(int64_t x, int lo) {
@@ -249,6 +261,7 @@ struct KVStoreDevice::Impl {
       p.v_sub_dim = c.value.sub_dim, p.v_bits = c.value.bits;
       p.k_per_subspace = cal.key_books() > 1;
       p.v_per_subspace = cal.value_books() > 1;
+      p.kernel = coded_kernel_override();
     }
     cuda::paged_attention_plan(p);
     return p;

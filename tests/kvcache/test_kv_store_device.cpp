@@ -161,6 +161,9 @@ const Case kCases[] = {
     {"d8b8_r32_g3_d256", 12, 4, 256, "vecinfer:d8b8,r=32"},
     {"d8b12_r32_g2_d64", 4, 2, 64, "vecinfer:d8b12,r=32,gran=shared"},
     {"fp16_g8_d256", 16, 2, 256, "fp16"},
+    // head_dim 256 on the LUT kernel (shared value books)
+    {"d4b8_shared_g3_d256_lut", 12, 4, 256, "vecinfer:d4b8,gran=shared"},
+    {"k_d8b8_v_d4b8_g16_d256_lut", 16, 1, 256, "vecinfer:k=d8b8,v=d4b8,gran=shared"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceStoreParity, ::testing::ValuesIn(kCases),

@@ -76,15 +76,19 @@ __device__ __forceinline__ float warp_max(float x) {
 // the D/4 books [D/4][256] uint2 as they are (no bank-sliced copies: 32x the bytes); lane (g, t)
 // reads the book of its sub-space g*VU + u, so the gathers are no longer conflict-free (random
 // codes: ~3 wavefronts per half-warp instead of 1).
-template <int NS, int D, bool kPaged = false, bool kVPer = false>
-__global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams p) {
-  constexpr int kNW = kLutWarps;
+// NW: warps per block (16; 8 at head_dim 256, whose value accumulators and code words need ~2x
+// the registers). NS = 64 (head_dim 256, d4 keys): the LUT is two 64 KiB halves, sub-spaces
+// 0..31 and 32..63, each laid out as for NS = 32 (lookups add the half's offset).
+template <int NS, int D, bool kPaged = false, bool kVPer = false, int NW = kLutWarps>
+__global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
+  constexpr int kNW = NW;
   constexpr int kThreads = 32 * kNW;
   constexpr int MT = D / 16;  // m-tiles of the value mma
   constexpr int VU = D / 32;  // 4-dim groups (value sub-spaces) per lane
   constexpr int NW4 = NS / 4; // key code words per token
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kLutBytes = 256 * 256;
+  constexpr int kLutBytes = 256 * 256 * (NS > 32 ? 2 : 1);
+  constexpr int VWN = VU > 4 ? 2 : 1;  // value code words per lane and token
   constexpr int kVBytes = kVPer ? (D / 4) * 256 * 8 : 256 * 16 * 8;
   uint2* vsl = reinterpret_cast<uint2*>(smem + kLutBytes);
   float* sq = reinterpret_cast<float*>(smem + kLutBytes + kVBytes);
@@ -140,6 +144,7 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
     constexpr int CSTEP = kThreads / NS;
     constexpr int PASSES = 256 / CSTEP;
     static_assert(PASSES * CSTEP == 256, "whole passes over the 256 codes");
+    constexpr int PB = PASSES < 16 ? PASSES : 16;  // passes whose centroid loads are in flight together
     const int s = threadIdx.x % NS, c0 = threadIdx.x / NS;
     const __half* kb = p.k_book + (size_t(kh) * p.kbooks + (p.kbooks > 1 ? s : 0)) * 256 * KD;
     float qr[kH][KD];
@@ -147,10 +152,13 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
     for (int h = 0; h < kH; ++h)
 #pragma unroll
       for (int j = 0; j < KD; ++j) qr[h][j] = sq[h * D + s * KD + j];
-    uint32_t cw[PASSES][KD / 2];
+    uint2* lut16 = reinterpret_cast<uint2*>(smem) + (s >> 5) * 8192;  // the half of sub-space s
+#pragma unroll 1
+    for (int k0 = 0; k0 < PASSES; k0 += PB) {
+    uint32_t cw[PB][KD / 2];
 #pragma unroll
-    for (int k = 0; k < PASSES; ++k) {
-      const uint32_t* cent = reinterpret_cast<const uint32_t*>(kb + size_t(c0 + k * CSTEP) * KD);
+    for (int k = 0; k < PB; ++k) {
+      const uint32_t* cent = reinterpret_cast<const uint32_t*>(kb + size_t(c0 + (k0 + k) * CSTEP) * KD);
       if constexpr (KD == 2) {
         cw[k][0] = __ldg(cent);
       } else if constexpr (KD == 4) {
@@ -161,9 +169,8 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
         cw[k][0] = x.x, cw[k][1] = x.y, cw[k][2] = x.z, cw[k][3] = x.w;
       }
     }
-    uint2* lut16 = reinterpret_cast<uint2*>(smem);
 #pragma unroll
-    for (int k = 0; k < PASSES; ++k) {
+    for (int k = 0; k < PB; ++k) {
       float acc[kH] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < KD / 2; ++j) {
@@ -172,8 +179,9 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
         for (int h = 0; h < kH; ++h) acc[h] = fmaf(qr[h][2 * j], cv.x, fmaf(qr[h][2 * j + 1], cv.y, acc[h]));
       }
       const __half2 h01 = __floats2half2_rn(acc[0], acc[1]), h23 = __floats2half2_rn(acc[2], acc[3]);
-      lut16[(c0 + k * CSTEP) * 32 + s] =
+      lut16[(c0 + (k0 + k) * CSTEP) * 32 + (s & 31)] =
           make_uint2(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23));
+    }
     }
   }
   __half* ps = ps_all + warp * 8 * kPRow;
@@ -202,7 +210,7 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   const int vword_off = (g * VU) & ~3, vbyte0 = (g * VU) & 3;
 
   // Key and value codes of group gi (loaded one group ahead of their use).
-  auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4]) {
+  auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4][VWN]) {
     const int tok0 = tok_begin + gi * 32;
     const int tok = tok0 + lane;
     // Rows of token tok0 + i: key kb + i*kcb, value vb + i*vcb (the group lies in one block).
@@ -233,9 +241,16 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int vt = tok0 + 16 * ks + 2 * t + (s & 1) + (s >> 1) * 8;
-        vw[ks][s] = vt < tok_end && vt >= lo
-                        ? __ldg(reinterpret_cast<const uint32_t*>(vb + int64_t(vt - tok0) * vcb + vword_off))
-                        : 0u;
+        if constexpr (VWN == 2) {
+          const uint2 x = vt < tok_end && vt >= lo
+                              ? __ldg(reinterpret_cast<const uint2*>(vb + int64_t(vt - tok0) * vcb + vword_off))
+                              : make_uint2(0u, 0u);
+          vw[ks][s][0] = x.x, vw[ks][s][1] = x.y;
+        } else {
+          vw[ks][s][0] = vt < tok_end && vt >= lo
+                             ? __ldg(reinterpret_cast<const uint32_t*>(vb + int64_t(vt - tok0) * vcb + vword_off))
+                             : 0u;
+        }
       }
   };
 
@@ -246,10 +261,10 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) oc[mt][0] = oc[mt][1] = oc[mt][2] = oc[mt][3] = 0.f;
 
-  uint32_t kw[NW4], vw[2][4];
+  uint32_t kw[NW4], vw[2][4][VWN];
   if (warp < n_groups) load_codes(warp, kw, vw);
   for (int gi = warp; gi < n_groups; gi += kNW) {
-    uint32_t kwn[NW4], vwn[2][4];
+    uint32_t kwn[NW4], vwn[2][4][VWN];
     const bool more = gi + kNW < n_groups;
     if (more) load_codes(gi + kNW, kwn, vwn);
 
@@ -263,10 +278,10 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
       for (int j = 0; j < NW4; ++j) kp[j] = swap_quads ? kt[j ^ 2] : kt[j];
 #pragma unroll
       for (int i = 0; i < NS; i += 2) {
-        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]) | (l8 ^ uint32_t(i << 3));
-        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, sel[(i + 1) & 3]) | (l8 ^ uint32_t((i + 1) << 3));
-        const uint2 e0 = *reinterpret_cast<const uint2*>(lutb + o0);
-        const uint2 e1 = *reinterpret_cast<const uint2*>(lutb + o1);
+        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]) | (l8 ^ uint32_t((i & 31) << 3));
+        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, sel[(i + 1) & 3]) | (l8 ^ uint32_t(((i + 1) & 31) << 3));
+        const uint2 e0 = *reinterpret_cast<const uint2*>(lutb + (i >> 5) * 65536 + o0);
+        const uint2 e1 = *reinterpret_cast<const uint2*>(lutb + ((i + 1) >> 5) * 65536 + o1);
         // two terms summed in fp16, then accumulated in fp32
         const float2 f01 = __half22float2(__hadd2(*reinterpret_cast<const __half2*>(&e0.x),
                                                   *reinterpret_cast<const __half2*>(&e1.x)));
@@ -323,22 +338,26 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
     for (int ks = 0; ks < 2; ++ks) {
       const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(ps + g * kPRow + 16 * ks + 2 * t);
       const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(ps + g * kPRow + 16 * ks + 2 * t + 8);
+      constexpr int UB = VU < 4 ? VU : 4;  // value sub-spaces gathered per batch (registers)
+#pragma unroll
+      for (int u0 = 0; u0 < VU; u0 += UB) {
       uint2 xv[4][VU];
 #pragma unroll
       for (int s = 0; s < 4; ++s)
 #pragma unroll
-        for (int u = 0; u < VU; ++u) {
-          const uint32_t c = (vw[ks][s] >> (8 * (vbyte0 + u))) & 0xffu;
+        for (int u = u0; u < u0 + UB; ++u) {
+          const uint32_t c = (vw[ks][s][(vbyte0 + u) >> 2] >> (8 * ((vbyte0 + u) & 3))) & 0xffu;
           if constexpr (kVPer) xv[s][u] = vsl[(g * VU + u) * 256 + c];
           else xv[s][u] = vsl[c * 16 + (lane & 15)];
         }
 #pragma unroll
-      for (int u = 0; u < VU; ++u) {
+      for (int u = u0; u < u0 + UB; ++u) {
         mma16816(oc[2 * u], __byte_perm(xv[0][u].x, xv[1][u].x, 0x5410), __byte_perm(xv[0][u].x, xv[1][u].x, 0x7632),
                  __byte_perm(xv[2][u].x, xv[3][u].x, 0x5410), __byte_perm(xv[2][u].x, xv[3][u].x, 0x7632), pb0, pb1);
         mma16816(oc[2 * u + 1], __byte_perm(xv[0][u].y, xv[1][u].y, 0x5410),
                  __byte_perm(xv[0][u].y, xv[1][u].y, 0x7632), __byte_perm(xv[2][u].y, xv[3][u].y, 0x5410),
                  __byte_perm(xv[2][u].y, xv[3][u].y, 0x7632), pb0, pb1);
+      }
       }
     }
     __syncwarp();  // the P tile is rewritten next iteration
@@ -349,7 +368,9 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
-        for (int s = 0; s < 4; ++s) vw[ks][s] = vwn[ks][s];
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int j = 0; j < VWN; ++j) vw[ks][s][j] = vwn[ks][s][j];
     }
   }
 
@@ -417,13 +438,14 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
 
 template <int NS, int D, bool kPaged = false, bool kVPer = false>
 void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
+  constexpr int NW = lut_warps(D);
   static bool attr_set = false;  // one size per instantiation: set once
   if (!attr_set) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, kPaged, kVPer>,
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, kPaged, kVPer, NW>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
-  lut_split_kernel<NS, D, kPaged, kVPer><<<grid, 32 * kLutWarps, smem, st>>>(lp);
+  lut_split_kernel<NS, D, kPaged, kVPer, NW><<<grid, 32 * NW, smem, st>>>(lp);
   VQ_CUDA_LAUNCHED("lut_split_kernel");
 }
 
@@ -431,13 +453,18 @@ void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
 
 bool lut_kernel_supported(const PQAttnBatchArgs& a) {
   const int ns = a.k_sub_dim > 0 ? a.head_dim / a.k_sub_dim : 0;
-  return (a.head_dim == 64 || a.head_dim == 128) && a.k_bits == 8 && (ns == 16 || ns == 32) && a.v_bits == 8 &&
-         a.v_sub_dim == 4;
+  if (a.k_bits != 8 || a.v_bits != 8 || a.v_sub_dim != 4) return false;
+  if (a.head_dim == 64 || a.head_dim == 128) return ns == 16 || ns == 32;
+  // head_dim 256: shared value books only (per-sub-space ones would need 128 KiB of shared memory
+  // beside the 128 KiB LUT of d4 keys).
+  return a.head_dim == 256 && (ns == 32 || ns == 64) && !a.v_per_subspace;
 }
 
 size_t lut_kernel_smem(const PQAttnBatchArgs& a) {
+  const int ns = a.k_sub_dim > 0 ? a.head_dim / a.k_sub_dim : 0;
   const size_t vbytes = a.v_per_subspace ? size_t(a.head_dim / 4) * 256 * 8 : size_t(256) * 16 * 8;
-  return size_t(256) * 256 + vbytes + size_t(kH) * a.head_dim * 4 + size_t(kLutWarps) * 8 * kPRow * 2;
+  return size_t(256) * 256 * (ns > 32 ? 2 : 1) + vbytes + size_t(kH) * a.head_dim * 4 +
+         size_t(lut_warps(a.head_dim)) * 8 * kPRow * 2;
 }
 
 namespace {
@@ -461,7 +488,9 @@ void launch_lut(const PQAttnBatchArgs& a, LutParams lp, int n_splits, cudaStream
   const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
   const size_t smem = lut_kernel_smem(a);
   const int ns = a.head_dim / a.k_sub_dim;
-  if (a.v_per_subspace) {
+  if (a.head_dim == 256) {
+    ns == 64 ? launch<64, 256, kPaged>(lp, grid, smem, st) : launch<32, 256, kPaged>(lp, grid, smem, st);
+  } else if (a.v_per_subspace) {
     if (a.head_dim == 128)
       ns == 32 ? launch<32, 128, kPaged, true>(lp, grid, smem, st) : launch<16, 128, kPaged, true>(lp, grid, smem, st);
     else ns == 32 ? launch<32, 64, kPaged, true>(lp, grid, smem, st) : launch<16, 64, kPaged, true>(lp, grid, smem, st);

@@ -13,9 +13,12 @@ namespace vq::cuda::detail {
 
 constexpr int kLutWarps = 16;                      // warps per block (1 block per SM: the LUT is large)
 constexpr int kLutTokensPerIter = 32 * kLutWarps;  // tokens a block consumes per loop iteration
+// Warps of the shipped LUT kernel per head_dim: 8 at 256 (registers), else 16.
+constexpr int lut_warps(int head_dim) { return head_dim > 128 ? 8 : kLutWarps; }
 
 // True when the LUT kernel takes these shapes: 8-bit key codes with head_dim/k_sub_dim in
-// {16, 32}; values d4 with 8-bit codes (shared or per-sub-space books); head_dim 64 or 128.
+// {16, 32}; values d4 with 8-bit codes (shared or per-sub-space books); head_dim 64 or 128; and
+// head_dim 256 with head_dim/k_sub_dim in {32, 64} and shared value books.
 bool lut_kernel_supported(const PQAttnBatchArgs& a);
 // Dynamic shared memory of one block.
 size_t lut_kernel_smem(const PQAttnBatchArgs& a);

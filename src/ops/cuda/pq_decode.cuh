@@ -78,28 +78,84 @@ __global__ void __launch_bounds__(256) decode_codes_vec_kernel(CodeDecodeArgs a,
   }
 }
 
+// Per-sub-space books without staging: the f32 centroids are read through L1 (__ldg, 16 or 32
+// bytes per code) and rounded to 16 bits per element. For books too large to stage cheaply.
+template <int SD, bool BF16, int ITEMS, bool STREAM>
+__global__ void __launch_bounds__(256) decode_codes_l1_kernel(CodeDecodeArgs a, int chunk_shift, int books, int total) {
+  const int h = blockIdx.y;
+  const float4* book = reinterpret_cast<const float4*>(a.codebooks + int64_t(h) * books * 256 * SD);
+  const uint8_t* codes_h = a.codes + int64_t(h) * a.code_head_stride;
+  uint16_t* out_h = static_cast<uint16_t*>(a.out) + int64_t(h) * a.out_head_stride;
+  constexpr int CPC = 8 / SD;
+  const int chunk_mask = (1 << chunk_shift) - 1;
+  const int tile = ITEMS * int(blockDim.x);
+  for (int base = int(blockIdx.x) * tile; base < total; base += int(gridDim.x) * tile) {
+    uint32_t code[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int it = base + k * int(blockDim.x) + int(threadIdx.x);
+      code[k] = 0;
+      if (it < total) {
+        const int t = it >> chunk_shift, c = it & chunk_mask;
+        const uint8_t* p = codes_h + int64_t(t) * a.code_token_stride + c * CPC;
+        code[k] = __ldg(p);
+        if constexpr (CPC == 2) code[k] |= uint32_t(__ldg(p + 1)) << 8;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int it = base + k * int(blockDim.x) + int(threadIdx.x);
+      if (it >= total) continue;
+      const int t = it >> chunk_shift, c = it & chunk_mask;
+      float4 f0, f1;
+      if constexpr (SD == 8) {
+        const float4* e = book + ((books > 1 ? c * 256 : 0) + int(code[k])) * 2;
+        f0 = __ldg(e), f1 = __ldg(e + 1);
+      } else {
+        f0 = __ldg(book + (books > 1 ? (2 * c) * 256 : 0) + int(code[k] & 255u));
+        f1 = __ldg(book + (books > 1 ? (2 * c + 1) * 256 : 0) + int(code[k] >> 8));
+      }
+      uint4 v;
+      v.x = uint32_t(to_16<BF16>(f0.x)) | uint32_t(to_16<BF16>(f0.y)) << 16;
+      v.y = uint32_t(to_16<BF16>(f0.z)) | uint32_t(to_16<BF16>(f0.w)) << 16;
+      v.z = uint32_t(to_16<BF16>(f1.x)) | uint32_t(to_16<BF16>(f1.y)) << 16;
+      v.w = uint32_t(to_16<BF16>(f1.z)) | uint32_t(to_16<BF16>(f1.w)) << 16;
+      uint4* dst = reinterpret_cast<uint4*>(out_h + int64_t(t) * a.out_token_stride) + c;
+      if constexpr (STREAM) __stcs(dst, v);
+      else *dst = v;
+    }
+  }
+}
+
 // Whether the vectorised kernel takes these arguments (else the generic kernel runs).
 inline bool decode_codes_vec_ok(const CodeDecodeArgs& a) {
   const int chunks = a.head_dim / 8;
   const int books = a.per_subspace ? a.head_dim / a.sub_dim : 1;
   return a.bits == 8 && (a.sub_dim == 4 || a.sub_dim == 8) && a.head_dim % 8 == 0 && chunks > 0 &&
          (chunks & (chunks - 1)) == 0 && (a.out_type == ElemType::f16 || a.out_type == ElemType::bf16) &&
-         reinterpret_cast<uintptr_t>(a.out) % 16 == 0 && a.out_head_stride % 8 == 0 && a.out_token_stride % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(a.out) % 16 == 0 && reinterpret_cast<uintptr_t>(a.codebooks) % 16 == 0 && a.out_head_stride % 8 == 0 && a.out_token_stride % 8 == 0 &&
          int64_t(books) * 256 * a.sub_dim * 2 <= 96 * 1024 && a.n_tokens * chunks < (int64_t(1) << 31) - 4096 &&
          a.n_heads <= 65535;
 }
 
 // Launches decode_codes_vec_kernel<SD, BF16, ITEMS, STREAM> with ~`waves` 256-thread blocks per SM
 // in total. The caller has checked decode_codes_vec_ok(a).
-template <int SD, bool BF16, int ITEMS, bool STREAM>
-void launch_decode_vec(const CodeDecodeArgs& a, int waves, cudaStream_t stream) {
+// static: each translation unit has its own copy of the kernel, so its own attribute flag.
+template <int SD, bool BF16, int ITEMS, bool STREAM, bool L1 = false>
+static void launch_decode_vec(const CodeDecodeArgs& a, int waves, cudaStream_t stream) {
   const int chunks = a.head_dim / 8;
   int shift = 0;
   while ((1 << shift) < chunks) ++shift;
   const int books = a.per_subspace ? a.head_dim / a.sub_dim : 1;
   const int total = int(a.n_tokens) * chunks;
   const size_t smem = size_t(books) * 256 * SD * 2;
-  static bool raised = false;  // > 48 KiB of dynamic shared memory needs the attribute once
+  static bool raised = false;
+  if constexpr (L1) {
+    const int tile = ITEMS * 256, tiles = (total + tile - 1) / tile;
+    const int want = (device_sm_count() * waves + a.n_heads - 1) / a.n_heads;
+    decode_codes_l1_kernel<SD, BF16, ITEMS, STREAM><<<dim3(unsigned(std::max(1, std::min(tiles, want))), unsigned(a.n_heads)), 256, 0, stream>>>(a, shift, books, total);
+    return;
+  }  // > 48 KiB of dynamic shared memory needs the attribute once
   if (smem > 48 * 1024 && !raised) {
     cudaFuncSetAttribute(decode_codes_vec_kernel<SD, BF16, ITEMS, STREAM>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
