@@ -24,9 +24,15 @@ if has tests; then
 fi
 save
 if has sanitize; then
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_ops --gtest_filter="${SAN_FILTER:-*CudaDecodeCodes*}" --gtest_brief=1 > $L/memcheck.log 2>&1
-  echo "memcheck exit $?: $(grep -E 'ERROR SUMMARY' $L/memcheck.log | tail -1)"
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_ops --gtest_filter="${SAN_FILTER:-*CudaDecodeCodes*:*d256_d4b8_g3_lut*}" --gtest_brief=1 > $L/memcheck.log 2>&1
+  echo "memcheck ops exit $?: $(grep -E 'ERROR SUMMARY' $L/memcheck.log | tail -1)"
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_kvcache --gtest_filter='*DeviceStoreParity*d256_lut*' --gtest_brief=1 > $L/memcheck_store.log 2>&1
+  echo "memcheck store exit $?: $(grep -E 'ERROR SUMMARY' $L/memcheck_store.log | tail -1)"
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $BIN/test_ops --gtest_filter='*d256_d4b8_g3_lut_lut*' --gtest_brief=1 > $L/racecheck.log 2>&1
+  echo "racecheck exit $?: $(grep -E 'RACECHECK SUMMARY' $L/racecheck.log | tail -1)"
 fi
+save
+if has peers; then VQ_PEER_GEO=${VQ_PEER_GEO:-falcon} timeout 120 python3 $P/torch_peers.py attn10 > $L/torch_attn10.log 2>&1; echo "torch exit $?"; grep torch_attn10 $L/torch_attn10.log; fi
 save
 if has decode; then timeout 120 $BIN/bench_cuda_ops decode > $L/decode.log 2>&1; echo "decode exit $?"; grep -E "^copy|^decode" $L/decode.log; fi
 save
@@ -34,9 +40,9 @@ if has quant; then timeout 120 $BIN/bench_cuda_ops quant > $L/quant.log 2>&1; ec
 save
 if has attn; then  # d4b8 shared books: the automatic kernel choice, then the gather-mma kernel (the old D=256 path)
   KV=${ATTN_KV:-vecinfer:d4b8,gran=shared}
-  for g in ${ATTN_GEOMS:-falcon}; do
-    timeout 150 $BIN/bench_paged_attention $g $KV > $L/paged_${g}_auto.log 2>&1; echo "paged $g auto exit $?"; grep paged_attn $L/paged_${g}_auto.log
-    VQ_CODED_ATTN_KERNEL=gather_mma timeout 150 $BIN/bench_paged_attention $g $KV > $L/paged_${g}_gather.log 2>&1; echo "paged $g gather_mma exit $?"; grep paged_attn $L/paged_${g}_gather.log
+  for g in ${ATTN_GEOMS:-falcon llama}; do
+    timeout 60 $BIN/bench_paged_attention $g $KV > $L/paged_${g}_auto.log 2>&1; echo "paged $g auto exit $?"; grep paged_attn $L/paged_${g}_auto.log
+    VQ_CODED_ATTN_KERNEL=gather_mma timeout 60 $BIN/bench_paged_attention $g $KV > $L/paged_${g}_gather.log 2>&1; echo "paged $g gather_mma exit $?"; grep paged_attn $L/paged_${g}_gather.log
   done
 fi
 save

@@ -8,6 +8,7 @@
     (enable_gqa) and dequantise-then-SDPA (d4b8 codes gathered through a 256x4 codebook).
 Medians of CUDA-event timings after warm-up; inputs rotated over copies up to ~512 MiB.
 """
+import os
 import sys
 
 import torch
@@ -125,7 +126,10 @@ def bench_attn10():
     one 256x4 book per side); shapes whose fp16 K/V exceed 40 GB skipped. Then the prefill peer: a
     512-query chunk against 32k cached tokens (flash SDPA on fp16, and dequantise-then-SDPA)."""
     g = torch.Generator(device="cuda").manual_seed(1)
+    only = os.environ.get("VQ_PEER_GEO", "")  # e.g. "falcon": that geometry alone, no prefill peer
     for name, Hq, Hkv, D in [("llama-3.1-8b", 32, 8, 128), ("falcon3-7b", 12, 4, 256)]:
+        if only and only not in name:
+            continue
         for B in [1, 8, 32]:
             for S in [4096, 32768, 131072]:
                 kv_bytes = 2 * B * Hkv * S * D * 2
@@ -158,6 +162,8 @@ def bench_attn10():
                       f"sdpa_GBps={kv_bytes / (t_sdpa * 1e-3) / 1e9:.0f} dequant_sdpa_ms={t_deq:.4f}", flush=True)
                 del kc, vc
                 torch.cuda.empty_cache()
+    if only:
+        return
     # prefill: 512 queries against 32768 keys, Llama geometry
     Hq, Hkv, D, S, Q = 32, 8, 128, 32768, 512
     q = torch.randn(1, Hq, Q, D, device="cuda", dtype=torch.float16, generator=g)

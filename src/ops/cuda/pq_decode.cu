@@ -16,9 +16,13 @@ namespace vq::cuda {
 namespace {
 
 // The vectorised kernel's shipped configuration (bench/cuda/pq_decode_variants.cu times the others).
+// Run 16 (BENCHMARKS.md (c)): 4 chunks per thread, streaming stores; shared books ~16 blocks per
+// SM; per-sub-space books: row groups of kDecGroupChunks chunks (a block stages only their books).
 constexpr int kDecItems = 4;
-constexpr int kDecWaves = 8;
-constexpr bool kDecStream = false;
+constexpr bool kDecStream = true;
+constexpr int kDecWavesShared = 16;
+constexpr int kDecWavesPer = 8;
+constexpr int kDecGroupChunks = 4;
 
 __global__ void pq_decode_kernel(int64_t total, int n_sub, int DS, int K, int books, const uint16_t* codes,
                                  const float* codebooks, float* out) {
@@ -102,15 +106,15 @@ void decode_codes_device(const CodeDecodeArgs& a, void* stream) {
   const int64_t total = a.n_tokens * n_sub;
   if (total == 0) return;
   if (detail::decode_codes_vec_ok(a)) {
-    // Shipped configuration (BENCHMARKS.md (c)): kDecItems chunks per thread, kDecWaves blocks per SM.
     const cudaStream_t s = as_stream(stream);
     const bool bf = a.out_type == ElemType::bf16;
+    const int w = a.per_subspace ? kDecWavesPer : kDecWavesShared, gc = kDecGroupChunks;
     if (a.sub_dim == 4) {
-      if (bf) detail::launch_decode_vec<4, true, kDecItems, kDecStream>(a, kDecWaves, s);
-      else detail::launch_decode_vec<4, false, kDecItems, kDecStream>(a, kDecWaves, s);
+      if (bf) detail::launch_decode_vec<4, true, kDecItems, kDecStream>(a, w, s, gc);
+      else detail::launch_decode_vec<4, false, kDecItems, kDecStream>(a, w, s, gc);
     } else {
-      if (bf) detail::launch_decode_vec<8, true, kDecItems, kDecStream>(a, kDecWaves, s);
-      else detail::launch_decode_vec<8, false, kDecItems, kDecStream>(a, kDecWaves, s);
+      if (bf) detail::launch_decode_vec<8, true, kDecItems, kDecStream>(a, w, s, gc);
+      else detail::launch_decode_vec<8, false, kDecItems, kDecStream>(a, w, s, gc);
     }
     VQ_CUDA_LAUNCHED("decode_codes_vec_kernel");
     return;
