@@ -38,6 +38,13 @@ if has decode; then timeout 120 $BIN/bench_cuda_ops decode > $L/decode.log 2>&1;
 save
 if has quant; then timeout 120 $BIN/bench_cuda_ops quant > $L/quant.log 2>&1; echo "quant exit $?"; grep -E "quant|mma" $L/quant.log | tail -20; fi
 save
+if has ncu; then  # the LUT split kernel at head_dim 256 (Falcon3, B=8, S=32K)
+  timeout 90 ncu --clock-control none --kernel-name regex:'lut_split' --launch-skip 5 --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+    $BIN/bench_paged_attention falcon vecinfer:d4b8,gran=shared --B 8 --S 32768 > $L/ncu_lut_d256.log 2>&1
+  echo "ncu exit $?"; grep -E "Duration|Memory Throughput|DRAM Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Warp Cycles Per Issued|Issued Warp|No Eligible|Registers Per|Achieved Occupancy|Dynamic Shared" $L/ncu_lut_d256.log | head -16
+fi
+save
 if has attn; then  # d4b8 shared books: the automatic kernel choice, then the gather-mma kernel (the old D=256 path)
   KV=${ATTN_KV:-vecinfer:d4b8,gran=shared}
   for g in ${ATTN_GEOMS:-falcon llama}; do

@@ -16,12 +16,13 @@ namespace vq::cuda {
 namespace {
 
 // The vectorised kernel's shipped configuration (bench/cuda/pq_decode_variants.cu times the others).
-// Run 16 (BENCHMARKS.md (c)): 4 chunks per thread, streaming stores; shared books ~16 blocks per
-// SM; per-sub-space books: row groups of kDecGroupChunks chunks (a block stages only their books).
+// Runs 15-16 (BENCHMARKS.md (c)): 4 chunks per thread, streaming stores; shared books ~16 blocks
+// per SM; per-sub-space books: row groups of 4 chunks (a block stages only their 8 or 4 books, 16 or
+// 8 KiB) and ~2 blocks per SM in total (more blocks re-stage the books more often: measured slower).
 constexpr int kDecItems = 4;
 constexpr bool kDecStream = true;
 constexpr int kDecWavesShared = 16;
-constexpr int kDecWavesPer = 8;
+constexpr int kDecWavesPer = 2;
 constexpr int kDecGroupChunks = 4;
 
 __global__ void pq_decode_kernel(int64_t total, int n_sub, int DS, int K, int books, const uint16_t* codes,
