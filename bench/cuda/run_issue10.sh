@@ -36,7 +36,7 @@ if has peers; then VQ_PEER_GEO=${VQ_PEER_GEO:-falcon} timeout 120 python3 $P/tor
 save
 if has decode; then timeout 120 $BIN/bench_cuda_ops decode > $L/decode.log 2>&1; echo "decode exit $?"; grep -E "^copy|^decode" $L/decode.log; fi
 save
-if has quant; then timeout 120 $BIN/bench_cuda_ops quant > $L/quant.log 2>&1; echo "quant exit $?"; grep -E "quant|mma" $L/quant.log | tail -20; fi
+if has quant; then timeout 120 $BIN/bench_cuda_ops quant > $L/quant.log 2>&1; echo "quant exit $?"; grep -E "^quant" $L/quant.log | tail -20; fi
 save
 if has ncu; then  # the LUT split kernel at head_dim 256 (Falcon3, B=8, S=32K)
   timeout 90 ncu --clock-control none --kernel-name regex:'lut_split' --launch-skip 5 --launch-count 1 \
