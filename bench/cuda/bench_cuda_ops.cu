@@ -22,6 +22,8 @@
 #include "bench_util.cuh"
 #include "pq_attention_lut_variants.h"
 
+void bench_decode_variants(double copy_bw, int sub_dim, bool per_subspace);  // pq_decode_variants.cu
+
 namespace {
 
 using namespace vq::bench;
@@ -54,6 +56,21 @@ void bench_quant() {
     const size_t before_mma = free_mem();
     const double ms_mma = median_ms([&](int j) { vq::cuda::pq_encode_mma_device(s, x0 + (j % kRot) * xn, books.as<float>(), codes_mma.as<uint16_t>()); }, 8);
     const size_t after_mma = free_mem();
+    // Row tiles per warp iteration: 1 (v3c, run 6) against the shipped value, same call; codes compared.
+    double ms_rt[2];
+    for (int rt = 1; rt <= 2; ++rt)
+      ms_rt[rt - 1] = median_ms([&](int j) { vq::cuda::detail::pq_encode_mma_device_rt(s, x0 + (j % kRot) * xn, books.as<float>(), codes_mma.as<uint16_t>(), rt, nullptr); }, 8);
+    {
+      vq::cuda::DeviceBuffer c1(size_t(N) * 2);
+      vq::cuda::detail::pq_encode_mma_device_rt(s, x0, books.as<float>(), c1.as<uint16_t>(), 1, nullptr);
+      vq::cuda::pq_encode_mma_device(s, x0, books.as<float>(), codes_mma.as<uint16_t>());
+      CK(cudaDeviceSynchronize());
+      std::vector<uint16_t> a1(static_cast<size_t>(N)), a2(static_cast<size_t>(N));
+      c1.download(a1.data(), a1.size() * 2);
+      codes_mma.download(a2.data(), a2.size() * 2);
+      std::printf("quant_rt S=%d D=%d sub=%d ms_rt1=%.4f ms_rt2=%.4f ms_shipped=%.4f rt1_equals_shipped=%d\n", q.S, q.D,
+                  q.sub, ms_rt[0], ms_rt[1], ms_mma, int(a1 == a2));
+    }
     vq::cuda::pq_encode_device(s, x0, books.as<float>(), codes.as<uint16_t>());
     vq::cuda::pq_encode_mma_device(s, x0, books.as<float>(), codes_mma.as<uint16_t>());
     CK(cudaDeviceSynchronize());
@@ -227,10 +244,17 @@ int main(int argc, char** argv) {
   }
   std::printf("device %s\n", vq::cuda::cuda_device_description().c_str());
   double bw = 4163.0;
-  if (what == "copy" || what == "all" || what == "attn") bw = copy_gbps();
+  if (what == "copy" || what == "all" || what == "attn" || what == "decode") bw = copy_gbps();
   if (what == "quant" || what == "all") bench_quant();
   if (what == "attn" || what == "all") bench_attn(bw);
-  if (what == "decode" || what == "all") bench_decode(bw);
+  if (what == "decode" || what == "all") {
+    bench_decode(bw);
+    bench_decode_variants(bw, 4, false);
+    bench_decode_variants(bw, 8, false);
+    bench_decode_variants(bw, 4, true);
+    bench_decode_variants(bw, 8, true);
+    bench_decode(bw);  // the shipped kernel again: the spread between two runs of one version
+  }
   vq::cuda::device_synchronize();
   return 0;
 }

@@ -8,6 +8,7 @@
     (enable_gqa) and dequantise-then-SDPA (d4b8 codes gathered through a 256x4 codebook).
 Medians of CUDA-event timings after warm-up; inputs rotated over copies up to ~512 MiB.
 """
+import os
 import sys
 
 import torch
@@ -119,6 +120,67 @@ def bench_attn():
             torch.cuda.empty_cache()
 
 
+def bench_attn10():
+    """Issue 10's table: Llama-3.1-8B (32/8, D=128) and Falcon3-7B (12/4, D=256) geometries, B in
+    {1, 8, 32}, S in {4k, 32k, 128k}; SDPA on fp16 K/V and dequantise-then-SDPA (d4b8 codes through
+    one 256x4 book per side); shapes whose fp16 K/V exceed 40 GB skipped. Then the prefill peer: a
+    512-query chunk against 32k cached tokens (flash SDPA on fp16, and dequantise-then-SDPA)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    only = os.environ.get("VQ_PEER_GEO", "")  # e.g. "falcon": that geometry alone, no prefill peer
+    for name, Hq, Hkv, D in [("llama-3.1-8b", 32, 8, 128), ("falcon3-7b", 12, 4, 256)]:
+        if only and only not in name:
+            continue
+        for B in [1, 8, 32]:
+            for S in [4096, 32768, 131072]:
+                kv_bytes = 2 * B * Hkv * S * D * 2
+                if kv_bytes > 40e9:
+                    print(f"torch_attn10 geo={name} B={B} S={S} skipped (fp16 K/V {kv_bytes / 1e9:.0f} GB)", flush=True)
+                    continue
+                copies = max(1, min(8, (512 << 20) // kv_bytes))
+                q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.float16, generator=g)
+                ks = [torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.float16, generator=g) for _ in range(copies)]
+                vs = [torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.float16, generator=g) for _ in range(copies)]
+                sdpa = lambda i: F.scaled_dot_product_attention(q, ks[i % copies], vs[i % copies], enable_gqa=True)
+                t_sdpa = median_ms(sdpa, reps=15, batch=4)
+                del ks, vs
+                torch.cuda.empty_cache()
+                kc = torch.randint(0, 256, (B, Hkv, S, D // 4), device="cuda", dtype=torch.uint8, generator=g)
+                vc = torch.randint(0, 256, (B, Hkv, S, D // 4), device="cuda", dtype=torch.uint8, generator=g)
+                kb = torch.randn(256, 4, device="cuda", dtype=torch.float16, generator=g)
+                vb = torch.randn(256, 4, device="cuda", dtype=torch.float16, generator=g)
+
+                def deq(i):
+                    K = kb[kc.long()].reshape(B, Hkv, S, D)
+                    V = vb[vc.long()].reshape(B, Hkv, S, D)
+                    return F.scaled_dot_product_attention(q, K, V, enable_gqa=True)
+
+                try:
+                    t_deq = median_ms(deq, reps=7, batch=1)
+                except torch.OutOfMemoryError:
+                    t_deq = float("nan")
+                print(f"torch_attn10 geo={name} B={B} S={S} sdpa_fp16_ms={t_sdpa:.4f} "
+                      f"sdpa_GBps={kv_bytes / (t_sdpa * 1e-3) / 1e9:.0f} dequant_sdpa_ms={t_deq:.4f}", flush=True)
+                del kc, vc
+                torch.cuda.empty_cache()
+    if only:
+        return
+    # prefill: 512 queries against 32768 keys, Llama geometry
+    Hq, Hkv, D, S, Q = 32, 8, 128, 32768, 512
+    q = torch.randn(1, Hq, Q, D, device="cuda", dtype=torch.float16, generator=g)
+    K = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.float16, generator=g)
+    V = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.float16, generator=g)
+    t_fl = median_ms(lambda i: F.scaled_dot_product_attention(q, K, V, enable_gqa=True), reps=15)
+    kc = torch.randint(0, 256, (1, Hkv, S, D // 4), device="cuda", dtype=torch.uint8, generator=g)
+    vc = torch.randint(0, 256, (1, Hkv, S, D // 4), device="cuda", dtype=torch.uint8, generator=g)
+    kb = torch.randn(256, 4, device="cuda", dtype=torch.float16, generator=g)
+    vb = torch.randn(256, 4, device="cuda", dtype=torch.float16, generator=g)
+    t_dq = median_ms(lambda i: F.scaled_dot_product_attention(q, kb[kc.long()].reshape(1, Hkv, S, D),
+                                                              vb[vc.long()].reshape(1, Hkv, S, D), enable_gqa=True),
+                     reps=9)
+    print(f"torch_prefill_attn Q={Q} S={S} Hq={Hq} Hkv={Hkv} D={D} flash_fp16_ms={t_fl:.4f} dequant_flash_ms={t_dq:.4f}",
+          flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     print(f"torch {torch.__version__} cuda {torch.version.cuda} device {torch.cuda.get_device_name(0)}", flush=True)
@@ -128,3 +190,5 @@ if __name__ == "__main__":
         bench_quant()
     if what in ("all", "attn"):
         bench_attn()
+    if what == "attn10":
+        bench_attn10()

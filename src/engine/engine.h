@@ -51,6 +51,7 @@ struct EngineOptions {
   int n_ctx = 0;              // positions per sequence (0: the model's context length)
   bool prefix_cache = false;  // cache prefixes' KV for later requests (see above)
   uint64_t kv_identity = 0;   // root of the prefix cache's hash chains (kv_identity.h)
+  KVDevice device = KVDevice::cpu;  // where the pool lives and the steps run
 };
 
 // What a sequence ended with (passed to Request::on_finish).

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <mutex>
+#include <random>
 
 #include "codec/key_transform.h"
 #include "codec/product_quantizer.h"
@@ -85,6 +87,33 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
       }
     }
   });
+  c.validate();
+  return c;
+}
+
+Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int H, int D, uint64_t seed, float scale) {
+  VQ_CHECK(cfg.method == KVMethod::vecinfer, "random calibration: kv cache {} has no codebooks", cfg.name());
+  cfg.validate(D);
+  Calibration c;
+  c.n_layers = n_layers;
+  c.n_kv_heads = H;
+  c.head_dim = D;
+  c.key = CodecParams{cfg.key.sub_dim, cfg.key.bits};
+  c.value = CodecParams{cfg.value.sub_dim, cfg.value.bits};
+  c.granularity = cfg.granularity == CodebookGranularity::shared ? Granularity::shared : Granularity::per_subspace;
+  c.seed = seed;
+  c.model = "random";
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  c.layers.resize(size_t(n_layers));
+  for (auto& L : c.layers) {
+    L.smoothing.resize(size_t(H) * D);
+    for (auto& x : L.smoothing) x = 1.0f + 0.1f * std::fabs(nd(rng));
+    L.key_codebooks.resize(c.key_codebook_floats());
+    L.value_codebooks.resize(c.value_codebook_floats());
+    for (auto& x : L.key_codebooks) x = scale * nd(rng);
+    for (auto& x : L.value_codebooks) x = scale * nd(rng);
+  }
   c.validate();
   return c;
 }

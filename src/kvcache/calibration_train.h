@@ -34,4 +34,9 @@ Calibration train_calibration(const KVCacheConfig& cfg, int n_kv_heads, int head
                               const std::vector<const float*>& k, const std::vector<const float*>& v,
                               int64_t n_tokens, const CalibTrainOptions& opt, const std::string& model);
 
+// A calibration with random contents for speed work and device-parity tests where only the
+// shapes matter: smoothing factors 1 + |N(0, 0.1)|, codebooks N(0, scale^2) (granularity from cfg).
+Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, uint64_t seed,
+                               float scale = 1.0f);
+
 }  // namespace vq

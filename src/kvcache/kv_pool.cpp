@@ -4,13 +4,85 @@
 #include <cstdlib>
 #include <new>
 
+#ifdef VQ_HAVE_CUDA
+#include "ops/cuda/device.h"
+#endif
+
 namespace vq {
 
-KVPool::KVPool(size_t budget_bytes) : budget_(budget_bytes) {}
+const char* kv_device_name(KVDevice d) { return d == KVDevice::cuda ? "cuda" : "cpu"; }
+
+#ifdef VQ_HAVE_CUDA
+struct KVPool::Slab {
+  cuda::DeviceBuffer mem;
+};
+#else
+struct KVPool::Slab {};
+#endif
+
+KVPool::KVPool(size_t budget_bytes, KVDevice device) : budget_(budget_bytes), device_(device) {
+#ifndef VQ_HAVE_CUDA
+  VQ_CHECK(device == KVDevice::cpu, "kv pool: device cuda but this build has no CUDA backend");
+#else
+  if (device == KVDevice::cuda)
+    VQ_CHECK(cuda::cuda_device_available(), "kv pool: device cuda but {}", cuda::cuda_unavailable_reason());
+#endif
+}
 
 KVPool::~KVPool() {
-  for (auto& a : arenas_)
-    for (auto& s : a.slots) std::free(s.ptr);
+  if (device_ == KVDevice::cpu)
+    for (auto& a : arenas_)
+      for (auto& s : a.slots) std::free(s.ptr);
+}
+
+// Device slabs: blocks are 256-byte aligned inside a slab (cudaMalloc gives 256).
+static size_t dev_block_stride(size_t block_bytes) { return (block_bytes + 255) / 256 * 256; }
+
+void KVPool::grow(Arena& a, size_t min_blocks) {
+#ifdef VQ_HAVE_CUDA
+  const size_t stride = dev_block_stride(a.block_bytes);
+  size_t n = std::max(min_blocks, a.next_slab_blocks);
+  const size_t cap = std::max<size_t>(1, (size_t(64) << 20) / stride);
+  a.next_slab_blocks = std::min(cap, a.next_slab_blocks * 2);
+  auto slab = std::make_unique<Slab>();
+  try {
+    slab->mem = cuda::DeviceBuffer(n * stride);
+  } catch (const Error& e) {
+    throw KVPoolExhausted(fmt::format("kv pool: out of device memory: {} more '{}' blocks ({:.1f} MiB) cannot be "
+                                      "allocated ({:.1f} MiB held in slabs): {}",
+                                      n, a.name, double(n * stride) / 1048576.0, double(slab_bytes_) / 1048576.0,
+                                      e.what()));
+  }
+  auto* base = slab->mem.as<uint8_t>();
+  for (size_t i = n; i-- > 0;) a.free_dev.push_back(base + i * stride);
+  slab_bytes_ += n * stride;
+  slabs_.push_back(std::move(slab));
+#else
+  (void)a;
+  (void)min_blocks;
+  VQ_FAIL("kv pool: no CUDA backend");
+#endif
+}
+
+uint8_t* KVPool::take_block_memory(Arena& a) {
+  if (device_ == KVDevice::cpu) {
+    const size_t bytes = (a.block_bytes + 63) / 64 * 64;
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  if (a.free_dev.empty()) grow(a, 1);
+  uint8_t* p = a.free_dev.back();
+  a.free_dev.pop_back();
+  return p;
+}
+
+void KVPool::reserve(const std::vector<int64_t>& counts) {
+  if (device_ == KVDevice::cpu) return;
+  for (size_t i = 0; i < counts.size() && i < arenas_.size(); ++i) {
+    Arena& a = arenas_[i];
+    if (counts[i] > int64_t(a.free_dev.size())) grow(a, size_t(counts[i]) - a.free_dev.size());
+  }
 }
 
 int KVPool::add_arena(size_t block_bytes, std::string name) {
@@ -38,9 +110,7 @@ int32_t KVPool::alloc(int arena) {
     throw KVPoolExhausted(fmt::format("kv pool: budget of {:.1f} MiB exhausted ({:.1f} MiB in use; a '{}' block needs {} bytes)",
                                       double(budget_) / 1048576.0, double(used_) / 1048576.0, a.name, a.block_bytes));
   }
-  const size_t bytes = (a.block_bytes + 63) / 64 * 64;
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
-  if (!p) throw std::bad_alloc();
+  uint8_t* p = take_block_memory(a);
   int32_t id;
   if (!a.free_ids.empty()) {
     id = a.free_ids.back();
@@ -75,7 +145,8 @@ void KVPool::free_block(int arena, int32_t id) {
     Slot& t = arenas_[size_t(s.twin_arena)].slots[size_t(s.twin_id)];
     t.twin_arena = t.twin_id = -1;
   }
-  std::free(s.ptr);
+  if (device_ == KVDevice::cpu) std::free(s.ptr);
+  else a.free_dev.push_back(s.ptr);
   s = Slot{};
   a.free_ids.push_back(id);
   --a.in_use;

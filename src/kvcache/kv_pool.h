@@ -13,9 +13,15 @@
 //
 // Memory: each block is its own 64-byte aligned allocation, returned to the allocator when freed,
 // so resident memory follows used_bytes(), which never exceeds the budget.
+// Device pools (KVDevice::cuda) hold block memory on the GPU: blocks are carved from device slabs
+// (cudaMalloc'd once, growing geometrically per arena up to 64 MiB) and go back to their arena's
+// free list, so device memory follows the peak of each arena, not used_bytes(); data() is then a
+// device pointer. reserve() makes room for a step's blocks first, so that running out of device
+// memory throws before any sequence changes.
 // Not thread-safe: one thread allocates and releases; kernels may read blocks concurrently.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,9 +34,13 @@ class KVPoolExhausted : public Error {
   using Error::Error;
 };
 
+// Where a pool's block memory lives.
+enum class KVDevice { cpu, cuda };
+const char* kv_device_name(KVDevice d);
+
 class KVPool {
  public:
-  explicit KVPool(size_t budget_bytes);
+  explicit KVPool(size_t budget_bytes, KVDevice device = KVDevice::cpu);
   ~KVPool();
   KVPool(const KVPool&) = delete;
   KVPool& operator=(const KVPool&) = delete;
@@ -64,6 +74,12 @@ class KVPool {
   // True when `counts[a]` more blocks of each arena a fit in the budget.
   bool can_allocate(const std::vector<int64_t>& counts) const;
   size_t bytes_of(const std::vector<int64_t>& counts) const;
+  KVDevice device() const { return device_; }
+  // Device pools: makes sure counts[a] more blocks of each arena have device memory (new slabs),
+  // throwing KVPoolExhausted ("out of device memory") when the device cannot hold them. Host
+  // pools: nothing to do.
+  void reserve(const std::vector<int64_t>& counts);
+  size_t device_reserved_bytes() const { return slab_bytes_; }  // device memory held in slabs
 
  private:
   struct Slot {
@@ -77,14 +93,23 @@ class KVPool {
     std::vector<Slot> slots;
     std::vector<int32_t> free_ids;  // slots without memory, reused LIFO
     int64_t in_use = 0;
+    std::vector<uint8_t*> free_dev;  // device pools: block memory ready for reuse
+    size_t next_slab_blocks = 16;
   };
   Slot& slot(int arena, int32_t id);
   const Slot& slot(int arena, int32_t id) const;
   void free_block(int arena, int32_t id);
 
+  uint8_t* take_block_memory(Arena& a);
+  void grow(Arena& a, size_t min_blocks);
+
   std::vector<Arena> arenas_;
   size_t budget_;
   size_t used_ = 0, peak_ = 0;
+  KVDevice device_;
+  struct Slab;
+  std::vector<std::unique_ptr<Slab>> slabs_;  // device pools
+  size_t slab_bytes_ = 0;
 };
 
 }  // namespace vq

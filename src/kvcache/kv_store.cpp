@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
+#include "kvcache/kv_store_device.h"
 #include "ops/cpu/attention.h"
 #include "ops/online_softmax.h"
 
@@ -29,8 +30,10 @@ SeqKV& SeqKV::operator=(SeqKV&& o) noexcept {
     if (store_) store_->release(*this);
     store_ = o.store_;
     layers_ = std::move(o.layers_);
+    dev_table_ = o.dev_table_;
     o.store_ = nullptr;
     o.layers_.clear();
+    o.dev_table_ = -1;
   }
   return *this;
 }
@@ -51,7 +54,8 @@ KVStore::KVStore(const KVGeometry& g, int n_layers, const KVSpec& spec, const KV
       spec_(spec),
       B_(opt.block_tokens > 0 ? opt.block_tokens : default_block_tokens(spec.config)),
       dense_f32_(spec.config.method == KVMethod::fp32),
-      pool_(opt.budget_bytes) {
+      pool_(opt.budget_bytes, opt.device),
+      calib_offset_(opt.calib_layer_offset) {
   VQ_CHECK(g.n_kv_heads >= 1, "kv store: n_kv_heads = {} must be >= 1", g.n_kv_heads);
   VQ_CHECK(g.n_heads >= 1 && g.n_heads % g.n_kv_heads == 0,
            "kv store: n_heads = {} must be a positive multiple of n_kv_heads = {}", g.n_heads, g.n_kv_heads);
@@ -89,9 +93,16 @@ KVStore::KVStore(const KVGeometry& g, int n_layers, const KVSpec& spec, const KV
     }
     layers_.push_back(std::move(L));
   }
+  if (opt.device == KVDevice::cuda) dev_ = std::make_unique<KVStoreDevice>(*this);
 }
 
 KVStore::~KVStore() = default;
+
+KVStoreDevice& KVStore::device() {
+  VQ_CHECK(dev_ != nullptr, "kv store: device() of a store whose blocks live on the cpu");
+  return *dev_;
+}
+const KVStoreDevice& KVStore::device() const { return const_cast<KVStore*>(this)->device(); }
 
 SeqKV KVStore::new_sequence() {
   SeqKV s;
@@ -111,6 +122,7 @@ void KVStore::release(SeqKV& s) {
   if (!s.store_) return;
   VQ_CHECK(s.store_ == this, "kv store: release of a sequence of another store");
   for (size_t l = 0; l < s.layers_.size(); ++l) release_layer(s.layers_[l], layers_[l]);
+  if (dev_) dev_->release_table(s);
   s.layers_.clear();
   s.store_ = nullptr;
 }
@@ -159,16 +171,21 @@ SeqKV KVStore::fork(const SeqKV& src, int64_t n) {
   return s;
 }
 
-int32_t KVStore::writable(std::vector<int32_t>& ids, size_t j, int arena) {
+int32_t KVStore::writable(SeqKV& s, int layer, bool coded, size_t j) {
+  const int arena = coded ? layers_[size_t(layer)].coded_arena : dense_arena_;
+  std::vector<int32_t>& ids = coded ? s.layers_[size_t(layer)].coded : s.layers_[size_t(layer)].dense;
   int32_t id = ids[j];
   if (id < 0) {
     id = pool_.alloc(arena);
     ids[j] = id;
+    if (dev_) dev_->note_block(s, layer, coded, j);
   } else if (pool_.refcount(arena, id) > 1) {  // copy-on-write
     const int32_t c = pool_.alloc(arena);
-    std::memcpy(pool_.data(arena, c), pool_.data(arena, id), pool_.block_bytes(arena));
+    if (dev_) dev_->note_copy(pool_.data(arena, id), pool_.data(arena, c), pool_.block_bytes(arena));
+    else std::memcpy(pool_.data(arena, c), pool_.data(arena, id), pool_.block_bytes(arena));
     pool_.release(arena, id);
     ids[j] = id = c;
+    if (dev_) dev_->note_block(s, layer, coded, j);
   }
   return id;
 }
@@ -183,10 +200,17 @@ void KVStore::trim_layer(SeqKV::Layer& sl, const Layer& L, int64_t q) {
     }
   }
   if (L.format && !L.direct) {
-    // Dense forms of blocks that every later query reads as codes (once the codes exist).
-    const size_t j1 = size_t(L.coded_end(q, B_) / B_);
-    for (size_t j = size_t(L.sink_end / B_); j < j1 && j < sl.dense.size(); ++j)
-      if (sl.dense[j] >= 0 && sl.coded[j] >= 0) pool_.release(dense_arena_, sl.dense[j]), sl.dense[j] = -1;
+    // Dense forms of blocks that every later query reads as codes (once the codes exist). Blocks
+    // below trim_from were done by an earlier call (dense forms only ever appear at the end).
+    const size_t j1 = std::min(size_t(L.coded_end(q, B_) / B_), sl.dense.size());
+    const size_t j0 = std::max(size_t(L.sink_end / B_), size_t(sl.trim_from));
+    size_t kept = j1;  // the first block whose dense form still waits for its codes
+    for (size_t j = j0; j < j1; ++j) {
+      if (sl.dense[j] < 0) continue;
+      if (sl.coded[j] >= 0) pool_.release(dense_arena_, sl.dense[j]), sl.dense[j] = -1;
+      else kept = std::min(kept, j);
+    }
+    sl.trim_from = int64_t(std::max(j0, kept));
   }
 }
 
@@ -195,18 +219,25 @@ void KVStore::trim(SeqKV& s) {
   for (size_t l = 0; l < layers_.size(); ++l) trim_layer(s.layers_[l], layers_[l], s.layers_[l].n);
 }
 
-void KVStore::encode(SeqKV::Layer& sl, const Layer& L, size_t j) {
+void KVStore::encode(SeqKV& s, int layer, size_t j) {
+  const Layer& L = layers_[size_t(layer)];
+  SeqKV::Layer& sl = s.layers_[size_t(layer)];
   const int32_t d = sl.dense[j];
   VQ_CHECK(d >= 0, "kv store: block {} has no fp16 form to encode (internal error)", j);
   const int32_t tw = pool_.twin(dense_arena_, d, L.coded_arena);
   if (tw >= 0) {
     pool_.retain(L.coded_arena, tw);
     sl.coded[j] = tw;
+    if (dev_) dev_->note_block(s, layer, true, j);
     return;
   }
   const int32_t c = pool_.alloc(L.coded_arena);
   pool_.link_twins(dense_arena_, d, L.coded_arena, c);
   sl.coded[j] = c;
+  if (dev_) {
+    dev_->note_block(s, layer, true, j);
+    dev_->note_encode(layer, pool_.data(dense_arena_, d), pool_.data(L.coded_arena, c));
+  }
 }
 
 namespace {
@@ -249,15 +280,15 @@ void read_block(const uint8_t* blk, int H, int D, int B, float* k, float* v) {
 }
 }  // namespace
 
-void KVStore::append(SeqKV& s, int layer, const float* k, const float* v, int n) {
+template <class Run>
+std::vector<size_t> KVStore::append_bookkeeping(SeqKV& s, int layer, int n, Run&& run) {
   VQ_CHECK(s.store_ == this, "kv store: append to a sequence of another store (or a released one)");
   VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
   VQ_CHECK(n >= 0, "kv store: append of {} tokens", n);
-  if (n == 0) return;
+  std::vector<size_t> todo;
+  if (n == 0) return todo;
   const Layer& L = layers_[size_t(layer)];
   SeqKV::Layer& sl = s.layers_[size_t(layer)];
-  const int H = geo_.n_kv_heads, D = geo_.head_dim;
-  const size_t row = size_t(H) * D;
   const int64_t a = sl.n, b = a + n;
   trim_layer(sl, L, a);
   const size_t nblocks = size_t((b + B_ - 1) / B_);
@@ -267,31 +298,50 @@ void KVStore::append(SeqKV& s, int layer, const float* k, const float* v, int n)
   }
   for (int64_t t = a; t < b;) {
     const size_t j = size_t(t / B_);
-    const int slot = int(t % B_), run = int(std::min<int64_t>(B_ - slot, b - t));
-    const float* kt = k + size_t(t - a) * row;
-    const float* vt = v + size_t(t - a) * row;
-    if (has_dense(L)) {
-      uint8_t* blk = pool_.data(dense_arena_, writable(sl.dense, j, dense_arena_));
-      if (dense_f32_) write_rows<float>(blk, H, D, B_, slot, kt, vt, run);
-      else write_rows<uint16_t>(blk, H, D, B_, slot, kt, vt, run);
-    } else {
-      L.format->write_tokens(kt, vt, run, slot, pool_.data(L.coded_arena, writable(sl.coded, j, L.coded_arena)));
-    }
-    t += run;
+    const int slot = int(t % B_), cnt = int(std::min<int64_t>(B_ - slot, b - t));
+    const bool dense = has_dense(L);
+    const int32_t id = writable(s, layer, !dense, j);
+    run(dense ? dense_arena_ : L.coded_arena, id, slot, cnt, t - a);
+    t += cnt;
   }
   sl.n = b;
-  if (!L.format || L.direct) return;
-  // Blocks the last new query reads as codes; the ones nobody encoded yet are encoded here
-  // (several blocks at once in prefill: one thread each).
+  if (!L.format || L.direct) return todo;
+  // Blocks the last new query reads as codes; the ones nobody encoded yet are encoded (twins of
+  // an already encoded fp16 block are shared instead).
   const size_t j0 = size_t(std::max(L.sink_end, L.key_begin(a)) / B_), j1 = size_t(L.coded_end(b - 1, B_) / B_);
-  std::vector<size_t> todo;
-  for (size_t j = j0; j < j1; ++j) {
+  for (size_t j = std::max(j0, size_t(sl.coded_upto)); j < j1; ++j) {  // (earlier blocks have their codes)
     if (sl.coded[j] >= 0) continue;
-    encode(sl, L, j);
+    encode(s, layer, j);
     if (pool_.refcount(L.coded_arena, sl.coded[j]) == 1) todo.push_back(j);  // new, not a twin
   }
+  sl.coded_upto = std::max(sl.coded_upto, int64_t(j1));
+  return todo;
+}
+
+void KVStore::append_blocks(SeqKV& s, int layer, int n) {
+  VQ_CHECK(dev_ != nullptr, "kv store: append_blocks on a store whose blocks live on the cpu");
+  append_bookkeeping(s, layer, n, [](int, int32_t, int, int, int64_t) {});
+}
+
+void KVStore::append(SeqKV& s, int layer, const float* k, const float* v, int n) {
+  VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
+  if (dev_) return dev_->append_host(s, layer, k, v, n);
+  const Layer& L = layers_[size_t(layer)];
+  const int H = geo_.n_kv_heads, D = geo_.head_dim;
+  const size_t row = size_t(H) * D;
+  const std::vector<size_t> todo =
+      append_bookkeeping(s, layer, n, [&](int arena, int32_t id, int slot, int cnt, int64_t off) {
+        const float* kt = k + size_t(off) * row;
+        const float* vt = v + size_t(off) * row;
+        uint8_t* blk = pool_.data(arena, id);
+        if (arena != dense_arena_) L.format->write_tokens(kt, vt, cnt, slot, blk);
+        else if (dense_f32_) write_rows<float>(blk, H, D, B_, slot, kt, vt, cnt);
+        else write_rows<uint16_t>(blk, H, D, B_, slot, kt, vt, cnt);
+      });
   if (todo.empty()) return;
+  SeqKV::Layer& sl = s.layers_[size_t(layer)];
   const bool f32 = dense_f32_;
+  // Several blocks at once in prefill: one thread each.
   parallel_for(todo.size(), [&](size_t i0, size_t i1, int) {
     thread_local std::vector<float> kf, vf;  // [H][B][D] f32 of one block
     kf.resize(size_t(H) * B_ * D);
@@ -320,7 +370,8 @@ void KVStore::blocks_for_append(const SeqKV& s, int64_t n_new, std::vector<int64
       if (!present || pool_.refcount(arena, ids[size_t(j)]) > 1) ++counts[size_t(arena)];
     }
     if (L.format && !L.direct) {
-      for (int64_t j = std::max(L.sink_end, L.key_begin(a)) / B_; j < L.coded_end(b - 1, B_) / B_; ++j)
+      for (int64_t j = std::max(std::max(L.sink_end, L.key_begin(a)) / B_, sl.coded_upto); j < L.coded_end(b - 1, B_) / B_;
+           ++j)
         if (size_t(j) >= sl.coded.size() || sl.coded[size_t(j)] < 0) ++counts[size_t(L.coded_arena)];
     }
   }
@@ -364,10 +415,7 @@ void KVStore::attend_dense(const SeqKV::Layer& sl, int h, const float* q, int64_
   cpu::dense_attention(a);
 }
 
-void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) const {
-  VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
-  const Layer& L = layers_[size_t(layer)];
-  const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, G = HQ / H;
+void KVStore::check_attend(int layer, const AttnEntry* ents, int n_ents) const {
   for (int e = 0; e < n_ents; ++e) {
     const AttnEntry& E = ents[e];
     VQ_CHECK(E.seq && E.seq->store_ == this, "kv store: attention entry {} names no sequence of this store", e);
@@ -380,6 +428,14 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
              "step released the older fp16 window",
              e, E.pos0, sl.trimmed_for);
   }
+}
+
+void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) const {
+  VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
+  check_attend(layer, ents, n_ents);
+  if (dev_) return dev_->attend_host(layer, ents, n_ents, scale);
+  const Layer& L = layers_[size_t(layer)];
+  const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, G = HQ / H;
   // Per-entry query preparation (transformed queries, decode lookup tables).
   std::vector<std::unique_ptr<QueryPrep>> prep(static_cast<size_t>(n_ents));
   for (int e = 0; e < n_ents; ++e) {
@@ -522,6 +578,12 @@ bool KVStore::reads_coded(int layer, int64_t t, int64_t u) const {
 int64_t KVStore::blocks_held(const SeqKV& s, int layer, bool coded) const {
   const auto& ids = coded ? s.layers_[size_t(layer)].coded : s.layers_[size_t(layer)].dense;
   return int64_t(std::count_if(ids.begin(), ids.end(), [](int32_t id) { return id >= 0; }));
+}
+
+int32_t KVStore::block_id(const SeqKV& s, int layer, bool coded, size_t j) const {
+  const auto& sl = s.layers_[size_t(layer)];
+  const auto& ids = coded ? sl.coded : sl.dense;
+  return j < ids.size() ? ids[j] : -1;
 }
 
 void KVStore::set_reference_kernels(bool on) {

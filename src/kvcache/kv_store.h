@@ -21,6 +21,12 @@
 //
 // Threading: one thread drives append / trim / fork / release; attend() runs its work items on
 // the process-wide thread pool (sequences x KV heads x query blocks x key ranges).
+//
+// Device stores (KVStoreOptions::device = cuda): the same bookkeeping (block tables, window rule,
+// refcounts, forks, twins, trims, budget) with block memory on the GPU; the data paths are
+// kernels driven by KVStoreDevice (kv_store_device.h): append_blocks() does an append's
+// bookkeeping only, and the step's kernels write, encode and attend. append() and attend() with
+// host buffers still work (they run one small device step each: tests, benchmarks' fill).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -44,6 +50,7 @@ struct KVSpec {
 
 struct KVStoreOptions {
   size_t budget_bytes = size_t(-1);  // pool budget (all layers, all sequences)
+  KVDevice device = KVDevice::cpu;   // where the blocks live (cuda: fp16 and vecinfer methods)
   int block_tokens = 0;              // 0: the default (32, or a multiple of the KIVI group)
   // Per-layer sliding-window size in tokens (0: global attention); empty: all global.
   std::vector<int> sliding_window;
@@ -55,6 +62,7 @@ struct KVStoreOptions {
 };
 
 class KVStore;
+class KVStoreDevice;
 
 // One sequence's KV: per layer, its block tables and tokens held. Move-only; its blocks go back
 // to the pool when it is destroyed or released.
@@ -74,14 +82,20 @@ class SeqKV {
 
  private:
   friend class KVStore;
+  friend class KVStoreDevice;
   struct Layer {
     std::vector<int32_t> dense;  // [n_blocks] dense-form block id, -1: none
     std::vector<int32_t> coded;  // [n_blocks] coded-form block id, -1: none
     int64_t n = 0;               // tokens held
     int64_t trimmed_for = 0;     // forms only queries at positions >= this read may be gone
+    // Cursors that keep every step's bookkeeping O(new blocks), not O(context): blocks
+    // [sink, coded_upto) have their codes; below trim_from no dense form waits for its codes.
+    int64_t coded_upto = 0;
+    int64_t trim_from = 0;
   };
   KVStore* store_ = nullptr;
   std::vector<Layer> layers_;
+  mutable int32_t dev_table_ = -1;  // device stores: the sequence's device block table (-1: none yet)
 };
 
 // One sequence's queries for an attention call: n_q queries at positions pos0 .. pos0 + n_q - 1
@@ -118,6 +132,13 @@ class KVStore {
   // Attention of several sequences' queries for one layer. scale: score = scale * q.k.
   void attend(int layer, const AttnEntry* entries, int n_entries, float scale) const;
 
+  // Device stores: the bookkeeping of append(s, layer, ., ., n) without the data (blocks
+  // allocated or copied on write, twins, encode jobs), noted in device() for the step's kernels.
+  void append_blocks(SeqKV& s, int layer, int n);
+  KVDevice device_kind() const { return pool_.device(); }
+  KVStoreDevice& device();  // throws unless a device store
+  const KVStoreDevice& device() const;
+
   // Blocks per arena that appending n_new tokens (all layers) to s may allocate, added to
   // `counts` (sized n_arenas()); an upper bound (shared blocks copied, no twin reuse).
   void blocks_for_append(const SeqKV& s, int64_t n_new, std::vector<int64_t>& counts) const;
@@ -145,6 +166,9 @@ class KVStore {
   // holds in one layer (dense or coded form); attention through the reference kernels.
   bool reads_coded(int layer, int64_t t, int64_t u) const;
   int64_t blocks_held(const SeqKV& s, int layer, bool coded) const;
+  // The pool block (arena, id) holding block j of a sequence's layer in one form (-1: none).
+  int32_t block_id(const SeqKV& s, int layer, bool coded, size_t j) const;
+  int arena_of(int layer, bool coded) const { return coded ? layers_[size_t(layer)].coded_arena : dense_arena_; }
   void set_reference_kernels(bool on);
 
   // ---- Block-level access (issue 11: sessions on disk; the server's prefix cache uses fork()).
@@ -171,6 +195,7 @@ class KVStore {
   SeqKV adopt_blocks(int64_t n, std::vector<std::vector<BlockIds>> ids);
 
  private:
+  friend class KVStoreDevice;
   struct Layer {
     std::unique_ptr<CodedFormat> format;  // null: dense only
     int coded_arena = -1;
@@ -182,9 +207,17 @@ class KVStore {
   };
   bool has_dense(const Layer& L) const { return !L.direct; }
   void trim_layer(SeqKV::Layer& sl, const Layer& L, int64_t next_query);
-  int32_t writable(std::vector<int32_t>& ids, size_t j, int arena);
-  void encode(SeqKV::Layer& sl, const Layer& L, size_t j);
+  // The block of layer `layer` (its dense or coded table) at j, allocated or copied on write.
+  int32_t writable(SeqKV& s, int layer, bool coded, size_t j);
+  void encode(SeqKV& s, int layer, size_t j);
+  // Bookkeeping shared by append() and append_blocks(): trims, grows the tables, makes the
+  // touched blocks writable (run: called per token run with the block id, slot, count and
+  // source offset) and returns the blocks whose codes the new queries need and nobody made yet.
+  template <class Run>
+  std::vector<size_t> append_bookkeeping(SeqKV& s, int layer, int n, Run&& run);
   void release_layer(SeqKV::Layer& sl, const Layer& L);
+  // Throws naming the entry unless its queries are held and not older than the last append.
+  void check_attend(int layer, const AttnEntry* ents, int n_ents) const;
   // Dense-form attention of one head over keys [u0, u1) for n_q queries (n_visible per query).
   void attend_dense(const SeqKV::Layer& sl, int h, const float* q, int64_t q_stride, int n_q, float scale,
                     const int64_t* n_visible, int64_t u0, int64_t u1, float* m, float* d, float* o) const;
@@ -197,6 +230,8 @@ class KVStore {
   KVPool pool_;
   int dense_arena_;
   std::vector<Layer> layers_;
+  int calib_offset_ = 0;                 // calibration layer of store layer 0
+  std::unique_ptr<KVStoreDevice> dev_;  // device stores
 };
 
 // The pool block size a spec uses by default (32 tokens; a multiple of the KIVI group).

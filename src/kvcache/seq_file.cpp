@@ -74,6 +74,8 @@ void zero_scalar_tail(uint8_t* blk, int H, int B, size_t block_bytes, int r) {
 
 void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
                    const KVIdentity& id) {
+  VQ_CHECK(kv.device_kind() == KVDevice::cpu, "{}: session files are read and written from a KV pool on the cpu; "
+           "this one lives on the device", path);
   const int64_t n = s.size();
   VQ_CHECK(int64_t(tokens.size()) >= n, "{}: a session of {} KV tokens needs at least as many token ids (got {})",
            path, n, tokens.size());
@@ -141,6 +143,8 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
 }
 
 LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdentity& id) {
+  VQ_CHECK(kv.device_kind() == KVDevice::cpu, "{}: session files are read and written from a KV pool on the cpu; "
+           "this one lives on the device", path);
   std::ifstream in(path, std::ios::binary);
   VQ_CHECK(in.good(), "{}: cannot open the session file", path);
   const std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -64,7 +64,7 @@ std::string read_text_file(const std::string& path) {
 
 Calibration calibrate_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
                             const CalibTrainOptions& opt_in, const std::string& model_name,
-                            const CalibProgress& progress) {
+                            const CalibProgress& progress, KVDevice device) {
   const ModelConfig& mc = model.config();
   cfg.validate(mc.head_dim);
   VQ_CHECK(max_tokens >= 16, "calibrate: --tokens {} must be >= 16", max_tokens);
@@ -84,7 +84,7 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
   for (int s0 = 0; s0 < n; s0 += seg) {
     const int ns = std::min(seg, n - s0);
     // The model runs with an fp16 cache; the observer records each layer's keys and values.
-    Session s(model, KVSpec{KVCacheConfig{}, nullptr}, ns);
+    Session s(model, KVSpec{KVCacheConfig{}, nullptr}, ns, Session::kDefaultChunk, size_t(-1), device);
     s.forward_pass().set_kv_observer([&](int layer, int, const float*, const float* k, const float* v, int m) {
       const size_t e = size_t(m) * mc.n_kv_heads * mc.head_dim;
       keys[size_t(layer)].insert(keys[size_t(layer)].end(), k, k + e);

@@ -8,6 +8,7 @@
 
 #include "codec/calibration_file.h"
 #include "kvcache/calibration_train.h"
+#include "kvcache/kv_pool.h"
 #include "model/model.h"
 #include "veloxquant/config.h"
 
@@ -20,12 +21,12 @@ using CalibProgress = std::function<void(const char*, int, int)>;
 std::string read_text_file(const std::string& path);
 
 // Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens).
-// Runs them through the model (fp16 cache) as independent sequences of opt.segment_tokens tokens
+// Runs them through the model (fp16 cache, on `device`) as independent sequences of opt.segment_tokens tokens
 // (0: 2048, see calibrate.cpp) and trains the calibration (each sequence's first opt.skip_tokens
 // left out: the cache keeps them in fp16).
 Calibration calibrate_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
                             const CalibTrainOptions& opt, const std::string& model_name,
-                            const CalibProgress& progress = {});
+                            const CalibProgress& progress = {}, KVDevice device = KVDevice::cpu);
 
 // The Jargon File (Debian package jargon-text) if installed, else "".
 std::string default_calibration_text_path();
@@ -33,7 +34,8 @@ std::string default_calibration_text_path();
 std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg);
 
 // For vecinfer: calib_flag when given; else, for the default model, the cached first-use
-// calibration (made now from the Jargon File, ~2048 tokens, when absent); else an error saying
+// calibration (made now from the Jargon File, ~2048 tokens, when absent; always on the CPU, so
+// that the file is the same whichever device runs the model); else an error saying
 // how to make one. Other methods: "". `made` is set when a new file was written.
 std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,
                                 const KVCacheConfig& cfg, const std::string& calib_flag,

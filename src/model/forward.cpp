@@ -14,6 +14,8 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/device_model.h"
+#include "model/forward_device.h"
 #include "model/layers.h"
 #include "model/session.h"
 
@@ -40,18 +42,19 @@ void post_norm(float* y, const std::vector<float>& w, int n, float eps) {
 
 }  // namespace
 
-KVStoreOptions kv_store_options(const Model& model, size_t budget_bytes) {
+KVStoreOptions kv_store_options(const Model& model, size_t budget_bytes, KVDevice device) {
   const ModelConfig& c = model.config();
   KVStoreOptions o;
   o.budget_bytes = budget_bytes;
+  o.device = device;
   if (c.n_sliding_layers() > 0)
     for (int l = 0; l < c.n_layers; ++l) o.sliding_window.push_back(c.is_sliding(l) ? c.sliding_window : 0);
   return o;
 }
 
-std::unique_ptr<KVStore> make_kv_store(const Model& model, const KVSpec& spec, size_t budget_bytes) {
+std::unique_ptr<KVStore> make_kv_store(const Model& model, const KVSpec& spec, size_t budget_bytes, KVDevice device) {
   return std::make_unique<KVStore>(model.kv_geometry(), model.config().n_layers, spec,
-                                   kv_store_options(model, budget_bytes));
+                                   kv_store_options(model, budget_bytes, device));
 }
 
 Forward::Forward(const Model& model, KVStore& kv) : model_(model), cfg_(model.config()), kv_(kv) {
@@ -61,6 +64,14 @@ Forward::Forward(const Model& model, KVStore& kv) : model_(model), cfg_(model.co
   VQ_CHECK(kv.geometry().n_heads == g.n_heads && kv.geometry().n_kv_heads == g.n_kv_heads &&
                kv.geometry().head_dim == g.head_dim,
            "forward: the KV store's geometry differs from the model's");
+  if (kv.device_kind() == KVDevice::cuda) dev_ = std::make_unique<ForwardDevice>(DeviceModel::upload(model), kv);
+}
+
+Forward::~Forward() = default;
+
+void Forward::set_kv_observer(KVObserver f) {
+  observer_ = std::move(f);
+  if (dev_) dev_->set_kv_observer(observer_);
 }
 
 void Forward::reserve(int rows) {
@@ -110,6 +121,7 @@ void Forward::step(const BatchEntry* entries, int n_entries) {
                                       double(kv_.pool().free_bytes()) / 1048576.0,
                                       double(kv_.pool().budget_bytes()) / 1048576.0));
   }
+  if (dev_) return dev_->step(entries, n_entries);
   reserve(rows);
   pos_.resize(size_t(rows));
   const int E = cfg_.n_embd;
@@ -260,11 +272,12 @@ void Forward::mlp_block(int layer, int rows) {
   add_inplace(x_.data(), proj_.data(), int64_t(rows) * E);
 }
 
-Session::Session(const Model& model, const KVSpec& spec, int n_ctx, int max_chunk, size_t budget_bytes)
+Session::Session(const Model& model, const KVSpec& spec, int n_ctx, int max_chunk, size_t budget_bytes,
+                 KVDevice device)
     : model_(model),
       n_ctx_(n_ctx),
       max_chunk_(std::min(max_chunk, std::max(n_ctx, 1))),
-      store_(make_kv_store(model, spec, budget_bytes)),
+      store_(make_kv_store(model, spec, budget_bytes, device)),
       seq_(store_->new_sequence()),
       fwd_(model, *store_) {
   VQ_CHECK(n_ctx >= 1, "session: n_ctx {} must be >= 1", n_ctx);

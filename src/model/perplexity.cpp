@@ -44,9 +44,9 @@ PerplexityResult evaluate_perplexity(const Model& model, const std::vector<int32
   for (int64_t w = 0; w < n_windows; ++w) {
     const int64_t b = w * opt.n_ctx, e = std::min(n_tok, b + opt.n_ctx);
     if (e - b < 2) break;
-    Session sm(model, method, int(e - b), opt.chunk);
+    Session sm(model, method, int(e - b), opt.chunk, size_t(-1), opt.device);
     std::unique_ptr<Session> sr;
-    if (reference) sr = std::make_unique<Session>(model, *reference, int(e - b), opt.chunk);
+    if (reference) sr = std::make_unique<Session>(model, *reference, int(e - b), opt.chunk, size_t(-1), opt.device);
     for (int64_t c0 = b; c0 < e; c0 += opt.chunk) {
       const int n = int(std::min<int64_t>(opt.chunk, e - c0));
       sm.forward(tokens.data() + c0, n, lm.data(), true);

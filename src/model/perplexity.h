@@ -14,6 +14,7 @@ struct PerplexityOptions {
   int n_ctx = 2048;  // tokens per window (each window starts from an empty cache)
   int chunk = 32;    // tokens per forward call
   int max_windows = 1;
+  KVDevice device = KVDevice::cpu;  // where the model runs and the caches live
 };
 
 struct PerplexityResult {

@@ -28,14 +28,20 @@ struct BatchEntry {
 };
 
 // The KV geometry, layer count and per-layer sliding windows of a model, for its KVStore.
-KVStoreOptions kv_store_options(const Model& model, size_t budget_bytes);
-std::unique_ptr<KVStore> make_kv_store(const Model& model, const KVSpec& spec, size_t budget_bytes = size_t(-1));
+// device: where the pool's blocks live (cuda: the forward runs on the GPU, model/forward_device.h).
+KVStoreOptions kv_store_options(const Model& model, size_t budget_bytes, KVDevice device = KVDevice::cpu);
+std::unique_ptr<KVStore> make_kv_store(const Model& model, const KVSpec& spec, size_t budget_bytes = size_t(-1),
+                                       KVDevice device = KVDevice::cpu);
+
+class ForwardDevice;
 
 // Runs steps over one KVStore. Scratch grows to the largest step seen, then nothing is allocated
-// per step. Not thread-safe.
+// per step. Not thread-safe. A store whose blocks live on the GPU runs every step there
+// (ForwardDevice: the model's weights are uploaded once, at construction).
 class Forward {
  public:
   Forward(const Model& model, KVStore& kv);
+  ~Forward();
 
   // Checks every entry (token ids in range, distinct sequences of this store) and that the pool
   // can hold the step, then runs it; each entry's sequence grows by its n tokens and its logits
@@ -48,10 +54,12 @@ class Forward {
   // records real activations this way).
   using KVObserver =
       std::function<void(int layer, int entry, const float* q, const float* k, const float* v, int n)>;
-  void set_kv_observer(KVObserver f) { observer_ = std::move(f); }
+  void set_kv_observer(KVObserver f);
 
   const Model& model() const { return model_; }
   KVStore& kv() { return kv_; }
+  // The device forward when the store lives on the GPU (null otherwise).
+  ForwardDevice* device() { return dev_.get(); }
 
  private:
   void reserve(int rows);
@@ -64,6 +72,7 @@ class Forward {
   const ModelConfig& cfg_;
   KVStore& kv_;
   KVObserver observer_;
+  std::unique_ptr<ForwardDevice> dev_;
   int cap_ = 0;  // rows the scratch holds
   // Scratch for `cap_` stacked rows (all entries' tokens in entry order), all row-major:
   AlignedBuffer<float> x_;      // [rows, n_embd] residual stream
@@ -89,9 +98,9 @@ class Session {
  public:
   static constexpr int kDefaultChunk = 512;
   // n_ctx: the most positions this session holds. max_chunk: tokens per step of a prefill.
-  // budget_bytes: the KV pool's budget.
+  // budget_bytes: the KV pool's budget. device: where the pool lives and the forward runs.
   Session(const Model& model, const KVSpec& spec, int n_ctx, int max_chunk = kDefaultChunk,
-          size_t budget_bytes = size_t(-1));
+          size_t budget_bytes = size_t(-1), KVDevice device = KVDevice::cpu);
 
   // Runs tokens at positions pos()..pos()+n-1 (in steps of max_chunk). logits: [n, n_vocab] when
   // all_logits, else [1, n_vocab] for the last token; nullptr skips the output head. Throws when

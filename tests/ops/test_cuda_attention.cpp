@@ -46,6 +46,9 @@ const AttnCase kAttn[] = {
     {"d128_k_d8b8per_v_d4b8_g2", 2, 2, 128, 8, 8, true, 4, 8, false, {2500, 31, 64}, {0, 4, 2}},
     {"d128_d4b8_g8_two_lut_tiles", 1, 8, 128, 4, 8, false, 4, 8, false, {3000, 77}, {5, 1}},
     {"d64_d4b8per_keys_g4_prefill", 2, 4, 64, 4, 8, true, 4, 8, false, {1200}, {3}, 5},
+    // head_dim 256 on the LUT kernel (8 warps; d4 keys: the two-half LUT of 64 sub-spaces)
+    {"d256_d4b8_g3_lut", 2, 3, 256, 4, 8, false, 4, 8, false, {3000, 513, 40}, {2, 0, 7}},
+    {"d256_k_d8b8per_v_d4b8_g4_lut", 1, 4, 256, 8, 8, true, 4, 8, false, {2100, 1}, {0, 3}},
 };
 // Each case runs with every shipped split kernel: auto (the v4 fp16-LUT kernel where it applies),
 // gather-mma, and the LUT kernel asked for explicitly (skipped for shapes it does not take).
@@ -208,8 +211,9 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   a.split_tokens = (GetParam() / kKernels) % 2 ? 256 : 0;
   a.kernel = kernel;
   // The LUT kernel keeps the queries in fp32 (LUT = q~ . fp16 centroid); the gather-mma one rounds them.
-  const bool lut_shape = c.kbits == 8 && (D / c.kd == 16 || D / c.kd == 32) && c.vd == 4 && c.vbits == 8 &&
-                         !c.vper && D <= 128;
+  const bool lut_shape = c.kbits == 8 && c.vd == 4 && c.vbits == 8 &&
+                         (D <= 128 ? (D / c.kd == 16 || D / c.kd == 32)
+                                   : (D == 256 && (D / c.kd == 32 || D / c.kd == 64) && !c.vper));
   if (kernel == cuda::PQAttnKernel::lut && !lut_shape) GTEST_SKIP() << "the LUT kernel does not take this shape";
   const bool lut = kernel != cuda::PQAttnKernel::gather_mma && lut_shape;
   cuda::DeviceBuffer ws(std::max<size_t>(cuda::pq_attention_workspace_bytes(a), 4));
@@ -285,7 +289,7 @@ TEST(CudaPQAttentionArgs, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
   a.code_head_stride = 16, a.kernel = static_cast<cuda::PQAttnKernel>(5);
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
-  a.kernel = cuda::PQAttnKernel::lut, a.head_dim = 256, a.k_sub_dim = 8;  // the LUT kernel takes head_dim <= 128
+  a.kernel = cuda::PQAttnKernel::lut, a.head_dim = 256, a.k_sub_dim = 16;  // head_dim 256: 32 or 64 key sub-spaces
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
   EXPECT_STREQ(cuda::pq_attn_kernel_name(cuda::PQAttnKernel::automatic), "auto");
 }

@@ -176,7 +176,12 @@ struct DecCase {
 const DecCase kDec[] = {{"d128_s4_b8_shared", 2, 128, 4, 8, false},
                         {"d64_s8_b12_per", 3, 64, 8, 12, true},
                         {"d256_s16_b4_shared", 1, 256, 16, 4, false},
-                        {"d128_s8_b5_per", 2, 128, 8, 5, true}};
+                        {"d128_s8_b5_per", 2, 128, 8, 5, true},
+                        // the vectorised 8-bit kernel (pq_decode.cuh): sub_dim 4 and 8, shared and per-sub-space books
+                        {"d64_s4_b8_per", 3, 64, 4, 8, true},
+                        {"d128_s8_b8_shared", 2, 128, 8, 8, false},
+                        {"d256_s8_b8_per", 2, 256, 8, 8, true},
+                        {"d256_s4_b8_shared", 3, 256, 4, 8, false}};
 
 class CudaDecodeCodes : public ::testing::TestWithParam<size_t> {};
 

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_e2e_device.h"
 #include "cli_kv.h"
 #include "cli_model.h"
 #include "commands.h"
@@ -37,6 +38,10 @@ struct E2EArgs {
   std::vector<std::string> kv_caches;
   int steps = 16, threads = 0;
   double kv_budget_mib = 0;
+  // --device cuda: random device weights of --geometry (bench_e2e_device.cpp)
+  std::string device = "cpu", geometry, prefill;
+  int warmup = 40, prefill_chunk = 2048;
+  bool skip_logits = false;
 };
 
 std::vector<int> parse_list(const std::string& s, const char* what) {
@@ -60,6 +65,26 @@ std::vector<int> parse_list(const std::string& s, const char* what) {
 
 void run_e2e(const E2EArgs& a) {
   const std::vector<int> batches = parse_list(a.batches, "--batch"), ctxs = parse_list(a.ctxs, "--ctx");
+  if (a.device == "cuda") {
+    VQ_CHECK(!a.geometry.empty(), "bench e2e --device cuda needs --geometry NAME ({})", device_geometry_names());
+    VQ_CHECK(a.model.empty(), "bench e2e --device cuda builds random weights of --geometry; -m is not used");
+    E2EDeviceArgs d;
+    d.geometry = a.geometry;
+    d.batches = batches;
+    d.ctxs = ctxs;
+    if (!a.prefill.empty()) d.prefill = parse_list(a.prefill, "--prefill");
+    if (!a.kv_caches.empty()) d.kv_caches = a.kv_caches;
+    d.steps = a.steps;
+    d.warmup = a.warmup;
+    d.prefill_chunk = a.prefill_chunk;
+    d.kv_budget_mib = a.kv_budget_mib;
+    d.skip_logits = a.skip_logits;
+    d.json = a.json;
+    run_e2e_device(d);
+    return;
+  }
+  VQ_CHECK(a.device == "cpu", "--device: '{}' is cpu or cuda for bench e2e", a.device);
+  VQ_CHECK(a.geometry.empty(), "--geometry is for --device cuda (random device weights)");
   VQ_CHECK(a.steps >= 2, "--steps: {} must be >= 2", a.steps);
   std::vector<KVCacheConfig> configs;
   for (const auto& s : a.kv_caches.empty() ? std::vector<std::string>{"fp16"} : a.kv_caches)
@@ -173,6 +198,14 @@ void add_bench_e2e(CLI::App* bench) {
   c->add_option("--text", a->text, "Text whose real K/V fill the contexts (default: the Jargon File)");
   c->add_option("--kv-budget", a->kv_budget_mib, "KV pool budget in MiB (0: half of the available memory)");
   c->add_option("--json", a->json, "Also write one JSON object per row to this file");
+  c->add_option("--device", a->device, "cpu (the model's real K/V) or cuda (random device weights of --geometry)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  c->add_option("--geometry", a->geometry, "--device cuda: a real model's shape (" + device_geometry_names() + ")");
+  c->add_option("--warmup", a->warmup, "--device cuda: untimed decode steps first (graph captures)")->capture_default_str();
+  c->add_option("--prefill", a->prefill, "--device cuda: also time a B=1 prefill of these prompt lengths, e.g. 4096,32768");
+  c->add_option("--prefill-chunk", a->prefill_chunk, "--device cuda: prompt tokens per step")->capture_default_str();
+  c->add_flag("--skip-logits", a->skip_logits, "--device cuda: do not copy logits back (the device step alone)");
   c->callback([a] { run_e2e(*a); });
 }
 

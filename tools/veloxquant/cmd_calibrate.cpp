@@ -6,6 +6,7 @@
 
 #include "cli_checks.h"
 #include "cli_model.h"
+#include "cli_device.h"
 #include "commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -17,7 +18,7 @@ namespace vq::cli {
 namespace {
 
 struct CalibrateOptions {
-  std::string model, text, kv_cache = "vecinfer:d4b8", out;
+  std::string model, text, kv_cache = "vecinfer:d4b8", out, device = "cpu";
   int tokens = 4096, threads = 0, iters = 12;
   uint64_t seed = 1234;
 };
@@ -35,13 +36,14 @@ void run_calibrate(const CalibrateOptions& o) {
   const auto model = Model::load(path);
   check_cache_fits_model(cfg, *model, path);
   check_weights_finite(*model, path);
+  const KVDevice device = resolve_device(o.device);
   CalibTrainOptions opt;
   opt.kmeans_iters = o.iters;
   opt.seed = o.seed;
   ProgressBar bar;
   const auto t0 = std::chrono::steady_clock::now();
   const Calibration c = calibrate_model(*model, text, o.tokens, cfg, opt, std::filesystem::path(path).filename().string(),
-                                        [&](const char* stage, int d, int t) { bar.update(stage, d, t); });
+                                        [&](const char* stage, int d, int t) { bar.update(stage, d, t); }, device);
   save_calibration(o.out, c);
   std::fprintf(stderr, "calibrate: %s, %llu tokens, %d layers x %d KV heads, %.1f s -> %s\n", cfg.name().c_str(),
                (unsigned long long)c.n_calib_tokens, c.n_layers, c.n_kv_heads,
@@ -62,6 +64,7 @@ void add_calibrate(CLI::App& app) {
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   c->add_option("--iters", o->iters, "k-means iterations")->capture_default_str();
   c->add_option("--seed", o->seed, "k-means seed")->capture_default_str();
+  add_device_option(c, o->device);
   c->callback([o] { run_calibrate(*o); });
 }
 

@@ -15,6 +15,7 @@
 
 #include "cli_checks.h"
 #include "cli_model.h"
+#include "cli_device.h"
 #include "commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -52,6 +53,7 @@ struct GenerateOptions {
   int parallel = 1;
   double kv_budget_mib = 0;
   std::string save_session, load_session;  // session files (kvcache/seq_file.h)
+  std::string device = "cpu";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -139,7 +141,9 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
                   const std::vector<std::string>& texts) {
   const ModelConfig& cfg = model.config();
   EngineOptions eo;
-  eo.kv_budget_bytes = kv_budget_bytes(o.kv_budget_mib);
+  eo.device = resolve_device(o.device);
+  eo.kv_budget_bytes = eo.device == KVDevice::cuda ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(model))
+                                                   : kv_budget_bytes(o.kv_budget_mib);
   eo.max_sequences = o.parallel;
   eo.max_step_tokens = o.batch;
   eo.n_ctx = o.n_ctx;
@@ -279,7 +283,13 @@ void run_generate(const GenerateOptions& o) {
   const int n_ctx = o.n_ctx > 0 ? o.n_ctx
                     : loading   ? int(std::max<int64_t>({cfg.n_ctx_train, 4096, int64_t(ids.size()) + std::max(o.n_predict, 1)}))
                                 : int(ids.size()) + std::max(o.n_predict, 1);
-  Session session(*model, spec, n_ctx, o.batch, kv_budget_bytes(o.kv_budget_mib));
+  const KVDevice device = resolve_device(o.device);
+  VQ_CHECK(device == KVDevice::cpu || (o.save_session.empty() && !loading),
+           "--save-session/--load-session: session files are read and written from the CPU's KV pool; "
+           "run with --device cpu");
+  const size_t budget = device == KVDevice::cuda ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(*model))
+                                                 : kv_budget_bytes(o.kv_budget_mib);
+  Session session(*model, spec, n_ctx, o.batch, budget, device);
   int64_t n_kv = 0;  // tokens whose KV the session file brought
   if (loading) {
     LoadedSequence ld = load_sequence(o.load_session, session.store(), kv_identity(session.store(), path));
@@ -416,6 +426,7 @@ void add_generate(CLI::App& app) {
   c->add_option("--kv-cache", o->kv_cache, "KV cache spec (syntax below)")->capture_default_str();
   c->add_option("--calib", o->calib, "Calibration file for vecinfer (from `veloxquant calibrate`)");
   c->footer(kv_cache_spec_syntax());
+  add_device_option(c, o->device);
   c->add_flag("--no-display-prompt", o->no_display_prompt, "Do not echo the prompt");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_flag("-q,--quiet", o->quiet, "Print no text, only the statistics");

@@ -7,6 +7,7 @@
 
 #include "cli_checks.h"
 #include "cli_model.h"
+#include "cli_device.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -19,7 +20,7 @@ namespace vq::cli {
 namespace {
 
 struct PplOptions {
-  std::string model, text, kv_cache = "fp16", calib;
+  std::string model, text, kv_cache = "fp16", calib, device = "cpu";
   int n_ctx = 2048, chunk = 32, windows = 1, threads = 0;
   bool json = false, no_reference = false;
 };
@@ -49,6 +50,7 @@ void run_perplexity(const PplOptions& o) {
   po.n_ctx = o.n_ctx;
   po.chunk = o.chunk;
   po.max_windows = o.windows;
+  po.device = resolve_device(o.device);
   const PerplexityResult r = evaluate_perplexity(*model, ids, method, o.no_reference ? nullptr : &reference, po);
   VQ_CHECK(std::isfinite(r.perplexity) && (o.no_reference || std::isfinite(r.kl)),
            "perplexity {} / KL {}: the model produced non-finite logits (its weights or the KV cache hold NaN or inf "
@@ -91,6 +93,7 @@ void add_perplexity(CLI::App& app) {
   c->add_option("--kv-cache", o->kv_cache, "KV cache spec (syntax below)")->capture_default_str();
   c->footer(kv_cache_spec_syntax());
   c->add_option("--calib", o->calib, "Calibration file for vecinfer");
+  add_device_option(c, o->device);
   c->add_option("-c,--ctx-size", o->n_ctx, "Tokens per window")->capture_default_str();
   c->add_option("--chunk", o->chunk, "Tokens per forward call")->capture_default_str();
   c->add_option("--windows", o->windows, "Windows of ctx tokens to evaluate")->capture_default_str();

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cli_checks.h"
+#include "cli_device.h"
 #include "cli_kv.h"
 #include "cli_model.h"
 #include "commands.h"
@@ -66,7 +67,6 @@ void signal_loop(HttpServer& server, Runner& runner, double grace_s) {
 }
 
 void run_serve(const ServeOptions& o) {
-  VQ_CHECK(o.device == "cpu", "--device {}: this build's server runs on the CPU (cpu)", o.device);
   VQ_CHECK(o.parallel >= 1 && o.parallel <= 1024, "--parallel: {} must be in 1..1024", o.parallel);
   VQ_CHECK(o.batch >= 1, "--batch-size: {} must be >= 1", o.batch);
   VQ_CHECK(o.max_queue >= 0, "--max-queue: {} must be >= 0", o.max_queue);
@@ -96,11 +96,17 @@ void run_serve(const ServeOptions& o) {
                                                 });
   const KVSpec spec = make_checked_spec(kv_config, *model, calib, o.calib.empty());
   EngineOptions eo;
-  eo.kv_budget_bytes = kv_budget_bytes(o.kv_budget_mib);
+  eo.device = resolve_device(o.device);
+  eo.kv_budget_bytes = eo.device == KVDevice::cuda
+                           ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(*model))
+                           : kv_budget_bytes(o.kv_budget_mib);
+  const bool prefix_cache = !o.no_prefix_cache && eo.device == KVDevice::cpu;
+  if (eo.device == KVDevice::cuda && !o.no_prefix_cache)
+    std::fprintf(stderr, "serve: the prefix cache and sessions work on the cpu's KV pool only: off on the device\n");
   eo.max_sequences = o.parallel;
   eo.max_step_tokens = o.batch;
   eo.n_ctx = o.n_ctx;
-  eo.prefix_cache = !o.no_prefix_cache;
+  eo.prefix_cache = prefix_cache;
   // The identity (model file, spec, calibration) roots the prefix cache's hash chains and names
   // session files; a store of the same spec without blocks gives the spec's shape.
   auto probe = make_kv_store(*model, spec, 0);
@@ -152,12 +158,12 @@ void add_serve(CLI::App& app) {
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   c->add_option("--host", o->host, "Address to listen on (loopback by default)")->capture_default_str();
   c->add_option("--port", o->port, "Port (0: any free one, printed at start)")->capture_default_str();
-  c->add_option("--device", o->device, "Where the model runs: cpu")->capture_default_str();
   c->add_option("--alias", o->alias, "Model id in the API (default: the file name)");
   c->add_option("--session-dir", o->session_dir, "Folder of saved sessions")->capture_default_str();
   c->add_option("--max-sessions", o->max_sessions, "Named sessions kept in memory at once")->capture_default_str();
   c->add_option("--max-body", o->max_body_mib, "Largest request body in MiB")->capture_default_str();
   c->add_option("--shutdown-grace", o->grace_s, "Seconds requests in flight get to finish at SIGINT/SIGTERM")->capture_default_str();
+  add_device_option(c, o->device);
   c->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not cache prompt prefixes (nor keep sessions)");
   c->callback([o] { run_serve(*o); });
 }

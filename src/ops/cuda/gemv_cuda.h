@@ -52,6 +52,20 @@ struct QuantizeActParams {
 };
 void quantize_act_device(const QuantizeActParams& p, void* stream = nullptr);
 
+// ---- Back from int8 blocks: out = d * q (f32 or f16) ----
+// The CPU multiplies quantized weights with int8-rounded activations (vq::matmul_q); the device
+// products that read float activations (cuBLAS, the fp16 GEMV) take these dequantized rows for
+// quantized weights, so that their results follow the CPU's (and llama.cpp's) rounding.
+struct DequantizeActParams {
+  int rows = 0;
+  int64_t cols = 0;            // a multiple of 32
+  const int8_t* q = nullptr;   // [rows, cols]
+  const float* d = nullptr;    // [rows, cols/32]
+  ElemType out_type = ElemType::f16;  // f32 or f16
+  void* out = nullptr;         // [rows, cols] packed
+};
+void dequantize_act_device(const DequantizeActParams& p, void* stream = nullptr);
+
 // ---- The product ----
 struct GemvParams {
   uint32_t type = 0;
@@ -72,5 +86,22 @@ void gemv_device(const GemvParams& p, void* stream = nullptr);
 // (docs/CUDA_NOTES.md section 6): q8_0 and q4_1 for m <= 4, q4_K for m <= 2. Take the quantized
 // path where true, the fp16 copy otherwise (prefill, larger batches).
 bool gemv_preferred(uint32_t type, int m);
+
+// ---- fp16 weights (fp16 models, or the fp16 copy of any model) for 1..4 activation rows ----
+// y[i, r] (+)= sum_k x[i, k] W[r, k], x in f32, fp32 accumulation. A warp owns 2 weight rows and
+// streams them with 16-byte loads (decode is bound by the weight bytes; cuBLAS reaches ~3.1 TB/s
+// at m = 1 on the H200, docs/CUDA_NOTES.md section 6). cols: a multiple of 8.
+constexpr int kGemvF16MaxRows = 4;
+struct GemvF16Params {
+  const void* w = nullptr;     // [rows, cols] fp16, row-major, 16-byte aligned rows
+  int64_t rows = 0, cols = 0;
+  int m = 1;                   // 1..kGemvF16MaxRows
+  const float* x = nullptr;    // row i at x + i*x_stride (16-byte aligned)
+  int64_t x_stride = 0;        // 0: cols
+  float* y = nullptr;          // y[i, r] at y + i*y_stride + r
+  int64_t y_stride = 0;        // 0: rows
+  bool accumulate = false;
+};
+void gemv_f16_device(const GemvF16Params& p, void* stream = nullptr);
 
 }  // namespace vq::cuda

@@ -406,6 +406,35 @@ void quantize_act_device(const QuantizeActParams& p, void* stream) {
   VQ_CUDA_LAUNCHED("quantize_act");
 }
 
+namespace {
+template <class TO>
+__global__ void dequantize_act_kernel(const int8_t* __restrict__ q, const float* __restrict__ d, int64_t n, int64_t cols,
+                                      TO* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    const float v = d[r * (cols / 32) + c / 32] * float(q[i]);
+    if constexpr (sizeof(TO) == 4) out[i] = v;
+    else out[i] = __float2half_rn(v);
+  }
+}
+}  // namespace
+
+void dequantize_act_device(const DequantizeActParams& p, void* stream) {
+  VQ_CHECK(p.rows >= 0 && p.cols > 0 && p.cols % 32 == 0,
+           "cuda::dequantize_act([{}, {}]): cols must be a positive multiple of 32", p.rows, p.cols);
+  VQ_CHECK(p.out_type != ElemType::bf16, "cuda::dequantize_act([{}, {}]): out must be f32 or f16", p.rows, p.cols);
+  if (p.rows == 0) return;
+  VQ_CHECK(p.q && p.d && p.out, "cuda::dequantize_act([{}, {}]): null pointer", p.rows, p.cols);
+  const int64_t n = int64_t(p.rows) * p.cols;
+  const unsigned grid = unsigned(std::clamp<int64_t>((n + 255) / 256, 1, 1 << 16));
+  cudaStream_t st = as_stream(stream);
+  if (p.out_type == ElemType::f32)
+    dequantize_act_kernel<float><<<grid, 256, 0, st>>>(p.q, p.d, n, p.cols, static_cast<float*>(p.out));
+  else
+    dequantize_act_kernel<__half><<<grid, 256, 0, st>>>(p.q, p.d, n, p.cols, static_cast<__half*>(p.out));
+  VQ_CUDA_LAUNCHED("dequantize_act");
+}
+
 void gemv_device(const GemvParams& p, void* stream) {
   VQ_CHECK(cuda_device_available(), "cuda::gemv: {}", cuda_unavailable_reason());
   gemv_packed_bytes(p.type, p.rows, p.cols);  // type and shape checks

@@ -39,6 +39,12 @@ void pq_decode_device(const PQShape& s, const uint16_t* codes, const float* code
 bool pq_encode_mma_supported(const PQShape& s);
 void pq_encode_mma_device(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes,
                           void* stream = nullptr);
+namespace detail {
+// bench/cuda only: the tensor-core encoder with 1 or 2 row tiles of 16 sub-vectors per warp
+// iteration (the shipped pq_encode_mma_device uses the winner; the codes are the same).
+void pq_encode_mma_device_rt(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes, int row_tiles,
+                             void* stream = nullptr);
+}  // namespace detail
 void pq_encode_mma(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes);
 
 // ---- Fused encode: [smoothing] -> [Walsh-Hadamard] -> nearest centroid -> bit-packing. ----

@@ -11,6 +11,8 @@
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_cuda.h"
 #include "ops/cuda/pq_attention_lut.cuh"
+#include "ops/cuda/stream_cuda.h"
+#include "ops/cuda/paged_split.cuh"
 
 namespace vq::cuda {
 namespace {
@@ -35,6 +37,15 @@ struct SplitParams {
   const __half* v_book;
   int chunk, n_splits;
   float* part;  // [rows, n_kv_heads, head_tiles, n_splits][2*8 + 8*D] : m[8], l[8], o[8][D]
+  // Paged mode (kernel template flag): row b's coded tokens through its block table, the range
+  // and chunk derived from pos[b] by detail::coded_split (paged_attention_cuda.h).
+  const uint8_t* const* const* tables;
+  const int32_t* row_table;  // null: row b uses tables[b]
+  const uint8_t* row_skip;   // rows the prefill kernel computes (null: none)
+  const int32_t* pos;
+  PagedRule rule;
+  int lb;              // log2(block_tokens)
+  int64_t keys_bytes;  // n_kv_heads * block_tokens * kcb: where a block's values start
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -76,7 +87,7 @@ __device__ __forceinline__ uint2 ld_u2(const __half* p) { return *reinterpret_ca
 
 // Grid: (n_splits, n_kv_heads*head_tiles, rows). Dynamic smem: [books (if kSmemBooks)] [stages] [P tiles],
 // reused at the end for the cross-warp merge.
-template <int D, bool kSmemBooks>
+template <int D, bool kSmemBooks, bool kPaged = false>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(SplitParams p) {
   constexpr int KS = D / 16;    // k-steps of the score mma (4 dims per lane each)
   constexpr int MT = D / 16;    // m-tiles of the value mma
@@ -86,10 +97,19 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(Split
   const int split = blockIdx.x;
   const int kh = blockIdx.y / p.head_tiles, ht = blockIdx.y % p.head_tiles;
   const int b = blockIdx.z;
-  const int len = p.n_coded[b];
-  const int tok_begin = split * p.chunk;
-  if (tok_begin >= len) return;  // the merge kernel reads only splits that hold tokens
-  const int tok_end = min(len, tok_begin + p.chunk);
+  int tok_begin, tok_end, lo = 0;
+  const uint8_t* const* tab = nullptr;
+  if constexpr (kPaged) {
+    if (p.row_skip && p.row_skip[b]) return;
+    if (!detail::coded_split_tokens(p, b, split, detail::kGatherAlign, detail::kGatherChunkAlign, detail::kGatherMinChunk, tok_begin, tok_end, lo,
+                                    tab))
+      return;  // the merge kernel reads only splits that hold tokens
+  } else {
+    const int len = p.n_coded[b];
+    tok_begin = split * p.chunk;
+    if (tok_begin >= len) return;  // the merge kernel reads only splits that hold tokens
+    tok_end = min(len, tok_begin + p.chunk);
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 
@@ -130,8 +150,12 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(Split
     }
   }
 
-  const uint8_t* kbase = p.k_codes[b] + int64_t(kh) * p.code_head_stride * p.kcb;
-  const uint8_t* vbase = p.v_codes[b] + int64_t(kh) * p.code_head_stride * p.vcb;
+  const uint8_t* kbase = nullptr;
+  const uint8_t* vbase = nullptr;
+  if constexpr (!kPaged) {
+    kbase = p.k_codes[b] + int64_t(kh) * p.code_head_stride * p.kcb;
+    vbase = p.v_codes[b] + int64_t(kh) * p.code_head_stride * p.vcb;
+  }
   const int n_tiles = (tok_end - tok_begin + 15) / 16;
   const int my_tiles = warp < n_tiles ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
 
@@ -140,15 +164,26 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(Split
     const int tok0 = tok_begin + tile * 16;
     const int nv = min(16, tok_end - tok0);
     unsigned char* st = stage_base + (i % kStages) * tile_bytes;
+    const uint8_t* ksrc;
+    const uint8_t* vsrc;
+    if constexpr (kPaged) {  // a 16-token tile lies in one block (B is a multiple of 16)
+      const uint8_t* blk = tab[tok0 >> p.lb];
+      const int64_t row0 = (int64_t(kh) << p.lb) + (tok0 & ((1 << p.lb) - 1));
+      ksrc = blk + row0 * p.kcb;
+      vsrc = blk + p.keys_bytes + row0 * p.vcb;
+    } else {
+      ksrc = kbase + int64_t(tok0) * p.kcb;
+      vsrc = vbase + int64_t(tok0) * p.vcb;
+    }
     const int kch = p.kcb, vch = p.vcb;  // 16-byte chunks per side (16 tokens * row bytes / 16)
     for (int c = lane; c < kch + vch; c += 32) {
       if (c < kch) {
         const int valid = min(16, max(0, nv * p.kcb - 16 * c));
-        cp_async16(st + 16 * c, kbase + int64_t(tok0) * p.kcb + (valid ? 16 * c : 0), valid);
+        cp_async16(st + 16 * c, ksrc + (valid ? 16 * c : 0), valid);
       } else {
         const int cv = c - kch;
         const int valid = min(16, max(0, nv * p.vcb - 16 * cv));
-        cp_async16(st + 16 * kch + 16 * cv, vbase + int64_t(tok0) * p.vcb + (valid ? 16 * cv : 0), valid);
+        cp_async16(st + 16 * kch + 16 * cv, vsrc + (valid ? 16 * cv : 0), valid);
       }
     }
   };
@@ -194,8 +229,9 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(Split
         mma16816(sc, ag.x, ag8.x, ag.y, ag8.y, qf[ks][0], qf[ks][1]);
       }
     }
-    if (g >= nv) sc[0] = sc[1] = -INFINITY;
-    if (g + 8 >= nv) sc[2] = sc[3] = -INFINITY;
+    const int lv = lo - tok0;  // tokens below the row's coded range (paged mode, first tile only)
+    if (g >= nv || g < lv) sc[0] = sc[1] = -INFINITY;
+    if (g + 8 >= nv || g + 8 < lv) sc[2] = sc[3] = -INFINITY;
 
     // ---- online softmax (base 2), per head column j: 2t + j ----
     float pv[4];
@@ -427,16 +463,6 @@ __global__ void f32_to_f16_kernel(const float* src, __half* dst, int64_t n) {
     dst[i] = __float2half_rn(src[i]);
 }
 
-int sm_count() {
-  static int v = [] {
-    int dev = 0, n = 0;
-    VQ_CUDA_CHECK(cudaGetDevice(&dev));
-    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
-  return v;
-}
-
 int max_smem_optin() {
   static int v = [] {
     int dev = 0, n = 0;
@@ -478,14 +504,14 @@ Plan make_plan(const PQAttnBatchArgs& a, bool query_device, bool force_lut = fal
   if (chunk <= 0 && pl.lut) {
     // 1 block of 16 warps per SM: one full wave (measured best in run 5a at every bench shape),
     // each block at least 32 tokens per warp.
-    const int sms = query_device ? sm_count() : 132;
+    const int sms = query_device ? device_sm_count() : 132;
     const int64_t per_split = int64_t(a.rows) * a.n_kv_heads * ((a.group + 3) / 4);
     const int64_t by_len = std::max<int64_t>(1, (int64_t(a.max_coded) + 511) / 512);
     const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(by_len, int64_t(sms) / per_split));
     chunk = int(std::max<int64_t>(32, (int64_t(a.max_coded) + splits - 1) / splits));
     chunk = (chunk + 31) / 32 * 32;
   } else if (chunk <= 0) {
-    const int sms = query_device ? sm_count() : 132;
+    const int sms = query_device ? device_sm_count() : 132;
     const int64_t per_split = int64_t(a.rows) * a.n_kv_heads * pl.head_tiles;
     const int64_t target_blocks = 4LL * sms;
     const int64_t splits = std::max<int64_t>(1, (target_blocks + per_split - 1) / per_split);
@@ -530,9 +556,9 @@ void check_pq_attention_args(const PQAttnBatchArgs& a) {
                a.kernel == PQAttnKernel::lut,
            "cuda::pq_attention: kernel = {} is not one of auto, gather_mma, lut", int(a.kernel));
   VQ_CHECK(a.kernel != PQAttnKernel::lut || detail::lut_kernel_supported(a),
-           "cuda::pq_attention: kernel lut needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit with "
-           "one shared book, head_dim 64 or 128 (got head_dim {}, k d{}b{}, v d{}b{}{})", a.head_dim, a.k_sub_dim,
-           a.k_bits, a.v_sub_dim, a.v_bits, a.v_per_subspace ? " per-sub-space" : "");
+           "cuda::pq_attention: kernel lut needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit, "
+           "head_dim 64 or 128 (got head_dim {}, k d{}b{}, v d{}b{})", a.head_dim, a.k_sub_dim, a.k_bits,
+           a.v_sub_dim, a.v_bits);
   VQ_CHECK(a.out && a.n_coded && a.q_code, "cuda::pq_attention: null out, n_coded or q_code");
   if (a.max_coded > 0)
     VQ_CHECK(a.k_codes && a.v_codes && a.k_book && a.v_book, "cuda::pq_attention: null codes or codebooks");
@@ -553,18 +579,8 @@ namespace {
 
 // split: the LUT split launcher (the shipped one, or a bench variant through
 // detail::pq_attention_device_with_split, which also forces the LUT plan).
-void run_pq_attention(const PQAttnBatchArgs& a, void* stream, detail::SplitLauncher split, bool force_lut) {
-  VQ_CHECK(cuda_device_available(), "cuda::pq_attention: {}", cuda_unavailable_reason());
-  check_pq_attention_args(a);
-  VQ_CHECK(!force_lut || detail::lut_kernel_supported(a), "cuda::pq_attention: a LUT variant was asked for a shape "
-           "the LUT kernels do not take");
-  if (a.rows == 0) return;
-  const Plan pl = make_plan(a, true, force_lut);
-  const size_t need = size_t(a.rows) * a.n_kv_heads * pl.head_tiles * pl.n_splits *
-                      (2 * kHeadsTile + kHeadsTile * a.head_dim) * sizeof(float);
-  VQ_CHECK(a.workspace_bytes >= need && (need == 0 || a.workspace),
-           "cuda::pq_attention: workspace of {} bytes is smaller than the {} needed", a.workspace_bytes, need);
-  cudaStream_t st = as_stream(stream);
+// The split kernel's arguments shared by the contiguous and the paged modes.
+SplitParams split_params(const PQAttnBatchArgs& a, const Plan& pl) {
   SplitParams sp{};
   sp.n_kv_heads = a.n_kv_heads;
   sp.group = a.group;
@@ -577,34 +593,56 @@ void run_pq_attention(const PQAttnBatchArgs& a, void* stream, detail::SplitLaunc
   sp.kshift = a.k_sub_dim == 4 ? 2 : a.k_sub_dim == 8 ? 3 : 4;
   sp.vshift = a.v_sub_dim == 4 ? 2 : a.v_sub_dim == 8 ? 3 : 4;
   sp.q = a.q_code;
-  sp.k_codes = a.k_codes;
-  sp.v_codes = a.v_codes;
-  sp.n_coded = a.n_coded;
-  sp.code_head_stride = a.code_head_stride;
   sp.k_book = reinterpret_cast<const __half*>(a.k_book);
   sp.v_book = reinterpret_cast<const __half*>(a.v_book);
   sp.chunk = pl.chunk;
   sp.n_splits = pl.n_splits;
+  return sp;
+}
+
+// Grid (splits, n_kv_heads * head_tiles, rows) of the gather-mma split kernel.
+template <bool kPaged>
+void launch_gather_split(const PQAttnBatchArgs& a, const Plan& pl, const SplitParams& sp, int splits, cudaStream_t st) {
+  VQ_CHECK(a.n_kv_heads * pl.head_tiles <= 65535 && splits <= (1 << 30),
+           "cuda::pq_attention: grid too large ({} KV heads x {} head tiles)", a.n_kv_heads, pl.head_tiles);
+  const bool books_in_smem = pl.split_smem_books <= size_t(max_smem_optin());
+  const size_t smem = books_in_smem ? pl.split_smem_books : pl.split_smem_small;
+  const dim3 grid(unsigned(splits), unsigned(a.n_kv_heads * pl.head_tiles), unsigned(a.rows));
+  auto launch = [&](auto kernel) {
+    ensure_smem_attr(reinterpret_cast<const void*>(kernel), smem);
+    kernel<<<grid, kThreads, smem, st>>>(sp);
+    VQ_CUDA_LAUNCHED(kPaged ? "split_kernel (paged)" : "split_kernel");
+  };
+  if (a.head_dim == 64) books_in_smem ? launch(split_kernel<64, true, kPaged>) : launch(split_kernel<64, false, kPaged>);
+  else if (a.head_dim == 128) books_in_smem ? launch(split_kernel<128, true, kPaged>) : launch(split_kernel<128, false, kPaged>);
+  else books_in_smem ? launch(split_kernel<256, true, kPaged>) : launch(split_kernel<256, false, kPaged>);
+}
+
+void run_pq_attention(const PQAttnBatchArgs& a, void* stream, detail::SplitLauncher split, bool force_lut) {
+  VQ_CHECK(cuda_device_available(), "cuda::pq_attention: {}", cuda_unavailable_reason());
+  check_pq_attention_args(a);
+  VQ_CHECK(!force_lut || detail::lut_kernel_supported(a), "cuda::pq_attention: a LUT variant was asked for a shape "
+           "the LUT kernels do not take");
+  if (a.rows == 0) return;
+  const Plan pl = make_plan(a, true, force_lut);
+  const size_t need = size_t(a.rows) * a.n_kv_heads * pl.head_tiles * pl.n_splits *
+                      (2 * kHeadsTile + kHeadsTile * a.head_dim) * sizeof(float);
+  VQ_CHECK(a.workspace_bytes >= need && (need == 0 || a.workspace),
+           "cuda::pq_attention: workspace of {} bytes is smaller than the {} needed", a.workspace_bytes, need);
+  cudaStream_t st = as_stream(stream);
+  SplitParams sp = split_params(a, pl);
+  sp.k_codes = a.k_codes;
+  sp.v_codes = a.v_codes;
+  sp.n_coded = a.n_coded;
+  sp.code_head_stride = a.code_head_stride;
   sp.part = static_cast<float*>(a.workspace);
   if (a.max_coded > 0 && pl.lut) {
     VQ_CHECK(detail::lut_kernel_supported(a), "cuda::pq_attention: the LUT kernel does not take these shapes "
-             "(needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit shared book, head_dim 64 or 128)");
+             "(needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit, head_dim 64 or 128)");
     VQ_CHECK(a.n_kv_heads * ((a.group + 3) / 4) <= 65535, "cuda::pq_attention: grid too large");
     split(a, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
   } else if (a.max_coded > 0) {
-    VQ_CHECK(a.n_kv_heads * pl.head_tiles <= 65535 && pl.n_splits <= (1 << 30),
-             "cuda::pq_attention: grid too large ({} KV heads x {} head tiles)", a.n_kv_heads, pl.head_tiles);
-    const bool books_in_smem = pl.split_smem_books <= size_t(max_smem_optin());
-    const size_t smem = books_in_smem ? pl.split_smem_books : pl.split_smem_small;
-    const dim3 grid(unsigned(pl.n_splits), unsigned(a.n_kv_heads * pl.head_tiles), unsigned(a.rows));
-    auto launch = [&](auto kernel, const char* name) {
-      ensure_smem_attr(reinterpret_cast<const void*>(kernel), smem);
-      kernel<<<grid, kThreads, smem, st>>>(sp);
-      VQ_CUDA_LAUNCHED(name);
-    };
-    if (a.head_dim == 64) books_in_smem ? launch(split_kernel<64, true>, "split_kernel<64>") : launch(split_kernel<64, false>, "split_kernel<64>");
-    else if (a.head_dim == 128) books_in_smem ? launch(split_kernel<128, true>, "split_kernel<128>") : launch(split_kernel<128, false>, "split_kernel<128>");
-    else books_in_smem ? launch(split_kernel<256, true>, "split_kernel<256>") : launch(split_kernel<256, false>, "split_kernel<256>");
+    launch_gather_split<false>(a, pl, sp, pl.n_splits, st);
   }
   MergeParams mp{};
   mp.n_kv_heads = a.n_kv_heads;
@@ -638,6 +676,39 @@ void run_pq_attention(const PQAttnBatchArgs& a, void* stream, detail::SplitLaunc
 }
 
 }  // namespace
+
+namespace detail {
+
+// The gather-mma split kernel in its paged mode (paged_attention.cu drives it): same kernel, the
+// codes read through the rows' block tables.
+void launch_gather_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st) {
+  PQAttnBatchArgs b{};
+  b.rows = a.rows, b.n_kv_heads = a.n_kv_heads, b.group = a.group, b.head_dim = a.head_dim;
+  b.k_sub_dim = a.k_sub_dim, b.k_bits = a.k_bits, b.k_per_subspace = a.k_per_subspace;
+  b.v_sub_dim = a.v_sub_dim, b.v_bits = a.v_bits, b.v_per_subspace = a.v_per_subspace;
+  b.kernel = PQAttnKernel::gather_mma;
+  b.max_coded = 1;
+  b.split_tokens = 256;
+  const Plan pl = make_plan(b, true);
+  SplitParams sp = split_params(b, pl);
+  sp.q = a.q_code;
+  sp.k_book = reinterpret_cast<const __half*>(a.k_book);
+  sp.v_book = reinterpret_cast<const __half*>(a.v_book);
+  sp.n_splits = a.coded_splits;
+  sp.part = part;
+  sp.tables = a.coded_tables;
+  sp.row_table = a.row_table;
+  sp.row_skip = a.row_skip;
+  sp.pos = a.pos;
+  sp.rule = a.rule;
+  int lb = 0;
+  while ((1 << lb) < a.rule.block_tokens) ++lb;
+  sp.lb = lb;
+  sp.keys_bytes = int64_t(a.n_kv_heads) * a.rule.block_tokens * pl.kcb;
+  launch_gather_split<true>(b, pl, sp, a.coded_splits, st);
+}
+
+}  // namespace detail
 
 void pq_attention_device(const PQAttnBatchArgs& a, void* stream) {
   run_pq_attention(a, stream, detail::launch_lut_split, false);

@@ -43,8 +43,8 @@ struct F16Segment {
 enum class PQAttnKernel {
   automatic,   // the LUT kernel where it applies (and fits in shared memory), else gather-mma
   gather_mma,  // v2: any supported shape
-  lut,         // v4: 8-bit keys with head_dim/k_sub_dim in {16, 32}, values d4 8-bit with one shared
-               // book, head_dim 64 or 128; other shapes throw
+  lut,         // v4: 8-bit keys with head_dim/k_sub_dim in {16, 32}, values d4 8-bit (one shared book,
+               // or per-sub-space books since the paged runtime), head_dim 64 or 128; other shapes throw
 };
 const char* pq_attn_kernel_name(PQAttnKernel k);  // "auto", "gather_mma", "lut"
 

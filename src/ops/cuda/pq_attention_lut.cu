@@ -22,6 +22,7 @@
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
+#include "ops/cuda/paged_split.cuh"
 
 namespace vq::cuda::detail {
 namespace {
@@ -43,6 +44,14 @@ struct LutParams {
   const __half* v_book;  // [n_kv_heads, 1, 256, 4]
   int chunk, n_splits;
   float* part;
+  // Paged mode (template flag): codes through the rows' block tables (paged_attention_cuda.h).
+  const uint8_t* const* const* tables;
+  const int32_t* row_table;  // null: row b uses tables[b]
+  const uint8_t* row_skip;   // rows the prefill kernel computes (null: none)
+  const int32_t* pos;
+  PagedRule rule;
+  int lb;              // log2(block_tokens); block_tokens >= 32, so a 32-token group is in one block
+  int64_t keys_bytes;  // n_kv_heads * block_tokens * kcb
 };
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -63,26 +72,44 @@ __device__ __forceinline__ float warp_max(float x) {
 // NS: key sub-spaces (16 or 32); D: head_dim (64 or 128).
 // Shared memory: lut [256][32] uint2 (entry (c, s) = 4 heads as two half2; rows of 256 B, NS = 16
 // uses half a row) | vsl [256][16] uint2 | sq [4][D] f32 | ps [kNW][8][kPRow] half.
-template <int NS, int D>
-__global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams p) {
-  constexpr int kNW = kLutWarps;
+// kVPer: value codebooks per sub-space (the default calibration granularity): vsl is replaced by
+// the D/4 books [D/4][256] uint2 as they are (no bank-sliced copies: 32x the bytes); lane (g, t)
+// reads the book of its sub-space g*VU + u, so the gathers are no longer conflict-free (random
+// codes: ~3 wavefronts per half-warp instead of 1).
+// NW: warps per block (16; 8 at head_dim 256, whose value accumulators and code words need ~2x
+// the registers). NS = 64 (head_dim 256, d4 keys): the LUT is two 64 KiB halves, sub-spaces
+// 0..31 and 32..63, each laid out as for NS = 32 (lookups add the half's offset).
+template <int NS, int D, bool kPaged = false, bool kVPer = false, int NW = kLutWarps>
+__global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
+  constexpr int kNW = NW;
   constexpr int kThreads = 32 * kNW;
   constexpr int MT = D / 16;  // m-tiles of the value mma
   constexpr int VU = D / 32;  // 4-dim groups (value sub-spaces) per lane
   constexpr int NW4 = NS / 4; // key code words per token
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kLutBytes = 256 * 256;
+  constexpr int kLutBytes = 256 * 256 * (NS > 32 ? 2 : 1);
+  constexpr int VWN = VU > 4 ? 2 : 1;  // value code words per lane and token
+  constexpr int kVBytes = kVPer ? (D / 4) * 256 * 8 : 256 * 16 * 8;
   uint2* vsl = reinterpret_cast<uint2*>(smem + kLutBytes);
-  float* sq = reinterpret_cast<float*>(smem + kLutBytes + 256 * 16 * 8);
+  float* sq = reinterpret_cast<float*>(smem + kLutBytes + kVBytes);
   __half* ps_all = reinterpret_cast<__half*>(sq + kH * D);
 
   const int split = blockIdx.x;
   const int kh = blockIdx.y / ((p.group + kH - 1) / kH), ht4 = blockIdx.y % ((p.group + kH - 1) / kH);
   const int b = blockIdx.z;
-  const int len = p.n_coded[b];
-  const int tok_begin = split * p.chunk;
-  if (tok_begin >= len) return;  // the merge kernel reads only splits that hold tokens
-  const int tok_end = min(len, tok_begin + p.chunk);
+  int tok_begin, tok_end, lo = 0;
+  const uint8_t* const* tab = nullptr;
+  if constexpr (kPaged) {
+    if (p.row_skip && p.row_skip[b]) return;
+    if (!detail::coded_split_tokens(p, b, split, detail::kLutAlign, detail::kLutChunkAlign, detail::kLutMinChunk, tok_begin, tok_end, lo,
+                                    tab))
+      return;  // the merge kernel reads only splits that hold tokens
+  } else {
+    const int len = p.n_coded[b];
+    tok_begin = split * p.chunk;
+    if (tok_begin >= len) return;  // the merge kernel reads only splits that hold tokens
+    tok_end = min(len, tok_begin + p.chunk);
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 
@@ -92,7 +119,10 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
     sq[i] = qh < p.group ? p.q[(int64_t(b) * p.n_q_heads + int64_t(kh) * p.group + qh) * D + d] * kLog2e : 0.f;
   }
   // ---- value book, 16 bank-sliced copies: vsl[c*16 + j] = centroid c (loads batched) ----
-  {
+  if constexpr (kVPer) {  // the sub-spaces' books as they are: vsl[u*256 + c]
+    const uint4* vb = reinterpret_cast<const uint4*>(p.v_book + size_t(kh) * (D / 4) * 256 * 4);
+    for (int i = threadIdx.x; i < (D / 4) * 256 / 2; i += kThreads) reinterpret_cast<uint4*>(vsl)[i] = __ldg(vb + i);
+  } else {
     const uint2* vb = reinterpret_cast<const uint2*>(p.v_book + size_t(kh) * 256 * 4);
     constexpr int VPT = (256 * 16 + kThreads - 1) / kThreads;
     constexpr bool exact = VPT * kThreads == 256 * 16;
@@ -114,6 +144,7 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
     constexpr int CSTEP = kThreads / NS;
     constexpr int PASSES = 256 / CSTEP;
     static_assert(PASSES * CSTEP == 256, "whole passes over the 256 codes");
+    constexpr int PB = PASSES < 16 ? PASSES : 16;  // passes whose centroid loads are in flight together
     const int s = threadIdx.x % NS, c0 = threadIdx.x / NS;
     const __half* kb = p.k_book + (size_t(kh) * p.kbooks + (p.kbooks > 1 ? s : 0)) * 256 * KD;
     float qr[kH][KD];
@@ -121,10 +152,13 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
     for (int h = 0; h < kH; ++h)
 #pragma unroll
       for (int j = 0; j < KD; ++j) qr[h][j] = sq[h * D + s * KD + j];
-    uint32_t cw[PASSES][KD / 2];
+    uint2* lut16 = reinterpret_cast<uint2*>(smem) + (s >> 5) * 8192;  // the half of sub-space s
+#pragma unroll 1
+    for (int k0 = 0; k0 < PASSES; k0 += PB) {
+    uint32_t cw[PB][KD / 2];
 #pragma unroll
-    for (int k = 0; k < PASSES; ++k) {
-      const uint32_t* cent = reinterpret_cast<const uint32_t*>(kb + size_t(c0 + k * CSTEP) * KD);
+    for (int k = 0; k < PB; ++k) {
+      const uint32_t* cent = reinterpret_cast<const uint32_t*>(kb + size_t(c0 + (k0 + k) * CSTEP) * KD);
       if constexpr (KD == 2) {
         cw[k][0] = __ldg(cent);
       } else if constexpr (KD == 4) {
@@ -135,9 +169,8 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
         cw[k][0] = x.x, cw[k][1] = x.y, cw[k][2] = x.z, cw[k][3] = x.w;
       }
     }
-    uint2* lut16 = reinterpret_cast<uint2*>(smem);
 #pragma unroll
-    for (int k = 0; k < PASSES; ++k) {
+    for (int k = 0; k < PB; ++k) {
       float acc[kH] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < KD / 2; ++j) {
@@ -146,16 +179,21 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
         for (int h = 0; h < kH; ++h) acc[h] = fmaf(qr[h][2 * j], cv.x, fmaf(qr[h][2 * j + 1], cv.y, acc[h]));
       }
       const __half2 h01 = __floats2half2_rn(acc[0], acc[1]), h23 = __floats2half2_rn(acc[2], acc[3]);
-      lut16[(c0 + k * CSTEP) * 32 + s] =
+      lut16[(c0 + (k0 + k) * CSTEP) * 32 + (s & 31)] =
           make_uint2(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23));
+    }
     }
   }
   __half* ps = ps_all + warp * 8 * kPRow;
   for (int i = lane; i < 8 * kPRow; i += 32) ps[i] = __float2half_rn(0.f);  // heads 4..7 stay 0
   __syncthreads();
 
-  const uint8_t* kbase = p.k_codes[b] + int64_t(kh) * p.code_head_stride * p.kcb;
-  const uint8_t* vbase = p.v_codes[b] + int64_t(kh) * p.code_head_stride * p.vcb;
+  const uint8_t* kbase = nullptr;
+  const uint8_t* vbase = nullptr;
+  if constexpr (!kPaged) {
+    kbase = p.k_codes[b] + int64_t(kh) * p.code_head_stride * p.kcb;
+    vbase = p.v_codes[b] + int64_t(kh) * p.code_head_stride * p.vcb;
+  }
   const int n_groups = (tok_end - tok_begin + 31) / 32;
   const int kcb = p.kcb, vcb = p.vcb;
 
@@ -172,11 +210,23 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   const int vword_off = (g * VU) & ~3, vbyte0 = (g * VU) & 3;
 
   // Key and value codes of group gi (loaded one group ahead of their use).
-  auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4]) {
+  auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4][VWN]) {
     const int tok0 = tok_begin + gi * 32;
     const int tok = tok0 + lane;
-    if (tok < tok_end) {
-      const uint4* src = reinterpret_cast<const uint4*>(kbase + int64_t(tok) * kcb);
+    // Rows of token tok0 + i: key kb + i*kcb, value vb + i*vcb (the group lies in one block).
+    const uint8_t* kb;
+    const uint8_t* vb;
+    if constexpr (kPaged) {
+      const uint8_t* blk = tab[tok0 >> p.lb];
+      const int64_t row0 = (int64_t(kh) << p.lb) + (tok0 & ((1 << p.lb) - 1));
+      kb = blk + row0 * kcb;
+      vb = blk + p.keys_bytes + row0 * vcb;
+    } else {
+      kb = kbase + int64_t(tok0) * kcb;
+      vb = vbase + int64_t(tok0) * vcb;
+    }
+    if (tok < tok_end && tok >= lo) {
+      const uint4* src = reinterpret_cast<const uint4*>(kb + int64_t(lane) * kcb);
 #pragma unroll
       for (int j = 0; j < NW4 / 4; ++j) {
         const uint4 x = __ldg(src + j);
@@ -191,7 +241,16 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int vt = tok0 + 16 * ks + 2 * t + (s & 1) + (s >> 1) * 8;
-        vw[ks][s] = vt < tok_end ? __ldg(reinterpret_cast<const uint32_t*>(vbase + int64_t(vt) * vcb + vword_off)) : 0u;
+        if constexpr (VWN == 2) {
+          const uint2 x = vt < tok_end && vt >= lo
+                              ? __ldg(reinterpret_cast<const uint2*>(vb + int64_t(vt - tok0) * vcb + vword_off))
+                              : make_uint2(0u, 0u);
+          vw[ks][s][0] = x.x, vw[ks][s][1] = x.y;
+        } else {
+          vw[ks][s][0] = vt < tok_end && vt >= lo
+                             ? __ldg(reinterpret_cast<const uint32_t*>(vb + int64_t(vt - tok0) * vcb + vword_off))
+                             : 0u;
+        }
       }
   };
 
@@ -202,10 +261,10 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) oc[mt][0] = oc[mt][1] = oc[mt][2] = oc[mt][3] = 0.f;
 
-  uint32_t kw[NW4], vw[2][4];
+  uint32_t kw[NW4], vw[2][4][VWN];
   if (warp < n_groups) load_codes(warp, kw, vw);
   for (int gi = warp; gi < n_groups; gi += kNW) {
-    uint32_t kwn[NW4], vwn[2][4];
+    uint32_t kwn[NW4], vwn[2][4][VWN];
     const bool more = gi + kNW < n_groups;
     if (more) load_codes(gi + kNW, kwn, vwn);
 
@@ -219,10 +278,10 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
       for (int j = 0; j < NW4; ++j) kp[j] = swap_quads ? kt[j ^ 2] : kt[j];
 #pragma unroll
       for (int i = 0; i < NS; i += 2) {
-        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]) | (l8 ^ uint32_t(i << 3));
-        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, sel[(i + 1) & 3]) | (l8 ^ uint32_t((i + 1) << 3));
-        const uint2 e0 = *reinterpret_cast<const uint2*>(lutb + o0);
-        const uint2 e1 = *reinterpret_cast<const uint2*>(lutb + o1);
+        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]) | (l8 ^ uint32_t((i & 31) << 3));
+        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, sel[(i + 1) & 3]) | (l8 ^ uint32_t(((i + 1) & 31) << 3));
+        const uint2 e0 = *reinterpret_cast<const uint2*>(lutb + (i >> 5) * 65536 + o0);
+        const uint2 e1 = *reinterpret_cast<const uint2*>(lutb + ((i + 1) >> 5) * 65536 + o1);
         // two terms summed in fp16, then accumulated in fp32
         const float2 f01 = __half22float2(__hadd2(*reinterpret_cast<const __half2*>(&e0.x),
                                                   *reinterpret_cast<const __half2*>(&e1.x)));
@@ -232,7 +291,7 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
       }
     }
     const int tok0 = tok_begin + gi * 32;
-    if (tok0 + lane >= tok_end) sc[0] = sc[1] = sc[2] = sc[3] = -INFINITY;
+    if (tok0 + lane >= tok_end || tok0 + lane < lo) sc[0] = sc[1] = sc[2] = sc[3] = -INFINITY;
 
     // ---- online softmax (base 2); rescale only when a running max grows (warp-uniform) ----
     // The reference max may lag the true one by up to kSlack (P <= 2^kSlack, safe in fp16 and in
@@ -279,21 +338,26 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
     for (int ks = 0; ks < 2; ++ks) {
       const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(ps + g * kPRow + 16 * ks + 2 * t);
       const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(ps + g * kPRow + 16 * ks + 2 * t + 8);
+      constexpr int UB = VU < 4 ? VU : 4;  // value sub-spaces gathered per batch (registers)
+#pragma unroll
+      for (int u0 = 0; u0 < VU; u0 += UB) {
       uint2 xv[4][VU];
 #pragma unroll
       for (int s = 0; s < 4; ++s)
 #pragma unroll
-        for (int u = 0; u < VU; ++u) {
-          const uint32_t c = (vw[ks][s] >> (8 * (vbyte0 + u))) & 0xffu;
-          xv[s][u] = vsl[c * 16 + (lane & 15)];
+        for (int u = u0; u < u0 + UB; ++u) {
+          const uint32_t c = (vw[ks][s][(vbyte0 + u) >> 2] >> (8 * ((vbyte0 + u) & 3))) & 0xffu;
+          if constexpr (kVPer) xv[s][u] = vsl[(g * VU + u) * 256 + c];
+          else xv[s][u] = vsl[c * 16 + (lane & 15)];
         }
 #pragma unroll
-      for (int u = 0; u < VU; ++u) {
+      for (int u = u0; u < u0 + UB; ++u) {
         mma16816(oc[2 * u], __byte_perm(xv[0][u].x, xv[1][u].x, 0x5410), __byte_perm(xv[0][u].x, xv[1][u].x, 0x7632),
                  __byte_perm(xv[2][u].x, xv[3][u].x, 0x5410), __byte_perm(xv[2][u].x, xv[3][u].x, 0x7632), pb0, pb1);
         mma16816(oc[2 * u + 1], __byte_perm(xv[0][u].y, xv[1][u].y, 0x5410),
                  __byte_perm(xv[0][u].y, xv[1][u].y, 0x7632), __byte_perm(xv[2][u].y, xv[3][u].y, 0x5410),
                  __byte_perm(xv[2][u].y, xv[3][u].y, 0x7632), pb0, pb1);
+      }
       }
     }
     __syncwarp();  // the P tile is rewritten next iteration
@@ -304,7 +368,9 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
-        for (int s = 0; s < 4; ++s) vw[ks][s] = vwn[ks][s];
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+          for (int j = 0; j < VWN; ++j) vw[ks][s][j] = vwn[ks][s][j];
     }
   }
 
@@ -370,14 +436,16 @@ __global__ void __launch_bounds__(32 * kLutWarps, 1) lut_split_kernel(LutParams 
   }
 }
 
-template <int NS, int D>
+template <int NS, int D, bool kPaged = false, bool kVPer = false>
 void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
+  constexpr int NW = lut_warps(D);
   static bool attr_set = false;  // one size per instantiation: set once
   if (!attr_set) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, kPaged, kVPer, NW>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
-  lut_split_kernel<NS, D><<<grid, 32 * kLutWarps, smem, st>>>(lp);
+  lut_split_kernel<NS, D, kPaged, kVPer, NW><<<grid, 32 * NW, smem, st>>>(lp);
   VQ_CUDA_LAUNCHED("lut_split_kernel");
 }
 
@@ -385,40 +453,95 @@ void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
 
 bool lut_kernel_supported(const PQAttnBatchArgs& a) {
   const int ns = a.k_sub_dim > 0 ? a.head_dim / a.k_sub_dim : 0;
-  return (a.head_dim == 64 || a.head_dim == 128) && a.k_bits == 8 && (ns == 16 || ns == 32) && a.v_bits == 8 &&
-         a.v_sub_dim == 4 && !a.v_per_subspace;
+  if (a.k_bits != 8 || a.v_bits != 8 || a.v_sub_dim != 4) return false;
+  if (a.head_dim == 64 || a.head_dim == 128) return ns == 16 || ns == 32;
+  // head_dim 256: shared value books only (per-sub-space ones would need 128 KiB of shared memory
+  // beside the 128 KiB LUT of d4 keys).
+  return a.head_dim == 256 && (ns == 32 || ns == 64) && !a.v_per_subspace;
 }
 
 size_t lut_kernel_smem(const PQAttnBatchArgs& a) {
-  return size_t(256) * 256 + 256 * 16 * 8 + size_t(kH) * a.head_dim * 4 + size_t(kLutWarps) * 8 * kPRow * 2;
+  const int ns = a.k_sub_dim > 0 ? a.head_dim / a.k_sub_dim : 0;
+  const size_t vbytes = a.v_per_subspace ? size_t(a.head_dim / 4) * 256 * 8 : size_t(256) * 16 * 8;
+  return size_t(256) * 256 * (ns > 32 ? 2 : 1) + vbytes + size_t(kH) * a.head_dim * 4 +
+         size_t(lut_warps(a.head_dim)) * 8 * kPRow * 2;
 }
 
-void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part, cudaStream_t st) {
-  LutParams lp{};
+namespace {
+
+// The kernel arguments both modes share; grid (n_splits, n_kv_heads * ceil(group/4), rows).
+template <bool kPaged>
+void launch_lut(const PQAttnBatchArgs& a, LutParams lp, int n_splits, cudaStream_t st) {
   lp.n_kv_heads = a.n_kv_heads;
   lp.group = a.group;
-  lp.head_tiles8 = head_tiles8;
   lp.n_q_heads = a.n_kv_heads * a.group;
   lp.kd = a.k_sub_dim;
   lp.kbooks = a.k_per_subspace ? a.head_dim / a.k_sub_dim : 1;
   lp.kcb = int(code_row_bytes(a.head_dim / a.k_sub_dim, 8));
   lp.vcb = int(code_row_bytes(a.head_dim / 4, 8));
   lp.q = a.q_code;
+  lp.k_book = reinterpret_cast<const __half*>(a.k_book);
+  lp.v_book = reinterpret_cast<const __half*>(a.v_book);
+  lp.n_splits = n_splits;
+  const int tiles4 = (a.group + kH - 1) / kH;
+  VQ_CHECK(a.n_kv_heads * tiles4 <= 65535, "cuda::pq_attention: grid too large");
+  const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
+  const size_t smem = lut_kernel_smem(a);
+  const int ns = a.head_dim / a.k_sub_dim;
+  if (a.head_dim == 256) {
+    ns == 64 ? launch<64, 256, kPaged>(lp, grid, smem, st) : launch<32, 256, kPaged>(lp, grid, smem, st);
+  } else if (a.v_per_subspace) {
+    if (a.head_dim == 128)
+      ns == 32 ? launch<32, 128, kPaged, true>(lp, grid, smem, st) : launch<16, 128, kPaged, true>(lp, grid, smem, st);
+    else ns == 32 ? launch<32, 64, kPaged, true>(lp, grid, smem, st) : launch<16, 64, kPaged, true>(lp, grid, smem, st);
+  } else {
+    if (a.head_dim == 128) ns == 32 ? launch<32, 128, kPaged>(lp, grid, smem, st) : launch<16, 128, kPaged>(lp, grid, smem, st);
+    else ns == 32 ? launch<32, 64, kPaged>(lp, grid, smem, st) : launch<16, 64, kPaged>(lp, grid, smem, st);
+  }
+}
+
+// The LUT arguments of a paged call (the shapes and the query pointers).
+PQAttnBatchArgs batch_args_of(const PagedAttnParams& a) {
+  PQAttnBatchArgs b{};
+  b.rows = a.rows, b.n_kv_heads = a.n_kv_heads, b.group = a.group, b.head_dim = a.head_dim;
+  b.k_sub_dim = a.k_sub_dim, b.k_bits = a.k_bits, b.k_per_subspace = a.k_per_subspace;
+  b.v_sub_dim = a.v_sub_dim, b.v_bits = a.v_bits, b.v_per_subspace = a.v_per_subspace;
+  b.q_code = a.q_code, b.k_book = a.k_book, b.v_book = a.v_book;
+  return b;
+}
+
+}  // namespace
+
+void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part, cudaStream_t st) {
+  LutParams lp{};
+  lp.head_tiles8 = head_tiles8;
   lp.k_codes = a.k_codes;
   lp.v_codes = a.v_codes;
   lp.n_coded = a.n_coded;
   lp.code_head_stride = a.code_head_stride;
-  lp.k_book = reinterpret_cast<const __half*>(a.k_book);
-  lp.v_book = reinterpret_cast<const __half*>(a.v_book);
   lp.chunk = chunk;
-  lp.n_splits = n_splits;
   lp.part = part;
-  const int tiles4 = (a.group + kH - 1) / kH;
-  const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
-  const size_t smem = lut_kernel_smem(a);
-  const int ns = a.head_dim / a.k_sub_dim;
-  if (a.head_dim == 128) ns == 32 ? launch<32, 128>(lp, grid, smem, st) : launch<16, 128>(lp, grid, smem, st);
-  else ns == 32 ? launch<32, 64>(lp, grid, smem, st) : launch<16, 64>(lp, grid, smem, st);
+  launch_lut<false>(a, lp, n_splits, st);
+}
+
+bool lut_kernel_supported_paged(const PagedAttnParams& a) {
+  return lut_kernel_supported(batch_args_of(a)) && a.rule.block_tokens >= 32;
+}
+
+void launch_lut_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st) {
+  LutParams lp{};
+  lp.head_tiles8 = (a.group + 7) / 8;
+  lp.part = part;
+  lp.tables = a.coded_tables;
+  lp.row_table = a.row_table;
+  lp.row_skip = a.row_skip;
+  lp.pos = a.pos;
+  lp.rule = a.rule;
+  int lb = 0;
+  while ((1 << lb) < a.rule.block_tokens) ++lb;
+  lp.lb = lb;
+  lp.keys_bytes = int64_t(a.n_kv_heads) * a.rule.block_tokens * int64_t(code_row_bytes(a.head_dim / a.k_sub_dim, 8));
+  launch_lut<true>(batch_args_of(a), lp, a.coded_splits, st);
 }
 
 }  // namespace vq::cuda::detail

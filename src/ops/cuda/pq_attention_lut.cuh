@@ -6,15 +6,19 @@
 
 #include <cstdint>
 
+#include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/pq_attention_cuda.h"
 
 namespace vq::cuda::detail {
 
 constexpr int kLutWarps = 16;                      // warps per block (1 block per SM: the LUT is large)
 constexpr int kLutTokensPerIter = 32 * kLutWarps;  // tokens a block consumes per loop iteration
+// Warps of the shipped LUT kernel per head_dim: 8 at 256 (registers), else 16.
+constexpr int lut_warps(int head_dim) { return head_dim > 128 ? 8 : kLutWarps; }
 
 // True when the LUT kernel takes these shapes: 8-bit key codes with head_dim/k_sub_dim in
-// {16, 32}; values d4 with 8-bit codes and one shared book; head_dim 64 or 128.
+// {16, 32}; values d4 with 8-bit codes (shared or per-sub-space books); head_dim 64 or 128; and
+// head_dim 256 with head_dim/k_sub_dim in {32, 64} and shared value books.
 bool lut_kernel_supported(const PQAttnBatchArgs& a);
 // Dynamic shared memory of one block.
 size_t lut_kernel_smem(const PQAttnBatchArgs& a);
@@ -28,5 +32,15 @@ void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int 
 using SplitLauncher = void (*)(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part,
                                cudaStream_t st);
 void pq_attention_device_with_split(const PQAttnBatchArgs& a, SplitLauncher split, void* stream = nullptr);
+
+// The paged modes of the split kernels (paged_attention.cu): grid (a.coded_splits, heads x tiles,
+// a.rows); part: [rows, n_kv_heads, ceil(group/8), coded_splits][2*8 + 8*D].
+void launch_lut_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st);
+void launch_gather_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st);
+// The tensor-core prefill kernel over the tiles (paged_prefill.cu).
+void launch_prefill(const PagedAttnParams& a, cudaStream_t st);
+int prefill_positions_per_tile(int group);
+// Whether the LUT kernel takes these presets (lut_kernel_supported for the paged arguments).
+bool lut_kernel_supported_paged(const PagedAttnParams& a);
 
 }  // namespace vq::cuda::detail

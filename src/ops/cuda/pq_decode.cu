@@ -9,9 +9,21 @@
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
 #include "ops/cuda/pq.h"
+#include "ops/cuda/pq_decode.cuh"
+#include "ops/cuda/stream_cuda.h"
 
 namespace vq::cuda {
 namespace {
+
+// The vectorised kernel's shipped configuration (bench/cuda/pq_decode_variants.cu times the others).
+// Runs 15-16 (BENCHMARKS.md (c)): 4 chunks per thread, streaming stores; shared books ~16 blocks
+// per SM; per-sub-space books: row groups of 4 chunks (a block stages only their 8 or 4 books, 16 or
+// 8 KiB) and ~2 blocks per SM in total (more blocks re-stage the books more often: measured slower).
+constexpr int kDecItems = 4;
+constexpr bool kDecStream = true;
+constexpr int kDecWavesShared = 16;
+constexpr int kDecWavesPer = 2;
+constexpr int kDecGroupChunks = 4;
 
 __global__ void pq_decode_kernel(int64_t total, int n_sub, int DS, int K, int books, const uint16_t* codes,
                                  const float* codebooks, float* out) {
@@ -94,6 +106,20 @@ void decode_codes_device(const CodeDecodeArgs& a, void* stream) {
   const int n_sub = a.head_dim / a.sub_dim;
   const int64_t total = a.n_tokens * n_sub;
   if (total == 0) return;
+  if (detail::decode_codes_vec_ok(a)) {
+    const cudaStream_t s = as_stream(stream);
+    const bool bf = a.out_type == ElemType::bf16;
+    const int w = a.per_subspace ? kDecWavesPer : kDecWavesShared, gc = kDecGroupChunks;
+    if (a.sub_dim == 4) {
+      if (bf) detail::launch_decode_vec<4, true, kDecItems, kDecStream>(a, w, s, gc);
+      else detail::launch_decode_vec<4, false, kDecItems, kDecStream>(a, w, s, gc);
+    } else {
+      if (bf) detail::launch_decode_vec<8, true, kDecItems, kDecStream>(a, w, s, gc);
+      else detail::launch_decode_vec<8, false, kDecItems, kDecStream>(a, w, s, gc);
+    }
+    VQ_CUDA_LAUNCHED("decode_codes_vec_kernel");
+    return;
+  }
   const int type = a.out_type == ElemType::f32 ? 0 : a.out_type == ElemType::f16 ? 1 : 2;
   decode_codes_kernel<<<dim3(grid_for(total, 256), unsigned(a.n_heads)), 256, 0, as_stream(stream)>>>(
       a, n_sub, 1 << a.bits, a.per_subspace ? n_sub : 1, type);

@@ -17,6 +17,9 @@
 
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
+#include "ops/cuda/hadamard.cuh"
+#include "ops/cuda/kv_blocks_cuda.h"
+#include "ops/cuda/stream_cuda.h"
 #include "ops/cuda/pq.h"
 
 namespace vq::cuda {
@@ -39,7 +42,24 @@ struct EncodeParams {
   uint8_t* packed;                        // packed output, or null
   int bits, row_bytes;
   int64_t code_head_stride, code_token_stride;
+  int64_t x_elem_stride;  // elements between the channels of a vector (1; B for channel-major pool keys)
+  // Batched over KV pool blocks: job z = blockIdx.z (< *n_jobs) reads x at jobs[z].dense +
+  // x_job_offset bytes and writes packed rows at jobs[z].coded + code_job_offset bytes.
+  const BlockEncodeJob* jobs;
+  const int* n_jobs;
+  int64_t x_job_offset, code_job_offset;
+  int grid_jobs;  // grid z: max_jobs in the batched mode, else 1
 };
+
+// The job's view of the arguments (unchanged outside the batched mode); false: no such job.
+__device__ __forceinline__ bool job_params(EncodeParams& p) {
+  if (!p.jobs) return true;
+  const int z = blockIdx.z;
+  if (z >= *p.n_jobs) return false;
+  p.x = p.jobs[z].dense + p.x_job_offset;
+  p.packed = p.jobs[z].coded + p.code_job_offset;
+  return true;
+}
 
 __device__ __forceinline__ float load_elem(const void* p, int64_t i, int elem) {
   if (elem == 0) return static_cast<const float*>(p)[i];
@@ -59,38 +79,11 @@ __device__ void transform_rows_warp(const EncodeParams& p, int h, int64_t t0, in
     for (int i = 0; i < 8; ++i)
       if (i < epl) {
         const int e = lane + 32 * i;
-        float x = load_elem(p.x, base + e, p.elem);
+        float x = load_elem(p.x, base + e * p.x_elem_stride, p.elem);
         if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + e];
         v[i] = x;
       }
-    if (p.hblock) {
-      // Stages with partner distance < 32: across lanes (same i).
-      for (int hh = 1; hh < 32 && hh < p.hblock; hh <<= 1) {
-        const bool upper = lane & hh;
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (i < epl) {
-            const float o = __shfl_xor_sync(0xffffffffu, v[i], hh);
-            v[i] = upper ? (o - v[i]) : (v[i] + o);
-          }
-      }
-      // Stages with distance >= 32: within the lane (i and i ^ hh/32).
-      for (int hh = 32; hh < p.hblock; hh <<= 1) {
-        const int m = hh >> 5;
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (i < epl && !(i & m)) {
-            // partner index i|m is > i; both < epl since epl is a multiple of 2m here
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              if (j == (i | m)) {
-                const float a = v[i], b = v[j];
-                v[i] = a + b;
-                v[j] = a - b;
-              }
-          }
-      }
-    }
+    if (p.hblock) detail::fwht_warp(v, epl, p.hblock, lane);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
       if (i < epl) s_x[r * ldx + lane + 32 * i] = v[i] * scale;
@@ -102,16 +95,18 @@ __device__ void load_rows_plain(const EncodeParams& p, int h, int64_t t0, int tt
   const int n = tt * p.head_dim;
   for (int i = threadIdx.x; i < n; i += kThreads) {
     const int r = i / p.head_dim, e = i - r * p.head_dim;
-    float x = load_elem(p.x, (t0 + r) * p.x_token_stride + int64_t(h) * p.x_head_stride + e, p.elem);
+    float x = load_elem(p.x, (t0 + r) * p.x_token_stride + int64_t(h) * p.x_head_stride + e * p.x_elem_stride, p.elem);
     if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + e];
     s_x[r * ldx + e] = x;
   }
 }
 
 template <int DS, int R>
-__global__ void __launch_bounds__(kThreads) encode_kernel(EncodeParams p) {
+__global__ void __launch_bounds__(kThreads) encode_kernel(EncodeParams p0) {
   constexpr int TT = 32 * R;
   extern __shared__ __align__(16) float smem[];
+  EncodeParams p = p0;
+  if (!job_params(p)) return;
   const int h = blockIdx.y;
   const int64_t t0 = int64_t(blockIdx.x) * TT;
   const int tt = int(p.n_tokens - t0 < TT ? p.n_tokens - t0 : TT);
@@ -212,25 +207,56 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(EncodeParams p) {
 
 // Generic fallback (any sub_dim, codebooks too large for shared memory): one thread per
 // row (token, head), direct sum of squared differences, codebook read through the L1 cache.
-// Transforms are not supported here (the host routes those to the fast kernel or throws).
-__global__ void encode_generic_kernel(EncodeParams p, int DS) {
+// With the Hadamard rotation (head_dim <= 256) the row is transformed in the thread first.
+__global__ void encode_generic_kernel(EncodeParams p0, int DS) {
+  EncodeParams p = p0;
+  if (!job_params(p)) return;
   const int h = blockIdx.y;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < p.n_tokens;
        t += int64_t(gridDim.x) * blockDim.x) {
     uint8_t* row = p.packed ? p.packed + int64_t(h) * p.code_head_stride + t * p.code_token_stride : nullptr;
+    const int64_t xrow = t * p.x_token_stride + int64_t(h) * p.x_head_stride;
+    float xt[256];  // the transformed row (hblock > 0 only)
+    if (p.hblock) {
+      for (int e = 0; e < p.head_dim; ++e) {
+        float x = load_elem(p.x, xrow + e * p.x_elem_stride, p.elem);
+        if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + e];
+        xt[e] = x;
+      }
+      // Same butterfly order as vq::fwht_inplace.
+      for (int base = 0; base < p.head_dim; base += p.hblock)
+        for (int hh = 1; hh < p.hblock; hh <<= 1)
+          for (int i = 0; i < p.hblock; i += 2 * hh)
+            for (int j = i; j < i + hh; ++j) {
+              const float a = xt[base + j], b = xt[base + j + hh];
+              xt[base + j] = a + b;
+              xt[base + j + hh] = a - b;
+            }
+      const float sc = 1.0f / sqrtf(float(p.hblock));
+      for (int e = 0; e < p.head_dim; ++e) xt[e] *= sc;
+    }
     uint32_t acc_bits = 0;  // pending packed bits, LSB-first
     int n_pending = 0, out_byte = 0;
     for (int sub = 0; sub < p.n_sub; ++sub) {
       const float* book = p.codebooks + (int64_t(h) * p.books + (p.books > 1 ? sub : 0)) * p.K * DS;
-      const int64_t xb = t * p.x_token_stride + int64_t(h) * p.x_head_stride + int64_t(sub) * DS;
+      float xs[16];
+      for (int e = 0; e < DS; ++e) {
+        const int ch = sub * DS + e;
+        float x;
+        if (p.hblock) {
+          x = xt[ch];
+        } else {
+          x = load_elem(p.x, xrow + int64_t(ch) * p.x_elem_stride, p.elem);
+          if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + ch];
+        }
+        xs[e] = x;
+      }
       float best = INFINITY;
       int bc = 0;
       for (int c = 0; c < p.K; ++c) {
         float acc = 0.0f;
         for (int e = 0; e < DS; ++e) {
-          float x = load_elem(p.x, xb + e, p.elem);
-          if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + sub * DS + e];
-          const float d = x - __ldg(book + int64_t(c) * DS + e);
+          const float d = xs[e] - __ldg(book + int64_t(c) * DS + e);
           acc = fmaf(d, d, acc);
         }
         if (acc < best) best = acc, bc = c;
@@ -277,29 +303,20 @@ bool try_launch(const EncodeParams& p, cudaStream_t st) {
     VQ_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = smem;
   }
-  const dim3 grid(unsigned((p.n_tokens + 32 * R - 1) / (32 * R)), unsigned(p.n_heads));
+  const dim3 grid(unsigned((p.n_tokens + 32 * R - 1) / (32 * R)), unsigned(p.n_heads), unsigned(p.grid_jobs));
   k<<<grid, kThreads, smem, st>>>(p);
   VQ_CUDA_LAUNCHED("encode_kernel");
   return true;
-}
-
-int sm_count() {
-  static int v = [] {
-    int dev = 0, n = 0;
-    VQ_CUDA_CHECK(cudaGetDevice(&dev));
-    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  }();
-  return v;
 }
 
 // R = 8 sub-vectors per thread amortises centroid loads best, but only when it still gives
 // two blocks per SM; otherwise R = 4 (more, smaller blocks), then 2 (shared memory).
 template <int DS>
 bool try_fast(const EncodeParams& p, cudaStream_t st) {
+  if (p.jobs && p.n_tokens <= 32) return try_launch<DS, 1>(p, st);  // pool blocks of 32 tokens
   if constexpr (DS <= 8) {
     const int64_t blocks8 = (p.n_tokens + 255) / 256 * p.n_heads;
-    if (blocks8 >= 2 * sm_count() && try_launch<DS, 8>(p, st)) return true;
+    if (blocks8 >= 2 * device_sm_count() && try_launch<DS, 8>(p, st)) return true;
   }
   if (try_launch<DS, 4>(p, st)) return true;
   return try_launch<DS, 2>(p, st);
@@ -315,12 +332,15 @@ void launch_encode(EncodeParams p, int DS, cudaStream_t st) {
   else if (DS == 8) done = try_fast<8>(p, st);
   else if (DS == 16) done = try_fast<16>(p, st);
   if (done) return;
-  VQ_CHECK(p.hblock == 0,
+  VQ_CHECK(p.hblock == 0 || p.head_dim <= 256,
            "CUDA fused encode: head_dim {} / sub_dim {} / {} centroids with the Hadamard rotation does not fit "
-           "the fast kernel (sub_dim must be 4, 8 or 16 and the codebooks must fit in shared memory)",
+           "the fast kernel (sub_dim must be 4, 8 or 16 and the codebooks must fit in shared memory) and the "
+           "generic kernel takes head_dim <= 256",
            p.head_dim, DS, p.K);
-  const unsigned blocks = unsigned(std::min<int64_t>((p.n_tokens + 127) / 128, 65535));
-  encode_generic_kernel<<<dim3(blocks, unsigned(p.n_heads)), 128, 0, st>>>(p, DS);
+  VQ_CHECK(DS <= 16, "CUDA pq encode: sub_dim {} > 16", DS);
+  const int threads = p.jobs ? 32 : 128;
+  const unsigned blocks = unsigned(std::min<int64_t>((p.n_tokens + threads - 1) / threads, 65535));
+  encode_generic_kernel<<<dim3(blocks, unsigned(p.n_heads), unsigned(p.grid_jobs)), threads, 0, st>>>(p, DS);
   VQ_CUDA_LAUNCHED("encode_generic_kernel");
 }
 
@@ -339,6 +359,8 @@ void pq_encode_device(const PQShape& s, const float* x, const float* codebooks, 
   p.x = x;
   p.x_token_stride = p.head_dim;
   p.x_head_stride = 0;
+  p.x_elem_stride = 1;
+  p.grid_jobs = 1;
   p.codebooks = codebooks;
   p.codes16 = codes;
   launch_encode(p, s.sub_dim, as_stream(stream));
@@ -367,6 +389,8 @@ void fused_encode_device(const FusedEncodeArgs& a, void* stream) {
   p.x = a.x;
   p.x_token_stride = a.x_token_stride ? a.x_token_stride : int64_t(a.n_heads) * a.head_dim;
   p.x_head_stride = a.head_dim;
+  p.x_elem_stride = 1;
+  p.grid_jobs = 1;
   p.lambda = a.lambda;
   p.hblock = hblock;
   p.codebooks = a.codebooks;
@@ -387,6 +411,59 @@ void pq_encode(const PQShape& s, const float* x, const float* codebooks, uint16_
   pq_encode_device(s, dx.as<float>(), dc.as<float>(), dout.as<uint16_t>());
   device_synchronize();
   dout.download(codes, ob);
+}
+
+void kv_encode_blocks_device(const KVEncodeParams& a, void* stream) {
+  VQ_CHECK(a.n_kv_heads >= 1 && a.n_kv_heads <= 65535 && a.block_tokens >= 16 && a.block_tokens <= 32,
+           "cuda::kv_encode_blocks: n_kv_heads {} block_tokens {} (the device pool encodes blocks of 16..32 tokens)",
+           a.n_kv_heads, a.block_tokens);
+  VQ_CHECK(a.head_dim % 32 == 0 && a.head_dim <= 256, "cuda::kv_encode_blocks: head_dim {} must be a multiple of 32 "
+           "up to 256 (Hadamard rotation)", a.head_dim);
+  VQ_CHECK(a.max_jobs >= 0 && a.max_jobs <= 65535, "cuda::kv_encode_blocks: max_jobs {} out of range", a.max_jobs);
+  if (a.max_jobs == 0) return;
+  VQ_CHECK(a.n_jobs && a.jobs && a.lambda && a.k_books && a.v_books, "cuda::kv_encode_blocks: null jobs or books");
+  const int H = a.n_kv_heads, D = a.head_dim, B = a.block_tokens;
+  for (int side = 0; side < 2; ++side) {
+    const int d = side ? a.v_sub_dim : a.k_sub_dim, bits = side ? a.v_bits : a.k_bits;
+    VQ_CHECK(d >= 1 && D % d == 0 && bits >= 1 && bits <= 16, "cuda::kv_encode_blocks: {} preset d{}b{} with head_dim {}",
+             side ? "value" : "key", d, bits, D);
+  }
+  const int krow = int(code_row_bytes(D / a.k_sub_dim, a.k_bits));
+  for (int side = 0; side < 2; ++side) {
+    EncodeParams p{};
+    p.n_tokens = B;
+    p.n_heads = H;
+    p.head_dim = D;
+    p.elem = 1;  // fp16 dense blocks
+    p.jobs = a.jobs;
+    p.n_jobs = a.n_jobs;
+    p.grid_jobs = a.max_jobs;
+    if (side == 0) {  // keys: channel-major [H][D][B]
+      p.n_sub = D / a.k_sub_dim;
+      p.K = 1 << a.k_bits;
+      p.books = a.k_per_subspace ? p.n_sub : 1;
+      p.x_token_stride = 1, p.x_head_stride = int64_t(D) * B, p.x_elem_stride = B;
+      p.x_job_offset = 0;
+      p.lambda = a.lambda;
+      p.hblock = D & -D;
+      p.codebooks = a.k_books;
+      p.bits = a.k_bits;
+      p.code_job_offset = 0;
+    } else {  // values: [H][B][D] after the keys
+      p.n_sub = D / a.v_sub_dim;
+      p.K = 1 << a.v_bits;
+      p.books = a.v_per_subspace ? p.n_sub : 1;
+      p.x_token_stride = D, p.x_head_stride = int64_t(B) * D, p.x_elem_stride = 1;
+      p.x_job_offset = int64_t(H) * D * B * 2;
+      p.codebooks = a.v_books;
+      p.bits = a.v_bits;
+      p.code_job_offset = int64_t(H) * B * krow;
+    }
+    p.row_bytes = int(code_row_bytes(p.n_sub, p.bits));
+    p.code_token_stride = p.row_bytes;
+    p.code_head_stride = int64_t(B) * p.row_bytes;
+    launch_encode(p, side ? a.v_sub_dim : a.k_sub_dim, as_stream(stream));
+  }
 }
 
 }  // namespace vq::cuda

@@ -73,7 +73,9 @@ __device__ __forceinline__ void load_tile(const MmaEncodeParams& p, int64_t tile
   }
 }
 
-template <int DS, int NT>
+// RT: row tiles of 16 sub-vectors per warp and loop iteration (2: each B fragment and |c|^2 quad
+// read from shared memory serves two independent mma + argmin chains; run 19).
+template <int DS, int NT, int RT>
 __global__ void __launch_bounds__(kMmaThreads, 4) encode_mma_kernel(MmaEncodeParams p) {
   constexpr int K = NT * 8;
   // s_b: [K][DS] half, -2c; s_n: [K] f32 |c|^2; s_bn: [K] half2 (staging for the register fragments)
@@ -103,59 +105,77 @@ __global__ void __launch_bounds__(kMmaThreads, 4) encode_mma_kernel(MmaEncodePar
   // sub_dim 4: b1 = (|c|^2 hi, lo) on the lanes t == 0, else 0.
   const int bdim = DS == 8 ? 2 * t : 2 * (t & 1);
   const uint32_t ones = t == 0 ? pack_half2(__float2half_rn(1.f), __float2half_rn(1.f)) : 0u;
-  const float zero[4] = {0.f, 0.f, 0.f, 0.f};
 
-  const int64_t n_tiles = (p.n + 15) / 16;
+  const int64_t n_tiles = (p.n + 16 * RT - 1) / (16 * RT);  // super-tiles of RT row tiles
   const int64_t warp0 = (int64_t(blockIdx.x) * kMmaThreads + threadIdx.x) >> 5;
   const int64_t n_warps = (int64_t(gridDim.x) * kMmaThreads) >> 5;
-  float2 nxt[2];
-  if (warp0 < n_tiles) load_tile<DS>(p, warp0, g, t, nxt);
+  float2 nxt[RT][2];
+  if (warp0 < n_tiles)
+#pragma unroll
+    for (int r = 0; r < RT; ++r) load_tile<DS>(p, warp0 * RT + r, g, t, nxt[r]);
   for (int64_t tile = warp0; tile < n_tiles; tile += n_warps) {
-    const float2 cur[2] = {nxt[0], nxt[1]};
-    if (tile + n_warps < n_tiles) load_tile<DS>(p, tile + n_warps, g, t, nxt);  // prefetch
-    uint32_t hi[2], lo[2];
-    split2(cur[0].x, cur[0].y, hi[0], lo[0]);
-    split2(cur[1].x, cur[1].y, hi[1], lo[1]);
-    // A fragment: a0 (row g, k 2t..), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..)
-    uint32_t a0, a1, a2, a3;
-    if constexpr (DS == 8) {
-      a0 = hi[0], a1 = hi[1], a2 = lo[0], a3 = lo[1];
-    } else {
-      a0 = t < 2 ? hi[0] : lo[0], a1 = t < 2 ? hi[1] : lo[1], a2 = ones, a3 = ones;
+    float2 cur[RT][2];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) cur[r][0] = nxt[r][0], cur[r][1] = nxt[r][1];
+    if (tile + n_warps < n_tiles)  // prefetch
+#pragma unroll
+      for (int r = 0; r < RT; ++r) load_tile<DS>(p, (tile + n_warps) * RT + r, g, t, nxt[r]);
+    // A fragments: a0 (row g, k 2t..), a1 (row g+8, k 2t..), a2 (row g, k 2t+8..), a3 (row g+8, k 2t+8..)
+    uint32_t a0[RT], a1[RT], a2[RT], a3[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      uint32_t hi[2], lo[2];
+      split2(cur[r][0].x, cur[r][0].y, hi[0], lo[0]);
+      split2(cur[r][1].x, cur[r][1].y, hi[1], lo[1]);
+      if constexpr (DS == 8) {
+        a0[r] = hi[0], a1[r] = hi[1], a2[r] = lo[0], a3[r] = lo[1];
+      } else {
+        a0[r] = t < 2 ? hi[0] : lo[0], a1[r] = t < 2 ? hi[1] : lo[1], a2[r] = ones, a3[r] = ones;
+      }
     }
-    // Running minima of spliced keys, rows g and g+8, split by column parity (two independent
-    // chains per row). The spliced index is 8j + col (compile-time, an immediate of the LOP3);
-    // the lane's 2t is OR-ed in once at the end (bits 1-2 of the index are zero until then).
-    float b0e = INFINITY, b0o = INFINITY, b1e = INFINITY, b1o = INFINITY;
+    // Running minima of spliced keys, rows g and g+8 of each row tile, split by column parity (two
+    // independent chains per row). The spliced index is 8j + col (compile-time, an immediate of the
+    // LOP3); the lane's 2t is OR-ed in once at the end (bits 1-2 of the index are zero until then).
+    float b0e[RT], b0o[RT], b1e[RT], b1o[RT];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) b0e[r] = b0o[r] = b1e[r] = b1o[r] = INFINITY;
     const uint32_t hi_mask = p.hi_mask;
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const uint32_t bc = *reinterpret_cast<const uint32_t*>(s_b + (8 * j + g) * DS + bdim);
-      float d[4];
+      float e[4];
+      uint32_t bn = 0u;
       if constexpr (DS == 8) {
         const float4 cn = s_n4[4 * j + t];
-        const float e[4] = {cn.x, cn.y, cn.z, cn.w};
-        mma_k16(d, a0, a1, a2, a3, bc, bc, e);
+        e[0] = cn.x, e[1] = cn.y, e[2] = cn.z, e[3] = cn.w;
       } else {
-        const uint32_t bn = t == 0 ? s_bn[8 * j + g] : 0u;
-        mma_k16(d, a0, a1, a2, a3, bc, bn, zero);
+        bn = t == 0 ? s_bn[8 * j + g] : 0u;
+        e[0] = e[1] = e[2] = e[3] = 0.f;
       }
-      b0e = fminf(b0e, __uint_as_float((__float_as_uint(d[0]) & hi_mask) | uint32_t(8 * j)));
-      b0o = fminf(b0o, __uint_as_float((__float_as_uint(d[1]) & hi_mask) | uint32_t(8 * j + 1)));
-      b1e = fminf(b1e, __uint_as_float((__float_as_uint(d[2]) & hi_mask) | uint32_t(8 * j)));
-      b1o = fminf(b1o, __uint_as_float((__float_as_uint(d[3]) & hi_mask) | uint32_t(8 * j + 1)));
-    }
-    float best0 = __uint_as_float(__float_as_uint(fminf(b0e, b0o)) | uint32_t(2 * t));
-    float best1 = __uint_as_float(__float_as_uint(fminf(b1e, b1o)) | uint32_t(2 * t));
 #pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      best0 = fminf(best0, __shfl_xor_sync(0xffffffffu, best0, o));
-      best1 = fminf(best1, __shfl_xor_sync(0xffffffffu, best1, o));
+      for (int r = 0; r < RT; ++r) {
+        float d[4];
+        mma_k16(d, a0[r], a1[r], a2[r], a3[r], bc, DS == 8 ? bc : bn, e);
+        b0e[r] = fminf(b0e[r], __uint_as_float((__float_as_uint(d[0]) & hi_mask) | uint32_t(8 * j)));
+        b0o[r] = fminf(b0o[r], __uint_as_float((__float_as_uint(d[1]) & hi_mask) | uint32_t(8 * j + 1)));
+        b1e[r] = fminf(b1e[r], __uint_as_float((__float_as_uint(d[2]) & hi_mask) | uint32_t(8 * j)));
+        b1o[r] = fminf(b1o[r], __uint_as_float((__float_as_uint(d[3]) & hi_mask) | uint32_t(8 * j + 1)));
+      }
     }
-    // A row whose distances are all NaN keeps +inf: code 0 (as the exact encoder).
-    const int64_t r0 = tile * 16 + g, r1 = r0 + 8;
-    if (t == 0 && r0 < p.n) p.codes[r0] = uint16_t(__float_as_uint(best0) & 0xFFu);
-    if (t == 1 && r1 < p.n) p.codes[r1] = uint16_t(__float_as_uint(best1) & 0xFFu);
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      float best0 = __uint_as_float(__float_as_uint(fminf(b0e[r], b0o[r])) | uint32_t(2 * t));
+      float best1 = __uint_as_float(__float_as_uint(fminf(b1e[r], b1o[r])) | uint32_t(2 * t));
+#pragma unroll
+      for (int o = 1; o <= 2; o <<= 1) {
+        best0 = fminf(best0, __shfl_xor_sync(0xffffffffu, best0, o));
+        best1 = fminf(best1, __shfl_xor_sync(0xffffffffu, best1, o));
+      }
+      // A row whose distances are all NaN keeps +inf: code 0 (as the exact encoder).
+      const int64_t r0 = (tile * RT + r) * 16 + g, r1 = r0 + 8;
+      if (t == 0 && r0 < p.n) p.codes[r0] = uint16_t(__float_as_uint(best0) & 0xFFu);
+      if (t == 1 && r1 < p.n) p.codes[r1] = uint16_t(__float_as_uint(best1) & 0xFFu);
+    }
   }
 }
 
@@ -170,25 +190,29 @@ int mma_blocks() {
 }
 
 template <int DS, int NT>
-void launch_nt(const MmaEncodeParams& p, cudaStream_t st) {
-  const int64_t tiles = (p.n + 15) / 16;
+void launch_nt(const MmaEncodeParams& p, int rt, cudaStream_t st) {
+  const int64_t tiles = (p.n + 16 * rt - 1) / (16 * rt);
   const int64_t need = (tiles + kMmaThreads / 32 - 1) / (kMmaThreads / 32);
   const int blocks = int(need < mma_blocks() ? need : mma_blocks());
-  encode_mma_kernel<DS, NT><<<blocks, kMmaThreads, 0, st>>>(p);
+  if (rt == 2) encode_mma_kernel<DS, NT, 2><<<blocks, kMmaThreads, 0, st>>>(p);
+  else encode_mma_kernel<DS, NT, 1><<<blocks, kMmaThreads, 0, st>>>(p);
   VQ_CUDA_LAUNCHED("encode_mma_kernel");
 }
 
 template <int DS>
-void launch_ds(const MmaEncodeParams& p, int K, cudaStream_t st) {
+void launch_ds(const MmaEncodeParams& p, int K, int rt, cudaStream_t st) {
   switch (K) {
-    case 8: return launch_nt<DS, 1>(p, st);
-    case 16: return launch_nt<DS, 2>(p, st);
-    case 32: return launch_nt<DS, 4>(p, st);
-    case 64: return launch_nt<DS, 8>(p, st);
-    case 128: return launch_nt<DS, 16>(p, st);
-    default: return launch_nt<DS, 32>(p, st);
+    case 8: return launch_nt<DS, 1>(p, rt, st);
+    case 16: return launch_nt<DS, 2>(p, rt, st);
+    case 32: return launch_nt<DS, 4>(p, rt, st);
+    case 64: return launch_nt<DS, 8>(p, rt, st);
+    case 128: return launch_nt<DS, 16>(p, rt, st);
+    default: return launch_nt<DS, 32>(p, rt, st);
   }
 }
+
+// Row tiles per warp iteration of the shipped encoder (run 19: BENCHMARKS.md (a)).
+constexpr int kShippedRowTiles = 2;
 
 }  // namespace
 
@@ -198,6 +222,11 @@ bool pq_encode_mma_supported(const PQShape& s) {
 }
 
 void pq_encode_mma_device(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes, void* stream) {
+  detail::pq_encode_mma_device_rt(s, x, codebooks, codes, kShippedRowTiles, stream);
+}
+
+void detail::pq_encode_mma_device_rt(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes,
+                                     int row_tiles, void* stream) {
   check_pq_shape(s, "cuda::pq_encode_mma");
   VQ_CHECK(pq_encode_mma_supported(s),
            "cuda::pq_encode_mma: sub_dim {} / n_centroids {} / per_subspace {} not supported (sub_dim 4 or 8, "
@@ -206,8 +235,9 @@ void pq_encode_mma_device(const PQShape& s, const float* x, const float* codeboo
   VQ_CHECK(cuda_device_available(), "cuda::pq_encode_mma: {}", cuda_unavailable_reason());
   MmaEncodeParams p{int64_t(s.n) * s.n_sub, x, codebooks, codes, 0xFFFFFF00u};
   if (p.n == 0) return;
-  if (s.sub_dim == 8) launch_ds<8>(p, s.n_centroids, as_stream(stream));
-  else launch_ds<4>(p, s.n_centroids, as_stream(stream));
+  VQ_CHECK(row_tiles == 1 || row_tiles == 2, "cuda::pq_encode_mma: row_tiles = {} must be 1 or 2", row_tiles);
+  if (s.sub_dim == 8) launch_ds<8>(p, s.n_centroids, row_tiles, as_stream(stream));
+  else launch_ds<4>(p, s.n_centroids, row_tiles, as_stream(stream));
 }
 
 void pq_encode_mma(const PQShape& s, const float* x, const float* codebooks, uint16_t* codes) {

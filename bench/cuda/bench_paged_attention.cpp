@@ -1,0 +1,132 @@
+// Decode attention over the device KV pool (issue 10's table): one layer of a device KVStore per
+// (geometry, cache, B, S); B sequences filled to S tokens through the real append path (random
+// K/V), then the paged attention launch sequence (query transform + coded split + dense split +
+// merge) of B rows at position S - 1, timed with CUDA events (median of 30 after 5 warm-ups).
+// GB/s counts the KV bytes a step must read (codes + fp16 window and sinks, or fp16 K/V).
+//   bench_paged_attention [llama|falcon|all] [caches...] [--B N --S N]  (one shape: for ncu)
+// Peers: bench/cuda/torch_peers.py attn10 (torch SDPA fp16 and dequantize-then-SDPA, same shapes).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvcache/calibration_train.h"
+#include "kvcache/factory.h"
+#include "kvcache/kv_store.h"
+#include "kvcache/kv_store_device.h"
+#include "ops/cuda/device.h"
+#include "ops/cuda/kv_blocks_cuda.h"
+#include "ops/cuda/stream_cuda.h"
+
+using namespace vq;
+
+namespace {
+
+struct Geo {
+  const char* name;
+  int HQ, H, D;
+};
+
+void run(const Geo& g, const std::string& kv, int B, int S) {
+  KVCacheConfig cfg = parse_kv_cache_spec(kv);
+  KVSpec spec{cfg, nullptr};
+  if (cfg.method == KVMethod::vecinfer)
+    spec.calibration = std::make_shared<const Calibration>(random_calibration(cfg, 1, g.H, g.D, 3));
+  KVStoreOptions o;
+  o.device = KVDevice::cuda;
+  KVStore store(KVGeometry{g.HQ, g.H, g.D}, 1, spec, o);
+  const int chunk = 8192;
+  const int64_t kvd = int64_t(g.H) * g.D;
+  cuda::DeviceBuffer kb(size_t(chunk) * kvd * 4), vb(size_t(chunk) * kvd * 4);
+  std::vector<SeqKV> seqs;
+  uint64_t seed = 1;
+  for (int b = 0; b < B; ++b) {
+    seqs.push_back(store.new_sequence());
+    for (int t = 0; t < S; t += chunk) {
+      const int n = std::min(chunk, S - t);
+      for (cuda::DeviceBuffer* x : {&kb, &vb}) {
+        cuda::RandomFillParams r;
+        r.type = cuda::ElemType::f32, r.out = x->data(), r.n = n * kvd, r.seed = ++seed;
+        cuda::random_fill_device(r);
+      }
+      store.device().append_device(seqs.back(), 0, kb.as<float>(), vb.as<float>(), n);
+    }
+  }
+  size_t kv_bytes = 0;
+  for (auto& s : seqs) kv_bytes += store.token_bytes(s);
+  KVStoreDevice& dev = store.device();
+  dev.begin_step();
+  for (auto& s : seqs) dev.add_rows(s, S - 1, 1);
+  dev.finish_step();
+  dev.launch_fixup();
+  const size_t qn = size_t(B) * g.HQ * g.D;
+  cuda::DeviceBuffer q(qn * 4), out(qn * 4);
+  cuda::RandomFillParams r;
+  r.type = cuda::ElemType::f32, r.out = q.data(), r.n = int64_t(qn), r.seed = 99;
+  cuda::random_fill_device(r);
+  void* st = dev.stream();
+  auto once = [&] {
+    dev.launch_attend(0, q.as<float>(), int64_t(g.HQ) * g.D, 0.088f, cuda::ElemType::f16, out.data(),
+                      int64_t(g.HQ) * g.D);
+  };
+  for (int i = 0; i < 5; ++i) once();
+  dev.synchronize();
+  cuda::EventTimer t;
+  std::vector<float> ms;
+  for (int i = 0; i < 30; ++i) {
+    t.start(st);
+    once();
+    t.stop(st);
+    ms.push_back(t.elapsed_ms());
+  }
+  std::sort(ms.begin(), ms.end());
+  const double m = ms[ms.size() / 2];
+  std::printf("paged_attn geo=%s kv=%s B=%d S=%d ms=%.4f kv_GB=%.3f GBps=%.0f\n", g.name, cfg.name().c_str(), B, S, m,
+              double(kv_bytes) / 1e9, double(kv_bytes) / (m * 1e-3) / 1e9);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!cuda::cuda_device_available()) {
+    std::printf("no CUDA device: %s\n", cuda::cuda_unavailable_reason().c_str());
+    return 0;
+  }
+  const std::string which = argc > 1 ? argv[1] : "all";
+  std::vector<std::string> caches;
+  int only_b = 0, only_s = 0;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--B" && i + 1 < argc) only_b = std::atoi(argv[++i]);
+    else if (a == "--S" && i + 1 < argc) only_s = std::atoi(argv[++i]);
+    else caches.push_back(a);
+  }
+  if (caches.empty()) caches = {"fp16", "vecinfer:d4b8,gran=shared", "vecinfer:d4b8"};
+  const Geo geos[] = {{"llama-3.1-8b", 32, 8, 128}, {"falcon3-7b", 12, 4, 256}};
+  std::printf("device %s\n", cuda::cuda_device_description().c_str());
+  for (const Geo& g : geos) {
+    if (which != "all" && std::string(g.name).find(which) == std::string::npos) continue;
+    for (const auto& kv : caches)
+      for (int B : {1, 8, 32})
+        for (int S : {4096, 32768, 131072}) {
+          if ((only_b && B != only_b) || (only_s && S != only_s)) continue;
+          const double fp16_gb = 4.0 * B * double(S) * g.H * g.D / 1e9;
+          if (kv == "fp16" && fp16_gb > 40) {
+            std::printf("paged_attn geo=%s kv=%s B=%d S=%d skipped (%.0f GB of fp16 K/V)\n", g.name, kv.c_str(), B, S,
+                        fp16_gb);
+            continue;
+          }
+          try {
+            run(g, kv, B, S);
+          } catch (const std::exception& e) {
+            std::printf("paged_attn geo=%s kv=%s B=%d S=%d error: %s\n", g.name, kv.c_str(), B, S, e.what());
+          }
+        }
+  }
+  return 0;
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""HF transformers peer of `veloxquant bench e2e --device cuda` (issue 9), timed in the same device call.
+
+Llama-3.1-8B geometry with random bf16 weights (built on the GPU, no files), B=1:
+  decode step = (generate 65 new tokens - generate 1) / 64, prefill tok/s = ctx / generate(1 token),
+with cache_implementation="static" (generate compiles the decode step into CUDA graphs) and with
+the default dynamic cache (HF_MODES=static,dynamic picks). Usage: hf_peer.py [ctx ...] (default 4096 32768).
+"""
+import sys
+import time
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def build():
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
+                      rope_theta=500000.0, tie_word_embeddings=False)
+    with torch.device("meta"):
+        m = LlamaForCausalLM(cfg)
+    m = m.to_empty(device="cuda").to(torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, 0.02, generator=g)
+        for n, b in m.named_buffers():
+            if "inv_freq" in n:  # recompute the rotary frequencies that to_empty left uninitialised
+                d = cfg.hidden_size // cfg.num_attention_heads
+                b.copy_(1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, device="cuda").float() / d)))
+    m.eval()
+    return m
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def main():
+    ctxs = [int(x) for x in sys.argv[1:]] or [4096, 32768]
+    print(f"torch {torch.__version__} transformers {transformers.__version__} device {torch.cuda.get_device_name(0)}",
+          flush=True)
+    m = build()
+    import os
+    for mode in os.environ.get("HF_MODES", "static,dynamic").split(","):
+        for ctx in ctxs:
+            ids = torch.randint(0, 128256, (1, ctx), device="cuda")
+            kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+            if mode == "static":
+                kw["cache_implementation"] = "static"
+
+            def gen(n):
+                with torch.no_grad():
+                    m.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+
+            t0 = time.perf_counter()
+            gen(65)  # warm-up (and compilation for the static cache)
+            warm = time.perf_counter() - t0
+            t1 = min(timed(lambda: gen(1)) for _ in range(2))
+            t65 = min(timed(lambda: gen(65)) for _ in range(2))
+            step = (t65 - t1) / 64
+            print(f"hf_peer mode={mode} ctx={ctx} B=1 decode_step_ms={step * 1e3:.2f} tok_s={1 / step:.1f} "
+                  f"prefill_s={t1:.3f} prefill_tok_s={ctx / t1:.0f} warmup_s={warm:.1f}", flush=True)
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,641 @@
+// The GPU side of a device KV store (kv_store_device.h).
+#include "kvcache/kv_store_device.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "codec/calibration_file.h"
+#include "core/error.h"
+
+#ifdef VQ_HAVE_CUDA
+#include "ops/cuda/device.h"
+#include "ops/cuda/kv_blocks_cuda.h"
+#include "ops/cuda/paged_attention_cuda.h"
+#include "ops/cuda/pq_attention_cuda.h"
+#include "ops/cuda/stream_cuda.h"
+#endif
+
+namespace vq {
+
+std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g, int B) {
+#ifndef VQ_HAVE_CUDA
+  (void)spec, (void)g, (void)B;
+  return "this build has no CUDA backend";
+#else
+  const KVCacheConfig& c = spec.config;
+  if (c.method != KVMethod::fp16 && c.method != KVMethod::vecinfer)
+    return fmt::format("the {} KV cache has no device kernels: --device cuda runs fp16 and vecinfer:* (any preset with "
+                       "sub_dim 4, 8 or 16); q8_0, q4_0, kivi2, kivi4 and fp32 run with --device cpu",
+                       c.name());
+  const int D = g.head_dim;
+  if (D != 64 && D != 128 && D != 256)
+    return fmt::format("head_dim {}: the device attention takes head_dim 64, 128 or 256", D);
+  if (g.n_kv_heads < 1 || g.n_heads % g.n_kv_heads != 0 || g.n_heads / g.n_kv_heads > 16)
+    return fmt::format("{} query heads per KV head: the device attention takes 1..16", g.n_heads / std::max(1, g.n_kv_heads));
+  if (B < 32 || (B & (B - 1)) != 0 || (c.method == KVMethod::vecinfer && B != 32))
+    return fmt::format("blocks of {} tokens: the device pool takes a power of two >= 32 (32 for vecinfer)", B);
+  if (c.method == KVMethod::vecinfer) {
+    for (const PQPreset* p : {&c.key, &c.value}) {
+      const int d = p->sub_dim;
+      if (!((d == 4 || d == 8 || d == 16) && (D / 8) % d == 0))
+        return fmt::format("{}: sub_dim {} with head_dim {} (the device kernels take 4, 8 or 16 dividing head_dim/8)",
+                           c.name(), d, D);
+    }
+  }
+  if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
+  return "";
+#endif
+}
+
+#ifndef VQ_HAVE_CUDA
+
+struct KVStoreDevice::Impl {};
+KVStoreDevice::KVStoreDevice(KVStore&) { VQ_FAIL("kv store: device cuda but this build has no CUDA backend"); }
+KVStoreDevice::~KVStoreDevice() = default;
+#define VQ_NO_CUDA VQ_FAIL("kv store: this build has no CUDA backend")
+void* KVStoreDevice::stream() const { VQ_NO_CUDA; }
+void KVStoreDevice::synchronize() const { VQ_NO_CUDA; }
+void KVStoreDevice::begin_step() { VQ_NO_CUDA; }
+int KVStoreDevice::add_rows(const SeqKV&, int64_t, int) { VQ_NO_CUDA; }
+bool KVStoreDevice::finish_step() { VQ_NO_CUDA; }
+int KVStoreDevice::rows() const { VQ_NO_CUDA; }
+bool KVStoreDevice::step_has_fixups() const { VQ_NO_CUDA; }
+bool KVStoreDevice::step_has_encodes() const { VQ_NO_CUDA; }
+uint64_t KVStoreDevice::layout_version() const { VQ_NO_CUDA; }
+const int32_t* KVStoreDevice::positions() const { VQ_NO_CUDA; }
+void KVStoreDevice::launch_fixup() { VQ_NO_CUDA; }
+void KVStoreDevice::launch_append(int, const float*, int64_t, const float*, int64_t) { VQ_NO_CUDA; }
+void KVStoreDevice::launch_encode(int) { VQ_NO_CUDA; }
+void KVStoreDevice::launch_attend(int, const float*, int64_t, float, cuda::ElemType, void*, int64_t) { VQ_NO_CUDA; }
+void KVStoreDevice::append_host(SeqKV&, int, const float*, const float*, int) { VQ_NO_CUDA; }
+void KVStoreDevice::append_device(SeqKV&, int, const float*, const float*, int) { VQ_NO_CUDA; }
+void KVStoreDevice::attend_host(int, const AttnEntry*, int, float) { VQ_NO_CUDA; }
+void KVStoreDevice::download_block(int, int32_t, void*) const { VQ_NO_CUDA; }
+void KVStoreDevice::note_block(const SeqKV&, int, bool, size_t) {}
+void KVStoreDevice::note_copy(const uint8_t*, uint8_t*, size_t) {}
+void KVStoreDevice::note_encode(int, const uint8_t*, uint8_t*) {}
+void KVStoreDevice::release_table(SeqKV&) {}
+
+#else
+
+namespace {
+// VQ_CODED_ATTN_KERNEL=gather_mma: the gather-mma split kernel for every coded layer (benchmarks
+// compare it with the automatic choice in one run); unset or anything else: automatic.
+cuda::PQAttnKernel coded_kernel_override() {
+  static const cuda::PQAttnKernel k = [] {
+    const char* e = std::getenv("VQ_CODED_ATTN_KERNEL");
+    return e && std::string(e) == "gather_mma" ? cuda::PQAttnKernel::gather_mma : cuda::PQAttnKernel::automatic;
+  }();
+  return k;
+}
+}  // namespace
+
+namespace {
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+int pow2_at_least(int64_t x, int lo) {
+  int64_t v = lo;
+  while (v < x) v *= 2;
+  return int(v);
+}
+
+struct LayerBooks {
+  cuda::DeviceBuffer lambda, k32, v32, k16, v16;
+};
+
+// A sequence's device block table: [n_layers][2 (dense, coded)][cap] block base pointers.
+struct DevTable {
+  cuda::DeviceBuffer buf;
+  int64_t cap = 0;
+  bool live = false;
+  bool regrow = false;  // an entry past cap was set: add_rows must grow the table
+  struct Pending {
+    uint32_t lk;  // layer * 2 + coded
+    uint64_t j;
+    uint8_t* value;
+  };
+  std::vector<Pending> pending;  // entries set since the last upload
+};
+
+}  // namespace
+
+struct KVStoreDevice::Impl {
+  KVStore& st;
+  cuda::Stream stream;
+  int L = 0, H = 0, HQ = 0, D = 0, B = 0;
+  std::vector<LayerBooks> books;
+  std::vector<cuda::PagedRule> rules;
+  std::vector<DevTable> tables;
+  std::vector<int32_t> free_tables;
+  std::vector<int32_t> dirty_tables;  // tables with pending entries
+
+  // the open step
+  bool open = false;
+  std::vector<int32_t> row_pos, row_seq;  // per row: position, index into step_tables
+  std::vector<int32_t> step_tables;       // step index -> table id
+  std::unordered_map<int32_t, int32_t> step_index;
+  std::vector<std::vector<cuda::BlockEncodeJob>> jobs;  // per layer
+  std::vector<cuda::BlockCopy> copies;
+  std::vector<cuda::TableUpdate> updates;
+  std::vector<cuda::PagedPrefillTile> tiles;  // rows of prefill chunks for the tensor-core kernel
+  std::vector<uint8_t> row_skip;              // [rows] 1: a prefill tile computes the row
+
+  // descriptor layout (byte offsets into host / dev)
+  int rows_cap = 0, seq_cap = 0, jobs_cap = 0, upd_cap = 0, copy_cap = 0, tiles_cap = 0;
+  size_t o_pos = 0, o_rowseq = 0, o_dtab = 0, o_ctab = 0, o_njobs = 0, o_jobs = 0, o_nupd = 0, o_upd = 0, o_ncopy = 0,
+         o_copy = 0, o_skip = 0, o_tiles = 0, total = 0;
+  cuda::PinnedBuffer host;
+  cuda::DeviceBuffer dev;
+  uint64_t version = 0;
+
+  // scratch
+  cuda::DeviceBuffer qcode, work, kbuf, vbuf, qbuf, obuf;
+
+  explicit Impl(KVStore& s) : st(s) {}
+
+  template <class T>
+  T* dptr(size_t off) const { return reinterpret_cast<T*>(static_cast<uint8_t*>(dev.data()) + off); }
+  template <class T>
+  T* hptr(size_t off) const { return reinterpret_cast<T*>(static_cast<uint8_t*>(host.data()) + off); }
+
+  uint8_t* block_ptr(int layer, bool coded, int32_t id) const {
+    if (id < 0) return nullptr;
+    const int arena = coded ? st.layers_[size_t(layer)].coded_arena : st.dense_arena_;
+    return st.pool_.data(arena, id);
+  }
+
+  static int64_t blocks_needed(const SeqKV& s) {
+    int64_t n = 0;
+    for (const auto& l : s.layers_) n = std::max<int64_t>(n, int64_t(l.dense.size()));
+    return n;
+  }
+
+  // Creates (or grows) the sequence's device table and uploads it whole (the device is idle
+  // between steps, so a synchronous copy is safe).
+  void ensure_table(const SeqKV& s) {
+    const int64_t need = blocks_needed(s);
+    if (s.dev_table_ >= 0) {
+      const DevTable& t = tables[size_t(s.dev_table_)];
+      if (t.cap >= need && !t.regrow) return;
+    } else {
+      int32_t id;
+      if (!free_tables.empty()) {
+        id = free_tables.back();
+        free_tables.pop_back();
+      } else {
+        id = int32_t(tables.size());
+        tables.emplace_back();
+      }
+      s.dev_table_ = id;
+    }
+    DevTable& t = tables[size_t(s.dev_table_)];
+    const int64_t cap = std::max<int64_t>(t.cap, pow2_at_least(need, 64));
+    std::vector<uint8_t*> h(size_t(L) * 2 * size_t(cap), nullptr);
+    for (int l = 0; l < L; ++l) {
+      const auto& sl = s.layers_[size_t(l)];
+      for (size_t j = 0; j < sl.dense.size(); ++j) {
+        h[(size_t(l) * 2 + 0) * size_t(cap) + j] = block_ptr(l, false, sl.dense[j]);
+        h[(size_t(l) * 2 + 1) * size_t(cap) + j] = block_ptr(l, true, sl.coded[j]);
+      }
+    }
+    if (t.cap != cap || !t.buf.data()) t.buf = cuda::DeviceBuffer(h.size() * sizeof(uint8_t*));
+    t.cap = cap;
+    t.buf.upload(h.data(), h.size() * sizeof(uint8_t*));
+    t.live = true;
+    t.regrow = false;
+    t.pending.clear();
+  }
+
+  void layout(int rows, int seqs, int njobs, int nupd, int ncopy, int ntiles) {
+    const bool grow = rows > rows_cap || seqs > seq_cap || njobs > jobs_cap || nupd > upd_cap || ncopy > copy_cap ||
+                      ntiles > tiles_cap || !dev.data();
+    if (!grow) return;
+    tiles_cap = std::max(tiles_cap, pow2_at_least(ntiles, 8));
+    rows_cap = std::max(rows_cap, pow2_at_least(rows, 16));
+    seq_cap = std::max(seq_cap, pow2_at_least(seqs, 8));
+    jobs_cap = std::max(jobs_cap, pow2_at_least(njobs, 4));
+    upd_cap = std::max(upd_cap, pow2_at_least(nupd, 64));
+    copy_cap = std::max(copy_cap, pow2_at_least(ncopy, 8));
+    size_t o = 0;
+    auto take = [&](size_t bytes) {
+      const size_t at = o;
+      o = align_up(o + bytes, 16);
+      return at;
+    };
+    o_pos = take(size_t(rows_cap) * 4);
+    o_rowseq = take(size_t(rows_cap) * 4);
+    o_dtab = take(size_t(L) * seq_cap * 8);
+    o_ctab = take(size_t(L) * seq_cap * 8);
+    o_njobs = take(size_t(L) * 4);
+    o_jobs = take(size_t(L) * jobs_cap * sizeof(cuda::BlockEncodeJob));
+    o_nupd = take(4);
+    o_upd = take(size_t(upd_cap) * sizeof(cuda::TableUpdate));
+    o_ncopy = take(4);
+    o_copy = take(size_t(copy_cap) * sizeof(cuda::BlockCopy));
+    o_skip = take(size_t(rows_cap));
+    o_tiles = take(size_t(tiles_cap) * sizeof(cuda::PagedPrefillTile));
+    total = o;
+    host = cuda::PinnedBuffer(total);
+    dev = cuda::DeviceBuffer(total);
+    qcode = cuda::DeviceBuffer(size_t(rows_cap) * HQ * D * 4);
+    ++version;
+  }
+
+  cuda::PagedAttnParams attn_params(int layer, int rows) const {
+    cuda::PagedAttnParams p{};
+    p.rows = rows;
+    p.n_kv_heads = H;
+    p.group = HQ / H;
+    p.head_dim = D;
+    p.rule = rules[size_t(layer)];
+    if (p.rule.coded) {
+      const KVCacheConfig& c = st.spec_.config;
+      const Calibration& cal = *st.spec_.calibration;
+      p.k_sub_dim = c.key.sub_dim, p.k_bits = c.key.bits;
+      p.v_sub_dim = c.value.sub_dim, p.v_bits = c.value.bits;
+      p.k_per_subspace = cal.key_books() > 1;
+      p.v_per_subspace = cal.value_books() > 1;
+      p.kernel = coded_kernel_override();
+    }
+    cuda::paged_attention_plan(p);
+    return p;
+  }
+
+  // The attention workspace for `rows` rows (the largest any layer needs), grown outside graph
+  // capture: finish_step calls it, launch_attend only reads it.
+  void size_workspace(int rows) {
+    size_t need = 0;
+    for (int l = 0; l < L; ++l) need = std::max(need, cuda::paged_attention_workspace_bytes(attn_params(l, rows)));
+    if (need > work.size()) {
+      work = cuda::DeviceBuffer(need + need / 4);
+      ++version;
+    }
+  }
+};
+
+KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(store)) {
+  Impl& m = *impl_;
+  const std::string why = kv_device_unsupported_reason(store.spec(), store.geometry(), store.block_tokens());
+  VQ_CHECK(why.empty(), "kv store on cuda: {}", why);
+  m.L = store.n_layers();
+  m.H = store.geometry().n_kv_heads;
+  m.HQ = store.geometry().n_heads;
+  m.D = store.geometry().head_dim;
+  m.B = store.block_tokens();
+  m.jobs.resize(size_t(m.L));
+  m.books.resize(size_t(m.L));
+  for (int l = 0; l < m.L; ++l) {
+    const KVStore::Layer& L = store.layers_[size_t(l)];
+    cuda::PagedRule r;
+    r.block_tokens = m.B;
+    r.sink_end = L.sink_end;
+    r.residual = L.residual;
+    r.window = L.window;
+    r.coded = L.format && !L.direct;
+    m.rules.push_back(r);
+    if (!r.coded) continue;
+    const Calibration& cal = *store.spec().calibration;
+    const CalibrationLayer& cl = cal.layers[size_t(l + store.calib_offset_)];
+    LayerBooks& b = m.books[size_t(l)];
+    b.lambda = cuda::to_device(cl.smoothing.data(), cl.smoothing.size() * 4);
+    b.k32 = cuda::to_device(cl.key_codebooks.data(), cl.key_codebooks.size() * 4);
+    b.v32 = cuda::to_device(cl.value_codebooks.data(), cl.value_codebooks.size() * 4);
+    b.k16 = cuda::DeviceBuffer(cl.key_codebooks.size() * 2);
+    b.v16 = cuda::DeviceBuffer(cl.value_codebooks.size() * 2);
+    cuda::f32_to_f16_device(b.k32.as<float>(), b.k16.as<uint16_t>(), int64_t(cl.key_codebooks.size()),
+                            m.stream.handle());
+    cuda::f32_to_f16_device(b.v32.as<float>(), b.v16.as<uint16_t>(), int64_t(cl.value_codebooks.size()),
+                            m.stream.handle());
+  }
+  m.stream.synchronize();
+}
+
+KVStoreDevice::~KVStoreDevice() = default;
+
+void* KVStoreDevice::stream() const { return impl_->stream.handle(); }
+void KVStoreDevice::synchronize() const { impl_->stream.synchronize(); }
+
+void KVStoreDevice::begin_step() {
+  Impl& m = *impl_;
+  m.open = true;
+  m.row_pos.clear();
+  m.row_seq.clear();
+  m.step_tables.clear();
+  m.step_index.clear();
+  for (auto& j : m.jobs) j.clear();
+  m.copies.clear();
+  m.updates.clear();
+  m.tiles.clear();
+  m.row_skip.clear();
+}
+
+namespace {
+// Prefill chunks of at least this many rows take the tensor-core prefill kernel
+// (VQ_PREFILL_KERNEL=0: the decode kernels for every row, for comparison).
+constexpr int kPrefillMinRows = 16;
+bool prefill_kernel_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("VQ_PREFILL_KERNEL");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+}  // namespace
+
+int KVStoreDevice::add_rows(const SeqKV& s, int64_t pos0, int n) {
+  Impl& m = *impl_;
+  VQ_CHECK(m.open, "kv store (cuda): add_rows outside a step");
+  VQ_CHECK(s.store_ == &m.st, "kv store (cuda): rows of a sequence of another store");
+  VQ_CHECK(pos0 >= 0 && pos0 + n <= int64_t(INT32_MAX), "kv store (cuda): positions {}..{} out of range", pos0,
+           pos0 + n - 1);
+  m.ensure_table(s);
+  auto it = m.step_index.find(s.dev_table_);
+  int32_t si;
+  if (it == m.step_index.end()) {
+    si = int32_t(m.step_tables.size());
+    m.step_tables.push_back(s.dev_table_);
+    m.step_index.emplace(s.dev_table_, si);
+  } else {
+    si = it->second;
+  }
+  const int first = int(m.row_pos.size());
+  for (int i = 0; i < n; ++i) {
+    m.row_pos.push_back(int32_t(pos0 + i));
+    m.row_seq.push_back(si);
+  }
+  const bool tiled = n >= kPrefillMinRows && m.B == 32 && prefill_kernel_enabled();
+  m.row_skip.resize(m.row_pos.size(), tiled ? 1 : 0);
+  if (tiled) {
+    const int P = cuda::paged_prefill_positions_per_tile(m.HQ / m.H);
+    for (int i0 = 0; i0 < n; i0 += P) m.tiles.push_back({int32_t(first + i0), int32_t(std::min(P, n - i0))});
+  }
+  return first;
+}
+
+bool KVStoreDevice::finish_step() {
+  Impl& m = *impl_;
+  VQ_CHECK(m.open, "kv store (cuda): finish_step outside a step");
+  for (int32_t tid : m.dirty_tables) {
+    DevTable& t = m.tables[size_t(tid)];
+    VQ_CHECK(!t.regrow, "kv store (cuda): a sequence grew past its device table outside the step's rows (internal error)");
+    if (!t.live) continue;
+    // One update per entry (the last value noted), so that the parallel fix-up has no write race.
+    std::unordered_map<uint64_t, uint8_t*> last;
+    for (const DevTable::Pending& e : t.pending) last[uint64_t(e.lk) * uint64_t(t.cap) + e.j] = e.value;
+    for (const auto& [idx, value] : last) m.updates.push_back({t.buf.as<uint8_t*>() + idx, value});
+    t.pending.clear();
+  }
+  m.dirty_tables.clear();
+  const int rows = int(m.row_pos.size()), seqs = int(m.step_tables.size());
+  int njobs = 0;
+  for (const auto& j : m.jobs) njobs = std::max(njobs, int(j.size()));
+  const uint64_t v0 = m.version;
+  m.layout(std::max(rows, 1), std::max(seqs, 1), njobs, int(m.updates.size()), int(m.copies.size()),
+           int(m.tiles.size()));
+  m.size_workspace(std::max(rows, 1));
+  // descriptors
+  std::memcpy(m.hptr<int32_t>(m.o_pos), m.row_pos.data(), size_t(rows) * 4);
+  std::memcpy(m.hptr<int32_t>(m.o_rowseq), m.row_seq.data(), size_t(rows) * 4);
+  for (int l = 0; l < m.L; ++l)
+    for (int si = 0; si < seqs; ++si) {
+      const DevTable& t = m.tables[size_t(m.step_tables[size_t(si)])];
+      uint8_t** base = t.buf.as<uint8_t*>();
+      m.hptr<uint8_t**>(m.o_dtab)[size_t(l) * m.seq_cap + size_t(si)] = base + (size_t(l) * 2 + 0) * size_t(t.cap);
+      m.hptr<uint8_t**>(m.o_ctab)[size_t(l) * m.seq_cap + size_t(si)] = base + (size_t(l) * 2 + 1) * size_t(t.cap);
+    }
+  for (int l = 0; l < m.L; ++l) {
+    m.hptr<int32_t>(m.o_njobs)[l] = int32_t(m.jobs[size_t(l)].size());
+    std::copy(m.jobs[size_t(l)].begin(), m.jobs[size_t(l)].end(),
+              m.hptr<cuda::BlockEncodeJob>(m.o_jobs) + size_t(l) * m.jobs_cap);
+  }
+  *m.hptr<int32_t>(m.o_nupd) = int32_t(m.updates.size());
+  std::copy(m.updates.begin(), m.updates.end(), m.hptr<cuda::TableUpdate>(m.o_upd));
+  *m.hptr<int32_t>(m.o_ncopy) = int32_t(m.copies.size());
+  std::copy(m.copies.begin(), m.copies.end(), m.hptr<cuda::BlockCopy>(m.o_copy));
+  std::copy(m.row_skip.begin(), m.row_skip.end(), m.hptr<uint8_t>(m.o_skip));
+  std::copy(m.tiles.begin(), m.tiles.end(), m.hptr<cuda::PagedPrefillTile>(m.o_tiles));
+  cuda::copy_to_device_async(m.dev.data(), m.host.data(), m.total, m.stream.handle());
+  m.open = false;
+  return m.version != v0;
+}
+
+int KVStoreDevice::rows() const { return int(impl_->row_pos.size()); }
+bool KVStoreDevice::step_has_fixups() const { return !impl_->updates.empty() || !impl_->copies.empty(); }
+bool KVStoreDevice::step_has_encodes() const {
+  for (const auto& j : impl_->jobs)
+    if (!j.empty()) return true;
+  return false;
+}
+uint64_t KVStoreDevice::layout_version() const { return impl_->version; }
+const int32_t* KVStoreDevice::positions() const { return impl_->dptr<int32_t>(impl_->o_pos); }
+
+void KVStoreDevice::launch_fixup() {
+  Impl& m = *impl_;
+  cuda::StepFixupParams p;
+  p.n_updates = m.dptr<int>(m.o_nupd);
+  p.updates = m.dptr<cuda::TableUpdate>(m.o_upd);
+  p.max_updates = m.upd_cap;
+  p.n_copies = m.dptr<int>(m.o_ncopy);
+  p.copies = m.dptr<cuda::BlockCopy>(m.o_copy);
+  p.max_copies = m.copy_cap;
+  cuda::step_fixup_device(p, m.stream.handle());
+}
+
+void KVStoreDevice::launch_append(int layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride) {
+  Impl& m = *impl_;
+  cuda::KVAppendParams p;
+  p.rows = int(m.row_pos.size());
+  p.n_kv_heads = m.H;
+  p.head_dim = m.D;
+  p.block_tokens = m.B;
+  p.k = k, p.k_stride = k_stride;
+  p.v = v, p.v_stride = v_stride;
+  p.pos = m.dptr<int32_t>(m.o_pos);
+  p.row_table = m.dptr<int32_t>(m.o_rowseq);
+  p.tables = m.dptr<uint8_t* const*>(m.o_dtab + size_t(layer) * m.seq_cap * 8);
+  cuda::kv_append_device(p, m.stream.handle());
+}
+
+void KVStoreDevice::launch_encode(int layer) {
+  Impl& m = *impl_;
+  if (!m.rules[size_t(layer)].coded) return;
+  const KVCacheConfig& c = m.st.spec_.config;
+  const Calibration& cal = *m.st.spec_.calibration;
+  const LayerBooks& b = m.books[size_t(layer)];
+  cuda::KVEncodeParams p;
+  p.n_kv_heads = m.H;
+  p.head_dim = m.D;
+  p.block_tokens = m.B;
+  p.n_jobs = m.dptr<int>(m.o_njobs) + layer;
+  p.jobs = m.dptr<cuda::BlockEncodeJob>(m.o_jobs) + size_t(layer) * m.jobs_cap;
+  p.max_jobs = m.jobs_cap;
+  p.k_sub_dim = c.key.sub_dim, p.k_bits = c.key.bits, p.k_per_subspace = cal.key_books() > 1;
+  p.lambda = b.lambda.as<float>();
+  p.k_books = b.k32.as<float>();
+  p.v_sub_dim = c.value.sub_dim, p.v_bits = c.value.bits, p.v_per_subspace = cal.value_books() > 1;
+  p.v_books = b.v32.as<float>();
+  cuda::kv_encode_blocks_device(p, m.stream.handle());
+}
+
+void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, float scale, cuda::ElemType out_type,
+                                  void* out, int64_t out_stride) {
+  Impl& m = *impl_;
+  const int rows = int(m.row_pos.size());
+  cuda::PagedAttnParams p = m.attn_params(layer, rows);
+  p.pos = m.dptr<int32_t>(m.o_pos);
+  p.row_table = m.dptr<int32_t>(m.o_rowseq);
+  p.dense_tables = m.dptr<const uint8_t* const*>(m.o_dtab + size_t(layer) * m.seq_cap * 8);
+  p.coded_tables = m.dptr<const uint8_t* const*>(m.o_ctab + size_t(layer) * m.seq_cap * 8);
+  p.q = q;
+  p.q_stride = q_stride;
+  p.scale = scale;
+  if (p.rule.coded) {
+    cuda::QueryTransformParams t;
+    t.rows = rows;
+    t.n_q_heads = m.HQ;
+    t.n_kv_heads = m.H;
+    t.head_dim = m.D;
+    t.q = q;
+    t.q_stride = q_stride;
+    t.lambda = m.books[size_t(layer)].lambda.as<float>();
+    t.scale = scale;
+    t.out = m.qcode.as<float>();
+    cuda::query_transform_device(t, m.stream.handle());
+    p.q_code = m.qcode.as<float>();
+    p.k_book = m.books[size_t(layer)].k16.as<uint16_t>();
+    p.v_book = m.books[size_t(layer)].v16.as<uint16_t>();
+  }
+  if (!m.tiles.empty()) {
+    p.tiles = m.dptr<cuda::PagedPrefillTile>(m.o_tiles);
+    p.n_tiles = int(m.tiles.size());
+    p.row_skip = m.dptr<uint8_t>(m.o_skip);
+  }
+  p.out_type = out_type;
+  p.out = out;
+  p.out_stride = out_stride;
+  p.workspace = m.work.data();
+  p.workspace_bytes = m.work.size();
+  cuda::paged_attention_device(p, m.stream.handle());
+}
+
+void KVStoreDevice::append_device(SeqKV& s, int layer, const float* k, const float* v, int n) {
+  Impl& m = *impl_;
+  VQ_CHECK(s.store_ == &m.st, "kv store: append to a sequence of another store (or a released one)");
+  if (n == 0) return;
+  std::vector<int64_t> counts;
+  m.st.blocks_for_append(s, n, counts);
+  m.st.pool().reserve(counts);
+  begin_step();
+  const int64_t pos0 = s.layer_size(layer);
+  try {
+    m.st.append_blocks(s, layer, n);
+  } catch (...) {
+    m.open = false;
+    throw;
+  }
+  add_rows(s, pos0, n);
+  finish_step();
+  const int64_t kvd = int64_t(m.H) * m.D;
+  launch_fixup();
+  launch_append(layer, k, kvd, v, kvd);
+  launch_encode(layer);
+  m.stream.synchronize();
+}
+
+void KVStoreDevice::append_host(SeqKV& s, int layer, const float* k, const float* v, int n) {
+  Impl& m = *impl_;
+  if (n == 0) return;
+  const size_t bytes = size_t(n) * m.H * m.D * 4;
+  if (m.kbuf.size() < bytes) m.kbuf = cuda::DeviceBuffer(bytes), m.vbuf = cuda::DeviceBuffer(bytes);
+  m.kbuf.upload(k, bytes);
+  m.vbuf.upload(v, bytes);
+  append_device(s, layer, m.kbuf.as<float>(), m.vbuf.as<float>(), n);
+}
+
+void KVStoreDevice::attend_host(int layer, const AttnEntry* ents, int n_ents, float scale) {
+  Impl& m = *impl_;
+  const int HQ = m.HQ, D = m.D;
+  int rows = 0;  // (KVStore::attend checked the entries)
+  for (int e = 0; e < n_ents; ++e) rows += ents[e].n_q;
+  if (rows == 0) return;
+  begin_step();
+  for (int e = 0; e < n_ents; ++e)
+    if (ents[e].n_q > 0) add_rows(*ents[e].seq, ents[e].pos0, ents[e].n_q);
+  finish_step();
+  const size_t row_bytes = size_t(HQ) * D * 4;
+  if (m.qbuf.size() < size_t(rows) * row_bytes)
+    m.qbuf = cuda::DeviceBuffer(size_t(rows) * row_bytes), m.obuf = cuda::DeviceBuffer(size_t(rows) * row_bytes);
+  size_t off = 0;
+  for (int e = 0; e < n_ents; ++e) {
+    if (ents[e].n_q == 0) continue;
+    m.qbuf.upload(ents[e].q, size_t(ents[e].n_q) * row_bytes, off);
+    off += size_t(ents[e].n_q) * row_bytes;
+  }
+  launch_fixup();
+  launch_attend(layer, m.qbuf.as<float>(), int64_t(HQ) * D, scale, cuda::ElemType::f32, m.obuf.data(),
+                int64_t(HQ) * D);
+  m.stream.synchronize();
+  off = 0;
+  for (int e = 0; e < n_ents; ++e) {
+    if (ents[e].n_q == 0) continue;
+    m.obuf.download(ents[e].out, size_t(ents[e].n_q) * row_bytes, off);
+    off += size_t(ents[e].n_q) * row_bytes;
+  }
+}
+
+void KVStoreDevice::download_block(int arena, int32_t id, void* dst) const {
+  const KVPool& pool = impl_->st.pool();
+  impl_->stream.synchronize();
+  const size_t bytes = pool.block_bytes(arena);
+  cuda::copy_to_host_async(dst, pool.data(arena, id), bytes, impl_->stream.handle());
+  impl_->stream.synchronize();
+}
+
+
+void KVStoreDevice::note_block(const SeqKV& s, int layer, bool coded, size_t j) {
+  Impl& m = *impl_;
+  if (s.dev_table_ < 0) return;  // its table is built whole at its first step
+  DevTable& t = m.tables[size_t(s.dev_table_)];
+  if (t.pending.empty() && !t.regrow) m.dirty_tables.push_back(s.dev_table_);
+  if (int64_t(j) >= t.cap) {
+    t.regrow = true;  // add_rows rebuilds it whole
+    return;
+  }
+  const auto& sl = s.layers_[size_t(layer)];
+  const int32_t id = coded ? sl.coded[j] : sl.dense[j];
+  t.pending.push_back({uint32_t(layer * 2 + (coded ? 1 : 0)), uint64_t(j), m.block_ptr(layer, coded, id)});
+}
+
+void KVStoreDevice::note_copy(const uint8_t* src, uint8_t* dst, size_t bytes) {
+  Impl& m = *impl_;
+  VQ_CHECK(m.open && bytes % 16 == 0, "kv store (cuda): a block copy outside a step or of {} bytes (internal error)",
+           bytes);
+  m.copies.push_back({src, dst, uint64_t(bytes)});
+}
+
+void KVStoreDevice::note_encode(int layer, const uint8_t* dense, uint8_t* coded) {
+  Impl& m = *impl_;
+  VQ_CHECK(m.open, "kv store (cuda): an encode outside a step (internal error)");
+  m.jobs[size_t(layer)].push_back({dense, coded});
+}
+
+void KVStoreDevice::release_table(SeqKV& s) {
+  Impl& m = *impl_;
+  if (s.dev_table_ < 0) return;
+  DevTable& t = m.tables[size_t(s.dev_table_)];
+  t.live = false;
+  t.regrow = false;
+  t.pending.clear();
+  m.free_tables.push_back(s.dev_table_);
+  s.dev_table_ = -1;
+}
+
+#endif
+
+}  // namespace vq

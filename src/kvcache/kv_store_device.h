@@ -1,0 +1,88 @@
+#pragma once
+// KVStoreDevice: the GPU side of a KVStore whose pool lives in device memory
+// (KVStoreOptions::device = KVDevice::cuda). The store keeps all bookkeeping (block tables, the
+// window rule, refcounts, forks, twins, trims, the budget); this class mirrors each sequence's
+// block tables on the device and runs the data paths as kernels (ops/cuda/kv_blocks_cuda.h,
+// ops/cuda/paged_attention_cuda.h):
+//   append: rows of K/V written into the fp16 blocks (channel-major keys, as on the CPU),
+//   encode: fp16 blocks leaving the window encoded into VecInfer blocks by the fused encoder,
+//   attend: a paged kernel that reads every row's blocks through its block table.
+// Methods: fp16 and vecinfer (any preset with sub_dim 4, 8 or 16 dividing head_dim / 8, head_dim
+// 64, 128 or 256); the constructor refuses the others naming the supported ones.
+//
+// One step (the forward's, or one of the host-data helpers below):
+//   begin_step(); the store's append_blocks() for every (sequence, layer) that grows;
+//   add_rows() for every sequence's rows (new tokens or queries, in row order);
+//   finish_step() builds the step's descriptors (positions, per-layer table pointers, encode jobs,
+//   table updates, copy-on-write copies) in pinned memory and copies them to the device in one
+//   transfer; then launch_fixup / launch_append / launch_encode / launch_attend per layer.
+// The descriptors live at fixed device addresses until layout_version() changes, so a step's
+// launches can be captured in a CUDA graph and replayed with new descriptors.
+// Steps are synchronous with the host (the caller synchronises the stream at the end of a
+// step), so released blocks are never read by work still in flight.
+// No CUDA types here; all device pointers are plain pointers.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kvcache/kv_store.h"
+#include "ops/cuda/elem_type.h"
+
+namespace vq {
+
+class KVStoreDevice {
+ public:
+  explicit KVStoreDevice(KVStore& store);
+  ~KVStoreDevice();
+  KVStoreDevice(const KVStoreDevice&) = delete;
+  KVStoreDevice& operator=(const KVStoreDevice&) = delete;
+
+  void* stream() const;  // the store's cudaStream_t: the forward runs on it too
+  void synchronize() const;
+
+  // ---- a step ----
+  void begin_step();
+  // Rows [first, first + n) of the step: queries / new tokens of s at positions pos0 .. pos0 + n - 1.
+  int add_rows(const SeqKV& s, int64_t pos0, int n);
+  // Builds and uploads the descriptors; true when their device addresses moved (re-capture graphs).
+  bool finish_step();
+  int rows() const;
+  // Whether the step has table updates, copies or encode jobs (a graph without them is cheaper).
+  bool step_has_fixups() const;
+  bool step_has_encodes() const;
+  uint64_t layout_version() const;
+  const int32_t* positions() const;  // [rows] device
+
+  void launch_fixup();
+  // k, v: row r at k + r*k_stride (device, f32, after RoPE)
+  void launch_append(int layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride);
+  void launch_encode(int layer);
+  // q: row r at q + r*q_stride (device, f32 after RoPE); out: row r at out + r*out_stride (f32 or f16)
+  void launch_attend(int layer, const float* q, int64_t q_stride, float scale, cuda::ElemType out_type, void* out,
+                     int64_t out_stride);
+
+  // ---- host/device-data helpers (each one synchronous device step) ----
+  // Appends n rows to one layer: k, v [n, n_kv_heads, head_dim] f32 in host memory / on the device.
+  void append_host(SeqKV& s, int layer, const float* k, const float* v, int n);
+  void append_device(SeqKV& s, int layer, const float* k, const float* v, int n);
+  // KVStore::attend's contract with host q / out.
+  void attend_host(int layer, const AttnEntry* entries, int n_entries, float scale);
+  // Test hook: a copy of a block's bytes (arena and id as in KVStore::arena_of / block_id).
+  void download_block(int arena, int32_t id, void* dst) const;
+
+  // ---- bookkeeping hooks (KVStore) ----
+  void note_block(const SeqKV& s, int layer, bool coded, size_t j);
+  void note_copy(const uint8_t* src, uint8_t* dst, size_t bytes);
+  void note_encode(int layer, const uint8_t* dense, uint8_t* coded);
+  void release_table(SeqKV& s);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Why a KV method cannot run on the device ("" when it can). Never throws.
+std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g, int block_tokens);
+
+}  // namespace vq

@@ -1,0 +1,441 @@
+// The batched forward pass on the GPU (forward_device.h).
+#include "model/forward_device.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "kvcache/kv_store_device.h"
+#include "model/device_model.h"
+#include "model/session.h"
+
+#ifdef VQ_HAVE_CUDA
+#include "ops/cuda/device.h"
+#include "ops/cuda/gemm_cuda.h"
+#include "ops/cuda/gemv_cuda.h"
+#include "ops/cuda/kv_blocks_cuda.h"
+#include "ops/cuda/llm_ops_cuda.h"
+#include "ops/cuda/stream_cuda.h"
+#endif
+
+namespace vq {
+
+#ifndef VQ_HAVE_CUDA
+
+struct ForwardDevice::Impl {};
+ForwardDevice::ForwardDevice(std::shared_ptr<const DeviceModel> model, KVStore& kv) : model_(std::move(model)), kv_(kv) {
+  VQ_FAIL("forward: device cuda but this build has no CUDA backend");
+}
+ForwardDevice::~ForwardDevice() = default;
+void ForwardDevice::step(const BatchEntry*, int) { VQ_FAIL("forward: this build has no CUDA backend"); }
+
+#else
+
+namespace {
+
+using cuda::ElemType;
+
+// How a projection of `rows` activation rows runs: the native quantized GEMV where it beat cuBLAS
+// (gemv_preferred), the fp16 GEMV for up to 4 rows (VQ_GEMV_F16=0 turns it off, for comparison),
+// else cuBLAS. Both GEMV paths read f32 activations; cuBLAS reads fp16.
+enum class Path { gemm, gemv_quant, gemv_f16 };
+
+bool gemv_f16_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("VQ_GEMV_F16");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+Path path_of(const DeviceMatrix& m, int rows) {
+  if (m.has_gemv() && rows <= cuda::kGemvMaxRows) {
+    bool all = true;
+    for (const auto& p : m.parts) all = all && cuda::gemv_preferred(p.type, rows);
+    if (all) return Path::gemv_quant;
+  }
+  if (rows <= cuda::kGemvF16MaxRows && m.cols % 8 == 0 && gemv_f16_enabled()) return Path::gemv_f16;
+  return Path::gemm;
+}
+
+// Whether the projection reads f32 activations (both GEMV paths, and the int8 rounding of
+// act_int8 matrices), else fp16 for cuBLAS.
+bool use_gemv(const DeviceMatrix& m, int rows) { return path_of(m, rows) != Path::gemm || m.act_int8; }
+
+}  // namespace
+
+struct ForwardDevice::Impl {
+  const DeviceModel& M;
+  KVStore& kv;
+  KVStoreDevice& dev;
+  cuda::GemmHandle gemm;
+  int cap = 0, lcap = 0;
+  int E, HQ, H, D, qd, kvd, qkvd, F, V;
+  cuda::DeviceBuffer tokens, lidx, x, xn, xn16, qkv, attn, gu, act, xq, xd, xs, xdq, xl, xl16, logits;
+  cuda::PinnedBuffer h_tokens, h_lidx, h_logits;
+  uint64_t buf_version = 0;
+  struct GraphRec {
+    cuda::Graph g;
+    uint64_t kv_version = 0, buf_version = 0;
+  };
+  std::map<std::tuple<int, int, bool, bool>, GraphRec> graphs;
+
+  Impl(const DeviceModel& m, KVStore& k) : M(m), kv(k), dev(k.device()) {
+    const ModelConfig& c = m.config();
+    E = c.n_embd, HQ = c.n_heads, H = c.n_kv_heads, D = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim();
+    qkvd = qd + 2 * kvd, F = c.n_ff, V = c.n_vocab;
+  }
+
+  void reserve(int rows, int lrows) {
+    if (rows <= cap && lrows <= lcap && tokens.data()) return;
+    cap = std::max(cap, std::max(rows, 16));
+    lcap = std::max(lcap, std::max(lrows, 16));
+    const size_t R = size_t(cap), LR = size_t(lcap);
+    const size_t wide = size_t(std::max({E, F, qd}));
+    tokens = cuda::DeviceBuffer(R * 4);
+    lidx = cuda::DeviceBuffer(LR * 4);
+    x = cuda::DeviceBuffer(R * E * 4);
+    xn = cuda::DeviceBuffer(R * E * 4);
+    xn16 = cuda::DeviceBuffer(R * E * 2);
+    qkv = cuda::DeviceBuffer(R * qkvd * 4);
+    attn = cuda::DeviceBuffer(R * qd * 4);
+    gu = cuda::DeviceBuffer(R * 2 * F * 4);
+    act = cuda::DeviceBuffer(R * F * 4);
+    xq = cuda::DeviceBuffer(R * wide);
+    xd = cuda::DeviceBuffer(R * (wide / 32 + 1) * 4);
+    xs = cuda::DeviceBuffer(R * (wide / 32 + 1) * 4);
+    xdq = cuda::DeviceBuffer(R * wide * 4);
+    xl = cuda::DeviceBuffer(LR * E * 4);
+    xl16 = cuda::DeviceBuffer(LR * E * 4);
+    logits = cuda::DeviceBuffer(LR * V * 4);
+    h_tokens = cuda::PinnedBuffer(R * 4);
+    h_lidx = cuda::PinnedBuffer(LR * 4);
+    h_logits = cuda::PinnedBuffer(LR * V * 4);
+    ++buf_version;
+  }
+
+  // y[rows, W.rows] (+)= x W^T. x32: f32 input (quantized for the native product), x16: fp16 input
+  // (cuBLAS); only the one the path needs is read.
+  void project(const DeviceMatrix& W, int rows, const float* x32, const void* x16, float* y, int64_t ldy, bool acc,
+               void* st) {
+    const Path path = path_of(W, rows);
+    if (W.act_int8 && path != Path::gemv_quant) {
+      // The CPU's int8 activation rounding (DeviceMatrix::act_int8): quantize, then back to the
+      // float form the product reads.
+      cuda::QuantizeActParams q;
+      q.rows = rows;
+      q.cols = W.cols;
+      q.x = x32;
+      q.q = xq.as<int8_t>();
+      q.d = xd.as<float>();
+      q.s = xs.as<float>();
+      cuda::quantize_act_device(q, st);
+      cuda::DequantizeActParams dq;
+      dq.rows = rows;
+      dq.cols = W.cols;
+      dq.q = xq.as<int8_t>();
+      dq.d = xd.as<float>();
+      dq.out_type = path == Path::gemm ? ElemType::f16 : ElemType::f32;
+      dq.out = xdq.data();
+      cuda::dequantize_act_device(dq, st);
+      if (path == Path::gemm) x16 = xdq.data();
+      else x32 = xdq.as<float>();
+    }
+    if (path == Path::gemv_f16) {
+      cuda::GemvF16Params g;
+      g.w = W.f16;
+      g.rows = W.rows, g.cols = W.cols;
+      g.m = rows;
+      g.x = x32;
+      g.y = y;
+      g.y_stride = ldy;
+      g.accumulate = acc;
+      cuda::gemv_f16_device(g, st);
+      return;
+    }
+    if (path == Path::gemv_quant) {
+      cuda::QuantizeActParams q;
+      q.rows = rows;
+      q.cols = W.cols;
+      q.x_type = ElemType::f32;
+      q.x = x32;
+      q.q = xq.as<int8_t>();
+      q.d = xd.as<float>();
+      q.s = xs.as<float>();
+      cuda::quantize_act_device(q, st);
+      for (const auto& p : W.parts) {
+        cuda::GemvParams g;
+        g.type = p.type;
+        g.w = p.packed;
+        g.rows = p.rows, g.cols = W.cols;
+        g.m = rows;
+        g.xq = xq.as<int8_t>(), g.xd = xd.as<float>(), g.xs = xs.as<float>();
+        g.y = y + p.row0;
+        g.y_stride = ldy;
+        g.accumulate = acc;
+        cuda::gemv_device(g, st);
+      }
+      return;
+    }
+    cuda::GemmParams g;
+    g.m = rows, g.n = W.rows, g.k = W.cols;
+    g.ab_type = ElemType::f16;
+    g.w = W.f16;
+    g.x = x16;
+    g.y_type = ElemType::f32;
+    g.y = y;
+    g.ldy = ldy;
+    g.accumulate = acc;
+    cuda::gemm_device(gemm, g, st);
+  }
+
+  void norm(const float* in, const float* w, int rows, bool f32_out, void* out32, void* out16, void* st) {
+    cuda::RmsNormParams n;
+    n.n_tokens = rows;
+    n.n = E;
+    n.x = in;
+    n.w = w;
+    n.eps = M.config().norm_eps;
+    n.out_type = f32_out ? ElemType::f32 : ElemType::f16;
+    n.out = f32_out ? out32 : out16;
+    cuda::rms_norm_device(n, st);
+  }
+
+  // The whole step's launches (eager or under capture). obs: download q/k/v per layer (eager only).
+  void run(int rows, int lrows, bool fixups, bool encodes, const ForwardDevice::KVObserver* obs,
+           const std::vector<std::pair<int, int>>* entry_rows, void* st) {
+    const ModelConfig& c = M.config();
+    if (fixups) dev.launch_fixup();
+    cuda::EmbeddingParams em;
+    em.type = M.embd_type();
+    em.table = M.embd();
+    em.n_vocab = V;
+    em.n_embd = E;
+    em.tokens = tokens.as<int32_t>();
+    em.n_tokens = rows;
+    em.out = x.as<float>();
+    cuda::embedding_device(em, st);
+    const bool g_qkv_all = true;
+    (void)g_qkv_all;
+    for (int l = 0; l < c.n_layers; ++l) {
+      const DeviceLayer& W = M.layers()[size_t(l)];
+      // ---- attention block ----
+      const bool gq = use_gemv(W.wqkv, rows);
+      norm(x.as<float>(), W.attn_norm, rows, gq, xn.data(), xn16.data(), st);
+      project(W.wqkv, rows, xn.as<float>(), xn16.data(), qkv.as<float>(), qkvd, false, st);
+      if (W.qkv_bias) {
+        cuda::BiasAddParams b;
+        b.rows = rows, b.n = qkvd, b.x = qkv.as<float>(), b.x_stride = qkvd, b.bias = W.qkv_bias;
+        cuda::bias_add_device(b, st);
+      }
+      if (W.q_norm) {
+        for (int side = 0; side < 2; ++side) {
+          cuda::RmsNormParams n;
+          n.n_tokens = rows;
+          n.n_heads = side ? H : HQ;
+          n.n = D;
+          n.x = qkv.as<float>() + (side ? qd : 0);
+          n.x_stride = qkvd;
+          n.w = side ? W.k_norm : W.q_norm;
+          n.eps = c.norm_eps;
+          n.out = qkv.as<float>() + (side ? qd : 0);
+          n.out_stride = qkvd;
+          cuda::rms_norm_device(n, st);
+        }
+      }
+      cuda::RopeParams r;
+      r.n_tokens = rows;
+      r.head_dim = D;
+      r.n_rot = c.n_rot;
+      r.neox = c.rope_layout == RopeLayout::NeoX;
+      r.pos = dev.positions();
+      r.inv_freq = M.inv_freqs();
+      r.q = qkv.as<float>();
+      r.n_q_heads = HQ;
+      r.q_stride = qkvd;
+      r.k = qkv.as<float>() + qd;
+      r.n_k_heads = H;
+      r.k_stride = qkvd;
+      cuda::rope_device(r, st);
+      if (obs && *obs) observe(l, rows, *obs, *entry_rows, st);
+      dev.launch_append(l, qkv.as<float>() + qd, qkvd, qkv.as<float>() + qd + kvd, qkvd);
+      if (encodes) dev.launch_encode(l);
+      const bool go = use_gemv(W.wo, rows);
+      dev.launch_attend(l, qkv.as<float>(), qkvd, 1.0f / std::sqrt(float(D)), go ? ElemType::f32 : ElemType::f16,
+                        attn.data(), qd);
+      project(W.wo, rows, attn.as<float>(), attn.data(), x.as<float>(), E, true, st);
+      // ---- MLP block ----
+      const bool gg = use_gemv(W.wgu, rows);
+      norm(x.as<float>(), W.ffn_norm, rows, gg, xn.data(), xn16.data(), st);
+      project(W.wgu, rows, xn.as<float>(), xn16.data(), gu.as<float>(), 2 * F, false, st);
+      const bool gd = use_gemv(W.wdown, rows);
+      cuda::GluParams gl;
+      gl.kind = cuda::GluKind::swiglu;
+      gl.n_tokens = rows;
+      gl.n = F;
+      gl.gate = gu.as<float>();
+      gl.gate_stride = 2 * F;
+      gl.up = gu.as<float>() + F;
+      gl.up_stride = 2 * F;
+      gl.out_type = gd ? ElemType::f32 : ElemType::f16;
+      gl.out = act.data();
+      cuda::glu_device(gl, st);
+      project(W.wdown, rows, act.as<float>(), act.data(), x.as<float>(), E, true, st);
+    }
+    if (lrows == 0) return;
+    cuda::GatherRowsParams g;
+    g.rows = lrows;
+    g.n = E;
+    g.x = x.as<float>();
+    g.index = lidx.as<int32_t>();
+    g.out = xl.data();
+    cuda::gather_rows_device(g, st);
+    const bool gout = use_gemv(M.output(), lrows);
+    norm(xl.as<float>(), M.output_norm(), lrows, gout, xl.data(), xl16.data(), st);
+    project(M.output(), lrows, xl.as<float>(), xl16.data(), logits.as<float>(), V, false, st);
+  }
+
+  void observe(int layer, int rows, const ForwardDevice::KVObserver& obs, const std::vector<std::pair<int, int>>& er,
+               void* st) {
+    std::vector<float> h(size_t(rows) * qkvd);
+    cuda::copy_to_host_async(h.data(), qkv.data(), h.size() * 4, st);
+    dev.synchronize();
+    std::vector<float> q, k, v;
+    for (size_t e = 0; e < er.size(); ++e) {
+      const auto [r0, n] = er[e];
+      q.resize(size_t(n) * qd), k.resize(size_t(n) * kvd), v.resize(size_t(n) * kvd);
+      for (int i = 0; i < n; ++i) {
+        const float* row = h.data() + size_t(r0 + i) * qkvd;
+        std::memcpy(q.data() + size_t(i) * qd, row, size_t(qd) * 4);
+        std::memcpy(k.data() + size_t(i) * kvd, row + qd, size_t(kvd) * 4);
+        std::memcpy(v.data() + size_t(i) * kvd, row + qd + kvd, size_t(kvd) * 4);
+      }
+      obs(layer, int(e), q.data(), k.data(), v.data(), n);
+    }
+  }
+};
+
+ForwardDevice::ForwardDevice(std::shared_ptr<const DeviceModel> model, KVStore& kv) : model_(std::move(model)), kv_(kv) {
+  VQ_CHECK(kv.device_kind() == KVDevice::cuda, "forward (cuda): the KV store's blocks live on the cpu");
+  const ModelConfig& c = model_->config();
+  VQ_CHECK(kv.n_layers() == c.n_layers, "forward (cuda): the KV store has {} layers, the model {}", kv.n_layers(),
+           c.n_layers);
+  VQ_CHECK(kv.geometry().n_heads == c.n_heads && kv.geometry().n_kv_heads == c.n_kv_heads &&
+               kv.geometry().head_dim == c.head_dim,
+           "forward (cuda): the KV store's geometry differs from the model's");
+  // The device forward implements the llama family (llama, qwen2, qwen3); gemma3's pieces (GELU MLP,
+  // embedding scale, post-norms, sliding-window layers with their own RoPE base) run on the CPU only.
+  VQ_CHECK(c.ffn_act == FfnActivation::SiLU && c.embd_scale == 1.0f && !c.post_norms && c.n_sliding_layers() == 0,
+           "forward (cuda): architecture {} is not implemented on the device (supported: llama, qwen2, qwen3); "
+           "run it with --device cpu", c.arch);
+  impl_ = std::make_unique<Impl>(*model_, kv);
+}
+
+ForwardDevice::~ForwardDevice() = default;
+
+void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
+  Impl& m = *impl_;
+  KVStoreDevice& dev = m.dev;
+  int rows = 0, lrows = 0;
+  bool decode_shape = true;
+  std::vector<int64_t> counts;
+  for (int e = 0; e < n_entries; ++e) {
+    const BatchEntry& B = entries[e];
+    rows += B.n;
+    lrows += B.logits == LogitsWanted::all ? B.n : B.logits == LogitsWanted::last ? 1 : 0;
+    decode_shape = decode_shape && B.n == 1 && B.logits != LogitsWanted::all;
+    kv_.blocks_for_append(*B.seq, B.n, counts);
+  }
+  if (rows == 0) return;
+  if (!kv_.pool().can_allocate(counts))
+    throw KVPoolExhausted(fmt::format("kv pool: a step of {} tokens needs up to {:.1f} MiB more, {:.1f} MiB of the "
+                                      "{:.1f} MiB budget are free",
+                                      rows, double(kv_.pool().bytes_of(counts)) / 1048576.0,
+                                      double(kv_.pool().free_bytes()) / 1048576.0,
+                                      double(kv_.pool().budget_bytes()) / 1048576.0));
+  kv_.pool().reserve(counts);  // device memory for every block the step may take, before any change
+  m.reserve(rows, lrows);      // (may throw: out of device memory; nothing changed yet)
+  // Bookkeeping of every append (all layers), then the rows.
+  dev.begin_step();
+  std::vector<int64_t> pos0(static_cast<size_t>(n_entries));
+  for (int e = 0; e < n_entries; ++e) {
+    pos0[size_t(e)] = entries[e].seq->size();
+    for (int l = 0; l < kv_.n_layers(); ++l) kv_.append_blocks(*entries[e].seq, l, entries[e].n);
+  }
+  std::vector<std::pair<int, int>> entry_rows;
+  for (int e = 0; e < n_entries; ++e)
+    entry_rows.emplace_back(dev.add_rows(*entries[e].seq, pos0[size_t(e)], entries[e].n), entries[e].n);
+  dev.finish_step();
+  void* st = dev.stream();
+  // Tokens and the rows whose logits are wanted.
+  int32_t* ht = m.h_tokens.as<int32_t>();
+  int32_t* hl = m.h_lidx.as<int32_t>();
+  int lr = 0;
+  for (int e = 0, r = 0; e < n_entries; r += entries[e].n, ++e) {
+    const BatchEntry& B = entries[e];
+    for (int i = 0; i < B.n; ++i) ht[r + i] = B.tokens[i];
+    if (B.logits == LogitsWanted::all)
+      for (int i = 0; i < B.n; ++i) hl[lr++] = r + i;
+    else if (B.logits == LogitsWanted::last)
+      hl[lr++] = r + B.n - 1;
+  }
+  cuda::copy_to_device_async(m.tokens.data(), ht, size_t(rows) * 4, st);
+  if (lrows) cuda::copy_to_device_async(m.lidx.data(), hl, size_t(lrows) * 4, st);
+  const bool fixups = dev.step_has_fixups(), encodes = dev.step_has_encodes();
+  const bool use_graph = graphs_ && decode_shape && !observer_;
+  ++stats_.steps;
+  if (use_graph) {
+    Impl::GraphRec& g = m.graphs[std::make_tuple(rows, lrows, fixups, encodes)];
+    if (g.g.valid() && g.kv_version == dev.layout_version() && g.buf_version == m.buf_version) {
+      g.g.launch(st);
+      ++stats_.graph_replays;
+    } else {
+      // This step runs eagerly (sizing anything still unsized), then the same launches are
+      // recorded for the next steps of this shape.
+      m.run(rows, lrows, fixups, encodes, nullptr, nullptr, st);
+      ++stats_.eager_steps;
+      g.g.reset();
+      g.g.begin_capture(st);
+      try {
+        m.run(rows, lrows, fixups, encodes, nullptr, nullptr, st);
+        g.g.end_capture(st);
+      } catch (...) {
+        cuda::Graph::abort_capture(st);
+        g.g.reset();
+        throw;
+      }
+      g.kv_version = dev.layout_version();
+      g.buf_version = m.buf_version;
+      ++stats_.graph_captures;
+    }
+  } else {
+    m.run(rows, lrows, fixups, encodes, observer_ ? &observer_ : nullptr, &entry_rows, st);
+    ++stats_.eager_steps;
+  }
+  const size_t Vn = size_t(m.V);
+  if (lrows && !skip_download_) cuda::copy_to_host_async(m.h_logits.data(), m.logits.data(), size_t(lrows) * Vn * 4, st);
+  dev.synchronize();
+  if (lrows && !skip_download_) {
+    const float* src = m.h_logits.as<float>();
+    for (int e = 0; e < n_entries; ++e) {
+      const BatchEntry& B = entries[e];
+      const int n = B.logits == LogitsWanted::all ? B.n : B.logits == LogitsWanted::last ? 1 : 0;
+      if (n == 0) continue;
+      std::memcpy(B.out, src, size_t(n) * Vn * 4);
+      src += size_t(n) * Vn;
+    }
+  }
+  for (int e = 0; e < n_entries; ++e) kv_.trim(*entries[e].seq);
+}
+
+#endif
+
+}  // namespace vq

@@ -1,0 +1,67 @@
+#pragma once
+// The batched forward pass on the GPU over a device KV store (KVStoreOptions::device = cuda).
+// Same contract as Forward::step (model/session.h), which routes here when its store lives on
+// the device: one step runs every entry's new tokens as stacked rows through all layers, each
+// weight read once per step (cuBLAS fp16 GEMM, or the native quantized GEMV where it wins for
+// few rows: gemv_preferred), every row's K/V appended into its blocks, attention of every row
+// through its sequence's block tables (codes + fp16 window and sinks), logits for the rows
+// asked copied back. The host only does the pool's bookkeeping, uploads one descriptor block,
+// launches, and copies logits back.
+//
+// Decode steps (every entry one token with LogitsWanted::last or none) are captured once per
+// shape (rows, whether the step has table fix-ups / encodes) into a CUDA graph and replayed;
+// the per-step data (tokens, positions, block tables, encode jobs) is read from fixed device
+// buffers that are rewritten before each replay. Other steps (prefill) run eagerly.
+// Out of device memory or pool budget throws before any sequence changes.
+// No CUDA types here.
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "kvcache/kv_store.h"
+
+namespace vq {
+
+class DeviceModel;
+struct BatchEntry;
+
+struct ForwardDeviceStats {
+  int64_t steps = 0, graph_replays = 0, graph_captures = 0, eager_steps = 0;
+};
+
+class ForwardDevice {
+ public:
+  ForwardDevice(std::shared_ptr<const DeviceModel> model, KVStore& kv);
+  ~ForwardDevice();
+  ForwardDevice(const ForwardDevice&) = delete;
+  ForwardDevice& operator=(const ForwardDevice&) = delete;
+
+  // Entries as Forward::step (checked there: distinct valid sequences, token ids in range, the
+  // pool can hold the step). Throws KVPoolExhausted (budget or device memory) before changing
+  // anything.
+  void step(const BatchEntry* entries, int n_entries);
+
+  // Sees every layer's q, k, v (after RoPE) of every entry, copied to the host (steps with an
+  // observer run eagerly; calibration).
+  using KVObserver = std::function<void(int layer, int entry, const float* q, const float* k, const float* v, int n)>;
+  void set_kv_observer(KVObserver f) { observer_ = std::move(f); }
+  // CUDA graphs for decode steps (default on; off: every step launches eagerly).
+  void set_graphs(bool on) { graphs_ = on; }
+  // Skips copying the logits back (benchmarks of the device step alone): entries' out untouched.
+  void set_skip_logits_download(bool on) { skip_download_ = on; }
+  const ForwardDeviceStats& stats() const { return stats_; }
+  const DeviceModel& model() const { return *model_; }
+  KVStore& kv() { return kv_; }
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<const DeviceModel> model_;
+  KVStore& kv_;
+  KVObserver observer_;
+  bool graphs_ = true, skip_download_ = false;
+  ForwardDeviceStats stats_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vq

@@ -1,0 +1,127 @@
+#pragma once
+// Attention over the KV pool's blocks on the GPU (vq::cuda): every query row reads its
+// sequence's blocks through a block table (device array of block base pointers, indexed by
+// block number = position / block_tokens), with the KV store's position-defined window rule
+// (kvcache/kv_store.h) applied per query position:
+//   dense  [kb, min(t+1, sink_end))          sinks (VecInfer)
+//   coded  [max(kb, sink_end), min(t+1, ce)) ce = max(floor((t+1-R)/B)*B, sink_end)
+//   dense  [max(kb, ce), t+1]                 the fp16 window
+// with kb = max(0, t+1-W) for a sliding window of W tokens (0: global); an all-dense layer
+// (fp16 method) reads [kb, t+1] dense. Block layouts (bytes identical to the CPU's):
+//   dense: fp16 keys channel-major [H][D][B], then values [H][B][D];
+//   coded: VecInfer codes, keys [H][B][krow] then values [H][B][vrow] (packed rows).
+//
+// Launch sequence: coded split kernel (the LUT or gather-mma kernel of pq_attention.cu in its
+// paged mode) + dense split kernel, each writing flash-decoding partials (m, l, o) per split,
+// then one merge kernel that combines them and normalises. Grids are fixed by the plan (rows,
+// heads, split counts) and every per-row range is derived on the device from the row's
+// position, so the launch sequence can be captured once in a CUDA graph and replayed with new
+// positions and tables.
+// No CUDA types here; all pointers are device pointers unless a comment says otherwise.
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cuda/elem_type.h"
+#include "ops/cuda/pq_attention_cuda.h"
+
+#if defined(__CUDACC__)
+#define VQ_HD __host__ __device__ __forceinline__
+#else
+#define VQ_HD inline
+#endif
+
+namespace vq::cuda {
+
+// The window rule of one layer (KVStore::Layer).
+struct PagedRule {
+  int block_tokens = 32;  // B: a power of two >= 32
+  int64_t sink_end = 0;   // a multiple of B (0: no sinks)
+  int64_t residual = 0;   // R
+  int64_t window = 0;     // sliding window W (0: global)
+  bool coded = false;     // the layer has a coded (VecInfer) form
+};
+
+// Key ranges [lo, hi) of a query at position t; empty ranges have hi <= lo.
+struct PagedRanges {
+  int64_t sink_lo, sink_hi, code_lo, code_hi, win_lo, win_hi;
+};
+
+VQ_HD int64_t paged_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+VQ_HD int64_t paged_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+VQ_HD PagedRanges paged_ranges(const PagedRule& r, int64_t t) {
+  const int64_t lim = t + 1;
+  const int64_t kb = r.window > 0 ? paged_max64(0, t + 1 - r.window) : 0;
+  PagedRanges g{0, 0, 0, 0, 0, 0};
+  if (!r.coded) {
+    g.win_lo = kb, g.win_hi = lim;
+    return g;
+  }
+  const int64_t B = r.block_tokens;
+  const int64_t ce = paged_max64(paged_max64(0, t + 1 - r.residual) / B * B, r.sink_end);
+  g.sink_lo = kb, g.sink_hi = paged_min64(lim, r.sink_end);
+  g.code_lo = paged_max64(kb, r.sink_end), g.code_hi = paged_min64(lim, ce);
+  g.win_lo = paged_max64(kb, ce), g.win_hi = lim;
+  return g;
+}
+
+// Prefill: a tile of consecutive query rows (positions) of one sequence, computed by the
+// tensor-core prefill kernel (each key block read once per tile); at most
+// paged_prefill_positions_per_tile(group) rows, block_tokens 32.
+struct PagedPrefillTile {
+  int32_t row0 = 0;   // first row (rows row0 .. row0 + n_pos - 1: positions p, p+1, ...)
+  int32_t n_pos = 0;
+};
+int paged_prefill_positions_per_tile(int group);
+
+struct PagedAttnParams {
+  int rows = 0;               // query rows (decode: one per sequence; prefill: one per position)
+  int n_kv_heads = 0;
+  int group = 1;              // query heads per KV head, 1..16
+  int head_dim = 0;           // 64, 128 or 256
+  PagedRule rule;
+  const int32_t* pos = nullptr;                       // [rows] query position
+  // Block tables: row r reads tables[row_table[r]] (row_table null: tables[r]), so rows of one
+  // sequence (a prefill chunk) share one entry.
+  const int32_t* row_table = nullptr;
+  const uint8_t* const* const* dense_tables = nullptr;  // the sequences' dense block tables
+  const uint8_t* const* const* coded_tables = nullptr;  // coded block tables (rule.coded)
+  const float* q = nullptr;   // row r at q + r*q_stride: [n_kv_heads*group][head_dim] f32 after RoPE
+  int64_t q_stride = 0;       // elements; 0: packed
+  float scale = 1.0f;         // score = scale * q.k on the dense keys
+  // VecInfer layers (rule.coded): transformed queries q~ = H(q*lambda)*scale (query_transform_device),
+  // presets and fp16 codebooks [n_kv_heads, books, 2^bits, sub_dim].
+  const float* q_code = nullptr;  // [rows][n_kv_heads*group][head_dim] packed
+  int k_sub_dim = 4, k_bits = 8;
+  bool k_per_subspace = false;
+  int v_sub_dim = 4, v_bits = 8;
+  bool v_per_subspace = false;
+  const uint16_t* k_book = nullptr;
+  const uint16_t* v_book = nullptr;
+  PQAttnKernel kernel = PQAttnKernel::automatic;
+  // Split counts (paged_attention_plan fills them from the SM count; fixed for a captured graph).
+  int coded_splits = 0, dense_splits = 0;
+  // Prefill tiles (device array, n_tiles of them; eager steps): their rows are computed by the
+  // prefill kernel and skipped by the decode kernels (row_skip[r] = 1).
+  const PagedPrefillTile* tiles = nullptr;
+  int n_tiles = 0;
+  const uint8_t* row_skip = nullptr;  // [rows] or null
+  ElemType out_type = ElemType::f32;  // f32 or f16 (the input of the output projection)
+  void* out = nullptr;        // row r at out + r*out_stride: [n_kv_heads*group][head_dim]
+  int64_t out_stride = 0;     // elements; 0: packed
+  void* workspace = nullptr;  // paged_attention_workspace_bytes(params)
+  size_t workspace_bytes = 0;
+};
+
+// Fills coded_splits / dense_splits for `rows` rows from the device's SM count (about two
+// waves of blocks at long contexts; short rows leave later splits empty, which exit at once).
+void paged_attention_plan(PagedAttnParams& p);
+size_t paged_attention_workspace_bytes(const PagedAttnParams& p);
+// Throws vq::Error naming the field unless supported (shapes, presets, splits, workspace).
+void check_paged_attention(const PagedAttnParams& p);
+// Asynchronous on `stream`; no allocation, no synchronisation (capturable).
+void paged_attention_device(const PagedAttnParams& p, void* stream = nullptr);
+// Whether the coded split kernel for these presets is the LUT one (else gather-mma).
+bool paged_attention_uses_lut(const PagedAttnParams& p);
+
+}  // namespace vq::cuda

@@ -1,0 +1,237 @@
+// The KV store with its pool on the GPU against the same store on the CPU: identical
+// bookkeeping, identical dense block bytes, nearly identical codes, attention outputs within the
+// kernels' rounding, for decode and prefill-style queries, forks, sliding windows, every GQA
+// group 1..16, head_dim 64 / 128 / 256, fp16 and VecInfer presets (shared and per-sub-space
+// codebooks, so both coded split kernels run). GPU tests skip without a device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec/calibration_file.h"
+#include "kvcache/calibration_train.h"
+#include "kvcache/factory.h"
+#include "kvcache/kv_store.h"
+#include "kvcache/kv_store_device.h"
+#include "gpu_test.h"
+#include "test_util.h"
+
+
+namespace vq {
+namespace {
+
+
+struct Case {
+  const char* name;
+  int HQ, H, D;
+  const char* spec;
+  int window = 0;  // sliding window of layer 1 (0: global)
+};
+
+KVSpec spec_for(const Case& c, int layers) {
+  KVCacheConfig cfg = parse_kv_cache_spec(c.spec);
+  KVSpec s{cfg, nullptr};
+  if (cfg.method == KVMethod::vecinfer)
+    s.calibration = std::make_shared<const Calibration>(random_calibration(cfg, layers, c.H, c.D, 7));
+  return s;
+}
+
+std::unique_ptr<KVStore> make_store(const Case& c, const KVSpec& spec, KVDevice dev, size_t budget = size_t(-1)) {
+  KVStoreOptions o;
+  o.device = dev;
+  o.budget_bytes = budget;
+  if (c.window) o.sliding_window = {0, c.window};
+  return std::make_unique<KVStore>(KVGeometry{c.HQ, c.H, c.D}, 2, spec, o);
+}
+
+class DeviceStoreParity : public ::testing::TestWithParam<Case> {};
+
+// One sequence grows by a 75-token prompt, then single tokens and a 45-token chunk; a fork of it
+// grows on its own; after every append both stores attend the new positions and agree.
+TEST_P(DeviceStoreParity, AppendsForksAndAttentionMatchTheCpu) {
+  VQ_SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  const int L = 2;
+  const KVSpec spec = spec_for(c, L);
+  auto cpu = make_store(c, spec, KVDevice::cpu);
+  auto gpu = make_store(c, spec, KVDevice::cuda);
+  const bool coded = spec.config.method == KVMethod::vecinfer;
+  // VecInfer: the two encoders may pick different centroids at near-ties (counted below), and
+  // the GPU kernels use fp16 lookup tables / queries; fp16 decode rows: only the order of fp32
+  // sums differs; fp16 prefill rows (>= 16 rows: the tensor-core kernel) round q and P to fp16.
+  auto tol_for = [&](int n) { return coded ? 2e-3 : n >= 16 ? 1e-6 : 1e-8; };
+  std::mt19937 rng(1234);
+  const size_t kvrow = size_t(c.H) * c.D, qrow = size_t(c.HQ) * c.D;
+  std::vector<SeqKV> sc, sg;
+  sc.push_back(cpu->new_sequence());
+  sg.push_back(gpu->new_sequence());
+  auto grow = [&](size_t i, int n) {
+    for (int l = 0; l < L; ++l) {
+      const auto k = randn(size_t(n) * kvrow, rng), v = randn(size_t(n) * kvrow, rng);
+      cpu->append(sc[i], l, k.data(), v.data(), n);
+      gpu->append(sg[i], l, k.data(), v.data(), n);
+    }
+    for (int l = 0; l < L; ++l) {
+      const auto q = randn(size_t(n) * qrow, rng);
+      std::vector<float> oc(q.size()), og(q.size(), NAN);
+      const int64_t pos0 = sc[i].size() - n;
+      AttnEntry ec{&sc[i], pos0, n, q.data(), oc.data()}, eg{&sg[i], pos0, n, q.data(), og.data()};
+      cpu->attend(l, &ec, 1, 1.0f / std::sqrt(float(c.D)));
+      gpu->attend(l, &eg, 1, 1.0f / std::sqrt(float(c.D)));
+      for (float x : og) ASSERT_TRUE(std::isfinite(x)) << "unwritten or NaN output, seq " << i << " layer " << l;
+      ASSERT_LT(nmse(og, oc), tol_for(n)) << c.name << ": seq " << i << " layer " << l << " at " << sc[i].size();
+    }
+    cpu->trim(sc[i]);
+    gpu->trim(sg[i]);
+  };
+  grow(0, 75);
+  for (int s = 0; s < 40; ++s) grow(0, 1);
+  grow(0, 45);
+  // a fork shares every block (the partial last one too); the first write into it copies it
+  sc.push_back(cpu->fork(sc[0]));
+  sg.push_back(gpu->fork(sg[0]));
+  for (int s = 0; s < 70; ++s) grow(1, 1), grow(0, 1);
+  EXPECT_EQ(cpu->pool().used_bytes(), gpu->pool().used_bytes());
+  for (size_t i = 0; i < sc.size(); ++i) EXPECT_EQ(cpu->token_bytes(sc[i]), gpu->token_bytes(sg[i]));
+  // Block bytes: dense blocks equal in every written slot, codes equal but for rare near-ties
+  // of the nearest centroid.
+  const int B = gpu->block_tokens();
+  size_t same = 0, total = 0, dense_blocks = 0;
+  for (size_t i = 0; i < sc.size(); ++i)
+    for (int l = 0; l < L; ++l)
+      for (int kind = 0; kind < 2; ++kind) {
+        const int64_t n = sc[i].layer_size(l);
+        for (size_t j = 0; int64_t(j) * B < n; ++j) {
+          const int32_t idc = cpu->block_id(sc[i], l, kind == 1, j), idg = gpu->block_id(sg[i], l, kind == 1, j);
+          ASSERT_EQ(idc >= 0, idg >= 0) << "seq " << i << " layer " << l << " block " << j << " kind " << kind;
+          if (idc < 0) continue;
+          const int arena = cpu->arena_of(l, kind == 1);
+          const size_t bytes = cpu->pool().block_bytes(arena);
+          std::vector<uint8_t> g(bytes);
+          gpu->device().download_block(arena, idg, g.data());
+          const uint8_t* h = cpu->pool().data(arena, idc);
+          if (kind == 0) {  // fp16: keys [H][D][B], values [H][B][D]; slots past n are unwritten
+            const int valid = int(std::min<int64_t>(B, n - int64_t(j) * B));
+            const auto* hk = reinterpret_cast<const uint16_t*>(h);
+            const auto* gk = reinterpret_cast<const uint16_t*>(g.data());
+            for (int hh = 0; hh < c.H; ++hh)
+              for (int ch = 0; ch < c.D; ++ch)
+                for (int t = 0; t < valid; ++t) {
+                  const size_t ki = (size_t(hh) * c.D + ch) * B + t;
+                  const size_t vi = size_t(c.H) * c.D * B + (size_t(hh) * B + t) * c.D + ch;
+                  ASSERT_EQ(hk[ki], gk[ki]) << "key h" << hh << " c" << ch << " t" << t;
+                  ASSERT_EQ(hk[vi], gk[vi]) << "value h" << hh << " c" << ch << " t" << t;
+                }
+            ++dense_blocks;
+          } else {
+            for (size_t k = 0; k < bytes; ++k) same += h[k] == g[k];
+            total += bytes;
+          }
+        }
+      }
+  EXPECT_GT(dense_blocks, 0u);
+  if (coded) {
+    ASSERT_GT(total, 0u);
+    EXPECT_GE(double(same) / double(total), 0.98) << same << " of " << total << " code bytes equal";
+  }
+}
+
+const Case kCases[] = {
+    {"fp16_g1_d64", 4, 4, 64, "fp16"},
+    {"fp16_g3_d64", 9, 3, 64, "fp16"},
+    {"fp16_g4_d128", 32, 8, 128, "fp16"},
+    {"fp16_g16_d64", 16, 1, 64, "fp16"},
+    {"fp16_g3_d256", 12, 4, 256, "fp16"},
+    {"fp16_window", 8, 2, 64, "fp16", 50},
+    {"d4b8_shared_g4_d128_lut", 8, 2, 128, "vecinfer:d4b8,gran=shared"},
+    {"d4b8_shared_g3_d64_lut", 9, 3, 64, "vecinfer:d4b8,gran=shared"},
+    {"d4b8_sub_g4_d128", 8, 2, 128, "vecinfer:d4b8"},
+    {"d8b8_sub_g8_d128", 16, 2, 128, "vecinfer:d8b8"},
+    {"d4b8_sub_g3_d256", 12, 4, 256, "vecinfer:d4b8"},
+    {"k_d8b8_v_d4b8_g16_d64", 16, 1, 64, "vecinfer:k=d8b8,v=d4b8,gran=shared"},
+    {"d8b12_shared_g2_d128", 4, 2, 128, "vecinfer:d8b12,gran=shared"},
+    {"d8b12_sub_g1_d64", 2, 2, 64, "vecinfer:d8b12"},
+    {"d4b8_r64_sink0", 8, 2, 64, "vecinfer:d4b8,r=64,sink=0"},
+    {"d4b8_window", 8, 2, 64, "vecinfer:d4b8", 100},
+    // r=32: the prefill chunks' later rows read codes of the same chunk (the prefill kernel's coded form)
+    {"d4b8_r32_g4_d128", 8, 2, 128, "vecinfer:d4b8,r=32"},
+    {"d8b8_r32_g3_d256", 12, 4, 256, "vecinfer:d8b8,r=32"},
+    {"d8b12_r32_g2_d64", 4, 2, 64, "vecinfer:d8b12,r=32,gran=shared"},
+    {"fp16_g8_d256", 16, 2, 256, "fp16"},
+    // head_dim 256 on the LUT kernel (shared value books)
+    {"d4b8_shared_g3_d256_lut", 12, 4, 256, "vecinfer:d4b8,gran=shared"},
+    {"k_d8b8_v_d4b8_g16_d256_lut", 16, 1, 256, "vecinfer:k=d8b8,v=d4b8,gran=shared"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, DeviceStoreParity, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// A short run for compute-sanitizer racecheck (every attention kernel: dense split, LUT and
+// gather-mma coded splits, merge, and the block encoder).
+TEST(DeviceStore, SmallRunForSanitizers) {
+  VQ_SKIP_WITHOUT_GPU();
+  for (const char* kv : {"fp16", "vecinfer:d4b8,r=32,gran=shared", "vecinfer:d4b8,r=32"}) {
+    const Case c{"small", 8, 2, 64, kv};
+    const KVSpec spec = spec_for(c, 2);
+    auto gpu = make_store(c, spec, KVDevice::cuda);
+    std::mt19937 rng(3);
+    SeqKV s = gpu->new_sequence();
+    const size_t kvrow = size_t(c.H) * c.D, qrow = size_t(c.HQ) * c.D;
+    for (int n : {70, 1, 33}) {
+      for (int l = 0; l < 2; ++l) {
+        const auto k = randn(size_t(n) * kvrow, rng), v = randn(size_t(n) * kvrow, rng);
+        gpu->append(s, l, k.data(), v.data(), n);
+      }
+      const auto q = randn(size_t(n) * qrow, rng);
+      std::vector<float> o(q.size(), NAN);
+      AttnEntry e{&s, s.size() - n, n, q.data(), o.data()};
+      gpu->attend(1, &e, 1, 0.125f);
+      for (float x : o) ASSERT_TRUE(std::isfinite(x)) << kv;
+    }
+  }
+}
+
+TEST(DeviceStore, RefusesMethodsWithoutDeviceKernels) {
+  for (const char* s : {"q8_0", "q4_0", "kivi2", "fp32"}) {
+    const KVSpec spec{parse_kv_cache_spec(s), nullptr};
+    const std::string why = kv_device_unsupported_reason(spec, KVGeometry{8, 2, 64}, 32);
+    EXPECT_NE(why, "");
+#ifdef VQ_HAVE_CUDA
+    EXPECT_NE(why.find("fp16 and vecinfer"), std::string::npos) << why;
+#endif
+  }
+}
+
+TEST(DeviceStore, BudgetExhaustionMatchesTheCpuAndChangesNothing) {
+  VQ_SKIP_WITHOUT_GPU();
+  const Case c{"budget", 8, 2, 64, "vecinfer:d4b8"};
+  const KVSpec spec = spec_for(c, 2);
+  const size_t budget = 400 * 1024;
+  auto cpu = make_store(c, spec, KVDevice::cpu, budget);
+  auto gpu = make_store(c, spec, KVDevice::cuda, budget);
+  std::mt19937 rng(5);
+  SeqKV a = cpu->new_sequence(), b = gpu->new_sequence();
+  const size_t kvrow = size_t(c.H) * c.D;
+  int steps = 0;
+  for (;; ++steps) {
+    const bool fc = cpu->can_append(a, 16), fg = gpu->can_append(b, 16);
+    ASSERT_EQ(fc, fg) << "at " << a.size() << " tokens";
+    if (!fc) break;
+    for (int l = 0; l < 2; ++l) {
+      const auto k = randn(16 * kvrow, rng), v = randn(16 * kvrow, rng);
+      cpu->append(a, l, k.data(), v.data(), 16);
+      gpu->append(b, l, k.data(), v.data(), 16);
+    }
+    cpu->trim(a);
+    gpu->trim(b);
+    ASSERT_EQ(cpu->pool().used_bytes(), gpu->pool().used_bytes());
+    ASSERT_LE(gpu->pool().used_bytes(), budget);
+  }
+  EXPECT_GT(steps, 3);
+}
+
+}  // namespace
+}  // namespace vq

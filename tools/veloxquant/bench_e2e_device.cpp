@@ -1,0 +1,262 @@
+// veloxquant bench e2e --device cuda: batched decode speed on the GPU for a real model's
+// geometry with random weights built in device memory (no multi-GB files). Per (kv cache,
+// context): max(batch) sequences are filled to `ctx` tokens directly through the device KV
+// store's real append path (random keys/values written on the device, encoded into blocks as a
+// prefill would), so 128k-token contexts take seconds; then per batch size B, B of them are
+// forked and decode steps run through the device forward (one CUDA graph per step shape). Each
+// row prints the step time, tokens/s, the bytes a step must read (weights + every row's KV) and
+// the byte floor at the copy bandwidth measured in the same run, or `does not fit` where the
+// pool cannot hold the batch. Optional prefill rows time a B=1 prompt of each --prefill length.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_e2e_device.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "kvcache/calibration_train.h"
+#include "kvcache/factory.h"
+#include "kvcache/kv_store_device.h"
+#include "model/device_model.h"
+#include "model/forward_device.h"
+#include "model/model.h"
+#include "model/session.h"
+
+#ifdef VQ_HAVE_CUDA
+#include "ops/cuda/device.h"
+#include "ops/cuda/kv_blocks_cuda.h"
+#include "ops/cuda/stream_cuda.h"
+#endif
+
+namespace vq::cli {
+
+namespace {
+
+struct GeometrySpec {
+  const char* name;
+  int n_layers, n_embd, n_heads, n_kv_heads, head_dim, n_ff, n_vocab;
+  float rope_theta;
+};
+
+// Shapes of real models (their config.json): only shapes matter for speed.
+const GeometrySpec kGeometries[] = {
+    {"smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, 100000.0f},
+    {"llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, 500000.0f},
+    {"falcon3-7b", 28, 3072, 12, 4, 256, 23040, 131072, 1000042.0f},
+    {"qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 152064, 1000000.0f},
+    {"mistral-7b", 32, 4096, 32, 8, 128, 14336, 32768, 1000000.0f},
+};
+
+}  // namespace
+
+std::string device_geometry_names() {
+  std::string s;
+  for (const auto& g : kGeometries) s += (s.empty() ? "" : ", ") + std::string(g.name);
+  return s;
+}
+
+#ifndef VQ_HAVE_CUDA
+
+void run_e2e_device(const E2EDeviceArgs&) { VQ_FAIL("bench e2e --device cuda: this build has no CUDA backend"); }
+
+#else
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ModelConfig config_of(const GeometrySpec& g) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.name = g.name;
+  c.n_layers = g.n_layers, c.n_embd = g.n_embd, c.n_heads = g.n_heads, c.n_kv_heads = g.n_kv_heads;
+  c.head_dim = g.head_dim, c.n_ff = g.n_ff, c.n_vocab = g.n_vocab, c.n_rot = g.head_dim;
+  c.rope_theta = g.rope_theta;
+  c.n_ctx_train = 1 << 20;
+  return c;
+}
+
+std::vector<double> plain_inv_freqs(const ModelConfig& c) {
+  std::vector<double> f(size_t(c.n_rot / 2));
+  for (int i = 0; i < c.n_rot / 2; ++i) f[size_t(i)] = std::pow(double(c.rope_theta), -2.0 * i / c.n_rot);
+  return f;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+void run_e2e_device(const E2EDeviceArgs& a) {
+  VQ_CHECK(cuda::cuda_device_available(), "bench e2e --device cuda: {}", cuda::cuda_unavailable_reason());
+  const GeometrySpec* gs = nullptr;
+  for (const auto& g : kGeometries)
+    if (a.geometry == g.name) gs = &g;
+  VQ_CHECK(gs != nullptr, "--geometry: '{}' is not one of {}", a.geometry, device_geometry_names());
+  VQ_CHECK(a.steps >= 2 && a.warmup >= 0, "--steps {} must be >= 2, --warmup {} >= 0", a.steps, a.warmup);
+  const ModelConfig mc = config_of(*gs);
+  const int L = mc.n_layers, H = mc.n_kv_heads, D = mc.head_dim;
+  const double bw = cuda::measure_copy_bandwidth(size_t(2) << 30);  // GB/s, read + written
+  const auto t_build = Clock::now();
+  const auto dm = DeviceModel::random(mc, plain_inv_freqs(mc), 1);
+  std::printf("device %s; geometry %s (%d layers, %d/%d heads, head_dim %d), random fp16 weights built on the device "
+              "in %.2f s (%s); copy bandwidth %.0f GB/s (read + written)\n",
+              cuda::cuda_device_description().c_str(), gs->name, L, mc.n_heads, H, D,
+              std::chrono::duration<double>(Clock::now() - t_build).count(), dm->describe().c_str(), bw);
+  std::printf("| kv cache | ctx | batch | step ms | tok/s | weights GB/step | KV GB/step | floor ms | step / floor |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::fflush(stdout);
+  nlohmann::json out = nlohmann::json::array();
+  const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
+  const int64_t kvd = int64_t(H) * D;
+  const int chunk = 4096;
+  cuda::DeviceBuffer kbuf(size_t(chunk) * kvd * 4), vbuf(size_t(chunk) * kvd * 4);
+  uint64_t seed = 100;
+  auto fill_kv = [&](int n) {
+    for (cuda::DeviceBuffer* b : {&kbuf, &vbuf}) {
+      cuda::RandomFillParams r;
+      r.type = cuda::ElemType::f32, r.out = b->data(), r.n = int64_t(n) * kvd, r.seed = ++seed;
+      cuda::random_fill_device(r);
+    }
+  };
+  for (const std::string& kvs : a.kv_caches) {
+    const KVCacheConfig cfg = parse_kv_cache_spec(kvs);
+    KVSpec spec{cfg, nullptr};
+    if (cfg.method == KVMethod::vecinfer)
+      spec.calibration = std::make_shared<const Calibration>(random_calibration(cfg, L, H, D, 5));
+    for (int ctx : a.ctxs) {
+      const size_t headroom = size_t(3) << 30;  // activations, cuBLAS, attention workspaces
+      const size_t free_b = cuda::device_free_bytes();
+      KVStoreOptions o;
+      o.device = KVDevice::cuda;
+      o.budget_bytes = a.kv_budget_mib > 0 ? size_t(a.kv_budget_mib * 1048576.0) : (free_b > headroom ? free_b - headroom : 0);
+      KVStore store(KVGeometry{mc.n_heads, H, D}, L, spec, o);
+      std::vector<SeqKV> seqs;
+      int fitted = 0;
+      const auto t_fill = Clock::now();
+      for (int b = 0; b < max_b; ++b) {
+        SeqKV s = store.new_sequence();
+        bool ok = true;
+        try {
+          for (int t = 0; t < ctx && ok; t += chunk) {
+            const int n = std::min(chunk, ctx - t);
+            for (int l = 0; l < L; ++l) {
+              fill_kv(n);
+              store.device().append_device(s, l, kbuf.as<float>(), vbuf.as<float>(), n);
+            }
+            store.trim(s);
+          }
+        } catch (const KVPoolExhausted&) {
+          ok = false;
+        }
+        if (!ok) break;
+        seqs.push_back(std::move(s));
+        fitted = b + 1;
+      }
+      const double fill_s = std::chrono::duration<double>(Clock::now() - t_fill).count();
+      std::fprintf(stderr, "%s ctx %d: %d of %d sequences filled in %.1f s (pool %.1f GiB used of %.1f GiB)\n",
+                   cfg.name().c_str(), ctx, fitted, max_b, fill_s, double(store.pool().used_bytes()) / 1073741824.0,
+                   double(store.pool().budget_bytes()) / 1073741824.0);
+      ForwardDevice fwd(dm, store);
+      fwd.set_skip_logits_download(a.skip_logits);
+      for (int B : a.batches) {
+        const size_t seq_bytes = seqs.empty() ? 0 : store.token_bytes(seqs[0]);
+        if (B > fitted) {
+          std::printf("| %s | %d | %d | does not fit | | | %.1f | | |\n", cfg.name().c_str(), ctx, B,
+                      double(seq_bytes ? seq_bytes : 0) * B / 1e9);
+          std::fflush(stdout);
+          out.push_back({{"kv_cache", cfg.name()}, {"ctx", ctx}, {"batch", B}, {"fits", false},
+                         {"geometry", gs->name}});
+          continue;
+        }
+        std::vector<SeqKV> forks;
+        for (int b = 0; b < B; ++b) forks.push_back(store.fork(seqs[size_t(b)]));
+        std::vector<int32_t> tok(size_t(B), 1);
+        std::vector<float> logits(size_t(B) * mc.n_vocab);
+        std::vector<BatchEntry> entries(static_cast<size_t>(B));
+        std::vector<double> dt;
+        bool fits = true;
+        size_t kv_bytes = 0;
+        try {
+          for (int i = 0; i < a.warmup + a.steps; ++i) {
+            for (int b = 0; b < B; ++b)
+              entries[size_t(b)] = BatchEntry{&forks[size_t(b)], &tok[size_t(b)], 1, LogitsWanted::last,
+                                              logits.data() + size_t(b) * mc.n_vocab};
+            if (i == a.warmup) {
+              kv_bytes = 0;
+              for (int b = 0; b < B; ++b) kv_bytes += store.token_bytes(forks[size_t(b)]);
+            }
+            const auto t0 = Clock::now();
+            fwd.step(entries.data(), B);
+            if (i >= a.warmup) dt.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+            for (int b = 0; b < B; ++b) tok[size_t(b)] = int32_t((tok[size_t(b)] * 7 + 13) % mc.n_vocab);
+          }
+        } catch (const KVPoolExhausted& e) {
+          fits = false;
+          std::fprintf(stderr, "batch %d: %s\n", B, e.what());
+        }
+        forks.clear();
+        if (!fits) {
+          std::printf("| %s | %d | %d | does not fit | | | | | |\n", cfg.name().c_str(), ctx, B);
+          out.push_back({{"kv_cache", cfg.name()}, {"ctx", ctx}, {"batch", B}, {"fits", false}, {"geometry", gs->name}});
+          continue;
+        }
+        const double step = median(dt);
+        const double wb = double(dm->step_weight_bytes(B));
+        const double floor_ms = (wb + double(kv_bytes)) / (bw * 1e9) * 1e3;
+        std::printf("| %s | %d | %d | %.3f | %.1f | %.2f | %.3f | %.3f | %.2fx |\n", cfg.name().c_str(), ctx, B,
+                    step * 1e3, B / step, wb / 1e9, double(kv_bytes) / 1e9, floor_ms, step * 1e3 / floor_ms);
+        std::fflush(stdout);
+        const ForwardDeviceStats& st = fwd.stats();
+        out.push_back({{"kv_cache", cfg.name()}, {"ctx", ctx}, {"batch", B}, {"fits", true}, {"step_ms", step * 1e3},
+                       {"step_ms_best", *std::min_element(dt.begin(), dt.end()) * 1e3}, {"tok_s", B / step},
+                       {"weight_bytes", wb}, {"kv_bytes", kv_bytes}, {"floor_ms", floor_ms}, {"copy_gbs", bw},
+                       {"graph_replays", st.graph_replays}, {"graph_captures", st.graph_captures},
+                       {"geometry", gs->name}, {"fill_s", fill_s}});
+      }
+    }
+    for (int n : a.prefill) {
+      KVStoreOptions o;
+      o.device = KVDevice::cuda;
+      const size_t free_b = cuda::device_free_bytes();
+      o.budget_bytes = free_b > (size_t(3) << 30) ? free_b - (size_t(3) << 30) : 0;
+      KVStore store(KVGeometry{mc.n_heads, H, D}, L, spec, o);
+      ForwardDevice fwd(dm, store);
+      std::vector<int32_t> toks(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) toks[size_t(i)] = int32_t((i * 7919) % mc.n_vocab);
+      std::vector<float> logits(size_t(mc.n_vocab));
+      double best = 1e30;
+      for (int rep = 0; rep < 2; ++rep) {  // the first run sizes the buffers
+        SeqKV s = store.new_sequence();
+        const auto t0 = Clock::now();
+        for (int d = 0; d < n; d += a.prefill_chunk) {
+          const int m = std::min(a.prefill_chunk, n - d);
+          BatchEntry e{&s, toks.data() + d, m, d + m == n ? LogitsWanted::last : LogitsWanted::none, logits.data()};
+          fwd.step(&e, 1);
+        }
+        best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      std::printf("| %s | prefill %d | 1 | %.1f ms | %.0f tok/s (chunks of %d) | | | | |\n", cfg.name().c_str(), n,
+                  best * 1e3, n / best, a.prefill_chunk);
+      std::fflush(stdout);
+      out.push_back({{"kv_cache", cfg.name()}, {"prefill", n}, {"prefill_ms", best * 1e3}, {"prefill_tok_s", n / best},
+                     {"chunk", a.prefill_chunk}, {"geometry", gs->name}});
+    }
+  }
+  if (!a.json.empty()) {
+    const std::string doc = out.dump(1) + "\n";
+    write_file_atomic(a.json, doc.data(), doc.size());
+  }
+}
+
+#endif
+
+}  // namespace vq::cli

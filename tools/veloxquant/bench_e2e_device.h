@@ -1,0 +1,22 @@
+#pragma once
+// veloxquant bench e2e --device cuda (bench_e2e_device.cpp): decode on the GPU for a real
+// model's geometry with random device weights.
+#include <string>
+#include <vector>
+
+namespace vq::cli {
+
+struct E2EDeviceArgs {
+  std::string geometry = "llama-3.1-8b";
+  std::vector<int> batches{1}, ctxs{4096}, prefill;
+  std::vector<std::string> kv_caches{"fp16"};
+  int steps = 32, warmup = 40, prefill_chunk = 2048;
+  double kv_budget_mib = 0;
+  bool skip_logits = false;
+  std::string json;
+};
+
+void run_e2e_device(const E2EDeviceArgs& a);
+std::string device_geometry_names();
+
+}  // namespace vq::cli
