@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   vq::cli::add_info(app);
   vq::cli::add_calibrate(app);
   vq::cli::add_perplexity(app);
+  vq::cli::add_eval(app);
   vq::cli::add_bench(app);
   try {
     app.parse(argc, argv);
