@@ -34,8 +34,8 @@ const char* const kDefaultTexts[] = {
 // The retrieval distractor: long (~35k tokens), also held out.
 const char* const kDefaultFiller = "/usr/share/doc/python3/html/_sources/howto/logging-cookbook.rst.txt";
 // Every shipped method.
-const char* const kDefaultMethods[] = {"fp16",          "q8_0",          "q4_0",          "kivi4",
-                                       "kivi2",         "vecinfer:d4b8", "vecinfer:d8b12", "vecinfer:d8b8"};
+const char* const kDefaultMethods[] = {"fp16",  "q8_0",          "q4_0",           "q4_0h",        "kivi4",
+                                       "kivi2", "vecinfer:d4b8", "vecinfer:d8b12", "vecinfer:d8b8"};
 
 struct EvalCliOptions {
   std::string model, out, prompts_out, filler = kDefaultFiller;
