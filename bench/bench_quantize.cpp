@@ -1,11 +1,11 @@
 // The quantize benchmark: fused nearest-centroid encoder vs the materialising reference on the
-// original's table (src/codec/quantize_bench.h). Usage: bench_quantize [--json FILE] [--quick]
+// original's table (bench/quantize/quantize_bench.h). Usage: bench_quantize [--json FILE] [--quick]
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "codec/quantize_bench.h"
+#include "quantize_bench.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 

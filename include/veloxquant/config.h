@@ -65,3 +65,13 @@ const char* method_name(KVMethod m);
 const char* gpu_kernels_name(GpuKernels g);
 
 }  // namespace vq
+
+namespace veloxquant {
+using vq::CodebookGranularity;
+using vq::GpuKernels;
+using vq::gpu_kernels_name;
+using vq::KVCacheConfig;
+using vq::KVMethod;
+using vq::method_name;
+using vq::PQPreset;
+}  // namespace veloxquant

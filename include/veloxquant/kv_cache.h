@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "veloxquant/status.h"
+
 namespace vq {
 
 struct KVGeometry {
@@ -53,3 +55,9 @@ class KVCache {
 using KVCacheFactory = std::function<std::unique_ptr<KVCache>(int layer, const KVGeometry&)>;
 
 }  // namespace vq
+
+namespace veloxquant {
+using vq::KVCache;
+using vq::KVCacheFactory;
+using vq::KVGeometry;
+}  // namespace veloxquant

@@ -12,3 +12,9 @@ class Error : public std::runtime_error {
 };
 
 }  // namespace vq
+
+// The public API lives in namespace veloxquant; the types it shares with the library's internals
+// are declared in vq and named there too.
+namespace veloxquant {
+using vq::Error;
+}  // namespace veloxquant

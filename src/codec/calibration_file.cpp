@@ -1,7 +1,11 @@
 #include "codec/calibration_file.h"
 
+#include <fmt/ranges.h>
+
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "codec/key_transform.h"
 #include "core/atomic_file.h"
@@ -99,6 +103,31 @@ size_t Calibration::value_codebook_floats() const {
   return size_t(n_kv_heads) * value_books() * (size_t(1) << value.bits) * value.sub_dim;
 }
 
+namespace {
+
+// "[h, b, c, e]" of a flat index into an array of shape dims (row-major).
+std::string index_of(size_t i, std::initializer_list<size_t> dims) {
+  std::vector<size_t> idx(dims.size());
+  size_t k = dims.size();
+  for (auto it = std::rbegin(dims); it != std::rend(dims); ++it) {
+    idx[--k] = i % *it;
+    i /= *it;
+  }
+  return fmt::format("[{}]", fmt::join(idx, ", "));
+}
+
+void check_codebook_values(const std::vector<float>& v, size_t l, const char* side, int books, const CodecParams& p) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!(std::fabs(v[i]) <= kMaxCalibrationValue))  // also catches NaN
+      VQ_FAIL("calibration: layer {} {} codebooks{} = {} is not finite or exceeds the bound {} (the largest fp16 "
+              "value: the cache keeps keys and values in fp16)",
+              l, side, index_of(i, {v.size() / (size_t(books) << p.bits) / size_t(p.sub_dim), size_t(books),
+                                    size_t(1) << p.bits, size_t(p.sub_dim)}),
+              v[i], kMaxCalibrationValue);
+}
+
+}  // namespace
+
 void Calibration::validate() const {
   VQ_CHECK(n_layers >= 1 && n_layers <= 4096, "calibration: n_layers = {} must be in 1..4096", n_layers);
   VQ_CHECK(n_kv_heads >= 1 && n_kv_heads <= 4096, "calibration: n_kv_heads = {} must be in 1..4096", n_kv_heads);
@@ -125,6 +154,14 @@ void Calibration::validate() const {
              "calibration: layer {} value codebooks have {} floats, expected [{}, {}, {}, {}] = {}", l,
              L.value_codebooks.size(), n_kv_heads, value_books(), 1 << value.bits, value.sub_dim,
              value_codebook_floats());
+    // Values: a checksum-consistent file can still hold garbage (before this check, huge
+    // codebook values made every score overflow and generation emit token 0 forever).
+    for (size_t i = 0; i < L.smoothing.size(); ++i)
+      VQ_CHECK(L.smoothing[i] >= kMinLambda && L.smoothing[i] <= kMaxCalibrationValue,
+               "calibration: layer {} smoothing[{}, {}] = {} must be in [{}, {}] (keys are divided by it)", l,
+               i / size_t(head_dim), i % size_t(head_dim), L.smoothing[i], kMinLambda, kMaxCalibrationValue);
+    check_codebook_values(L.key_codebooks, l, "key", key_books(), key);
+    check_codebook_values(L.value_codebooks, l, "value", value_books(), value);
   }
 }
 
@@ -155,7 +192,11 @@ void save_calibration(const std::string& path, const Calibration& c) {
 
 Calibration load_calibration(const std::string& path) {
   const MappedFile f(path);
-  Reader r(path, f.data(), f.size());
+  return parse_calibration(f.data(), f.size(), path);
+}
+
+Calibration parse_calibration(const uint8_t* data, size_t size, const std::string& path) {
+  Reader r(path, data, size);
   char magic[8];
   r.raw(magic, 8, "magic");
   VQ_CHECK(std::memcmp(magic, kMagic, 8) == 0, "{}: not a VeloxQuant calibration file (bad magic)", path);
@@ -194,12 +235,12 @@ Calibration load_calibration(const std::string& path) {
   }
   const size_t per_layer = size_t(c.n_kv_heads) * c.head_dim + c.key_codebook_floats() + c.value_codebook_floats();
   const size_t expected = r.offset() + size_t(c.n_layers) * per_layer * sizeof(float) + 8;
-  VQ_CHECK(f.size() >= expected, "{}: truncated: {} bytes, the header implies {}", path, f.size(), expected);
-  VQ_CHECK(f.size() == expected, "{}: {} trailing bytes after the data the header implies ({} bytes)", path,
-           f.size() - expected, expected);
+  VQ_CHECK(size >= expected, "{}: truncated: {} bytes, the header implies {}", path, size, expected);
+  VQ_CHECK(size == expected, "{}: {} trailing bytes after the data the header implies ({} bytes)", path,
+           size - expected, expected);
   uint64_t stored;
-  std::memcpy(&stored, f.data() + expected - 8, 8);
-  const uint64_t actual = checksum64(f.data(), expected - 8);
+  std::memcpy(&stored, data + expected - 8, 8);
+  const uint64_t actual = checksum64(data, expected - 8);
   VQ_CHECK(stored == actual, "{}: checksum mismatch (stored {:016x}, computed {:016x}): the file is corrupt", path,
            stored, actual);
   c.layers.resize(size_t(c.n_layers));
@@ -211,7 +252,11 @@ Calibration load_calibration(const std::string& path) {
     r.raw(L.key_codebooks.data(), L.key_codebooks.size() * 4, "key codebooks");
     r.raw(L.value_codebooks.data(), L.value_codebooks.size() * 4, "value codebooks");
   }
-  c.validate();
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    VQ_FAIL("{}: {}", path, e.what());
+  }
   return c;
 }
 

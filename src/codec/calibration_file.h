@@ -11,6 +11,8 @@
 //                   value codebooks [n_kv_heads, v_books, 2^value_bits, value_sub_dim] f32
 //   then u64 xxh64 (seed 0) of every preceding byte.
 // The file size must equal exactly what the header implies. Written atomically.
+// Values: every codebook value finite with |x| <= kMaxCalibrationValue, every smoothing factor
+// in [kMinLambda, kMaxCalibrationValue]; validate() checks them, so load and save refuse others.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -20,6 +22,10 @@ namespace vq {
 
 enum class Granularity : uint32_t { shared = 0, per_subspace = 1 };
 const char* granularity_name(Granularity g);
+
+// The largest fp16 value: keys and values pass through fp16 (the residual window, the GPU's
+// fp16 codebooks), so no real codebook entry or smoothing factor exceeds it.
+inline constexpr float kMaxCalibrationValue = 65504.0f;
 
 struct CodecParams {
   int sub_dim = 4;  // floats per sub-vector: 2, 4, 8 or 16
@@ -48,7 +54,8 @@ struct Calibration {
   int value_books() const;
   size_t key_codebook_floats() const;    // per layer
   size_t value_codebook_floats() const;  // per layer
-  // Throws vq::Error naming the field at fault unless every parameter and array size is consistent.
+  // Throws vq::Error naming the field at fault unless every parameter and array size is
+  // consistent and every value is within the bounds above.
   void validate() const;
 };
 
@@ -56,6 +63,8 @@ void save_calibration(const std::string& path, const Calibration& c);
 // Throws vq::Error naming the path and the problem (truncated, bad magic, unsupported version,
 // checksum mismatch, inconsistent header, trailing bytes).
 Calibration load_calibration(const std::string& path);
+// The same from an in-memory image (the fuzzer); `name` stands for the path in messages.
+Calibration parse_calibration(const uint8_t* data, size_t size, const std::string& name);
 // Throws vq::Error naming the mismatched field unless c fits a model of this geometry.
 void check_calibration_geometry(const Calibration& c, int n_layers, int n_kv_heads, int head_dim);
 

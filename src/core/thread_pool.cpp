@@ -34,20 +34,43 @@ bool spin_until(Pred pred) {
     if (std::chrono::steady_clock::now() > deadline) return pred();
   }
 }
+
+void check_thread_count(int n) { VQ_CHECK(n >= 1 && n <= 1024, "thread count {} must be in 1..1024", n); }
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
-  VQ_CHECK(n_threads >= 1 && n_threads <= 1024, "thread count {} must be in 1..1024", n_threads);
-  for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
+  check_thread_count(n_threads);
+  start_workers();
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::start_workers() {
+  // New workers must not mistake the last finished job for a new one.
+  const uint64_t seen = generation_.load(std::memory_order_acquire);
+  for (int i = 1; i < n_threads_.load(); ++i) threads_.emplace_back([this, i, seen] { worker(i, seen); });
+}
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_.store(true);
   }
   cv_work_.notify_all();
   for (auto& t : threads_) t.join();
+  threads_.clear();
+  stop_.store(false);
+}
+
+void ThreadPool::resize(int n_threads) {
+  check_thread_count(n_threads);
+  VQ_CHECK(!tl_inside_pool, "thread pool: cannot change the thread count to {} from inside a parallel_for job",
+           n_threads);
+  std::lock_guard<std::mutex> submit(submit_mu_);  // waits for the running job
+  if (n_threads == n_threads_.load()) return;
+  stop_workers();
+  n_threads_.store(n_threads);
+  start_workers();
 }
 
 void ThreadPool::run_part(int index) {
@@ -65,8 +88,7 @@ void ThreadPool::run_part(int index) {
   }
 }
 
-void ThreadPool::worker(int index) {
-  uint64_t seen = 0;
+void ThreadPool::worker(int index, uint64_t seen) {
   tl_inside_pool = true;
   for (;;) {
     auto has_work = [&] {
@@ -88,18 +110,20 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t,
   if (n == 0) return;
   grain = std::max<size_t>(grain, 1);
   const size_t max_parts = std::max<size_t>(1, n / grain);
-  const int parts = int(std::min<size_t>(size_t(n_threads_), max_parts));
-  if (parts <= 1 || tl_inside_pool) {
+  if (max_parts <= 1 || size() <= 1 || tl_inside_pool) {
     fn(0, n, 0);
     return;
   }
+  std::lock_guard<std::mutex> submit(submit_mu_);  // one outside caller's job at a time
+  const int n_threads = n_threads_.load();
+  const int parts = int(std::min<size_t>(size_t(n_threads), max_parts));
   {
     std::lock_guard<std::mutex> lk(mu_);
     job_ = &fn;
     job_n_ = n;
     job_chunk_ = (n + parts - 1) / parts;
     error_ = nullptr;
-    pending_.store(n_threads_, std::memory_order_relaxed);
+    pending_.store(n_threads, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   if (sleepers_.load() > 0) cv_work_.notify_all();
@@ -123,25 +147,35 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t,
 
 namespace {
 std::mutex g_pool_mu;
-std::unique_ptr<ThreadPool> g_pool;
+std::atomic<ThreadPool*> g_pool{nullptr};  // made on first use, never destroyed before exit
 int g_requested = 0;
 }  // namespace
 
 ThreadPool& default_pool() {
+  if (ThreadPool* p = g_pool.load(std::memory_order_acquire)) return *p;
   std::lock_guard<std::mutex> lk(g_pool_mu);
-  if (!g_pool) {
-    int n = g_requested > 0 ? g_requested : int(std::max(1u, std::thread::hardware_concurrency()));
-    g_pool = std::make_unique<ThreadPool>(n);
+  if (!g_pool.load()) {
+    static std::unique_ptr<ThreadPool> owner;  // joins the workers at exit
+    const int n = g_requested > 0 ? g_requested : int(std::max(1u, std::thread::hardware_concurrency()));
+    owner = std::make_unique<ThreadPool>(n);
+    g_pool.store(owner.get(), std::memory_order_release);
   }
-  return *g_pool;
+  return *g_pool.load();
 }
 
 void set_num_threads(int n) {
   VQ_CHECK(n >= 1 && n <= 1024, "threads: {} must be in 1..1024", n);
-  std::lock_guard<std::mutex> lk(g_pool_mu);
-  if (g_pool && g_pool->size() == n) return;
-  g_pool.reset();
-  g_requested = n;
+  ThreadPool* p = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(g_pool_mu);
+    p = g_pool.load();
+    if (!p) {
+      g_requested = n;
+      return;
+    }
+  }
+  // Outside g_pool_mu: resize waits for a running job, whose threads may call default_pool().
+  p->resize(n);
 }
 
 int num_threads() { return default_pool().size(); }

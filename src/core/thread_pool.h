@@ -1,8 +1,20 @@
 #pragma once
 // A fixed pool of worker threads and parallel_for over it. The calling thread takes part,
-// so a pool of n threads runs n-1 workers. Nested parallel_for calls run serially.
-// Workers spin briefly after each job before sleeping: a decode step issues hundreds of
-// small parallel_for calls, and waking a sleeping thread costs 10-20 us each time.
+// so a pool of n threads runs n-1 workers. Workers spin briefly after each job before
+// sleeping: a decode step issues hundreds of small parallel_for calls, and waking a sleeping
+// thread costs 10-20 us each time.
+//
+// Threading contract (tests/core/test_thread_pool.cpp checks it under load, and it is clean
+// under ThreadSanitizer):
+//  - parallel_for may be called from any number of threads at once. Calls from outside the
+//    pool take the pool one at a time (a second caller waits until the running job ends), so
+//    two sessions on two threads both work; they share the cores instead of splitting them.
+//  - A parallel_for called from inside a job (on the caller or a worker, of this pool or any
+//    other) runs serially on the calling thread.
+//  - resize() / set_num_threads() may also be called from any thread: it waits for the running
+//    job to end, then replaces the workers. Called from inside a job it throws vq::Error (it
+//    would wait for itself). The pool object itself is never replaced, so references to
+//    default_pool() stay valid.
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -22,16 +34,22 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int size() const { return n_threads_; }
+  int size() const { return n_threads_.load(std::memory_order_relaxed); }
   // Splits [0, n) into at most size() contiguous ranges of at least `grain` items and calls
   // fn(begin, end, thread_index) for each; returns when all are done. Exceptions thrown by fn
   // are rethrown (the first one) on the calling thread.
   void parallel_for(size_t n, const std::function<void(size_t, size_t, int)>& fn, size_t grain = 1);
+  // Changes the thread count (1..1024) once no job is running; see the contract above.
+  void resize(int n_threads);
 
  private:
-  void worker(int index);
+  void start_workers();
+  void stop_workers();
+  void worker(int index, uint64_t seen);
   void run_part(int index);
-  int n_threads_;
+  // Held by an outside caller for the whole of one job (and by resize): one job at a time.
+  std::mutex submit_mu_;
+  std::atomic<int> n_threads_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
@@ -49,7 +67,7 @@ class ThreadPool {
 
 // The process-wide pool. Its size is hardware_concurrency() until set_num_threads() changes it.
 ThreadPool& default_pool();
-void set_num_threads(int n);
+void set_num_threads(int n);  // default_pool().resize(n), or the size of the pool made on first use
 int num_threads();
 
 // parallel_for on the default pool.

@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 
+#include "codec/calibration_file.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/fp16.h"
@@ -59,6 +60,9 @@ KVStore::KVStore(const KVGeometry& g, int n_layers, const KVSpec& spec, const KV
   VQ_CHECK(B_ >= 16 && B_ <= 4096 && B_ % 16 == 0, "kv store: block_tokens = {} must be a multiple of 16 in 16..4096",
            B_);
   spec_.config.validate(g.head_dim);
+  if (spec_.config.method == KVMethod::vecinfer && spec_.calibration && opt.whole_model)
+    VQ_CHECK(spec_.calibration->n_layers == n_layers, "kv store: the calibration has {} layers, the model {}",
+             spec_.calibration->n_layers, n_layers);
   const size_t es = dense_f32_ ? 4 : 2;
   dense_block_bytes_ = 2 * size_t(g.n_kv_heads) * size_t(g.head_dim) * size_t(B_) * es;
   dense_arena_ = pool_.add_arena(dense_block_bytes_, dense_f32_ ? "fp32" : "fp16");

@@ -49,6 +49,9 @@ struct KVStoreOptions {
   std::vector<int> sliding_window;
   // Model layer of store layer 0 (a one-layer store serving layer L of a model uses L's codebooks).
   int calib_layer_offset = 0;
+  // A whole model's store checks that the calibration has its layer count (a one-layer store
+  // serving layer L of a model does not).
+  bool whole_model = true;
 };
 
 class KVStore;

@@ -7,6 +7,7 @@ namespace vq {
 PooledCache::PooledCache(const KVGeometry& g, const KVSpec& spec, int layer) {
   KVStoreOptions opt;
   opt.calib_layer_offset = layer;
+  opt.whole_model = false;
   store_ = std::make_unique<KVStore>(g, 1, spec, opt);
   seq_ = store_->new_sequence();
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "codec/calibration_check.h"
 #include "codec/calibration_file.h"
 #include "codec/key_transform.h"
 #include "codec/product_quantizer.h"
@@ -185,17 +186,7 @@ std::unique_ptr<CodedFormat> make_vecinfer_format(const KVCacheConfig& cfg, cons
   const Calibration& c = *calib;
   VQ_CHECK(layer >= 0 && layer < c.n_layers, "vecinfer cache: layer {} but the calibration has {} layers", layer,
            c.n_layers);
-  VQ_CHECK(c.n_kv_heads == g.n_kv_heads && c.head_dim == g.head_dim,
-           "vecinfer cache: calibration is for n_kv_heads {} head_dim {}, the model has n_kv_heads {} head_dim {}",
-           c.n_kv_heads, c.head_dim, g.n_kv_heads, g.head_dim);
-  VQ_CHECK(c.key.sub_dim == cfg.key.sub_dim && c.key.bits == cfg.key.bits,
-           "vecinfer cache: kv_cache.key is {} but the calibration's key codebooks are d{}b{} (calibrate with "
-           "--kv-cache {})",
-           cfg.key.name(), c.key.sub_dim, c.key.bits, cfg.name());
-  VQ_CHECK(c.value.sub_dim == cfg.value.sub_dim && c.value.bits == cfg.value.bits,
-           "vecinfer cache: kv_cache.value is {} but the calibration's value codebooks are d{}b{} (calibrate with "
-           "--kv-cache {})",
-           cfg.value.name(), c.value.sub_dim, c.value.bits, cfg.name());
+  check_calibration_matches(c, cfg, g, c.n_layers);  // the store checks the layer count
   return std::make_unique<VecInferFormat>(g, block_tokens, cfg, c, layer);
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "codec/calibration_check.h"
 #include "codec/calibration_file.h"
 #include "codec/key_transform.h"
 #include "core/error.h"
@@ -64,13 +65,7 @@ class VecInferGpuCache final : public KVCache {
     const Calibration& c = *calib_;
     VQ_CHECK(layer >= 0 && layer < c.n_layers, "vecinfer cache: layer {} but the calibration has {} layers", layer,
              c.n_layers);
-    VQ_CHECK(c.n_kv_heads == g.n_kv_heads && c.head_dim == g.head_dim,
-             "vecinfer cache: calibration is for n_kv_heads {} head_dim {}, the model has n_kv_heads {} head_dim {}",
-             c.n_kv_heads, c.head_dim, g.n_kv_heads, g.head_dim);
-    VQ_CHECK(c.key.sub_dim == cfg.key.sub_dim && c.key.bits == cfg.key.bits && c.value.sub_dim == cfg.value.sub_dim &&
-                 c.value.bits == cfg.value.bits,
-             "vecinfer cache: kv_cache is {} but the calibration's codebooks are k=d{}b{},v=d{}b{}", cfg.name(),
-             c.key.sub_dim, c.key.bits, c.value.sub_dim, c.value.bits);
+    check_calibration_matches(c, cfg, g, c.n_layers);  // the layer index is checked above
     const CalibrationLayer& L = c.layers[size_t(layer)];
     per_sub_ = c.granularity == Granularity::per_subspace;
     lambda_host_ = L.smoothing;

@@ -7,9 +7,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/cache_dir.h"
 #include "core/error.h"
+#include "core/input_file.h"
 #include "kvcache/factory.h"
-#include "model/default_model.h"
 #include "model/session.h"
 #include "model/sha256.h"
 
@@ -48,15 +49,13 @@ std::string read_text_file(const std::string& path) {
     VQ_CHECK(p, "text file '{}': cannot run gzip -dc", path);
     char buf[65536];
     size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0 && text.size() <= kMaxTextFileBytes) text.append(buf, n);
     const int rc = ::pclose(p);
+    VQ_CHECK(text.size() <= kMaxTextFileBytes, "text file '{}': decompresses to more than the limit of {}", path,
+             format_size_limit(kMaxTextFileBytes));
     VQ_CHECK(rc == 0, "text file '{}': gzip -dc failed (status {})", path, rc);
   } else {
-    std::ifstream f(path, std::ios::binary);
-    VQ_CHECK(f, "text file '{}': cannot open", path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
+    text = read_input_file(path, kMaxTextFileBytes, "text file");
   }
   if (ends_with(path, ".html") || ends_with(path, ".htm") || ends_with(path, ".html.gz")) text = strip_html(text);
   VQ_CHECK(!text.empty(), "text file '{}' is empty", path);
@@ -138,7 +137,6 @@ std::string default_calibration_text_path() {
 }
 
 std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg) {
-  const std::filesystem::path models = default_model_dir();
   // Only what the file depends on: the key/value presets and the codebook granularity (not the
   // cache's residual or sink lengths), plus the recipe tag kCalibRecipe: files of an older recipe
   // are not reused.
@@ -147,7 +145,7 @@ std::string default_calibration_path(const std::string& model_path, const KVCach
   if (cfg.granularity == CodebookGranularity::shared) preset += "_shared";
   preset += kCalibRecipe;
   const std::string sha = sha256_file(model_path).substr(0, 16);
-  return (models.parent_path() / "calib" / (sha + "-" + preset + ".vqcal")).string();
+  return (std::filesystem::path(cache_dir()) / "calib" / (sha + "-" + preset + ".vqcal")).string();
 }
 
 std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,

@@ -50,7 +50,7 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
 
 // The Jargon File (Debian package jargon-text) if installed, else "".
 std::string default_calibration_text_path();
-// <cache>/calib/<first 16 hex of the model's sha256>-<preset>.vqcal, next to <cache>/models.
+// <cache>/calib/<first 16 hex of the model's sha256>-<preset>.vqcal (<cache>: core/cache_dir.h).
 std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg);
 
 // For vecinfer: calib_flag when given; else, for the default model, the cached first-use

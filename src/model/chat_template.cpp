@@ -1,5 +1,7 @@
 #include "model/chat_template.h"
 
+#include <algorithm>
+
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
@@ -41,6 +43,7 @@ ChatFormat detect_chat_format(const std::string& src) {
   if (contains(src, "<|start_header_id|>")) return ChatFormat::Llama3;
   if (contains(src, "[INST]")) return ChatFormat::Llama2;
   if (contains(src, "<|user|>") && contains(src, "<|assistant|>")) return ChatFormat::Zephyr;
+  if (contains(src, "<start_of_turn>")) return ChatFormat::Gemma;
   return ChatFormat::ChatML;
 }
 
@@ -50,6 +53,7 @@ const char* chat_format_name(ChatFormat f) {
     case ChatFormat::Llama3: return "llama3";
     case ChatFormat::Llama2: return "llama2";
     case ChatFormat::Zephyr: return "zephyr";
+    case ChatFormat::Gemma: return "gemma";
   }
   return "?";
 }
@@ -109,18 +113,46 @@ std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& m
       if (add_generation_prompt) out += "<|assistant|>\n";
       break;
     }
+    case ChatFormat::Gemma: {
+      // No system role: a leading system message becomes a prefix of the first turn.
+      size_t i = 0;
+      std::string prefix;
+      if (!msgs.empty() && msgs[0].role == "system") prefix = msgs[i++].content + "\n\n";
+      for (; i < msgs.size(); ++i) {
+        const std::string role = msgs[i].role == "assistant" ? "model" : msgs[i].role;
+        out += "<start_of_turn>" + role + "\n" + prefix + trim(msgs[i].content) + "<end_of_turn>\n";
+        prefix.clear();
+      }
+      if (add_generation_prompt) out += "<start_of_turn>model\n";
+      break;
+    }
   }
   return out;
+}
+
+namespace {
+constexpr const char* kGemmaTurn = "<start_of_turn>";
+std::string template_or_vocab_marker(const std::string& src, bool vocab_has_turn) {
+  return src.empty() && vocab_has_turn ? std::string(kGemmaTurn) : src;
+}
+}  // namespace
+
+std::string model_chat_template(const GGUFFile& gguf) {
+  const std::string src = gguf.get_string_or("tokenizer.chat_template", "");
+  if (!src.empty() || !gguf.has("tokenizer.ggml.tokens")) return src;
+  const auto tokens = gguf.get_string_array("tokenizer.ggml.tokens");
+  return template_or_vocab_marker(src, std::find(tokens.begin(), tokens.end(), kGemmaTurn) != tokens.end());
 }
 
 std::string apply_chat_template(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool add_generation_prompt) {
   const std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : std::string();
   const std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : std::string();
-  return format_chat(parse_chat_template(tok.chat_template(), bos, eos), msgs, add_generation_prompt);
+  const std::string src = template_or_vocab_marker(tok.chat_template(), tok.find_token(kGemmaTurn) >= 0);
+  return format_chat(parse_chat_template(src, bos, eos), msgs, add_generation_prompt);
 }
 
 std::string apply_chat_template(const GGUFFile& gguf, const std::vector<ChatMessage>& msgs, bool add_generation_prompt) {
-  const std::string src = gguf.get_string_or("tokenizer.chat_template", "");
+  const std::string src = model_chat_template(gguf);
   std::string bos, eos;
   if (gguf.has("tokenizer.ggml.tokens")) {
     const auto tokens = gguf.get_string_array("tokenizer.ggml.tokens");

@@ -5,8 +5,12 @@
 //   Llama3:  <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> ...     (Llama 3.x, Falcon3-like)
 //   Llama2:  [INST] <<SYS>>\nsys\n<</SYS>>\n\nuser [/INST] answer </s><s>[INST] ... (Llama 2, Mistral)
 //   Zephyr:  <|system|>\nsys</s>\n<|user|>\ncontent</s>\n<|assistant|>\n             (TinyLlama-Chat v1.0)
-// Detection order: <|im_start|>, <|start_header_id|>, [INST], <|user|>. Unknown or absent
-// template: ChatML (documented choice: the most widespread format, used by the default model).
+//   Gemma:   <start_of_turn>user\n[sys\n\n]content<end_of_turn>\n<start_of_turn>model\n (Gemma 2/3; the
+//            system text prefixes the first user turn, "assistant" is written "model")
+// Detection order: <|im_start|>, <|start_header_id|>, [INST], <|user|>, <start_of_turn>. Unknown or
+// absent template: ChatML (documented choice: the most widespread format, used by the default
+// model), except that a GGUF without a template whose vocabulary has <start_of_turn> (Gemma
+// files converted without one, like the Gemma 3 270M of the tests) gets the Gemma format.
 // ChatML templates that insert a default system turn when none is given (SmolLM2, Qwen2.5) have
 // that text extracted from the template and inserted the same way.
 // The leading BOS is never written: the caller encodes the prompt with the tokenizer's add_bos
@@ -24,7 +28,7 @@ struct ChatMessage {
   std::string role, content;  // role: "system", "user" or "assistant" (ChatML/Llama3 accept any)
 };
 
-enum class ChatFormat { ChatML, Llama3, Llama2, Zephyr };
+enum class ChatFormat { ChatML, Llama3, Llama2, Zephyr, Gemma };
 
 struct ChatTemplate {
   ChatFormat format = ChatFormat::ChatML;
@@ -34,6 +38,9 @@ struct ChatTemplate {
 };
 
 ChatFormat detect_chat_format(const std::string& template_source);
+// The model's template source, or for a template-less GGUF whose vocabulary has <start_of_turn>,
+// that marker (so detection gives Gemma).
+std::string model_chat_template(const GGUFFile& gguf);
 const char* chat_format_name(ChatFormat f);
 ChatTemplate parse_chat_template(const std::string& template_source, const std::string& bos_text = "<s>",
                                  const std::string& eos_text = "</s>");

@@ -3,6 +3,10 @@
 // per-head q/k norm) -> RoPE at each row's position -> each entry's k,v appended to its sequence
 // -> attention of all entries over their block tables -> output product -> residual -> RMSNorm
 // -> SiLU-gated MLP -> residual], then the final norm and the output head for the rows asked.
+// gemma3 adds: embeddings * sqrt(n_embd), a RoPE base per layer kind (sliding-window layers:
+// their own), the attention scale from the config, sliding-window attention (the KV store's
+// per-layer window), RMSNorm of the attention and MLP outputs before each residual add, and a
+// GELU-gated MLP.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -26,11 +30,22 @@ void add_bias(float* y, const std::vector<float>& b, int n) {
   for (int t = 0; t < n; ++t) add_inplace(y + t * dim, b.data(), dim);
 }
 
+// RMSNorm in place of each of the n rows of y [n, dim] (gemma3's post-attention / post-MLP
+// norms); nothing when the architecture has no such weights.
+void post_norm(float* y, const std::vector<float>& w, int n, float eps) {
+  if (w.empty()) return;
+  const int dim = static_cast<int>(w.size());
+  for (int t = 0; t < n; ++t) rms_norm(y + int64_t(t) * dim, w.data(), y + int64_t(t) * dim, dim, eps);
+}
+
 }  // namespace
 
 KVStoreOptions kv_store_options(const Model& model, size_t budget_bytes) {
+  const ModelConfig& c = model.config();
   KVStoreOptions o;
   o.budget_bytes = budget_bytes;
+  if (c.n_sliding_layers() > 0)
+    for (int l = 0; l < c.n_layers; ++l) o.sliding_window.push_back(c.is_sliding(l) ? c.sliding_window : 0);
   return o;
 }
 
@@ -62,6 +77,10 @@ void Forward::reserve(int rows) {
   up_.resize(c * cfg_.n_ff);
   cos_.resize(c * (cfg_.n_rot / 2));
   sin_.resize(c * (cfg_.n_rot / 2));
+  if (cfg_.n_sliding_layers() > 0) {
+    cos_swa_.resize(c * (cfg_.n_rot / 2));
+    sin_swa_.resize(c * (cfg_.n_rot / 2));
+  }
   cap_ = rows;
 }
 
@@ -103,16 +122,21 @@ void Forward::step(const BatchEntry* entries, int n_entries) {
       dequantize_row(emb.type, row, x_.data() + int64_t(r) * E, E);
       pos_[size_t(r)] = entries[e].seq->size() + i;
     }
-  // Rotary angles of each row's position, in double: pos * freq reaches 1e5 radians.
+  if (cfg_.embd_scale != 1.0f) scale_inplace(x_.data(), cfg_.embd_scale, int64_t(rows) * E);  // gemma3
+  // Rotary angles of each row's position, in double: pos * freq reaches 1e5 radians. Sliding-window
+  // layers (gemma3) rotate with their own base.
   const int half = cfg_.n_rot / 2;
-  const std::vector<double>& f = model_.rope_inv_freqs();
-  for (int r = 0; r < rows; ++r) {
-    const double p = double(pos_[size_t(r)]);
-    for (int i = 0; i < half; ++i) {
-      cos_[size_t(r) * half + i] = static_cast<float>(std::cos(p * f[i]));
-      sin_[size_t(r) * half + i] = static_cast<float>(std::sin(p * f[i]));
+  auto angles = [&](const std::vector<double>& f, float* cs, float* sn) {
+    for (int r = 0; r < rows; ++r) {
+      const double p = double(pos_[size_t(r)]);
+      for (int i = 0; i < half; ++i) {
+        cs[size_t(r) * half + i] = static_cast<float>(std::cos(p * f[i]));
+        sn[size_t(r) * half + i] = static_cast<float>(std::sin(p * f[i]));
+      }
     }
-  }
+  };
+  angles(model_.rope_inv_freqs(), cos_.data(), sin_.data());
+  if (cfg_.n_sliding_layers() > 0) angles(model_.rope_inv_freqs_swa(), cos_swa_.data(), sin_swa_.data());
   for (int l = 0; l < cfg_.n_layers; ++l) {
     attention_block(l, entries, n_entries, rows);
     mlp_block(l, rows);
@@ -156,6 +180,9 @@ void Forward::attention_block(int layer, const BatchEntry* entries, int n_entrie
   add_bias(v_.data(), L.v_bias, rows);
   const bool neox = cfg_.rope_layout == RopeLayout::NeoX;
   const int half = cfg_.n_rot / 2;
+  const bool sliding = cfg_.is_sliding(layer);
+  const float* cos_l = sliding ? cos_swa_.data() : cos_.data();
+  const float* sin_l = sliding ? sin_swa_.data() : sin_.data();
   for (int t = 0; t < rows; ++t) {
     float* qt = q_.data() + int64_t(t) * qd;
     float* kt = k_.data() + int64_t(t) * kvd;
@@ -163,8 +190,8 @@ void Forward::attention_block(int layer, const BatchEntry* entries, int n_entrie
       for (int h = 0; h < cfg_.n_heads; ++h) rms_norm(qt + h * D, L.q_norm.data(), qt + h * D, D, cfg_.norm_eps);
       for (int h = 0; h < cfg_.n_kv_heads; ++h) rms_norm(kt + h * D, L.k_norm.data(), kt + h * D, D, cfg_.norm_eps);
     }
-    const float* c = cos_.data() + size_t(t) * half;
-    const float* s = sin_.data() + size_t(t) * half;
+    const float* c = cos_l + size_t(t) * half;
+    const float* s = sin_l + size_t(t) * half;
     rope_apply(qt, cfg_.n_heads, D, cfg_.n_rot, c, s, neox);
     rope_apply(kt, cfg_.n_kv_heads, D, cfg_.n_rot, c, s, neox);
   }
@@ -178,8 +205,9 @@ void Forward::attention_block(int layer, const BatchEntry* entries, int n_entrie
     kv_.append(*B.seq, layer, kr, vr, B.n);
     attn_entries_.push_back(AttnEntry{B.seq, pos0, B.n, q_.data() + int64_t(r) * qd, attn_.data() + int64_t(r) * qd});
   }
-  kv_.attend(layer, attn_entries_.data(), int(attn_entries_.size()), 1.0f / std::sqrt(float(D)));
+  kv_.attend(layer, attn_entries_.data(), int(attn_entries_.size()), cfg_.attn_scale);
   matmul_w(L.wo, attn_.data(), rows, proj_.data());
+  post_norm(proj_.data(), L.post_attn_norm, rows, cfg_.norm_eps);
   add_inplace(x_.data(), proj_.data(), int64_t(rows) * E);
 }
 
@@ -225,8 +253,10 @@ void Forward::mlp_block(int layer, int rows) {
   for (int t = 0; t < rows; ++t)
     rms_norm(x_.data() + int64_t(t) * E, L.ffn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
   project_shared(xn_.data(), rows, {{&L.w_gate, gate_.data()}, {&L.w_up, up_.data()}});
-  silu_mul(gate_.data(), up_.data(), gate_.data(), int64_t(rows) * F);
+  if (cfg_.ffn_act == FfnActivation::GeluTanh) gelu_tanh_mul(gate_.data(), up_.data(), gate_.data(), int64_t(rows) * F);
+  else silu_mul(gate_.data(), up_.data(), gate_.data(), int64_t(rows) * F);
   matmul_w(L.w_down, gate_.data(), rows, proj_.data());
+  post_norm(proj_.data(), L.post_ffn_norm, rows, cfg_.norm_eps);
   add_inplace(x_.data(), proj_.data(), int64_t(rows) * E);
 }
 

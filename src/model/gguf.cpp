@@ -8,6 +8,9 @@
 // and byte offset in its error, so no input can make the parser read outside the image.
 #include "model/gguf.h"
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -217,20 +220,19 @@ void GGUFFile::parse(const uint8_t* data, size_t size) {
     if (t.offset % alignment != 0)
       c.fail_at(c.pos() - 8, field + " offset",
                 fmt::format("data offset {} is not a multiple of the alignment {}", t.offset, alignment));
-    // Byte size: known for every GGML type id we have a block layout for; for an unknown type id
-    // the tensor is still listed (nbytes 0) and any use of it fails naming the type.
-    t.nbytes = 0;
-    if (ggml_block_bytes(t.type) != 0) {
-      const int64_t be = ggml_block_elems(t.type);
-      if (t.dims[0] % be != 0)
-        c.fail_at(at, field,
-                  fmt::format("dims[0] = {} is not a multiple of the {} block size {}", t.dims[0],
-                              ggml_type_name(t.type), be));
-      const uint64_t blocks = uint64_t(numel / be);
-      const uint64_t bb = ggml_block_bytes(t.type);
-      if (blocks > std::numeric_limits<uint64_t>::max() / bb) c.fail_at(at, field, "byte size overflows");
-      t.nbytes = size_t(blocks * bb);
-    }
+    // Byte size from the type's block layout. Without a layout (an unknown type id, e.g. a
+    // corrupted type byte) the data cannot be bounded or told apart from its neighbours'.
+    if (ggml_block_bytes(t.type) == 0)
+      c.fail_at(c.pos() - 12, field + " type", fmt::format("unknown tensor type id {}", uint32_t(t.type)));
+    const int64_t be = ggml_block_elems(t.type);
+    if (t.dims[0] % be != 0)
+      c.fail_at(at, field,
+                fmt::format("dims[0] = {} is not a multiple of the {} block size {}", t.dims[0],
+                            ggml_type_name(t.type), be));
+    const uint64_t blocks = uint64_t(numel / be);
+    const uint64_t bb = ggml_block_bytes(t.type);
+    if (blocks > std::numeric_limits<uint64_t>::max() / bb) c.fail_at(at, field, "byte size overflows");
+    t.nbytes = size_t(blocks * bb);
     if (tensor_index_.count(t.name)) c.fail_at(at, field, "duplicate tensor name");
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
@@ -249,6 +251,40 @@ void GGUFFile::parse(const uint8_t* data, size_t size) {
               t.name, data_start + t.offset, data_start + t.offset + t.nbytes, size, data_start);
     t.data = data + data_start + t.offset;
   }
+  check_data_layout(size > data_start ? size - data_start : 0, alignment);
+}
+
+// The GGUF writers (llama.cpp's and gguf-py's) store tensor data back to back, each tensor at
+// the next multiple of the alignment after the previous one ends, and llama.cpp's loader
+// requires it. So the sizes implied by the types and shapes must tile the data section: a tensor
+// whose type byte or dims were changed overlaps its neighbour, leaves unused bytes before the
+// next one, or leaves bytes after the last. Any of these is refused here, naming the tensors,
+// instead of decoding some other tensor's bytes as weights. (Tensors may be listed in any order.)
+void GGUFFile::check_data_layout(uint64_t data_bytes, uint64_t alignment) const {
+  std::vector<const GGUFTensorInfo*> order;
+  for (const auto& t : tensors_) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const GGUFTensorInfo* a, const GGUFTensorInfo* b) { return a->offset < b->offset; });
+  auto describe = [](const GGUFTensorInfo& t) {
+    return fmt::format("'{}' ({} [{}], {} bytes at data offset {})", t.name, ggml_type_name(t.type),
+                       fmt::join(t.dims, ", "), t.nbytes, t.offset);
+  };
+  auto align_up = [alignment](uint64_t x) { return (x + alignment - 1) / alignment * alignment; };
+  const GGUFTensorInfo* prev = nullptr;
+  uint64_t end = 0;  // end of the previous tensor's data, relative to the data section
+  for (const GGUFTensorInfo* t : order) {
+    if (prev && t->offset < end)
+      VQ_FAIL("{}: tensor {} overlaps tensor {}: the type or shape of one of them does not match the data", path_,
+              describe(*t), describe(*prev));
+    if (t->offset > align_up(end))
+      VQ_FAIL("{}: {} unused bytes before tensor {}{}: a tensor's type or shape does not match the data", path_,
+              t->offset - end, describe(*t), prev ? fmt::format(", after tensor {}", describe(*prev)) : "");
+    prev = t;
+    end = t->offset + t->nbytes;
+  }
+  if (prev && data_bytes > align_up(end))
+    VQ_FAIL("{}: {} bytes after the last tensor {}: its type or shape does not match the data", path_,
+            data_bytes - end, describe(*prev));
 }
 
 // ---------------------------------------------------------------- typed metadata access

@@ -1,6 +1,9 @@
 #pragma once
 // GGUF (versions 2 and 3) reader over a memory-mapped file. Every read is bounds-checked: a
-// truncated or malformed file throws vq::Error naming the field and byte offset.
+// truncated or malformed file throws vq::Error naming the field and byte offset. Tensor data
+// must tile the data section as the sizes of the tensors' types and shapes imply (no overlap,
+// no gap, nothing after the last tensor but padding), so a changed type byte, shape or offset is
+// refused at load naming the tensors.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -69,6 +72,7 @@ class GGUFFile {
  private:
   GGUFFile() = default;
   void parse(const uint8_t* data, size_t size);
+  void check_data_layout(uint64_t data_bytes, uint64_t alignment) const;
   std::string path_;
   MappedFile map_;
   uint32_t version_ = 0;

@@ -1,6 +1,7 @@
 // Highway per-target compilation of the element-wise layers (see layers.h).
 #include "model/layers.h"
 
+#include <algorithm>
 #include <cmath>
 
 #undef HWY_TARGET_INCLUDE
@@ -46,6 +47,42 @@ void SiluMulImpl(const float* gate, const float* up, float* out, int64_t n) {
   for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+// 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)): the same function without the cancellation of
+// 1 + tanh(u) for negative u. The exponent is clamped to [-88, 88]: Highway's Exp is undefined
+// past ~88 (it does not saturate to inf), and the cubic term gets there from |g| ~ 10; at the
+// clamp the quotient is already g (up to 1e-38) or 0 (|g| / 1.6e38).
+constexpr float kGeluC1 = 0.7978845608028654f;           // sqrt(2/pi)
+constexpr float kGeluC3 = 0.7978845608028654f * 0.044715f;  // sqrt(2/pi) * 0.044715
+
+void GeluTanhMulImpl(const float* gate, const float* up, float* out, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  const auto one = hn::Set(d, 1.0f);
+  const auto m2c1 = hn::Set(d, -2.0f * kGeluC1), m2c3 = hn::Set(d, -2.0f * kGeluC3);
+  const auto lo = hn::Set(d, -88.0f), hi = hn::Set(d, 88.0f);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const auto g = hn::LoadU(d, gate + i);
+    const auto g2 = hn::Mul(g, g);
+    const auto m2u = hn::Mul(g, hn::MulAdd(m2c3, g2, m2c1));  // -2u = g (-2 c1 - 2 c3 g^2)
+    const auto e = hn::Exp(d, hn::Min(hn::Max(m2u, lo), hi));
+    hn::StoreU(hn::Mul(hn::Div(g, hn::Add(one, e)), hn::LoadU(d, up + i)), d, out + i);
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(std::clamp(-2.0f * g * (kGeluC1 + kGeluC3 * g * g), -88.0f, 88.0f))) * up[i];
+  }
+}
+
+void ScaleInplaceImpl(float* x, float s, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  const auto vs = hn::Set(d, s);
+  int64_t i = 0;
+  for (; i + L <= n; i += L) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vs), d, x + i);
+  for (; i < n; ++i) x[i] *= s;
+}
+
 void AddInplaceImpl(float* x, const float* y, int64_t n) {
   const hn::ScalableTag<float> d;
   const int64_t L = static_cast<int64_t>(hn::Lanes(d));
@@ -63,6 +100,8 @@ namespace vq {
 HWY_EXPORT(RmsNormImpl);
 HWY_EXPORT(SiluMulImpl);
 HWY_EXPORT(AddInplaceImpl);
+HWY_EXPORT(GeluTanhMulImpl);
+HWY_EXPORT(ScaleInplaceImpl);
 
 void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
   HWY_DYNAMIC_DISPATCH(RmsNormImpl)(x, w, y, n, eps);
@@ -71,6 +110,10 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   HWY_DYNAMIC_DISPATCH(SiluMulImpl)(gate, up, out, n);
 }
 void add_inplace(float* x, const float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(AddInplaceImpl)(x, y, n); }
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(GeluTanhMulImpl)(gate, up, out, n);
+}
+void scale_inplace(float* x, float s, int64_t n) { HWY_DYNAMIC_DISPATCH(ScaleInplaceImpl)(x, s, n); }
 
 void rope_apply(float* x, int n_heads, int head_dim, int n_rot, const float* cos, const float* sin, bool neox) {
   const int half = n_rot / 2;

@@ -10,6 +10,13 @@ void rms_norm(const float* x, const float* w, float* y, int n, float eps);
 // out[i] = silu(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up. out may alias gate or up.
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 
+// out[i] = gelu_tanh(gate[i]) * up[i], the GELU of Gemma's MLP (tanh approximation):
+// gelu_tanh(g) = 0.5 g (1 + tanh(u)), u = sqrt(2/pi) (g + 0.044715 g^3). out may alias gate or up.
+void gelu_tanh_mul(const float* gate, const float* up, float* out, int64_t n);
+
+// x[i] *= s
+void scale_inplace(float* x, float s, int64_t n);
+
 // x[i] += y[i]
 void add_inplace(float* x, const float* y, int64_t n);
 

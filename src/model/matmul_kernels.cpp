@@ -49,12 +49,18 @@ void QuantizeRowsImpl(const float* x, int64_t M, int64_t cols, int8_t* q, float*
       auto vmax = hn::Zero(df);
       for (int i = 0; i < 32; i += 4) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xb + i)));
       const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      // The rounding of quantize_int8_block (codec/scalar_blocks.h, llama.cpp's q8_0): the f32
+      // reciprocal of d = amax/127, then roundf (half away from zero; NearestInt would round
+      // half to even). t + sign where |frac| >= 0.5 is exact, unlike trunc(v + copysign(0.5, v)).
       const float db = amax / 127.0f;
-      const float id = db != 0.0f ? 127.0f / amax : 0.0f;
-      auto vid = hn::Set(df, id);
+      const float id = db != 0.0f ? 1.0f / db : 0.0f;
+      const auto vid = hn::Set(df, id), half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f);
       auto vsum = hn::Zero(di);
       for (int i = 0; i < 32; i += 4) {
-        const auto qi = hn::NearestInt(hn::Mul(hn::LoadU(df, xb + i), vid));
+        const auto v = hn::Mul(hn::LoadU(df, xb + i), vid);
+        const auto t = hn::Trunc(v);
+        const auto away = hn::Ge(hn::Abs(hn::Sub(v, t)), half);
+        const auto qi = hn::ConvertTo(di, hn::Add(t, hn::IfThenElseZero(away, hn::CopySign(one, v))));
         vsum = hn::Add(vsum, qi);
         hn::StoreU(hn::DemoteTo(d8, qi), d8, qb + i);
       }

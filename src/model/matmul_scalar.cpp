@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "codec/scalar_blocks.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "model/matmul_kernels.h"
@@ -90,17 +91,10 @@ void quantize_rows_scalar(const float* x, int64_t M, int64_t cols, int8_t* q, fl
   const int64_t nb = cols / 32;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < nb; ++b) {
-      const float* xb = x + m * cols + b * 32;
-      float amax = 0;
-      for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-      const float db = amax / 127.0f;
-      const float id = db != 0.0f ? 127.0f / amax : 0.0f;
+      int8_t* qb = q + m * cols + b * 32;
+      const float db = quantize_int8_block(x + m * cols + b * 32, qb);
       int32_t sum = 0;
-      for (int i = 0; i < 32; ++i) {
-        const int v = int(std::lrintf(xb[i] * id));
-        q[m * cols + b * 32 + i] = int8_t(v);
-        sum += v;
-      }
+      for (int i = 0; i < 32; ++i) sum += qb[i];
       d[m * nb + b] = db;
       s[m * nb + b] = db * float(sum);
     }

@@ -70,8 +70,13 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
       L.q_norm = vector_f32(g, p + "attn_q_norm.weight", c.head_dim);
       L.k_norm = vector_f32(g, p + "attn_k_norm.weight", c.head_dim);
     }
+    if (c.post_norms) {
+      L.post_attn_norm = vector_f32(g, p + "post_attention_norm.weight", c.n_embd);
+      L.post_ffn_norm = vector_f32(g, p + "post_ffw_norm.weight", c.n_embd);
+    }
   }
   m->inv_freqs_ = vq::rope_inv_freqs(c, g);
+  if (c.n_sliding_layers() > 0) m->inv_freqs_swa_ = vq::rope_inv_freqs(c, g, true);
   if (g.has("tokenizer.ggml.model")) m->tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(g));
   return m;
 }

@@ -29,6 +29,9 @@ struct LayerWeights {
   std::vector<float> attn_norm, ffn_norm;    // [n_embd]
   std::vector<float> q_bias, k_bias, v_bias;  // [q_dim], [kv_dim], [kv_dim]; empty without biases
   std::vector<float> q_norm, k_norm;          // [head_dim]; empty without per-head q/k norm
+  // gemma3: RMSNorm weights of the attention output and of the MLP output (before each residual
+  // add); empty when the architecture has none.
+  std::vector<float> post_attn_norm, post_ffn_norm;  // [n_embd]
   WeightMatrix wq, wk, wv, wo;                // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim]
   WeightMatrix w_gate, w_up, w_down;          // [n_ff, n_embd] x2, [n_embd, n_ff]
 };
@@ -49,6 +52,12 @@ class Model {
   const std::vector<float>& output_norm() const { return output_norm_; }  // [n_embd]
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const std::vector<double>& rope_inv_freqs() const { return inv_freqs_; }  // [n_rot/2]
+  // [n_rot/2] of the sliding-window layers (gemma3: their own base); empty without such layers.
+  const std::vector<double>& rope_inv_freqs_swa() const { return inv_freqs_swa_; }
+  // [n_rot/2] of the given layer.
+  const std::vector<double>& rope_inv_freqs(int layer) const {
+    return cfg_.is_sliding(layer) ? inv_freqs_swa_ : inv_freqs_;
+  }
   KVGeometry kv_geometry() const { return {cfg_.n_heads, cfg_.n_kv_heads, cfg_.head_dim}; }
   // Per-type tensor counts, e.g. {"q4_1": 210, "f32": 61, ...}.
   std::vector<std::pair<std::string, int>> tensor_type_counts() const;
@@ -62,7 +71,7 @@ class Model {
   WeightMatrix token_embd_, output_;
   std::vector<float> output_norm_;
   std::vector<LayerWeights> layers_;
-  std::vector<double> inv_freqs_;
+  std::vector<double> inv_freqs_, inv_freqs_swa_;  // global layers, sliding-window layers
 };
 
 }  // namespace vq

@@ -25,7 +25,62 @@ float read_positive_float_or(const GGUFFile& g, const std::string& key, double d
   return static_cast<float>(v);
 }
 
+// Gemma 3 (HF Gemma3ForCausalLM as converted by llama.cpp's convert_hf_to_gguf.py; the norm weights
+// are stored with the converter's +1 already added, so they multiply like llama's). What the file
+// gives: the window (<arch>.attention.sliding_window, required: 512 for 270M/1B, 1024 for 4B+).
+// What the architecture fixes when the file is silent (Gemma 3 report; HF config defaults):
+// every 6th layer global (layers 5, 11, ...), local rope base 10000, query_pre_attn_scalar =
+// head_dim (1/sqrt(head_dim) scale), embeddings times sqrt(n_embd), GELU-tanh gated MLP,
+// post-attention and post-MLP norms. Optional keys llama.cpp defines override the defaults:
+// <arch>.attention.sliding_window_pattern (a period, or one bool per layer), <arch>.rope.freq_base_swa,
+// <arch>.attention.scale.
+void read_gemma3(const GGUFFile& g, ModelConfig& c) {
+  const std::string a = c.arch + ".";
+  for (const char* k : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    VQ_CHECK(!g.has(a + k), "{}: {}{}: logit soft-capping is not supported (a Gemma 2 feature; Gemma 3 has none)",
+             g.path(), a, k);
+  }
+  c.rope_layout = RopeLayout::NeoX;  // HF rotate_half layout, not permuted by the converter
+  c.ffn_act = FfnActivation::GeluTanh;
+  c.post_norms = true;
+  c.embd_scale = std::sqrt(float(c.n_embd));
+  VQ_CHECK(c.qk_norm, "{}: gemma3 model without blk.0.attn_q_norm.weight", g.path());
+  VQ_CHECK(g.has(a + "attention.sliding_window"),
+           "{}: {}attention.sliding_window: missing (gemma3 needs the window of its local layers)", g.path(), a);
+  c.sliding_window = read_count(g, a + "attention.sliding_window", 1, int64_t(1) << 30);
+  c.rope_theta_swa = read_positive_float_or(g, a + "rope.freq_base_swa", 10000.0);
+  c.layer_sliding.assign(size_t(c.n_layers), 0);
+  const std::string pk = a + "attention.sliding_window_pattern";
+  const auto it = g.metadata().find(pk);
+  if (it != g.metadata().end() && it->second.type == GGUFValueType::ARRAY) {
+    const auto& arr = *std::get<std::shared_ptr<GGUFArray>>(it->second.v);
+    VQ_CHECK(arr.items.size() == size_t(c.n_layers), "{}: {}: {} entries, expected one per layer ({})", g.path(), pk,
+             arr.items.size(), c.n_layers);
+    for (size_t l = 0; l < arr.items.size(); ++l) {
+      const GGUFValue& v = arr.items[l];
+      VQ_CHECK(v.type == GGUFValueType::BOOL, "{}: {}[{}]: expected bools (true: sliding-window layer)", g.path(), pk, l);
+      c.layer_sliding[l] = std::get<bool>(v.v) ? 1 : 0;
+    }
+  } else {
+    // Period N: layers with (l + 1) % N != 0 slide, every Nth is global; N = 1 means all global.
+    c.sliding_pattern = read_count_or(g, pk, 6, 1, 4096);
+    for (int l = 0; l < c.n_layers; ++l) c.layer_sliding[size_t(l)] = (l + 1) % c.sliding_pattern != 0;
+  }
+  // The 27B (62 layers, n_embd 5376) was trained with query_pre_attn_scalar = n_embd / n_heads;
+  // every other size with head_dim. Its GGUFs carry no key for it.
+  const float qpas = c.n_layers == 62 && c.n_embd == 5376 ? float(c.n_embd / c.n_heads) : float(c.head_dim);
+  c.attn_scale = read_positive_float_or(g, a + "attention.scale", 1.0 / std::sqrt(double(qpas)));
+}
+
 }  // namespace
+
+int ModelConfig::n_sliding_layers() const {
+  int n = 0;
+  for (uint8_t s : layer_sliding) n += s != 0;
+  return n;
+}
+
+const char* ffn_activation_name(FfnActivation a) { return a == FfnActivation::GeluTanh ? "gelu-tanh" : "silu"; }
 
 const char* rope_layout_name(RopeLayout l) { return l == RopeLayout::NeoX ? "neox" : "normal"; }
 
@@ -40,8 +95,8 @@ const char* rope_scaling_name(RopeScaling s) {
 ModelConfig read_model_config(const GGUFFile& g) {
   ModelConfig c;
   c.arch = g.get_string("general.architecture");
-  VQ_CHECK(c.arch == "llama" || c.arch == "qwen2" || c.arch == "qwen3",
-           "{}: general.architecture: unsupported architecture '{}' (supported: llama, qwen2, qwen3)",
+  VQ_CHECK(c.arch == "llama" || c.arch == "qwen2" || c.arch == "qwen3" || c.arch == "gemma3",
+           "{}: general.architecture: unsupported architecture '{}' (supported: llama, qwen2, qwen3, gemma3)",
            g.path(), c.arch);
   c.name = g.get_string_or("general.name", "");
   const std::string a = c.arch + ".";
@@ -108,13 +163,17 @@ ModelConfig read_model_config(const GGUFFile& g) {
   c.qkv_bias = g.find_tensor("blk.0.attn_q.bias") != nullptr;
   c.qk_norm = g.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
   VQ_CHECK(c.arch != "qwen3" || c.qk_norm, "{}: qwen3 model without blk.0.attn_q_norm.weight", g.path());
+  c.attn_scale = 1.0f / std::sqrt(float(c.head_dim));
+  if (c.arch == "gemma3") read_gemma3(g, c);
   return c;
 }
 
-std::vector<double> rope_inv_freqs(const ModelConfig& c, const GGUFFile& g) {
+std::vector<double> rope_inv_freqs(const ModelConfig& c, const GGUFFile& g, bool sliding) {
   const int half = c.n_rot / 2;
   std::vector<double> f(half);  // [n_rot/2] radians per position
-  for (int i = 0; i < half; ++i) f[i] = std::pow(double(c.rope_theta), -2.0 * i / double(c.n_rot));
+  const double theta = sliding ? c.rope_theta_swa : c.rope_theta;
+  for (int i = 0; i < half; ++i) f[i] = std::pow(theta, -2.0 * i / double(c.n_rot));
+  if (sliding) return f;
   if (const GGUFTensorInfo* t = g.find_tensor("rope_freqs.weight")) {
     VQ_CHECK(t->numel() == half, "{}: rope_freqs.weight: {} elements, expected n_rot/2 = {}", g.path(),
              t->numel(), half);

@@ -15,8 +15,11 @@ enum class RopeLayout { Normal, NeoX };
 
 enum class RopeScaling { None, Linear, Llama3 };
 
+// The gate activation of the gated MLP: down(act(gate(x)) * up(x)).
+enum class FfnActivation { SiLU, GeluTanh };
+
 struct ModelConfig {
-  std::string arch;          // "llama", "qwen2", "qwen3"
+  std::string arch;          // "llama", "qwen2", "qwen3", "gemma3"
   std::string name;          // general.name, or "" when absent
   int n_layers = 0;
   int n_embd = 0;
@@ -37,9 +40,23 @@ struct ModelConfig {
   bool qkv_bias = false;      // qwen2: attn_q/k/v.bias
   bool qk_norm = false;       // qwen3: per-head attn_q_norm / attn_k_norm
   bool tied_embeddings = false;  // no output.weight: the head reuses token_embd
+  FfnActivation ffn_act = FfnActivation::SiLU;  // gemma3: GELU (tanh approximation)
+
+  // Gemma 3 (defaults leave llama-family models unchanged):
+  float attn_scale = 0.0f;   // scores = attn_scale * q.k (set by read_model_config: 1/sqrt(head_dim) default)
+  float embd_scale = 1.0f;   // token embeddings are multiplied by it (gemma3: sqrt(n_embd))
+  bool post_norms = false;   // RMSNorm of the attention and MLP outputs before each residual add
+  // Sliding-window layers: query at position p sees keys [p - sliding_window + 1, p]. Global layers
+  // see every earlier key. layer_sliding: [n_layers], 1 for a sliding-window layer; empty: none.
+  int sliding_window = 0;
+  std::vector<uint8_t> layer_sliding;
+  int sliding_pattern = 0;          // period N when every Nth layer is global (for display), else 0
+  float rope_theta_swa = 10000.0f;  // rope base of the sliding-window layers (no rope scaling)
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
+  bool is_sliding(int layer) const { return !layer_sliding.empty() && layer_sliding[size_t(layer)] != 0; }
+  int n_sliding_layers() const;
 };
 
 // Reads and validates the configuration; throws vq::Error naming the key or tensor at fault
@@ -47,10 +64,13 @@ struct ModelConfig {
 ModelConfig read_model_config(const GGUFFile& gguf);
 
 // Rotary inverse frequencies [n_rot / 2]: theta^(-2i/n_rot), adjusted by the rope_freqs tensor
-// (Llama 3.1 GGUFs store per-frequency divisors) or by the configured scaling.
-std::vector<double> rope_inv_freqs(const ModelConfig& cfg, const GGUFFile& gguf);
+// (Llama 3.1 GGUFs store per-frequency divisors) or by the configured scaling. sliding: the
+// frequencies of the sliding-window layers (base rope_theta_swa, never scaled: Gemma 3 applies
+// its long-context scaling to the global layers only).
+std::vector<double> rope_inv_freqs(const ModelConfig& cfg, const GGUFFile& gguf, bool sliding = false);
 
 const char* rope_layout_name(RopeLayout l);
 const char* rope_scaling_name(RopeScaling s);
+const char* ffn_activation_name(FfnActivation a);
 
 }  // namespace vq

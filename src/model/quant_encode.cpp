@@ -1,10 +1,13 @@
 // Plain round-to-nearest encoders for the GGML weight types (layouts in quant_blocks.h).
 // They exist to write GGUF files (tests, tiny models); scales are chosen from block minima and
-// maxima, not by error minimisation.
+// maxima, not by error minimisation. The 32-element formats are llama.cpp's reference
+// quantizers, shared with the KV caches (codec/scalar_blocks.h); the K-quants are simpler than
+// llama.cpp's (no search for the best scales).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "codec/scalar_blocks.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "model/quant_blocks.h"
@@ -26,52 +29,6 @@ float signed_absmax(const float* x, int n) {
   for (int i = 0; i < n; ++i)
     if (std::fabs(x[i]) > std::fabs(best)) best = x[i];
   return best;
-}
-
-void q8_0(const float* x, uint8_t* b) {
-  float amax = 0;
-  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const uint16_t dh = f32_to_f16(amax / 127.0f);
-  const float id = inv(f16_to_f32(dh));
-  st16(b, dh);
-  for (int i = 0; i < 32; ++i) b[2 + i] = uint8_t(int8_t(clampi(rnd(x[i] * id), -128, 127)));
-}
-
-// Q4_0 / Q5_0: d = -max/2^(bits-1), q = round(x/d) + 2^(bits-1).
-void q_sym(const float* x, uint8_t* b, int bits) {
-  const int half = 1 << (bits - 1);
-  const uint16_t dh = f32_to_f16(signed_absmax(x, 32) / float(-half));
-  const float id = inv(f16_to_f32(dh));
-  st16(b, dh);
-  uint8_t q[32];
-  for (int i = 0; i < 32; ++i) q[i] = uint8_t(clampi(rnd(x[i] * id) + half, 0, 2 * half - 1));
-  uint8_t* qs = b + (bits == 4 ? 2 : 6);
-  for (int i = 0; i < 16; ++i) qs[i] = uint8_t((q[i] & 15) | (q[i + 16] & 15) << 4);
-  if (bits == 5) {
-    uint32_t qh = 0;
-    for (int i = 0; i < 32; ++i) qh |= uint32_t(q[i] >> 4) << i;
-    std::memcpy(b + 2, &qh, 4);
-  }
-}
-
-// Q4_1 / Q5_1: m = min, d = (max - min)/(2^bits - 1), q = round((x - m)/d).
-void q_asym(const float* x, uint8_t* b, int bits) {
-  const int qmax = (1 << bits) - 1;
-  float lo = x[0], hi = x[0];
-  for (int i = 1; i < 32; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
-  const uint16_t dh = f32_to_f16((hi - lo) / float(qmax)), mh = f32_to_f16(lo);
-  const float id = inv(f16_to_f32(dh)), m = f16_to_f32(mh);
-  st16(b, dh);
-  st16(b + 2, mh);
-  uint8_t q[32];
-  for (int i = 0; i < 32; ++i) q[i] = uint8_t(clampi(rnd((x[i] - m) * id), 0, qmax));
-  uint8_t* qs = b + (bits == 4 ? 4 : 8);
-  for (int i = 0; i < 16; ++i) qs[i] = uint8_t((q[i] & 15) | (q[i + 16] & 15) << 4);
-  if (bits == 5) {
-    uint32_t qh = 0;
-    for (int i = 0; i < 32; ++i) qh |= uint32_t(q[i] >> 4) << i;
-    std::memcpy(b + 4, &qh, 4);
-  }
 }
 
 // Q4_K / Q5_K super-block: per sub-block scale (max - min)/qmax and min -min (min <= 0),
@@ -167,11 +124,11 @@ void quantize_row(GGMLType t, const float* src, void* dst, int64_t n) {
       case GGMLType::F32: std::memcpy(p, x, 4); break;
       case GGMLType::F16: st16(p, f32_to_f16(*x)); break;
       case GGMLType::BF16: st16(p, f32_to_bf16(*x)); break;
-      case GGMLType::Q8_0: q8_0(x, p); break;
-      case GGMLType::Q4_0: q_sym(x, p, 4); break;
-      case GGMLType::Q5_0: q_sym(x, p, 5); break;
-      case GGMLType::Q4_1: q_asym(x, p, 4); break;
-      case GGMLType::Q5_1: q_asym(x, p, 5); break;
+      case GGMLType::Q8_0: quantize_q8_0(x, p); break;
+      case GGMLType::Q4_0: quantize_q4_0(x, p); break;
+      case GGMLType::Q5_0: quantize_q5_0(x, p); break;
+      case GGMLType::Q4_1: quantize_q4_1(x, p); break;
+      case GGMLType::Q5_1: quantize_q5_1(x, p); break;
       case GGMLType::Q4_K: q_k(x, p, 4); break;
       case GGMLType::Q5_K: q_k(x, p, 5); break;
       case GGMLType::Q6_K: q6_k(x, p); break;

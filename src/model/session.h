@@ -77,6 +77,7 @@ class Forward {
   AlignedBuffer<float> up_;     // [rows, n_ff]
   AlignedBuffer<float> cos_;    // [rows, n_rot/2] rotary cos per row
   AlignedBuffer<float> sin_;    // [rows, n_rot/2] rotary sin per row
+  AlignedBuffer<float> cos_swa_, sin_swa_;  // [rows, n_rot/2] of the sliding-window layers (else empty)
   AlignedBuffer<float> logits_; // [logit rows, n_vocab] when several entries want logits
   ActivationBuffer act_;        // xn_ quantized once for q/k/v and once for gate/up
   std::vector<int64_t> pos_;    // [rows] position of each row

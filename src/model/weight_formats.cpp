@@ -1,11 +1,13 @@
 // Type table, row sizes and the scalar reference decoder of the GGML weight types. Block
 // layouts are documented in quant_blocks.h. The decoder is exact: each element is computed
-// with the formula of its type in float32, in the grouping written in quant_blocks.h.
+// with the formula of its type in float32, in the grouping written in quant_blocks.h. The
+// 32-element formats share their decoders with the KV caches (codec/scalar_blocks.h).
 #include "model/weight_formats.h"
 
 #include <cstring>
 #include <vector>
 
+#include "codec/scalar_blocks.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "model/quant_blocks.h"
@@ -76,50 +78,7 @@ void check_row(GGMLType t, int64_t n) {
 
 // --- one block of each type -> 32 or 256 floats
 
-void dq_q8_0(const uint8_t* b, float* y) {
-  const float d = ldh(b);
-  for (int i = 0; i < 32; ++i) y[i] = d * float(int8_t(b[2 + i]));
-}
-void dq_q4_0(const uint8_t* b, float* y) {
-  const float d = ldh(b);
-  const uint8_t* qs = b + 2;
-  for (int i = 0; i < 16; ++i) {
-    y[i] = d * float((qs[i] & 15) - 8);
-    y[i + 16] = d * float((qs[i] >> 4) - 8);
-  }
-}
-void dq_q4_1(const uint8_t* b, float* y) {
-  const float d = ldh(b), m = ldh(b + 2);
-  const uint8_t* qs = b + 4;
-  for (int i = 0; i < 16; ++i) {
-    y[i] = d * float(qs[i] & 15) + m;
-    y[i + 16] = d * float(qs[i] >> 4) + m;
-  }
-}
-void dq_q5_0(const uint8_t* b, float* y) {
-  const float d = ldh(b);
-  uint32_t qh;
-  std::memcpy(&qh, b + 2, 4);
-  const uint8_t* qs = b + 6;
-  for (int i = 0; i < 16; ++i) {
-    const int lo = (qs[i] & 15) | int((qh >> i) & 1) << 4;
-    const int hi = (qs[i] >> 4) | int((qh >> (i + 16)) & 1) << 4;
-    y[i] = d * float(lo - 16);
-    y[i + 16] = d * float(hi - 16);
-  }
-}
-void dq_q5_1(const uint8_t* b, float* y) {
-  const float d = ldh(b), m = ldh(b + 2);
-  uint32_t qh;
-  std::memcpy(&qh, b + 4, 4);
-  const uint8_t* qs = b + 8;
-  for (int i = 0; i < 16; ++i) {
-    const int lo = (qs[i] & 15) | int((qh >> i) & 1) << 4;
-    const int hi = (qs[i] >> 4) | int((qh >> (i + 16)) & 1) << 4;
-    y[i] = d * float(lo) + m;
-    y[i + 16] = d * float(hi) + m;
-  }
-}
+// (the 32-element formats q8_0, q4_0, q4_1, q5_0, q5_1 decode through codec/scalar_blocks)
 void dq_q4_k(const uint8_t* b, float* y) {
   const float d = ldh(b), dmin = ldh(b + 2);
   const uint8_t* scales = b + 4;
@@ -191,6 +150,46 @@ size_t ggml_row_bytes(GGMLType t, int64_t n) {
   return size_t(n / ti.block_elems) * ti.block_bytes;
 }
 
+namespace {
+bool f16_non_finite(const uint8_t* p) { return (ld16(p) & 0x7c00) == 0x7c00; }
+}  // namespace
+
+int64_t find_non_finite(GGMLType t, const void* data, int64_t n) {
+  check_row(t, n);
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  switch (t) {
+    case GGMLType::F32:
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, p + 4 * i, 4);
+        if ((u & 0x7f800000u) == 0x7f800000u) return i;
+      }
+      return -1;
+    case GGMLType::F16:
+      for (int64_t i = 0; i < n; ++i)
+        if (f16_non_finite(p + 2 * i)) return i;
+      return -1;
+    case GGMLType::BF16:
+      for (int64_t i = 0; i < n; ++i)
+        if ((ld16(p + 2 * i) & 0x7f80) == 0x7f80) return i;
+      return -1;
+    default: break;
+  }
+  // Byte offsets of the fp16 scale fields in a block (quant_blocks.h): d, and m / dmin if any.
+  int first = 0, second = -1;
+  switch (t) {
+    case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: second = 2; break;
+    case GGMLType::Q6_K: first = 208; break;
+    default: break;  // q8_0, q4_0, q5_0: d only
+  }
+  const TypeInfo ti = type_info(t);
+  for (int64_t b = 0; b < n / ti.block_elems; ++b) {
+    const uint8_t* blk = p + size_t(b) * ti.block_bytes;
+    if (f16_non_finite(blk + first) || (second >= 0 && f16_non_finite(blk + second))) return b * ti.block_elems;
+  }
+  return -1;
+}
+
 void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n) {
   check_row(t, n);
   const uint8_t* p = static_cast<const uint8_t*>(src);
@@ -205,11 +204,11 @@ void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n) {
     case GGMLType::BF16:
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(ld16(p + 2 * i));
       return;
-    case GGMLType::Q8_0: fn = dq_q8_0; break;
-    case GGMLType::Q4_0: fn = dq_q4_0; break;
-    case GGMLType::Q4_1: fn = dq_q4_1; break;
-    case GGMLType::Q5_0: fn = dq_q5_0; break;
-    case GGMLType::Q5_1: fn = dq_q5_1; break;
+    case GGMLType::Q8_0: fn = dequantize_q8_0; break;
+    case GGMLType::Q4_0: fn = dequantize_q4_0; break;
+    case GGMLType::Q4_1: fn = dequantize_q4_1; break;
+    case GGMLType::Q5_0: fn = dequantize_q5_0; break;
+    case GGMLType::Q5_1: fn = dequantize_q5_1; break;
     case GGMLType::Q4_K: fn = dq_q4_k; break;
     case GGMLType::Q5_K: fn = dq_q5_k; break;
     case GGMLType::Q6_K: fn = dq_q6_k; break;

@@ -20,6 +20,12 @@ size_t ggml_block_bytes(GGMLType t);          // bytes per block
 // Bytes of one row of n elements; throws naming the type when n is not a multiple of the block.
 size_t ggml_row_bytes(GGMLType t, int64_t n);
 
+// Index of the first of n elements (n a multiple of the block size) of type t whose value can be
+// NaN or inf, or -1 when there is none: the values of the float types, the fp16 scales (and
+// mins) of the quantized ones, whose codes are integers. For a block scale the index is the
+// block's first element. Reads every float value but only 2-4 bytes per quantized block.
+int64_t find_non_finite(GGMLType t, const void* data, int64_t n);
+
 // Decodes one row of n elements (n a multiple of the block size) into float32.
 void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n);
 

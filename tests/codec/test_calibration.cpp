@@ -2,14 +2,19 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <fstream>
 #include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "codec/calibration_check.h"
 #include "codec/calibration_file.h"
+#include "core/checksum.h"
 #include "core/error.h"
 
 namespace vq {
@@ -34,8 +39,9 @@ Calibration make_calib(Granularity g) {
     L.smoothing.resize(size_t(c.n_kv_heads) * c.head_dim);
     L.key_codebooks.resize(c.key_codebook_floats());
     L.value_codebooks.resize(c.value_codebook_floats());
-    for (auto* v : {&L.smoothing, &L.key_codebooks, &L.value_codebooks})
+    for (auto* v : {&L.key_codebooks, &L.value_codebooks})
       for (auto& f : *v) f = nd(rng);
+    for (auto& f : L.smoothing) f = 0.5f + std::fabs(nd(rng));  // positive, as sqrt(max |K|)
   }
   return c;
 }
@@ -194,6 +200,96 @@ TEST(Calibration, GeometryMismatchAndInvalidData) {
   write_all(p, b);
   expect_load_error(p, "", "edited head_dim");
   std::remove(p.c_str());
+}
+
+// Rewrites the trailing checksum so that an edited file is checksum-consistent (the attack the
+// value bounds exist for: the checksum only catches accidents).
+void fix_checksum(std::vector<char>& b) {
+  const uint64_t sum = checksum64(b.data(), b.size() - 8);
+  std::memcpy(b.data() + b.size() - 8, &sum, 8);
+}
+
+TEST(Calibration, OutOfBoundValuesAreRefusedEvenWithAValidChecksum) {
+  const Calibration c = make_calib(Granularity::per_subspace);
+  const std::string p = tmp_path("values"), q = tmp_path("values_bad");
+  save_calibration(p, c);
+  const auto full = read_all(p);
+  // The payload starts after the header; layer 0 holds smoothing [2, 32], then key codebooks.
+  const size_t header = full.size() - 8 - size_t(c.n_layers) * (64 + c.key_codebook_floats() + c.value_codebook_floats()) * 4;
+  const size_t key0 = header + 64 * 4, value0 = key0 + c.key_codebook_floats() * 4;
+  struct Case { size_t at; float v; const char* needle; };
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const Case& k : {Case{key0 + 4 * 37, 1e30f, "layer 0 key codebooks[0, 0, 9, 1] = 1e+30"},
+                        Case{key0, nan, "layer 0 key codebooks[0, 0, 0, 0] = nan"},
+                        Case{value0 + 8, -inf, "layer 0 value codebooks[0, 0, 0, 2] = -inf"},
+                        Case{value0, 70000.0f, "exceeds the bound 65504"},
+                        Case{header + 4 * 33, 0.0f, "layer 0 smoothing[1, 1] = 0 must be in [0.001, 65504]"},
+                        Case{header, -2.0f, "smoothing[0, 0] = -2"}}) {
+    auto b = full;
+    std::memcpy(b.data() + k.at, &k.v, 4);
+    fix_checksum(b);
+    write_all(q, b);
+    expect_load_error(q, k.needle, k.needle);
+    expect_load_error(q, q + ": calibration: layer 0", "the message names the file");
+  }
+  // In memory: save refuses the same values.
+  Calibration bad = c;
+  bad.layers[2].value_codebooks[5] = 1e9f;
+  try {
+    save_calibration(tmp_path("never"), bad);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 2 value codebooks"), std::string::npos) << e.what();
+  }
+  // The bound itself is accepted.
+  bad = c;
+  bad.layers[0].key_codebooks[0] = -65504.0f;
+  bad.layers[0].smoothing[0] = 65504.0f;
+  EXPECT_NO_THROW(save_calibration(q, bad));
+  std::remove(p.c_str());
+  std::remove(q.c_str());
+}
+
+TEST(Calibration, MatchesTheCacheSpecAndTheModel) {
+  const Calibration c = make_calib(Granularity::per_subspace);  // k d4b6, v d8b5, 3 layers, 2 x 32
+  KVCacheConfig cfg;
+  cfg.method = KVMethod::vecinfer;
+  cfg.key = {4, 6};
+  cfg.value = {8, 5};
+  cfg.granularity = CodebookGranularity::per_subspace;
+  const KVGeometry g{4, 2, 32};
+  EXPECT_NO_THROW(check_calibration_matches(c, cfg, g, 3));
+  auto expect_msg = [&](const KVCacheConfig& k, const KVGeometry& gg, int layers, const std::string& needle) {
+    try {
+      check_calibration_matches(c, k, gg, layers);
+      ADD_FAILURE() << "no error, wanted " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_msg(cfg, g, 4, "n_layers = 3 but the model has 4");
+  expect_msg(cfg, {4, 4, 32}, 3, "n_kv_heads = 2 but the model has 4");
+  expect_msg(cfg, {4, 2, 64}, 3, "head_dim = 32 but the model has 64");
+  KVCacheConfig k = cfg;
+  k.key = {4, 8};
+  expect_msg(k, g, 3, "key codebooks are d4b6 but the cache spec asks for k=d4b8 (make a matching file with `veloxquant calibrate --kv-cache vecinfer:k=d4b8,v=d8b5,gran=per_subspace`)");
+  k = cfg;
+  k.value = {4, 5};
+  expect_msg(k, g, 3, "value codebooks are d8b5");
+  k = cfg;
+  k.granularity = CodebookGranularity::shared;  // gran=shared with a per-subspace file
+  expect_msg(k, g, 3, "granularity is per_subspace but the cache spec says gran=shared");
+  k = cfg;
+  k.method = KVMethod::q8_0;
+  expect_msg(k, g, 3, "only a vecinfer kv cache uses a calibration");
+  const Calibration s = make_calib(Granularity::shared);
+  try {
+    check_calibration_matches(s, cfg, g, 3);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("granularity is shared but the cache spec says gran=per_subspace"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(Calibration, AtomicWriteLeavesNoTemp) {

@@ -11,6 +11,7 @@
 
 #include "core/atomic_file.h"
 #include "core/checksum.h"
+#include "common/error_of.h"
 #include "core/error.h"
 #include "core/mmap_file.h"
 #include "core/tensor.h"
@@ -22,15 +23,7 @@ std::string tmp(const std::string& name) {
   return std::string(::testing::TempDir()) + "vq_core_" + std::to_string(::getpid()) + "_" + name;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(TensorView, ShapesAndErrors) {
   std::vector<float> buf(24);

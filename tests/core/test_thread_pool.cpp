@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -67,6 +68,83 @@ TEST(ThreadPool, DefaultPoolSize) {
   EXPECT_THROW(set_num_threads(0), Error);
   EXPECT_THROW(ThreadPool(0), Error);
   set_num_threads(2);
+}
+
+// Sums i over [0, n) through the pool; every index must be visited once, by the right job.
+uint64_t pooled_sum(ThreadPool& pool, size_t n, uint64_t salt, std::atomic<int>& wrong) {
+  std::vector<uint64_t> part(1024, 0);  // part[thread index]: this call's own partial sums
+  pool.parallel_for(n, [&](size_t b, size_t e, int t) {
+    if (t < 0 || t >= 1024) { ++wrong; return; }
+    for (size_t i = b; i < e; ++i) part[size_t(t)] += i ^ salt;
+  }, 7);
+  uint64_t s = 0;
+  for (uint64_t p : part) s += p;
+  return s;
+}
+
+// Two (and four) callers on their own threads share one pool at once: every job must see only
+// its own function and ranges (before the contract, the second caller overwrote the first's
+// job in flight). Run under TSan it is also race-free (docs/RELIABILITY.md).
+TEST(ThreadPool, ConcurrentCallersEachGetTheirOwnJob) {
+  for (int callers : {2, 4}) {
+    ThreadPool pool(3);
+    std::atomic<int> wrong{0}, bad_sum{0};
+    std::vector<std::thread> ts;
+    for (int c = 0; c < callers; ++c)
+      ts.emplace_back([&, c] {
+        for (int it = 0; it < 300; ++it) {
+          const size_t n = size_t(50 + (it * 37 + c * 11) % 900);
+          const uint64_t salt = uint64_t(c) << 40;
+          uint64_t want = 0;
+          for (size_t i = 0; i < n; ++i) want += i ^ salt;
+          if (pooled_sum(pool, n, salt, wrong) != want) ++bad_sum;
+        }
+      });
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(wrong.load(), 0) << callers;
+    EXPECT_EQ(bad_sum.load(), 0) << callers;
+  }
+}
+
+// set_num_threads from one thread while another runs jobs on the default pool: the running job
+// finishes on the old workers, later ones use the new count, nothing is freed under a caller.
+TEST(ThreadPool, ResizeWhileAnotherThreadRunsJobs) {
+  set_num_threads(2);
+  std::atomic<bool> done{false};
+  std::atomic<int> wrong{0}, bad_sum{0};
+  const size_t n = 500;
+  uint64_t want = 0;
+  for (size_t i = 0; i < n; ++i) want += i ^ 3;
+  std::thread user([&] {
+    for (int it = 0; it < 400; ++it)
+      if (pooled_sum(default_pool(), n, 3, wrong) != want) ++bad_sum;
+    done = true;
+  });
+  for (int k = 0; !done; ++k) set_num_threads(1 + k % 4);
+  user.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(bad_sum.load(), 0);
+  set_num_threads(2);
+  EXPECT_EQ(num_threads(), 2);
+}
+
+TEST(ThreadPool, ResizeFromInsideAJobIsRefused) {
+  ThreadPool pool(2);
+  std::atomic<int> refused{0};
+  pool.parallel_for(2, [&](size_t, size_t, int) {
+    try {
+      pool.resize(3);
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("inside a parallel_for job") != std::string::npos) ++refused;
+    }
+  });
+  EXPECT_EQ(refused.load(), 2);  // both parts (caller and worker) were refused
+  EXPECT_EQ(pool.size(), 2);
+  pool.resize(3);
+  EXPECT_EQ(pool.size(), 3);
+  std::vector<std::atomic<int>> hits(100);
+  pool.parallel_for(100, [&](size_t b, size_t e, int) { for (size_t i = b; i < e; ++i) ++hits[i]; });
+  for (auto& h : hits) ASSERT_EQ(h.load(), 1);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "model/calibrate.h"
-#include "model/default_model.h"
+#include "model_fetch/model_fetch.h"
 #include "model/model.h"
 
 namespace vq::model_test {

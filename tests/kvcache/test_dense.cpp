@@ -1,6 +1,7 @@
 // Dense caches (fp16 / fp32) against the reference attention, and the spec parser.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -194,7 +195,7 @@ TEST(Spec, ErrorsNameTheField) {
   EXPECT_NE(error_of([] { parse_kv_cache_spec("vecinfer:x4b8"); }).find("d<sub_dim>b<bits>"), std::string::npos);
   EXPECT_NE(error_of([] { parse_kv_cache_spec("kivi,b=3"); }).find("kivi_bits"), std::string::npos);
   EXPECT_NE(error_of([] { parse_kv_cache_spec("vecinfer:d4b17"); }).find("key.bits"), std::string::npos);
-  EXPECT_NE(error_of([] { parse_kv_cache_spec("fp16,r=-1"); }).find("residual_length"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_kv_cache_spec("kivi2,r=-1"); }).find("residual_length"), std::string::npos);
   EXPECT_NE(error_of([] { parse_kv_cache_spec("fp16,zz=1"); }).find("unknown option"), std::string::npos);
   KVCacheConfig c;
   c.method = KVMethod::vecinfer;

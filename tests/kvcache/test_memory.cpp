@@ -2,6 +2,7 @@
 // fill 30 layers' caches (SmolLM2 geometry: 9 query / 3 KV heads, head_dim 64) with 16k tokens
 // each and measure the growth of the resident set (/proc/self/statm), not just computed bytes.
 #include <gtest/gtest.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,7 +21,11 @@ namespace {
 constexpr int kLayers = 30, kTokens = 16384, kChunk = 512;
 const KVGeometry kGeo{9, 3, 64};
 
+// Base-page granularity: with transparent huge pages "always", one touched byte makes 2 MiB
+// resident, so the measuring process opts out of them.
 int64_t rss_bytes() {
+  static const bool thp_off = prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0;
+  (void)thp_off;
   std::ifstream f("/proc/self/statm");
   int64_t size = 0, resident = 0;
   f >> size >> resident;

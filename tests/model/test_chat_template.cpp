@@ -88,6 +88,21 @@ TEST(ChatTemplate, Llama2WithSystemBlock) {
   EXPECT_EQ(format_chat(t, {{"user", "Hi"}}, true), "[INST] Hi [/INST]");
 }
 
+// The Gemma 3 instruct template's markers (the 270M GGUF of the tests ships none: see
+// GemmaFromVocabulary in test_tokenizer_gguf.cpp).
+TEST(ChatTemplate, Gemma) {
+  const char* src = "{{ bos_token }}{%- for message in loop_messages -%}{{ '<start_of_turn>' + role + '\\n' }}"
+                    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}{%- endfor -%}";
+  EXPECT_EQ(detect_chat_format(src), ChatFormat::Gemma);
+  EXPECT_STREQ(chat_format_name(ChatFormat::Gemma), "gemma");
+  const ChatTemplate t = parse_chat_template(src);
+  // system text prefixes the first user turn; assistant is "model"; contents are trimmed
+  EXPECT_EQ(format_chat(t, kConversation, true),
+            "<start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
+            "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(format_chat(t, {{"user", "Hi"}}, false), "<start_of_turn>user\nHi<end_of_turn>\n");
+}
+
 TEST(ChatTemplate, Zephyr) {
   const ChatTemplate t = parse_chat_template(kZephyr, "<s>", "</s>");
   EXPECT_EQ(format_chat(t, {{"user", "Hi!"}}, true), "<|user|>\nHi!</s>\n<|assistant|>\n");

@@ -40,6 +40,15 @@ std::vector<Variant> variants() {
   TinySpec l3;
   l3.rope_scaling = "llama3", l3.wtype = vq::GGMLType::F32;
   v.push_back({"llama3_rope_f32", l3});
+  // gemma3: 6 layers with the default pattern (layers 0-4 local, 5 global), window 8 < the
+  // 29-37 test tokens, head_dim 32 != n_embd / n_heads, one KV head, tied output.
+  TinySpec g3;
+  g3.arch = "gemma3", g3.n_layers = 6, g3.n_kv_heads = 1, g3.head_dim = 32, g3.write_key_length = true;
+  g3.tied = true, g3.wtype = vq::GGMLType::Q8_0;
+  v.push_back({"gemma3_q8_0", g3});
+  TinySpec g3f;
+  g3f.arch = "gemma3", g3f.n_layers = 3, g3f.sliding_window = 5, g3f.swa_pattern = 2, g3f.wtype = vq::GGMLType::F32;
+  v.push_back({"gemma3_window5_f32", g3f});
   return v;
 }
 
@@ -158,6 +167,37 @@ TEST(Forward, LastLogitsAndResetAndThreads) {
   const auto two = run(*m, "fp32", tokens, 20);
   vq::set_num_threads(saved);
   EXPECT_LT(rel_max_diff(one, two), 1e-5);
+}
+
+// gemma3: the window of the local layers changes exactly the positions past it. Same weights
+// with window 8 and with a window longer than the sequence: logits agree at positions 0..7
+// (every window still holds all keys), differ after. A cache without windowed attention works
+// within the window and refuses past it.
+TEST(Forward, Gemma3SlidingWindowOnlyActsPastTheWindow) {
+  TinySpec s;
+  s.arch = "gemma3", s.n_layers = 3, s.swa_pattern = 3, s.wtype = vq::GGMLType::F32;
+  s.head_dim = 32, s.write_key_length = true;  // q8_0 blocks of 32
+  const auto m8 = vq::Model::load(vq::test::write_tiny_model(s, vq::test::tiny_path("g3_w8")));
+  s.sliding_window = 1000;
+  const auto mall = vq::Model::load(vq::test::write_tiny_model(s, vq::test::tiny_path("g3_wall")));
+  ASSERT_TRUE(m8->config().is_sliding(0) && m8->config().is_sliding(1) && !m8->config().is_sliding(2));
+  const int V = m8->config().n_vocab, n = 24;
+  const auto tokens = random_tokens(n, V, 5);
+  const auto a = run(*m8, "fp32", tokens, n), b = run(*mall, "fp32", tokens, n);
+  auto rows = [&](const std::vector<float>& x, int r0, int r1) {
+    return std::vector<float>(x.begin() + size_t(r0) * V, x.begin() + size_t(r1) * V);
+  };
+  EXPECT_LT(rel_max_diff(rows(a, 0, 8), rows(b, 0, 8)), 1e-6);
+  EXPECT_GT(rel_max_diff(rows(a, 8, n), rows(b, 8, n)), 1e-3);
+  // token by token through the window equals one batch (windowed decode = windowed prefill)
+  EXPECT_LT(rel_max_diff(run(*m8, "fp32", tokens, 1), a), 1e-5);
+
+  // Every method runs past the window (the KV store's per-layer window): q8_0 stays within its
+  // quantization error of fp32; before the window is exceeded both equal their global versions.
+  const auto q8 = run(*m8, "q8_0", tokens, n), q8all = run(*mall, "q8_0", tokens, n);
+  EXPECT_LT(rel_max_diff(q8, a), 0.05);
+  EXPECT_LT(rel_max_diff(rows(q8, 0, 8), rows(q8all, 0, 8)), 1e-6);
+  EXPECT_GT(rel_max_diff(rows(q8, 8, n), rows(q8all, 8, n)), 1e-3);
 }
 
 TEST(Forward, MisuseThrows) {

@@ -22,6 +22,10 @@ struct TinySpec {
   std::string rope_scaling;       // "", "linear", "llama3", or anything (bad-input tests)
   float rope_factor = 8.0f;
   bool rope_freqs_tensor = false;
+  // gemma3 (arch "gemma3" also writes q/k norms and the post-norms): the window of the local
+  // layers; swa_pattern > 0 writes <arch>.attention.sliding_window_pattern (else the default 6).
+  int sliding_window = 8;
+  int swa_pattern = 0;
   float rope_theta = 10000.0f;
   GGMLType wtype = GGMLType::Q8_0;
   uint64_t seed = 1;
@@ -53,6 +57,11 @@ inline std::string write_tiny_model(const TinySpec& s, const std::string& path) 
       w.add_float32(a + "rope.scaling.high_freq_factor", 4.0f);
       w.add_uint32(a + "rope.scaling.original_context_length", 64);
     }
+  }
+  const bool gemma = s.arch == "gemma3";
+  if (gemma) {
+    if (keep(a + "attention.sliding_window")) w.add_uint32(a + "attention.sliding_window", uint32_t(s.sliding_window));
+    if (s.swa_pattern > 0) w.add_uint32(a + "attention.sliding_window_pattern", uint32_t(s.swa_pattern));
   }
   if (s.extra) s.extra(w);
   uint64_t seed = s.seed * 1000;
@@ -94,9 +103,13 @@ inline std::string write_tiny_model(const TinySpec& s, const std::string& path) 
       vec(p + "attn_k.bias", kvd, 0.0f, 0.5f);
       vec(p + "attn_v.bias", kvd, 0.0f, 0.5f);
     }
-    if (s.qk_norm) {
+    if (s.qk_norm || gemma) {
       vec(p + "attn_q_norm.weight", s.head_dim, 1.0f, 0.2f);
       vec(p + "attn_k_norm.weight", s.head_dim, 1.0f, 0.2f);
+    }
+    if (gemma) {
+      vec(p + "post_attention_norm.weight", s.n_embd, 1.0f, 0.1f);
+      vec(p + "post_ffw_norm.weight", s.n_embd, 1.0f, 0.1f);
     }
   }
   w.write(path);

@@ -118,8 +118,8 @@ void expect_same(const GGUFValue& a, const GGUFValue& b, const std::string& wher
   EXPECT_TRUE(a.v == b.v) << where;
 }
 
-// A small model-like file: every supported tensor type, a 3-D and a 1-D tensor, an
-// unsupported known type and an unknown type id.
+// A small model-like file: every supported tensor type, a 3-D and a 1-D tensor and an
+// unsupported known type.
 t::GGUFWriter sample_writer(uint32_t version = 3, uint32_t alignment = 0) {
   t::GGUFWriter w(version);
   if (alignment) w.set_alignment(alignment);
@@ -131,9 +131,6 @@ t::GGUFWriter sample_writer(uint32_t version = 3, uint32_t alignment = 0) {
     const int64_t cols = vq::ggml_block_elems(ty) == 256 ? 256 : 64;
     w.add_tensor_f32("w." + vq::ggml_type_name(ty), {cols, 3}, ty, t::random_weights(size_t(cols * 3), seed++, 0.1f));
   }
-  // The unknown type has no known size, so it is not last: truncating its bytes also cuts
-  // the tensors after it.
-  w.add_tensor("mystery", {16}, static_cast<GGMLType>(99), std::vector<uint8_t>(40, 1));
   w.add_tensor("q2k", {256, 2}, GGMLType::Q2_K, std::vector<uint8_t>(2 * 84, 7));
   w.add_tensor_f32("norm", {8}, GGMLType::F32, t::random_weights(8, 99));
   w.add_tensor_f32("cube", {4, 3, 2}, GGMLType::F16, t::random_weights(24, 98));
@@ -228,7 +225,7 @@ TEST(GGUFReader, TensorsRoundTripWithAlignment) {
       auto k = parse_keep(bytes);
       const auto& f = *k.file;
       const uint64_t al = alignment ? alignment : 32;
-      ASSERT_EQ(f.tensors().size(), t::supported_types().size() + 4);
+      ASSERT_EQ(f.tensors().size(), t::supported_types().size() + 3);
       for (GGMLType ty : t::supported_types()) {
         const auto& ti = f.tensor("w." + vq::ggml_type_name(ty));
         EXPECT_EQ(ti.type, ty);
@@ -257,7 +254,6 @@ TEST(GGUFReader, TensorsRoundTripWithAlignment) {
       EXPECT_EQ(f.tensor("cube").dims, (std::vector<int64_t>{4, 3, 2}));
       EXPECT_EQ(f.tensor("norm").nbytes, 32u);
       EXPECT_EQ(f.tensor("q2k").nbytes, 2u * 84);
-      EXPECT_EQ(f.tensor("mystery").nbytes, 0u);  // unknown type id: listed, size unknown
     }
   }
 }
@@ -266,7 +262,7 @@ TEST(GGUFReader, UnsupportedTypesFailAtUseNamingTensorAndType) {
   auto k = parse_keep(sample_writer().bytes());
   const auto& f = *k.file;
   std::vector<float> buf(1024);
-  for (const char* name : {"q2k", "mystery"}) {
+  for (const char* name : {"q2k"}) {
     const auto& ti = f.tensor(name);
     EXPECT_FALSE(vq::ggml_type_supported(ti.type));
     for (int which = 0; which < 3; ++which) {
@@ -295,7 +291,7 @@ TEST(GGUFReader, ReadsFromDiskAndReportsMissingFiles) {
   vq::GGUFFile f(path);
   EXPECT_EQ(f.path(), path);
   EXPECT_EQ(f.get_string("general.architecture"), "llama");
-  EXPECT_EQ(f.tensors().size(), t::supported_types().size() + 4);
+  EXPECT_EQ(f.tensors().size(), t::supported_types().size() + 3);
   try {
     vq::GGUFFile g((dir / "missing.gguf").string());
     FAIL();
@@ -387,6 +383,87 @@ TEST(GGUFReader, MalformedHeadersNameFieldAndOffset) {
   b = good;
   poke<uint64_t>(b, name_end + 24, uint64_t(-32));  // offset + size wraps around
   expect_error(b, "outside the file");
+}
+
+// The offset of tensor `name`'s type field (name, u32 n_dims, u64 dims[n_dims], then the type).
+size_t type_field(const std::vector<uint8_t>& b, const std::string& name, int n_dims) {
+  return find(b, name) + name.size() + 4 + 8 * size_t(n_dims);
+}
+
+TEST(GGUFReader, UnknownTypeIdIsRefusedNamingTheTensor) {
+  t::GGUFWriter w;
+  w.add_tensor("mystery", {16}, static_cast<GGMLType>(99), std::vector<uint8_t>(40, 1));
+  expect_error(w.bytes(), "tensor_info[0] 'mystery' type", "unknown tensor type id 99");
+}
+
+// A changed type byte gives the tensor another size: it then overlaps the next tensor, leaves
+// unused bytes before it, or (the last tensor) leaves bytes at the end. Each is refused at load
+// naming the tensor; before, the file loaded and decoded other tensors' bytes as weights.
+TEST(GGUFReader, ChangedTypeByteIsRefusedNamingTheTensor) {
+  // Tensors of a few hundred bytes or more (as every weight of a real model): a size change is
+  // then larger than the alignment padding. Same-size types (f16 <-> bf16) cannot be told apart
+  // by the layout and are left out.
+  t::GGUFWriter w;
+  uint64_t seed = 7;
+  for (GGMLType ty : t::supported_types())
+    w.add_tensor_f32("w." + vq::ggml_type_name(ty), {256, 4}, ty, t::random_weights(256 * 4, seed++, 0.1f));
+  w.add_tensor_f32("tail", {64}, GGMLType::F32, t::random_weights(64, seed++));
+  const auto good = w.bytes();
+  ASSERT_EQ(error_of(good), "");
+  size_t refused = 0, cases = 0;
+  for (GGMLType ty : t::supported_types()) {
+    const std::string name = "w." + vq::ggml_type_name(ty);
+    for (GGMLType other : t::supported_types()) {
+      if (other == ty || vq::ggml_row_bytes(other, 256) == vq::ggml_row_bytes(ty, 256)) continue;
+      auto b = good;
+      poke<uint32_t>(b, type_field(b, name, 2), uint32_t(other));
+      const std::string e = error_of(b);
+      ++cases;
+      if (e.find(name) != std::string::npos && e.find("mem.gguf") == 0) ++refused;
+      else ADD_FAILURE() << name << " as " << vq::ggml_type_name(other) << ": " << (e.empty() ? "loaded" : e);
+    }
+  }
+  EXPECT_EQ(refused, cases);
+  EXPECT_GT(cases, 80u);
+}
+
+TEST(GGUFReader, ChangedTypeOfTheLastTensorIsRefused) {
+  const auto good = sample_writer().bytes();
+  // The last tensor ("cube", f16) as f32: past the end; as q2_K-sized garbage: block multiple.
+  auto b = good;
+  poke<uint32_t>(b, type_field(b, "cube", 3), uint32_t(GGMLType::F32));
+  expect_error(b, "'cube'", "outside the file");
+  b = good;
+  poke<uint32_t>(b, type_field(b, "cube", 3), uint32_t(GGMLType::I8));  // half the size: bytes left over
+  expect_error(b, "bytes after the last tensor 'cube'", "does not match");
+}
+
+TEST(GGUFReader, OverlappingOrGappedOffsetsAreRefused) {
+  const auto good = sample_writer().bytes();
+  auto k = parse_keep(good);
+  const auto& a = k.file->tensor("w.q8_0");
+  const auto& next = k.file->tensor("w.q4_0");
+  ASSERT_GT(next.offset, a.offset);
+  // next points into a's data: the two overlap.
+  auto b = good;
+  poke<uint64_t>(b, type_field(b, "w.q4_0", 2) + 4, a.offset);
+  expect_error(b, "overlaps tensor 'w.q8_0'", "'w.q4_0'");
+  // next moved one alignment step later: a gap before it, and then it overlaps the one after.
+  b = good;
+  poke<uint64_t>(b, type_field(b, "w.q4_0", 2) + 4, next.offset + 32);
+  EXPECT_NE(error_of(b), "");
+  // Tensors listed in another order than their data is stored in are fine.
+  t::GGUFWriter w;
+  w.add_tensor_f32("first", {32}, GGMLType::F32, std::vector<float>(32, 1.0f));
+  w.add_tensor_f32("second", {32}, GGMLType::F32, std::vector<float>(32, 2.0f));
+  auto swapped = w.bytes();
+  const uint64_t o1 = 0, o2 = 128;
+  poke<uint64_t>(swapped, type_field(swapped, "first", 1) + 4, o2);
+  poke<uint64_t>(swapped, type_field(swapped, "second", 1) + 4, o1);
+  auto ks = parse_keep(swapped);
+  float x;
+  std::memcpy(&x, ks.file->tensor("second").data, 4);
+  EXPECT_EQ(x, 1.0f);  // "second" now names the first stored tensor's bytes
 }
 
 TEST(GGUFReader, MalformedMetadataValues) {

@@ -124,6 +124,44 @@ TEST(ModelConfig, LinearScalingAndRopeFreqsTensor) {
   EXPECT_NEAR(m->rope_inv_freqs()[2], std::pow(10000.0, -4.0 / 16.0) / 3.0, 1e-9);
 }
 
+TEST(ModelConfig, Gemma3DefaultsAndOverrides) {
+  TinySpec s;
+  s.arch = "gemma3";
+  s.n_layers = 7;
+  s.head_dim = 32;
+  s.write_key_length = true;
+  s.rope_theta = 1e6f;
+  auto m = load(s, "cfg_gemma3");
+  const auto& c = m->config();
+  EXPECT_EQ(c.rope_layout, vq::RopeLayout::NeoX);
+  EXPECT_EQ(c.ffn_act, vq::FfnActivation::GeluTanh);
+  EXPECT_TRUE(c.post_norms && c.qk_norm);
+  EXPECT_FLOAT_EQ(c.embd_scale, 8.0f);                 // sqrt(64)
+  EXPECT_FLOAT_EQ(c.attn_scale, 1.0f / std::sqrt(32.0f));  // query_pre_attn_scalar = head_dim
+  EXPECT_EQ(c.sliding_window, 8);
+  EXPECT_EQ(c.sliding_pattern, 6);  // the architecture's default: every 6th layer global
+  for (int l = 0; l < 7; ++l) EXPECT_EQ(c.is_sliding(l), l != 5) << l;
+  EXPECT_EQ(c.n_sliding_layers(), 6);
+  EXPECT_EQ(m->layers()[3].post_ffn_norm.size(), 64u);
+  // rope: global layers base 1e6, local ones the default 10000
+  EXPECT_NEAR(m->rope_inv_freqs(5)[1], std::pow(1e6, -2.0 / 32.0), 1e-12);
+  EXPECT_NEAR(m->rope_inv_freqs(0)[1], std::pow(1e4, -2.0 / 32.0), 1e-12);
+  // Overrides from the optional keys: a per-layer bool pattern, the local base, the scale.
+  s.extra = [](vq::test::GGUFWriter& w) {
+    std::vector<vq::GGUFValue> pat;
+    for (bool b : {false, true, true, false, true, true, true}) pat.push_back(vq::test::gguf_bool(b));
+    w.add("gemma3.attention.sliding_window_pattern", vq::test::gguf_array(vq::GGUFValueType::BOOL, pat));
+    w.add_float32("gemma3.rope.freq_base_swa", 500.0f);
+    w.add_float32("gemma3.attention.scale", 0.25f);
+  };
+  m = load(s, "cfg_gemma3_keys");
+  EXPECT_FALSE(m->config().is_sliding(0));
+  EXPECT_TRUE(m->config().is_sliding(1));
+  EXPECT_FALSE(m->config().is_sliding(3));
+  EXPECT_FLOAT_EQ(m->config().attn_scale, 0.25f);
+  EXPECT_NEAR(m->rope_inv_freqs(1)[1], std::pow(500.0, -2.0 / 32.0), 1e-12);
+}
+
 TEST(ModelConfig, BadMetadataGivesClearErrors) {
   struct Case {
     std::string tag, expect;
@@ -160,6 +198,34 @@ TEST(ModelConfig, BadMetadataGivesClearErrors) {
          };
        }},
       {"qwen3norm", "attn_q_norm", [](TinySpec& s) { s.arch = "qwen3"; }},
+      {"g3window", "gemma3.attention.sliding_window: missing",
+       [](TinySpec& s) {
+         s.arch = "gemma3";
+         s.drop_key = [](const std::string& k) { return k == "gemma3.attention.sliding_window"; };
+       }},
+      {"g3postnorm", "missing tensor 'blk.1.post_ffw_norm.weight'",
+       [](TinySpec& s) {
+         s.arch = "gemma3";
+         s.drop_tensor = [](const std::string& n) { return n == "blk.1.post_ffw_norm.weight"; };
+       }},
+      {"g3softcap", "gemma3.final_logit_softcapping",
+       [](TinySpec& s) {
+         s.arch = "gemma3";
+         s.extra = [](vq::test::GGUFWriter& w) { w.add_float32("gemma3.final_logit_softcapping", 30.0f); };
+       }},
+      {"g3pattern", "gemma3.attention.sliding_window_pattern: 1 entries",
+       [](TinySpec& s) {
+         s.arch = "gemma3";
+         s.extra = [](vq::test::GGUFWriter& w) {
+           w.add("gemma3.attention.sliding_window_pattern",
+                 vq::test::gguf_array(vq::GGUFValueType::BOOL, {vq::test::gguf_bool(true)}));
+         };
+       }},
+      {"g3pattern0", "sliding_window_pattern: value 0",
+       [](TinySpec& s) {
+         s.arch = "gemma3";
+         s.extra = [](vq::test::GGUFWriter& w) { w.add_uint32("gemma3.attention.sliding_window_pattern", 0); };
+       }},
   };
   for (const auto& c : cases) {
     TinySpec s;

@@ -95,8 +95,10 @@ void run_e2e(const E2EArgs& a) {
   }
   nlohmann::json out = nlohmann::json::array();
   std::printf("model %s, %d threads, %d timed steps per row (median)\n", path.c_str(), num_threads(), a.steps);
-  std::printf("| kv cache | ctx | batch | step ms | decode tok/s (aggregate) | tok/s per sequence | KV MiB (tokens) | KV MiB allocated |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  // KV MiB (tokens): the payload of the B sequences' tokens (coded tokens at the method's bytes,
+  // sinks and the fp16 window at fp16's); allocated: the blocks they hold (pool bytes).
+  std::printf("| kv cache | ctx | batch | step ms | decode tok/s (aggregate) | tok/s per sequence | KV MiB (tokens) | KV MiB allocated | allocated / tokens |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
   for (const KVCacheConfig& cfg : configs) {
     const std::string calib = resolve_calibration(*model, path, is_default, cfg, cfg.method == KVMethod::vecinfer ? a.calib : "");
@@ -140,8 +142,8 @@ void run_e2e(const E2EArgs& a) {
         std::sort(dt.begin(), dt.end());
         const double step_s = dt[dt.size() / 2];
         const double agg = B / step_s;
-        std::printf("| %s | %d | %d | %.2f | %.1f | %.1f | %.2f | %.2f |\n", cfg.name().c_str(), ctx, B, step_s * 1e3, agg,
-                    1.0 / step_s, tb / 1048576.0, ab / 1048576.0);
+        std::printf("| %s | %d | %d | %.2f | %.1f | %.1f | %.2f | %.2f | %.4f |\n", cfg.name().c_str(), ctx, B,
+                    step_s * 1e3, agg, 1.0 / step_s, tb / 1048576.0, ab / 1048576.0, tb ? double(ab) / double(tb) : 0.0);
         std::fflush(stdout);
         out.push_back({{"kv_cache", cfg.name()}, {"ctx", ctx}, {"batch", B}, {"step_ms", step_s * 1e3},
                        {"step_ms_best", dt.front() * 1e3}, {"decode_tok_s", agg}, {"decode_tok_s_per_seq", 1.0 / step_s},

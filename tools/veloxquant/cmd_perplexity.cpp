@@ -2,13 +2,16 @@
 // divergence / top-1 agreement of its next-token distributions against the fp16 cache's.
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <thread>
 
+#include "cli_checks.h"
 #include "cli_model.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
+#include "kvcache/spec_syntax.h"
 #include "model/calibrate.h"
 #include "model/perplexity.h"
 
@@ -23,17 +26,23 @@ struct PplOptions {
 
 void run_perplexity(const PplOptions& o) {
   set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  VQ_CHECK(o.n_ctx >= 2, "-c: {} must be >= 2", o.n_ctx);
+  VQ_CHECK(o.chunk >= 1, "--chunk: {} must be >= 1", o.chunk);
+  VQ_CHECK(o.windows >= 1, "--windows: {} must be >= 1", o.windows);
   const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
+  check_cache_flags(cfg, o.calib);
   const std::string text = read_text_file(o.text);
   bool is_default = false;
   const std::string path = model_path_or_default(o.model, &is_default);
   const auto model = Model::load(path);
+  check_cache_fits_model(cfg, *model, path);
+  check_weights_finite(*model, path);
   ProgressBar bar;
   bool made = false;
   const std::string calib = resolve_calibration(*model, path, is_default, cfg, o.calib,
                                                 [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
   if (made) std::fprintf(stderr, "perplexity: made the default calibration %s\n", calib.c_str());
-  const KVSpec method = make_kv_spec(cfg, calib);
+  const KVSpec method = make_checked_spec(cfg, *model, calib, o.calib.empty());
   const KVSpec reference = make_kv_spec(parse_kv_cache_spec("fp16"));
   const std::vector<int32_t> ids = model->tokenizer().encode(text, model->tokenizer().add_bos_default());
   PerplexityOptions po;
@@ -41,6 +50,9 @@ void run_perplexity(const PplOptions& o) {
   po.chunk = o.chunk;
   po.max_windows = o.windows;
   const PerplexityResult r = evaluate_perplexity(*model, ids, method, o.no_reference ? nullptr : &reference, po);
+  VQ_CHECK(std::isfinite(r.perplexity) && (o.no_reference || std::isfinite(r.kl)),
+           "perplexity {} / KL {}: the model produced non-finite logits (its weights or the KV cache hold NaN or inf "
+           "values)", r.perplexity, r.kl);
   if (o.json) {
     nlohmann::json j = {{"model", path},          {"text", o.text},        {"kv_cache", cfg.name()},
                         {"n_ctx", o.n_ctx},       {"chunk", o.chunk},      {"tokens_scored", r.n_scored},
@@ -74,10 +86,10 @@ void run_perplexity(const PplOptions& o) {
 void add_perplexity(CLI::App& app) {
   auto o = std::make_shared<PplOptions>();
   auto* c = app.add_subcommand("perplexity", "Perplexity, KL and top-1 agreement vs fp16 with a KV cache");
-  c->add_option("-m,--model", o->model, "GGUF model (default: SmolLM2-135M-Instruct)");
-  c->add_option("--text", o->text, "Evaluation text (.txt, .gz, .html)")->required();
-  c->add_option("--kv-cache", o->kv_cache, "KV cache: fp16, fp32, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, ...")
-      ->capture_default_str();
+  c->add_option("-m,--model", o->model, kModelHelp);
+  c->add_option("--text", o->text, "Evaluation text (.txt, .gz, .html; at most 256 MiB)")->required();
+  c->add_option("--kv-cache", o->kv_cache, "KV cache spec (syntax below)")->capture_default_str();
+  c->footer(kv_cache_spec_syntax());
   c->add_option("--calib", o->calib, "Calibration file for vecinfer");
   c->add_option("-c,--ctx-size", o->n_ctx, "Tokens per window")->capture_default_str();
   c->add_option("--chunk", o->chunk, "Tokens per forward call")->capture_default_str();

@@ -1,10 +1,23 @@
-// veloxquant: the one command-line tool. Errors become one line on stderr and exit code 1.
+// veloxquant: the one command-line tool. Every error, the argument errors included, becomes one
+// line on stderr ("veloxquant: error: ...", control characters escaped) and exit code 1.
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 
 #include "commands.h"
+#include "core/text_escape.h"
 #include "veloxquant/status.h"
+
+namespace {
+int fail(const std::string& what) {
+  std::fflush(stdout);
+  // Messages quote file names, metadata and file contents: escaped, a message stays one line
+  // and cannot drive the terminal.
+  std::fprintf(stderr, "veloxquant: error: %s\n", vq::escape_control(what).c_str());
+  return 1;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"VeloxQuant: compressed KV caches for LLM inference"};
@@ -19,22 +32,33 @@ int main(int argc, char** argv) {
   vq::cli::add_perplexity(app);
   vq::cli::add_eval(app);
   vq::cli::add_bench(app);
+  // CLI11 reports an unknown command as "a subcommand is required": name it and list the known.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found) return fail("unknown command '" + std::string(argv[1]) + "' (commands: " + known + ")");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version arrive as "errors" with exit code 0: print them as CLI11 does.
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::string cmd = "veloxquant";  // the subcommand(s) given, for the help hint
+    for (const CLI::App* a = &app; !a->get_subcommands().empty();) {
+      a = a->get_subcommands().front();
+      cmd += " " + a->get_name();
+    }
+    return fail(std::string(e.what()) + " (see " + cmd + " --help)");
   } catch (const vq::Error& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "veloxquant: error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   } catch (const std::bad_alloc&) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "veloxquant: error: out of memory\n");
-    return 1;
+    return fail("out of memory");
   } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "veloxquant: error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   }
   return 0;
 }

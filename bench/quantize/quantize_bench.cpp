@@ -1,4 +1,4 @@
-#include "codec/quantize_bench.h"
+#include "quantize_bench.h"
 
 #include <malloc.h>
 

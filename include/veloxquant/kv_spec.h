@@ -1,0 +1,58 @@
+#pragma once
+// KVSpec: a KV cache method ready to run, i.e. a validated KVCacheConfig plus, for VecInfer, its
+// calibration. Made from a spec string:
+//   "fp16", "fp32", "q8_0", "q4_0", "kivi2", "kivi4", "vecinfer:d4b8" (2 bits/element),
+//   "vecinfer:d8b12" (1.5), "vecinfer:d8b8" (1), "vecinfer:k=d4b8,v=d8b8"; options after a comma:
+//   r=N (fp16 residual window), sink=N (fp16 attention sinks), g=N (KIVI group),
+//   gran=shared|per_subspace, gpu=auto|require|forbid. Case-insensitive.
+// Every error (bad spec, missing or unreadable calibration) is a vq::Error thrown here, before
+// any model work. An immutable, cheaply copied handle.
+#include <memory>
+#include <string>
+
+#include "veloxquant/calibration.h"
+#include "veloxquant/config.h"
+#include "veloxquant/kv_cache.h"
+#include "veloxquant/status.h"
+
+namespace veloxquant {
+
+class Model;
+
+// Parses a spec string into a config without loading anything (vecinfer's calibration is not
+// looked for); throws vq::Error naming the part at fault.
+KVCacheConfig parse_kv_cache_config(const std::string& spec);
+
+class KVSpec {
+ public:
+  // vecinfer needs calibration: calibration_file, else the config's calibration_file; without
+  // either it throws saying how to make one.
+  static KVSpec parse(const std::string& spec, const std::string& calibration_file = "");
+  static KVSpec parse(const std::string& spec, const Calibration& calibration);
+  static KVSpec from_config(const KVCacheConfig& config, const std::string& calibration_file = "");
+  // For a model: as parse(), except that VecInfer on the default model (Model::load_default)
+  // without a calibration file uses the cached first-use calibration, training it now (about a
+  // minute on 2 cores, from the Jargon File of the Debian package jargon-text) when absent.
+  // The calibration is checked against the model's geometry.
+  static KVSpec for_model(const Model& model, const std::string& spec, const std::string& calibration_file = "");
+
+  const KVCacheConfig& config() const;
+  std::string name() const;  // canonical spec string, e.g. "vecinfer:d4b8"
+  double nominal_bits_per_element() const;  // of the compressed part (16 for fp16)
+  bool has_calibration() const;
+  Calibration calibration() const;  // throws vq::Error when the method has none
+
+  // A standalone cache for one layer of the given geometry (KVCache interface, kv_cache.h), for
+  // code that drives attention by hand; layer selects the calibration's codebooks.
+  std::unique_ptr<KVCache> make_cache(int layer, const KVGeometry& geometry) const;
+  KVCacheFactory cache_factory() const;  // the same, as a factory
+
+  struct Impl;
+
+ private:
+  friend struct ApiAccess;  // src/api: reaches the internal spec
+  explicit KVSpec(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace veloxquant

@@ -1,0 +1,57 @@
+#pragma once
+// Session: one sequence through a model with a KV cache method, token by token or in chunks,
+// returning logits. The single-sequence path of the batched engine (engine.h): the same pool of
+// blocks, the same attention, the same results.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "veloxquant/kv_spec.h"
+#include "veloxquant/model.h"
+
+namespace veloxquant {
+
+// KV memory of a sequence (or a sum over sequences).
+struct KVMemory {
+  size_t token_bytes = 0;      // what the tokens take: codes + the fp16 window and sinks
+  size_t allocated_bytes = 0;  // whole blocks allocated for them (block size granularity)
+  size_t fp16_bytes = 0;       // what an fp16 cache takes for the same tokens
+  size_t codebook_bytes = 0;   // shared read-only codebooks (VecInfer), once per cache
+  double bits_per_element() const { return fp16_bytes ? 16.0 * double(token_bytes) / double(fp16_bytes) : 0.0; }
+  // Fraction of the fp16 bytes saved (0.875 for 2 bits/element); negative when larger than fp16.
+  double saved_fraction() const { return fp16_bytes ? 1.0 - double(token_bytes) / double(fp16_bytes) : 0.0; }
+};
+
+struct SessionOptions {
+  int n_ctx = 0;                            // positions the session holds (0: the model's training context)
+  int max_chunk = 512;                      // tokens per step of a long forward()
+  size_t kv_budget_bytes = size_t(-1);      // the KV pool's budget; exceeding it throws
+};
+
+class Session {
+ public:
+  Session(const Model& model, const KVSpec& spec, const SessionOptions& opt = {});
+  ~Session();
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+
+  // Runs tokens at positions pos() .. pos() + n - 1. logits: [n, n_vocab] float32 row-major when
+  // all_logits, else [1, n_vocab] for the last token; nullptr skips the output head. Throws
+  // vq::Error (nothing changed) when a token id is out of range or the context would overflow.
+  void forward(std::span<const int32_t> tokens, float* logits, bool all_logits = false);
+
+  int64_t pos() const;   // tokens held
+  int n_ctx() const;
+  int n_vocab() const;
+  void reset();          // back to position 0, blocks freed
+  KVMemory memory() const;
+  const Model& model() const;
+  const KVSpec& spec() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace veloxquant

@@ -1,0 +1,62 @@
+// veloxquant::KVSpec over the spec parser and the cache factory (src/kvcache).
+#include "core/error.h"
+#include "api/impl.h"
+#include "kvcache/factory.h"
+#include "model/calibrate.h"
+
+namespace veloxquant {
+
+KVCacheConfig parse_kv_cache_config(const std::string& spec) { return vq::parse_kv_cache_spec(spec); }
+
+KVSpec KVSpec::parse(const std::string& spec, const std::string& calibration_file) {
+  return ApiAccess::make_spec(vq::make_kv_spec(vq::parse_kv_cache_spec(spec), calibration_file));
+}
+
+KVSpec KVSpec::parse(const std::string& spec, const Calibration& calibration) {
+  KVCacheConfig c = vq::parse_kv_cache_spec(spec);
+  VQ_CHECK(c.method == KVMethod::vecinfer, "kv cache '{}': a calibration applies to vecinfer caches only", spec);
+  c.calibration = calibration.data();
+  return ApiAccess::make_spec(vq::make_kv_spec(c));
+}
+
+KVSpec KVSpec::from_config(const KVCacheConfig& config, const std::string& calibration_file) {
+  return ApiAccess::make_spec(vq::make_kv_spec(config, calibration_file));
+}
+
+KVSpec KVSpec::for_model(const Model& model, const std::string& spec, const std::string& calibration_file) {
+  const KVCacheConfig c = vq::parse_kv_cache_spec(spec);
+  const Model::Impl& m = ApiAccess::model_impl(model);
+  const std::string calib = vq::resolve_calibration(*m.model, m.info.path, m.is_default, c, calibration_file);
+  KVSpec out = ApiAccess::make_spec(vq::make_kv_spec(c, calib));
+  check_spec_fits(out, model);
+  return out;
+}
+
+void check_spec_fits(const KVSpec& spec, const Model& model) {
+  const vq::KVSpec& s = ApiAccess::spec(spec);
+  const ModelInfo& i = model.info();
+  s.config.validate(i.head_dim);
+  if (s.calibration) vq::check_calibration_geometry(*s.calibration, i.n_layers, i.n_kv_heads, i.head_dim);
+}
+
+const KVCacheConfig& KVSpec::config() const { return impl_->spec.config; }
+std::string KVSpec::name() const { return impl_->spec.name(); }
+double KVSpec::nominal_bits_per_element() const { return impl_->spec.config.nominal_bits_per_element(); }
+bool KVSpec::has_calibration() const { return impl_->spec.calibration != nullptr; }
+
+Calibration KVSpec::calibration() const {
+  VQ_CHECK(impl_->spec.calibration, "kv cache {}: has no calibration (only vecinfer caches have one)", name());
+  return ApiAccess::make_calibration(impl_->spec.calibration);
+}
+
+std::unique_ptr<KVCache> KVSpec::make_cache(int layer, const KVGeometry& geometry) const {
+  VQ_CHECK(layer >= 0, "kv cache {}: layer {} must be >= 0", name(), layer);
+  if (impl_->spec.calibration)
+    VQ_CHECK(layer < impl_->spec.calibration->n_layers, "kv cache {}: layer {} but the calibration has {} layers",
+             name(), layer, impl_->spec.calibration->n_layers);
+  return vq::make_kv_cache_factory(impl_->spec)(layer, geometry);
+}
+
+KVCacheFactory KVSpec::cache_factory() const { return vq::make_kv_cache_factory(impl_->spec); }
+
+}  // namespace veloxquant

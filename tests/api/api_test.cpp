@@ -1,0 +1,144 @@
+// The public C++ API (include/veloxquant) used as a consumer would: only <veloxquant/...> headers.
+#include <gtest/gtest.h>
+
+#include <veloxquant/veloxquant.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+namespace vx = veloxquant;
+
+namespace {
+
+std::vector<float> random_rows(int n, int dim, unsigned seed) {
+  std::vector<float> x(size_t(n) * dim);  // [n, dim]
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+bool have_default_model() { return std::filesystem::exists(vx::Model::default_path()); }
+
+}  // namespace
+
+TEST(ApiCodec, CopiesAreIndependentAndEncodeTheSame) {
+  const int dim = 16, n = 512;
+  const std::vector<float> x = random_rows(n, dim, 1);
+  vx::ProductQuantizer a(dim, {4, 6});
+  a.train(x.data(), n, {10, 3, 64});
+  vx::ProductQuantizer b = a;  // deep copy
+  std::vector<uint8_t> ca(size_t(n) * a.code_size()), cb(ca.size());
+  a.encode(x.data(), n, ca.data());
+  b.encode(x.data(), n, cb.data());
+  EXPECT_EQ(ca, cb);
+  b.train(random_rows(n, dim, 2).data(), n, {10, 4, 64});  // retraining the copy leaves a alone
+  std::vector<uint8_t> again(ca.size());
+  a.encode(x.data(), n, again.data());
+  EXPECT_EQ(ca, again);
+  EXPECT_NE(a.codebooks(), b.codebooks());
+  // Trained from codebooks: decodes the same as the original.
+  vx::ProductQuantizer c(dim, a.preset(), a.granularity(), a.codebooks().data());
+  std::vector<float> ya(x.size()), yc(x.size());
+  a.decode(ca.data(), n, ya.data());
+  c.decode(ca.data(), n, yc.data());
+  EXPECT_EQ(ya, yc);
+  std::vector<uint16_t> bad(size_t(a.n_sub()), 64);  // 2^6: out of range
+  EXPECT_THROW(a.decode_codes(bad.data(), 1, ya.data()), vx::Error);
+}
+
+TEST(ApiSpec, ParsesAndRefusesBeforeAnyWork) {
+  const vx::KVSpec s = vx::KVSpec::parse("KIVI4");
+  EXPECT_EQ(s.name(), "kivi4");
+  EXPECT_EQ(s.config().method, vx::KVMethod::kivi);
+  EXPECT_FALSE(s.has_calibration());
+  EXPECT_THROW(s.calibration(), vx::Error);
+  EXPECT_THROW(vx::KVSpec::parse("vecinfer:d4b8"), vx::Error);  // no calibration
+  EXPECT_THROW(vx::KVSpec::parse("vecinfer:d4b8", "/nonexistent/x.vqcal"), vx::Error);
+  EXPECT_THROW(vx::parse_kv_cache_config("q3_0"), vx::Error);
+  EXPECT_EQ(vx::parse_kv_cache_config("vecinfer:d8b12").key.bits, 12);
+}
+
+TEST(ApiSpec, StandaloneCacheAttendsLikeExactAttention) {
+  // One fp32 layer of 2 query heads over 1 KV head, attention by hand for the last query.
+  const vx::KVGeometry geo{2, 1, 8};
+  const std::unique_ptr<vx::KVCache> cache = vx::KVSpec::parse("fp32").make_cache(0, geo);
+  const int n = 5;
+  const std::vector<float> k = random_rows(n, 8, 3), v = random_rows(n, 8, 4), q = random_rows(1, 16, 5);
+  cache->append(k.data(), v.data(), n);
+  ASSERT_EQ(cache->size(), n);
+  std::vector<float> out(16);  // [1, n_heads, head_dim]: the last position's query sees every token
+  cache->attend(q.data(), 1, 0.5f, out.data());
+  for (int h = 0; h < 2; ++h) {
+    double w[5], sum = 0;
+    for (int t = 0; t < n; ++t) {
+      double d = 0;
+      for (int c = 0; c < 8; ++c) d += double(q[h * 8 + c]) * k[t * 8 + c];
+      w[t] = std::exp(0.5 * d);
+      sum += w[t];
+    }
+    for (int c = 0; c < 8; ++c) {
+      double o = 0;
+      for (int t = 0; t < n; ++t) o += w[t] / sum * v[t * 8 + c];
+      EXPECT_NEAR(out[size_t(h) * 8 + c], o, 1e-4) << "head " << h << " channel " << c;
+    }
+  }
+}
+
+TEST(ApiModel, EngineCallbacksSessionAndSampler) {
+  if (!have_default_model()) GTEST_SKIP() << "default model absent (scripts/setup.sh fetches it)";
+  const vx::Model model = vx::Model::load_default();
+  const vx::KVSpec spec = vx::KVSpec::for_model(model, "q8_0");
+  const std::vector<int32_t> prompt = model.tokenizer().encode("The sun rises in the");
+
+  // Engine: two requests, the second cancelled from its own token callback after 2 tokens.
+  vx::Engine engine(model, spec, {size_t(64) << 20, 2, 64, 256});
+  std::vector<int32_t> got[2];
+  vx::SequenceResult results[2];
+  for (int i = 0; i < 2; ++i) {
+    vx::Request r;
+    r.prompt = prompt;
+    r.sampling = vx::SamplingParams::greedy();
+    r.max_new_tokens = 6;
+    r.ignore_eos = true;
+    r.on_token = [&, i](int64_t, int32_t t) {
+      got[i].push_back(t);
+      return i == 0 || got[i].size() < 2;
+    };
+    r.on_finish = [&, i](const vx::SequenceResult& s) { results[i] = s; };
+    engine.submit(std::move(r));
+  }
+  engine.run();
+  EXPECT_TRUE(engine.idle());
+  EXPECT_EQ(results[0].finish, vx::FinishReason::length);
+  EXPECT_EQ(results[1].finish, vx::FinishReason::stop);
+  ASSERT_EQ(got[0].size(), 6u);
+  ASSERT_EQ(got[1].size(), 2u);
+  EXPECT_EQ(got[1][0], got[0][0]);  // same greedy start
+  EXPECT_EQ(engine.memory().used_bytes, 0u);  // finished sequences gave their blocks back
+  EXPECT_GT(engine.memory().peak_bytes, 0u);
+  EXPECT_NEAR(results[0].memory.bits_per_element(), 8.5, 1e-9);
+
+  // Session + Sampler, by hand: the same greedy tokens.
+  vx::Session session(model, spec, {64});
+  std::vector<float> logits(size_t(model.info().n_vocab));
+  session.forward(prompt, logits.data());
+  vx::Sampler sampler(vx::SamplingParams::greedy());
+  for (int i = 0; i < 6; ++i) {
+    const int32_t t = sampler.sample(logits.data(), model.info().n_vocab);
+    EXPECT_EQ(t, got[0][size_t(i)]) << "token " << i;
+    sampler.accept(t);
+    session.forward({&t, 1}, logits.data());
+  }
+  EXPECT_EQ(session.pos(), int64_t(prompt.size()) + 6);
+  // Out of budget: the library's KVPoolExhausted (hidden inside libveloxquant.so) is caught here
+  // as the public vx::Error, and the session is unchanged.
+  vx::Session tiny(model, spec, {64, 512, 4096});
+  EXPECT_THROW(tiny.forward(prompt, logits.data()), vx::Error);
+  EXPECT_EQ(tiny.pos(), 0);
+  EXPECT_THROW(vx::Engine(model, spec, {size_t(-1), 0}), vx::Error);
+  EXPECT_THROW(engine.submit(vx::Request{}), vx::Error);  // empty prompt
+}
