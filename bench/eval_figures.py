@@ -4,6 +4,7 @@
                          caches and llama.cpp's own types, each against its engine's fp16)
   retrieval_<model>.png  pass-key retrieval rate against the key's depth, one panel per context.
     python bench/eval_figures.py --out docs/figures eval_smollm2.json [eval_gemma3.json ...]
+With --markdown, also prints the quality and retrieval tables (docs/BENCHMARKS.md) to stdout.
 """
 import argparse
 import json
@@ -106,10 +107,37 @@ def retrieval_figure(doc, path):
     plt.close(fig)
 
 
+def markdown_tables(doc):
+    """The quality rows (per text and context) and the retrieval rates (per context, over depths)."""
+    lines = ["| text | ctx | engine | KV cache | bits/elem nominal | bits/elem measured | ppl | vs fp16 | KL | top-1 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(doc.get("quality", []), key=lambda r: (r["text"], r["n_ctx"], r["engine"] != "veloxquant",
+                                                            -r.get("bits_nominal", 16))):
+        nominal = r.get("bits_nominal")
+        lines.append(f"| {r['text']} | {r['n_ctx']} | {r['engine']} | {r['kv_cache']} | "
+                     f"{'' if nominal is None else f'{nominal:g}'} | {r['bits_per_element']:.2f} | "
+                     f"{r['perplexity']:.3f} | {100 * r['ppl_delta']:+.2f}% | {r['kl']:.4f} | {100 * r['top1']:.1f}% |")
+    rows = doc.get("retrieval", [])
+    if rows:
+        keys = sorted({(r["n_ctx"], r["depth"]) for r in rows})
+        lines += ["", "| engine | KV cache | " + " | ".join(f"ctx {c} @ {d:g}" for c, d in keys) + " |",
+                  "|---|---|" + "---|" * len(keys)]
+        methods = []
+        for r in rows:
+            if (r["engine"], r["kv_cache"]) not in methods:
+                methods.append((r["engine"], r["kv_cache"]))
+        for engine, kv in methods:
+            cell = {(r["n_ctx"], r["depth"]): f"{r['correct']}/{r['trials']}" for r in rows
+                    if r["engine"] == engine and r["kv_cache"] == kv}
+            lines.append(f"| {engine} | {kv} | " + " | ".join(cell.get(k, "") for k in keys) + " |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("json", nargs="+")
     ap.add_argument("--out", default="docs/figures")
+    ap.add_argument("--markdown", action="store_true", help="print the tables for docs/BENCHMARKS.md")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     for p in a.json:
@@ -120,6 +148,8 @@ def main():
         if doc.get("retrieval"):
             retrieval_figure(doc, os.path.join(a.out, f"retrieval_{tag}.png"))
         print(f"eval_figures: {p} -> {a.out}/*_{tag}.png")
+        if a.markdown:
+            print(markdown_tables(doc))
 
 
 if __name__ == "__main__":
