@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "cli_model.h"
-#include "codec/quantize_bench.h"
 #include "commands.h"
 #include "core/atomic_file.h"
+#include "core/cpu_info.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
