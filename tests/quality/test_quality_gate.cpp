@@ -77,9 +77,11 @@ TEST(QualityGate, EveryShippedCacheWithinItsRecordedBound) {
   std::vector<KVSpec> methods;
   for (const Recorded& r : kRecorded) {
     KVCacheConfig cfg = parse_kv_cache_spec(r.spec);
-    if (cfg.method == KVMethod::vecinfer)
-      cfg.calibration = std::make_shared<const Calibration>(
-          calibrate_recording(*model, rec, first_use_calib_config(cfg), CalibTrainOptions{}, "gate"));
+    if (cfg.method == KVMethod::vecinfer) {
+      cfg = first_use_calib_config(cfg);  // the cache takes the file's granularity, as the CLI does
+      cfg.calibration =
+          std::make_shared<const Calibration>(calibrate_recording(*model, rec, cfg, CalibTrainOptions{}, "gate"));
+    }
     methods.push_back(make_kv_spec(cfg));
   }
   const auto t1 = std::chrono::steady_clock::now();

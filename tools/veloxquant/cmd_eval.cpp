@@ -11,6 +11,7 @@
 #include <map>
 #include <thread>
 
+#include "cli_checks.h"
 #include "cli_model.h"
 #include "commands.h"
 #include "core/atomic_file.h"
@@ -93,7 +94,7 @@ void run_eval_cmd(const EvalCliOptions& o) {
     const std::string calib =
         resolve_calibration(*model, path, is_default, cfg, it == calib_of.end() ? "" : it->second,
                             [&](const char* st, int d, int t) { bar.update(st, d, t); });
-    methods.push_back(make_kv_spec(cfg, calib));
+    methods.push_back(make_checked_spec(cfg, *model, calib, it == calib_of.end()));
   }
   const KVSpec reference = make_kv_spec(parse_kv_cache_spec("fp16"));
 
