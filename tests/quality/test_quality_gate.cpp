@@ -5,9 +5,9 @@
 // measurably worse (a codec, a kernel, the store's window rule, the calibration recipe) fails here
 // even when every unit test still passes. VecInfer's calibrations are trained in-process with the
 // first-use recipe (model/calibrate.h), so the gate measures what a user gets.
-// Run alone: ctest -L quality. 3.1 minutes of CPU time with 2 threads (so ~1.5-2 minutes wall on 2
-// idle cores, not measured idle); on the loaded 2-core dev machine 4.1 min wall at load ~4 and 8.6 min
-// at load ~8 (k-means of the three VecInfer presets' calibrations is two thirds of it).
+// Run alone: ctest -L quality. 3 minutes of CPU time with 2 threads (so ~1.5-2 minutes wall on 2
+// idle cores, not measured idle); on the loaded 2-core dev machine 4.1 to 8.6 min wall at load 4 to 8
+// (k-means of the three VecInfer presets' calibrations is two thirds of it).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -24,38 +24,41 @@ using namespace vq;
 
 namespace {
 
-// Measured when the bound was recorded: 2026-12-01, branch eval at 3c8e5f3 + this gate, 2 threads,
-// AVX-512 build (the project's 2-core AMD EPYC), by running this test and copying the line it
-// prints for each method (KL vs fp16 in nats per token, perplexity / fp16's, top-1 agreement with
-// fp16; fp16 ppl 17.2897 over the 511 scored tokens). To re-record after an intended change, run
-// the gate, copy the printed lines here and say why in the commit. fp16 against the fp16 reference
-// must be exact (0 KL): it checks that the lock-step evaluation itself is deterministic. fp32's
-// small KL is the model's own sensitivity (int8 activations over Q4_1 weights turn fp16 rounding
-// of K/V into flips between near-tied tokens): the noise floor of the other rows.
+// Measured when the bound was recorded: 2026-12-01, branch eval after the merge of main (4475498),
+// 2 threads, AVX-512 build (the project's 2-core AMD EPYC), by running this test and copying the
+// line it prints for each method (KL vs fp16 in nats per token, perplexity / fp16's, top-1
+// agreement with fp16; fp16 ppl 17.2072 over the 511 scored tokens). To re-record after an intended
+// change, run the gate, copy the printed lines here and say why in the commit. fp16 against the
+// fp16 reference must be exact (0 KL): it checks that the lock-step evaluation is deterministic.
+// fp32's small KL is the model's own sensitivity (int8 activations over Q4_1 weights turn fp16
+// rounding of K/V into flips between near-tied tokens): the noise floor of the other rows.
 struct Recorded {
   const char* spec;
   double kl, ppl_ratio, top1;
 };
 const Recorded kRecorded[] = {
     {"fp16", 0.00000, 1.00000, 1.0000},           // 16.00 bits/element
-    {"fp32", 0.00372, 1.00134, 0.9393},           // 32.00
-    {"q8_0", 0.00448, 0.99443, 0.9354},           // 8.50
-    {"q4_0", 0.17001, 1.19372, 0.7691},           // 4.50
-    {"q4_0h", 0.06260, 1.04917, 0.8434},          // 4.50
-    {"kivi4", 0.00484, 1.00109, 0.9452},          // 7.75 (fp16 window of 128 tokens counted)
-    {"kivi2", 0.07886, 1.05322, 0.8650},          // 6.25
-    {"vecinfer:d4b8", 0.01731, 1.00536, 0.9354},  // 6.38 (2 nominal; window and sinks counted)
-    {"vecinfer:d8b12", 0.03016, 1.04139, 0.9139}, // 6.03 (1.5 nominal)
-    {"vecinfer:d8b8", 0.04314, 1.02796, 0.9061},  // 5.69 (1 nominal)
+    {"fp32", 0.00366, 1.00334, 0.9687},           // 32.00
+    {"q8_0", 0.00460, 1.00078, 0.9569},           // 8.50
+    {"q4_0", 0.16817, 1.18530, 0.7573},           // 4.50
+    {"q4_0h", 0.05675, 1.06032, 0.8630},          // 4.50
+    {"kivi4", 0.00498, 1.00832, 0.9609},          // 7.75 (fp16 window of 128 tokens counted)
+    {"kivi2", 0.08961, 1.08339, 0.8669},          // 6.25
+    {"vecinfer:d4b8", 0.01759, 1.02151, 0.9276},  // 6.38 (2 nominal; window and sinks counted)
+    {"vecinfer:d8b12", 0.03323, 1.05505, 0.9159}, // 6.03 (1.5 nominal)
+    {"vecinfer:d8b8", 0.04821, 1.03348, 0.9100},  // 5.69 (1 nominal)
 };
 
-// Allowed drift: 15% of the measured KL plus 1e-3 nats (the fp32 row's 0.0037 shows how far mere
-// rounding moves KL on this text), the perplexity ratio by 1 point plus 15% of its measured
-// change, top-1 by 3 points (15 of 511 tokens; fp32 alone flips 6%). The runtime is deterministic
-// for a fixed thread count, so a rerun gives the recorded numbers exactly; a broken block, scale,
-// window or calibration step moves these by 2x or more (q4_0 without its rotation: KL 0.063 ->
-// 0.170).
-constexpr double kRel = 0.15, kKlAbs = 1e-3, kPplAbs = 0.01, kTop1Abs = 0.03;
+// Allowed drift, from what a change of the forward's rounding alone does: the merge of main moved
+// fp16's own perplexity on this text from 17.2897 to 17.2072 and, with no cache code changed, moved
+// the methods' KL by up to 14% (kivi2 0.0789 -> 0.0896, d8b8 0.0431 -> 0.0482), their perplexity
+// ratios by up to 3 points (kivi2 1.053 -> 1.083, d4b8 1.005 -> 1.022) and top-1 by up to 3 points
+// (fp32 0.939 -> 0.969). Bounds: KL 25% + 1e-3 nats (the fp32 row's 0.0037 is mere rounding),
+// perplexity ratio 2 points + 50% of its measured change, top-1 4 points. KL is the sharp check
+// (a 30% worse d4b8 fails); perplexity is a backstop. A broken block, scale, window or calibration
+// step moves these by 2x or more (q4_0 without its rotation: KL 0.057 -> 0.168). The runtime is
+// deterministic for a fixed thread count: a rerun of unchanged code prints the recorded numbers.
+constexpr double kKlRel = 0.25, kKlAbs = 1e-3, kPplRel = 0.5, kPplAbs = 0.02, kTop1Abs = 0.04;
 
 }  // namespace
 
@@ -100,8 +103,8 @@ TEST(QualityGate, EveryShippedCacheWithinItsRecordedBound) {
     const double ratio = r.perplexity / r.ref_perplexity;
     std::printf("    {\"%s\", %.5f, %.5f, %.4f},  // fp16 ppl %.4f, %.2f bits/element\n", want.spec, r.kl, ratio, r.top1,
                 r.ref_perplexity, r.bits_per_element);
-    EXPECT_LE(r.kl, want.kl * (1 + kRel) + kKlAbs) << want.spec << ": KL vs fp16 grew past its bound";
-    EXPECT_LE(ratio, want.ppl_ratio + kPplAbs + kRel * std::abs(want.ppl_ratio - 1))
+    EXPECT_LE(r.kl, want.kl * (1 + kKlRel) + kKlAbs) << want.spec << ": KL vs fp16 grew past its bound";
+    EXPECT_LE(ratio, want.ppl_ratio + kPplAbs + kPplRel * std::abs(want.ppl_ratio - 1))
         << want.spec << ": perplexity vs fp16 grew past its bound";
     EXPECT_GE(r.top1, want.top1 - kTop1Abs) << want.spec << ": top-1 agreement with fp16 fell past its bound";
   }
