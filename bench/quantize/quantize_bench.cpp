@@ -105,17 +105,6 @@ std::string json_escape(const std::string& s) {
 
 }  // namespace
 
-std::string cpu_model_name() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) {
-      const size_t p = line.find(':');
-      if (p != std::string::npos) return line.substr(line.find_first_not_of(" \t", p + 1));
-    }
-  return "unknown";
-}
-
 std::vector<QuantizeBenchCase> default_quantize_cases() {
   return {{128, 128, 8, 8, 256},  {512, 128, 8, 8, 256},  {2048, 128, 8, 8, 256},
           {8192, 128, 8, 8, 256}, {1024, 256, 4, 4, 256}, {4096, 256, 4, 4, 256}};

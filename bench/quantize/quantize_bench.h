@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_info.h"  // cpu_model_name, for the records
+
 namespace vq {
 
 struct QuantizeBenchCase {
@@ -60,7 +62,6 @@ std::vector<QuantizeBenchRow> run_quantize_bench(const std::vector<QuantizeBench
 
 std::string quantize_bench_table(const std::vector<QuantizeBenchRow>& rows);
 std::string quantize_bench_json(const std::vector<QuantizeBenchRow>& rows);
-std::string cpu_model_name();
 
 // Direct sum (x-c)^2 against the |c|^2 - 2 x.c form of the fused encoder, 1 thread, per
 // (sub_dim, n_centroids): the measurement behind the encoder's automatic choice.

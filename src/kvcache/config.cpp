@@ -23,6 +23,7 @@ const char* method_name(KVMethod m) {
     case KVMethod::q4_0: return "q4_0";
     case KVMethod::kivi: return "kivi";
     case KVMethod::vecinfer: return "vecinfer";
+    case KVMethod::q4_0h: return "q4_0h";
   }
   return "?";
 }
@@ -65,6 +66,7 @@ void KVCacheConfig::validate(int head_dim_model) const {
       break;
     case KVMethod::q8_0:
     case KVMethod::q4_0:
+    case KVMethod::q4_0h:
       if (hd > 0)
         VQ_CHECK(hd % 32 == 0, "kv_cache.method: {} needs head_dim divisible by its block of 32 (head_dim {})",
                  method_name(method), hd);
@@ -113,6 +115,7 @@ double KVCacheConfig::nominal_bits_per_element() const {
     case KVMethod::fp32: return 32.0;
     case KVMethod::q8_0: return 8.5;   // 32 int8 + one fp16 scale per 32
     case KVMethod::q4_0: return 4.5;   // 32 nibbles + one fp16 scale per 32
+    case KVMethod::q4_0h: return 4.5;  // q4_0 blocks of the rotated rows
     case KVMethod::kivi: return kivi_bits + 32.0 / kivi_group;  // fp16 scale + min per group
     case KVMethod::vecinfer: return 0.5 * (key.bits_per_element() + value.bits_per_element());
   }
@@ -193,13 +196,15 @@ KVCacheConfig parse_kv_cache_spec(const std::string& spec_in) {
     c.method = KVMethod::q8_0;
   } else if (head == "q4_0") {
     c.method = KVMethod::q4_0;
+  } else if (head == "q4_0h") {
+    c.method = KVMethod::q4_0h;
   } else if (head == "kivi" || head == "kivi2" || head == "kivi4") {
     c.method = KVMethod::kivi;
     c.kivi_bits = head == "kivi4" ? 4 : 2;
   } else if (head == "vecinfer") {
     c.method = KVMethod::vecinfer;
   } else {
-    VQ_FAIL("kv cache spec '{}': unknown method '{}' (fp16, fp32, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, "
+    VQ_FAIL("kv cache spec '{}': unknown method '{}' (fp16, fp32, q8_0, q4_0, q4_0h, kivi2, kivi4, vecinfer:d4b8, "
             "vecinfer:d8b12, vecinfer:d8b8, vecinfer:k=d4b8,v=d8b8)",
             spec_in, head);
   }

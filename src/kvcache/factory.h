@@ -9,7 +9,7 @@
 
 namespace vq {
 
-// "fp16", "fp32", "q8_0", "q4_0", "kivi2", "kivi4", "vecinfer:d4b8", "vecinfer:d8b12",
+// "fp16", "fp32", "q8_0", "q4_0", "q4_0h" (Hadamard-rotated q4_0), "kivi2", "kivi4", "vecinfer:d4b8", "vecinfer:d8b12",
 // "vecinfer:k=d4b8,v=d8b8"; options after a comma: r=N (residual length), g=N (kivi group),
 // gran=shared|per_subspace, gpu=auto|require|forbid. Case-insensitive. Throws naming the part.
 KVCacheConfig parse_kv_cache_spec(const std::string& spec);

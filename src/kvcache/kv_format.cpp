@@ -18,6 +18,7 @@ namespace vq {
 
 std::unique_ptr<CodedFormat> make_vecinfer_format(const KVCacheConfig& cfg, const Calibration* calib, int layer,
                                                   const KVGeometry& g, int block_tokens);  // vecinfer_format.cpp
+std::unique_ptr<CodedFormat> make_hadamard_q4_format(const KVGeometry& g, int block_tokens);  // hadamard_format.cpp (eval helper)
 
 void CodedFormat::encode_block(float*, float*, uint8_t*) const {
   VQ_FAIL("{} cache: encode_block is not defined for this format", name());
@@ -219,6 +220,7 @@ std::unique_ptr<CodedFormat> make_coded_format(const KVCacheConfig& cfg, const C
     case KVMethod::q4_0: return std::make_unique<ScalarBlockFormat>(g, block_tokens, true);
     case KVMethod::kivi: return std::make_unique<KiviFormat>(g, block_tokens, cfg);
     case KVMethod::vecinfer: return make_vecinfer_format(cfg, calib, layer, g, block_tokens);
+    case KVMethod::q4_0h: return make_hadamard_q4_format(g, block_tokens);
   }
   VQ_FAIL("kv cache {}: no coded format", cfg.name());
 }

@@ -25,7 +25,8 @@ void PooledCache::attend(const float* q, int n_q, float scale, float* out) const
 }
 
 int64_t PooledCache::coded_tokens() const {
-  if (store_->spec().config.method == KVMethod::q8_0 || store_->spec().config.method == KVMethod::q4_0) return size();
+  const KVMethod m = store_->spec().config.method;
+  if (m == KVMethod::q8_0 || m == KVMethod::q4_0 || m == KVMethod::q4_0h) return size();  // direct: every token coded
   return store_->blocks_held(seq_, 0, true) * store_->block_tokens();
 }
 

@@ -62,33 +62,23 @@ std::string read_text_file(const std::string& path) {
   return text;
 }
 
-Calibration calibrate_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
-                            const CalibTrainOptions& opt_in, const std::string& model_name,
-                            const CalibProgress& progress, KVDevice device) {
+KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int seg, const CalibProgress& progress,
+                      KVDevice device) {
   const ModelConfig& mc = model.config();
-  cfg.validate(mc.head_dim);
-  VQ_CHECK(max_tokens >= 16, "calibrate: --tokens {} must be >= 16", max_tokens);
-  std::vector<int32_t> ids = model.tokenizer().encode(text, model.tokenizer().add_bos_default());
-  if (int(ids.size()) > max_tokens) ids.resize(size_t(max_tokens));
+  VQ_CHECK(seg >= 1, "calibrate: segment of {} tokens must be >= 1", seg);
   const int n = int(ids.size());
-  VQ_CHECK(n >= 16, "calibrate: the text gives only {} tokens", n);
-  // The text runs as independent sequences of `seg` tokens (each from an empty cache): keys are
-  // post-RoPE, so the positions seen in calibration shape the codebooks. Measured on SmolLM2 (KL
-  // vs fp16 at context 1024, d4b8): 8192 tokens as one sequence 0.044, as 4 x 2048 0.030, 2048
-  // tokens 0.027; positions far beyond the evaluated ones spread the centroids thin.
-  CalibTrainOptions opt = opt_in;
-  const int seg = opt.segment_tokens > 0 ? opt.segment_tokens : kCalibSegment;
-  opt.segment_tokens = seg;
-  // keys / values: [n_layers][n, n_kv_heads, head_dim] f32, the sequences back to back
-  std::vector<std::vector<float>> keys(size_t(mc.n_layers)), values(size_t(mc.n_layers));
+  KVRecording rec;
+  rec.n_tokens = n;
+  rec.keys.resize(size_t(mc.n_layers));
+  rec.values.resize(size_t(mc.n_layers));
   for (int s0 = 0; s0 < n; s0 += seg) {
     const int ns = std::min(seg, n - s0);
     // The model runs with an fp16 cache; the observer records each layer's keys and values.
     Session s(model, KVSpec{KVCacheConfig{}, nullptr}, ns, Session::kDefaultChunk, size_t(-1), device);
     s.forward_pass().set_kv_observer([&](int layer, int, const float*, const float* k, const float* v, int m) {
       const size_t e = size_t(m) * mc.n_kv_heads * mc.head_dim;
-      keys[size_t(layer)].insert(keys[size_t(layer)].end(), k, k + e);
-      values[size_t(layer)].insert(values[size_t(layer)].end(), v, v + e);
+      rec.keys[size_t(layer)].insert(rec.keys[size_t(layer)].end(), k, k + e);
+      rec.values[size_t(layer)].insert(rec.values[size_t(layer)].end(), v, v + e);
     });
     const int chunk = 256;
     for (int done = 0; done < ns; done += chunk) {
@@ -97,13 +87,46 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
       if (progress) progress("prefill", s0 + done + m, n);
     }
   }
+  return rec;
+}
+
+Calibration calibrate_recording(const Model& model, const KVRecording& rec, const KVCacheConfig& cfg,
+                                const CalibTrainOptions& opt_in, const std::string& model_name,
+                                const CalibProgress& progress) {
+  const ModelConfig& mc = model.config();
+  CalibTrainOptions opt = opt_in;
+  opt.segment_tokens = opt.segment_tokens > 0 ? opt.segment_tokens : kCalibSegment;
   std::vector<const float*> k, v;
   for (int l = 0; l < mc.n_layers; ++l) {
-    k.push_back(keys[size_t(l)].data());
-    v.push_back(values[size_t(l)].data());
+    k.push_back(rec.keys[size_t(l)].data());
+    v.push_back(rec.values[size_t(l)].data());
   }
   if (progress) opt.progress = [&](int d, int t) { progress("train", d, t); };
-  return train_calibration(cfg, mc.n_kv_heads, mc.head_dim, k, v, n, opt, model_name);
+  return train_calibration(cfg, mc.n_kv_heads, mc.head_dim, k, v, rec.n_tokens, opt, model_name);
+}
+
+Calibration calibrate_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
+                            const CalibTrainOptions& opt, const std::string& model_name,
+                            const CalibProgress& progress, KVDevice device) {
+  cfg.validate(model.config().head_dim);
+  VQ_CHECK(max_tokens >= 16, "calibrate: --tokens {} must be >= 16", max_tokens);
+  std::vector<int32_t> ids = model.tokenizer().encode(text, model.tokenizer().add_bos_default());
+  if (int(ids.size()) > max_tokens) ids.resize(size_t(max_tokens));
+  VQ_CHECK(ids.size() >= 16, "calibrate: the text gives only {} tokens", ids.size());
+  // The text runs as independent sequences of `seg` tokens (each from an empty cache): keys are
+  // post-RoPE, so the positions seen in calibration shape the codebooks. Measured on SmolLM2 (KL
+  // vs fp16 at context 1024, d4b8): 8192 tokens as one sequence 0.044, as 4 x 2048 0.030, 2048
+  // tokens 0.027; positions far beyond the evaluated ones spread the centroids thin.
+  const int seg = opt.segment_tokens > 0 ? opt.segment_tokens : kCalibSegment;
+  return calibrate_recording(model, record_kv(model, ids, seg, progress, device), cfg, opt, model_name, progress);
+}
+
+KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg) {
+  KVCacheConfig c = cfg;
+  // ~2048 tokens keep first use under a minute on 2 cores; 12-bit books then share one codebook
+  // per head (4096 entries need more points than 2048 tokens give per sub-space).
+  if (std::max(cfg.key.bits, cfg.value.bits) > 11) c.granularity = CodebookGranularity::shared;
+  return c;
 }
 
 std::string default_calibration_text_path() {
@@ -141,13 +164,9 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
            "{} (the automatic first-use calibration of the default model needs the Jargon File: install the Debian "
            "package jargon-text, e.g. scripts/setup.sh)",
            calibration_howto(cfg));
-  KVCacheConfig c = cfg;
-  // ~2048 tokens keep first use under a minute on 2 cores; 12-bit books then share one codebook
-  // per head (4096 entries need more points than 2048 tokens give per sub-space).
-  const int tokens = 2048;
-  if (std::max(cfg.key.bits, cfg.value.bits) > 11) c.granularity = CodebookGranularity::shared;
+  const KVCacheConfig c = first_use_calib_config(cfg);
   CalibTrainOptions opt;
-  const Calibration cal = calibrate_model(model, read_text_file(text_path), tokens, c, opt,
+  const Calibration cal = calibrate_model(model, read_text_file(text_path), kFirstUseCalibTokens, c, opt,
                                           std::filesystem::path(model_path).filename().string(), progress);
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   save_calibration(path, cal);

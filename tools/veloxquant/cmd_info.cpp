@@ -79,7 +79,7 @@ void run_info(const InfoOptions& o) {
   const double elems_per_token = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim;
   std::printf("KV cache per 1k tokens (nominal bits/element; compressed caches add a %s window):\n",
               "recent-token fp16");
-  for (const char* spec : {"fp32", "fp16", "q8_0", "q4_0", "kivi4", "kivi2", "vecinfer:d4b8", "vecinfer:d8b12",
+  for (const char* spec : {"fp32", "fp16", "q8_0", "q4_0", "q4_0h", "kivi4", "kivi2", "vecinfer:d4b8", "vecinfer:d8b12",
                            "vecinfer:k=d4b8,v=d8b8"}) {
     double bits = 0.0;
     try {

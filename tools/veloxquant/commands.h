@@ -7,6 +7,7 @@ void add_generate(CLI::App& app);
 void add_info(CLI::App& app);
 void add_calibrate(CLI::App& app);
 void add_perplexity(CLI::App& app);
+void add_eval(CLI::App& app);  // cmd_eval.cpp
 void add_bench(CLI::App& app);
 void add_serve(CLI::App& app);  // cmd_serve.cpp
 void add_bench_e2e(CLI::App* bench);  // bench_e2e.cpp

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   vq::cli::add_info(app);
   vq::cli::add_calibrate(app);
   vq::cli::add_perplexity(app);
+  vq::cli::add_eval(app);
   vq::cli::add_bench(app);
   vq::cli::add_serve(app);
   // CLI11 reports an unknown command as "a subcommand is required": name it and list the known.

@@ -66,8 +66,10 @@ __global__ void quantize_act_kernel(const TX* __restrict__ x, int64_t x_stride, 
 #pragma unroll
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float db = __fdiv_rn(amax, 127.0f);
-    const float id = db != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    const int qi = __float2int_rn(__fmul_rn(v, id));
+    // The CPU's rounding (codec/scalar_blocks.h, llama.cpp's q8_0): the f32 reciprocal of d, then
+    // roundf (half away from zero), so the quantized products equal the CPU's bit for bit.
+    const float id = db != 0.0f ? __fdiv_rn(1.0f, db) : 0.0f;
+    const int qi = int(roundf(__fmul_rn(v, id)));
     int sum = qi;
 #pragma unroll
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);

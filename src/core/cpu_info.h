@@ -1,0 +1,10 @@
+#pragma once
+// What the machine is, for the records benchmarks and evaluations write beside their numbers.
+#include <string>
+
+namespace vq {
+
+// The "model name" line of /proc/cpuinfo (e.g. "AMD EPYC 9R14"); "unknown" when absent.
+std::string cpu_model_name();
+
+}  // namespace vq
