@@ -256,13 +256,14 @@ void run_generate(const GenerateOptions& o) {
   const std::string prompt_text = texts.empty() ? std::string() : texts[0];
   std::vector<int32_t> ids;
   if (!o.prompt_ids.empty()) ids = parse_ids(o.prompt_ids);
-  const std::string path = model_path_or_default(o.model);
+  bool known_model = false;  // a known model: its VecInfer calibration is made on first use
+  const std::string path = model_path_or_default(o.model, &known_model);
   const auto model = Model::load(path);
   const ModelConfig& cfg = model->config();
   check_cache_fits_model(kv_config, *model, path);
   check_weights_finite(*model, path);
   // vecinfer: --calib, else (default model) the first-use calibration from the Jargon File.
-  const std::string calib = resolve_calibration(*model, path, o.model.empty(), kv_config, o.calib,
+  const std::string calib = resolve_calibration(*model, path, known_model, kv_config, o.calib,
                                                 [](const char* stage, int d, int t) {
                                                   std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
                                                   if (d == t) std::fprintf(stderr, "\n");
