@@ -203,8 +203,8 @@ constexpr bool kUnderAddressSanitizer = true;
 constexpr bool kUnderAddressSanitizer = false;
 #endif
 
-// Resident bytes at base-page granularity: where transparent huge pages are "always" (some CI
-// machines), one touched byte of a heap region makes 2 MiB resident and the resident set says
+// Resident bytes at base-page granularity: where transparent huge pages are "always" (a
+// machine setting), one touched byte of a heap region makes 2 MiB resident and the resident set says
 // nothing about the pool, so the measuring process opts out of them (PR_SET_THP_DISABLE).
 int64_t rss_bytes() {
   static const bool thp_off = prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0;
