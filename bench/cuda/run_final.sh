@@ -9,13 +9,7 @@ P=${VQ_PREBUILT:-.gpubin-final}
 L=${OUT:-out/final}
 mkdir -p "$L"
 stages=${1:-tests,e2e}
-has() { [[ ",$stages," == *",$1,"* ]]; }
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader; } | tee "$L/env.txt"
-CUB=$(dirname "$(find /usr/local/cuda* /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH=$P/lib:$CUB:${LD_LIBRARY_PATH:-}
-BIN=/tmp/vqbin; mkdir -p $BIN
-for f in "$P"/*.xz; do b=$BIN/$(basename "$f" .xz); xz -dc "$f" > "$b" 2>/dev/null || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$f" > "$b"; chmod +x "$b"; done
-summary() { echo "$1 exit $2: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$3" | tr '\n' ' ')"; grep -E "^\[  FAILED|Failure" "$3" | head -${4:-15}; }
+. "$(dirname "$0")/device_prelude.sh"
 if has tests; then
   timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
   timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*:GpuSwitch.*' --gtest_brief=1 > $L/test_kvcache.log 2>&1; summary test_kvcache $? $L/test_kvcache.log
