@@ -3,6 +3,7 @@
 # ignored folder of the checkout the device tool sends): $P/{test_ops,test_kvcache,bench_cuda_ops,
 # bench_paged_attention}.xz and $P/lib/{libfmt.so.9,libhwy.so.1,libcudart.so.13}.
 #   bash $P/run_issue10.sh [stages]   stages: tests, decode, attn, quant, sanitize
+#   (copy bench/cuda/device_prelude.sh into $P beside it: the script sources it from its own folder)
 set -uo pipefail
 P=${VQ_PREBUILT:-$(cd "$(dirname "$0")" && pwd)}
 FINAL=${OUT:-out/issue10}
