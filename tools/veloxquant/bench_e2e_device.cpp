@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,6 +117,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
   std::fflush(stdout);
   nlohmann::json out = nlohmann::json::array();
   const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
+  bool profiled = false;
   const int64_t kvd = int64_t(H) * D;
   const int chunk = 4096;
   cuda::DeviceBuffer kbuf(size_t(chunk) * kvd * 4), vbuf(size_t(chunk) * kvd * 4);
@@ -194,9 +196,14 @@ void run_e2e_device(const E2EDeviceArgs& a) {
               kv_bytes = 0;
               for (int b = 0; b < B; ++b) kv_bytes += store.token_bytes(forks[size_t(b)]);
             }
+            // VQ_PROFILE_STEP=1: the first timed step of the first row is the region a profiler
+            // started with --profile-from-start off records (ncu: one decode step's kernels).
+            const bool prof = i == a.warmup && !profiled && std::getenv("VQ_PROFILE_STEP") != nullptr;
+            if (prof) cuda::profiler_range(true);
             const auto t0 = Clock::now();
             fwd.step(entries.data(), B);
             if (i >= a.warmup) dt.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+            if (prof) cuda::profiler_range(false), profiled = true;
             for (int b = 0; b < B; ++b) tok[size_t(b)] = int32_t((tok[size_t(b)] * 7 + 13) % mc.n_vocab);
           }
         } catch (const KVPoolExhausted& e) {

@@ -1,5 +1,7 @@
 #include "ops/cuda/device.h"
 
+#include <cuda_profiler_api.h>
+
 #include <mutex>
 
 #include "ops/cuda/cuda_check.cuh"
@@ -69,6 +71,8 @@ std::string cuda_device_description() {
 }
 
 void device_synchronize() { VQ_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+void profiler_range(bool start) { VQ_CUDA_CHECK(start ? cudaProfilerStart() : cudaProfilerStop()); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   VQ_CHECK(cuda_device_available(), "CUDA: cannot allocate {} bytes: {}", bytes, cuda_unavailable_reason());

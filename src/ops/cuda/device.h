@@ -19,6 +19,9 @@ std::string cuda_unavailable_reason();
 std::string cuda_device_description();
 // Waits for all work on the device; throws vq::Error naming the first asynchronous error.
 void device_synchronize();
+// Marks the region a profiler started with "profile from start off" (ncu --profile-from-start off)
+// records: cudaProfilerStart / cudaProfilerStop. Harmless without a profiler.
+void profiler_range(bool start);
 
 // Owning device allocation (cudaMalloc), move-only. size() in bytes.
 class DeviceBuffer {
