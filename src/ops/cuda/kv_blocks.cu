@@ -9,12 +9,15 @@
 #include "ops/cuda/device.h"
 #include "ops/cuda/hadamard.cuh"
 #include "ops/cuda/kv_blocks_cuda.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace vq::cuda {
 namespace {
 
 // Grid (rows, n_kv_heads); threads over the head's channels.
 __global__ void kv_append_kernel(KVAppendParams p) {
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int r = blockIdx.x, h = blockIdx.y;
   const int H = p.n_kv_heads, D = p.head_dim, B = p.block_tokens;
   const int64_t t = p.pos[r];
@@ -52,6 +55,8 @@ __global__ void step_fixup_kernel(StepFixupParams p) {
 // Warp per (row, query head); element e = lane + 32*i. Same butterflies and rounding as
 // vq::transform_queries (x * lambda, the block Walsh-Hadamard, * 1/sqrt(block)) then * scale.
 __global__ void query_transform_kernel(QueryTransformParams p) {
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
   const int64_t item = int64_t(blockIdx.x) * warps + (threadIdx.x >> 5);
   if (item >= int64_t(p.rows) * p.n_q_heads) return;
@@ -73,12 +78,16 @@ __global__ void query_transform_kernel(QueryTransformParams p) {
 }
 
 __global__ void bias_add_kernel(BiasAddParams p) {
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int r = blockIdx.y;
   float* x = p.x + int64_t(r) * p.x_stride;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x) x[i] += p.bias[i];
 }
 
 __global__ void gather_rows_kernel(GatherRowsParams p) {
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int r = blockIdx.y;
   const float* x = p.x + int64_t(p.index[r]) * p.x_stride;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x) {
@@ -127,8 +136,8 @@ void kv_append_device(const KVAppendParams& p, void* stream) {
   if (!q.k_stride) q.k_stride = int64_t(p.n_kv_heads) * p.head_dim;
   if (!q.v_stride) q.v_stride = int64_t(p.n_kv_heads) * p.head_dim;
   VQ_CHECK(p.rows <= 2147483647 && p.n_kv_heads <= 65535, "cuda::kv_append: grid too large");
-  kv_append_kernel<<<dim3(unsigned(p.rows), unsigned(p.n_kv_heads)), 128, 0, as_stream(stream)>>>(q);
-  VQ_CUDA_LAUNCHED("kv_append_kernel");
+  launch_pdl("kv_append_kernel", kv_append_kernel, dim3(unsigned(p.rows), unsigned(p.n_kv_heads)), dim3(128), 0,
+             as_stream(stream), q);
 }
 
 void step_fixup_device(const StepFixupParams& p, void* stream) {
@@ -154,8 +163,8 @@ void query_transform_device(const QueryTransformParams& p, void* stream) {
   QueryTransformParams q = p;
   if (!q.q_stride) q.q_stride = int64_t(p.n_q_heads) * p.head_dim;
   const int64_t items = int64_t(p.rows) * p.n_q_heads;
-  query_transform_kernel<<<unsigned((items + 3) / 4), 128, 0, as_stream(stream)>>>(q);
-  VQ_CUDA_LAUNCHED("query_transform_kernel");
+  launch_pdl("query_transform_kernel", query_transform_kernel, dim3(unsigned((items + 3) / 4)), dim3(128), 0,
+             as_stream(stream), q);
 }
 
 void bias_add_device(const BiasAddParams& p, void* stream) {
@@ -163,8 +172,8 @@ void bias_add_device(const BiasAddParams& p, void* stream) {
   VQ_CHECK(p.x && p.bias && p.rows <= 65535, "cuda::bias_add: null x/bias or rows {} > 65535", p.rows);
   BiasAddParams q = p;
   if (!q.x_stride) q.x_stride = p.n;
-  bias_add_kernel<<<dim3(grid_1d(p.n, 256), unsigned(p.rows)), 256, 0, as_stream(stream)>>>(q);
-  VQ_CUDA_LAUNCHED("bias_add_kernel");
+  launch_pdl("bias_add_kernel", bias_add_kernel, dim3(grid_1d(p.n, 256), unsigned(p.rows)), dim3(256), 0,
+             as_stream(stream), q);
 }
 
 void gather_rows_device(const GatherRowsParams& p, void* stream) {
@@ -174,8 +183,8 @@ void gather_rows_device(const GatherRowsParams& p, void* stream) {
   GatherRowsParams q = p;
   if (!q.x_stride) q.x_stride = p.n;
   if (!q.out_stride) q.out_stride = p.n;
-  gather_rows_kernel<<<dim3(grid_1d(p.n, 256), unsigned(p.rows)), 256, 0, as_stream(stream)>>>(q);
-  VQ_CUDA_LAUNCHED("gather_rows_kernel");
+  launch_pdl("gather_rows_kernel", gather_rows_kernel, dim3(grid_1d(p.n, 256), unsigned(p.rows)), dim3(256), 0,
+             as_stream(stream), q);
 }
 
 void random_fill_device(const RandomFillParams& p, void* stream) {

@@ -13,6 +13,7 @@
 #include "ops/cuda/device.h"
 #include "ops/cuda/ggml_decode.cuh"
 #include "ops/cuda/llm_ops_cuda.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace vq::cuda {
 namespace {
@@ -67,6 +68,8 @@ template <int E, bool V, int TPR>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(NormK p) {
   constexpr int kRowsPerBlock = kThreads / TPR;
   __shared__ float red[kThreads / 32];
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / TPR;
   const int tid = threadIdx.x % TPR;
   const bool live = row < p.rows;
@@ -144,6 +147,8 @@ __device__ __forceinline__ float gelu_tanh_mul(float g, float u) {
 template <int OP, int E, bool V>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(EwK p) {
   constexpr int W = V ? 4 : 1;
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int64_t per_row = p.n / W, total = p.n_tokens * per_row;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = idx / per_row, i = (idx % per_row) * W;
@@ -177,10 +182,9 @@ void launch_elementwise(const EwK& k, ElemType out_type, bool v4, cudaStream_t s
   const int64_t items = k.n_tokens * (v4 ? k.n / 4 : k.n);
   dispatch_elem(out_type, [&](auto e) {
     constexpr int E = decltype(e)::value;
-    if (v4) elementwise_kernel<OP, E, true><<<grid_for(items, kThreads), kThreads, 0, st>>>(k);
-    else elementwise_kernel<OP, E, false><<<grid_for(items, kThreads), kThreads, 0, st>>>(k);
+    if (v4) launch_pdl(name, elementwise_kernel<OP, E, true>, dim3(grid_for(items, kThreads)), dim3(kThreads), 0, st, k);
+    else launch_pdl(name, elementwise_kernel<OP, E, false>, dim3(grid_for(items, kThreads)), dim3(kThreads), 0, st, k);
   });
-  VQ_CUDA_LAUNCHED(name);
 }
 
 // 16-byte accesses when every row start is 16-byte aligned (f32 inputs) and the outputs' 4-element
@@ -216,14 +220,13 @@ void rms_norm_device(const RmsNormParams& p, void* stream) {
     constexpr int E = decltype(e)::value;
     if (warp_rows) {
       const unsigned grid = unsigned((k.rows + kThreads / 32 - 1) / (kThreads / 32));
-      if (v4) rms_norm_kernel<E, true, 32><<<grid, kThreads, 0, st>>>(k);
-      else rms_norm_kernel<E, false, 32><<<grid, kThreads, 0, st>>>(k);
+      if (v4) launch_pdl("rms_norm", rms_norm_kernel<E, true, 32>, dim3(grid), dim3(kThreads), 0, st, k);
+      else launch_pdl("rms_norm", rms_norm_kernel<E, false, 32>, dim3(grid), dim3(kThreads), 0, st, k);
     } else {
-      if (v4) rms_norm_kernel<E, true, kThreads><<<unsigned(k.rows), kThreads, 0, st>>>(k);
-      else rms_norm_kernel<E, false, kThreads><<<unsigned(k.rows), kThreads, 0, st>>>(k);
+      if (v4) launch_pdl("rms_norm", rms_norm_kernel<E, true, kThreads>, dim3(unsigned(k.rows)), dim3(kThreads), 0, st, k);
+      else launch_pdl("rms_norm", rms_norm_kernel<E, false, kThreads>, dim3(unsigned(k.rows)), dim3(kThreads), 0, st, k);
     }
   });
-  VQ_CUDA_LAUNCHED("rms_norm");
 }
 
 void glu_device(const GluParams& p, void* stream) {

@@ -7,6 +7,7 @@
 #include "ops/cuda/device.h"
 #include "ops/cuda/ggml_decode.cuh"
 #include "ops/cuda/llm_ops_cuda.h"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/weights_cuda.h"
 
 namespace vq::cuda {
@@ -14,6 +15,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kMaxHalf = 256;  // n_rot/2 for head_dim up to 512
+constexpr int kPairs = 256;    // rope: pairs (threads) per block
 
 struct RopeK {
   int head_dim, half;
@@ -29,13 +31,17 @@ struct RopeK {
   int64_t ks;
 };
 
-// One block per token: the token's cos/sin are computed once (double angle, as the CPU forward)
-// into shared memory, then every (head, pair) of q and k is rotated with the CPU's fp32 ops.
-__global__ void __launch_bounds__(kThreads) rope_kernel(RopeK p) {
+// Grid (tokens, pair chunks), kPairs threads: each block computes the token's cos/sin (double
+// angle, as the CPU forward) for the `half` frequencies into shared memory, then each thread
+// rotates one (head, pair) of q or k with the CPU's fp32 ops. One pair per thread keeps the
+// decode step's launch (one token, (n_q + n_k) * half pairs) to one dependent load per thread.
+__global__ void __launch_bounds__(kPairs) rope_kernel(RopeK p) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const double pos = double(p.pos[t]);
-  for (int i = threadIdx.x; i < p.half; i += kThreads) {
+  for (int i = threadIdx.x; i < p.half; i += kPairs) {
     double s, c;
     sincos(__dmul_rn(pos, p.inv_freq[i]), &s, &c);
     cs[i] = __fmul_rn(float(c), p.mscale);
@@ -43,14 +49,14 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeK p) {
   }
   __syncthreads();
   const int pairs = (p.nq + p.nk) * p.half;
-  for (int j = threadIdx.x; j < pairs; j += kThreads) {
-    const int h = j / p.half, i = j % p.half;
-    float* v = h < p.nq ? p.q + t * p.qs + int64_t(h) * p.head_dim : p.k + t * p.ks + int64_t(h - p.nq) * p.head_dim;
-    const int ia = p.neox ? i : 2 * i, ib = p.neox ? i + p.half : 2 * i + 1;
-    const float a = v[ia], b = v[ib], c = cs[i], s = sn[i];
-    v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    v[ib] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-  }
+  const int j = blockIdx.y * kPairs + threadIdx.x;
+  if (j >= pairs) return;
+  const int h = j / p.half, i = j % p.half;
+  float* v = h < p.nq ? p.q + t * p.qs + int64_t(h) * p.head_dim : p.k + t * p.ks + int64_t(h - p.nq) * p.head_dim;
+  const int ia = p.neox ? i : 2 * i, ib = p.neox ? i + p.half : 2 * i + 1;
+  const float a = v[ia], b = v[ib], c = cs[i], sv = sn[i];
+  v[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sv));
+  v[ib] = __fadd_rn(__fmul_rn(a, sv), __fmul_rn(b, c));
 }
 
 struct EmbK {
@@ -67,6 +73,8 @@ struct EmbK {
 // One block per token; a thread decodes groups of 32 elements (block types) or single elements.
 template <uint32_t T, bool kBlocks>
 __global__ void __launch_bounds__(kThreads) embedding_kernel(EmbK p) {
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int32_t tok = p.tokens[t];
   float* out = p.out + t * p.os;
@@ -112,8 +120,9 @@ void rope_device(const RopeParams& p, void* stream) {
   VQ_CHECK(p.pos && p.inv_freq && (p.q || p.n_q_heads == 0), "cuda::rope([{} tokens]): null pos, inv_freq or q",
            p.n_tokens);
   const RopeK k{p.head_dim, p.n_rot / 2, p.neox, p.pos, p.inv_freq, p.mscale, p.q, p.n_q_heads, qs, p.k, p.n_k_heads, ks};
-  rope_kernel<<<unsigned(p.n_tokens), kThreads, 0, as_stream(stream)>>>(k);
-  VQ_CUDA_LAUNCHED("rope");
+  const int pairs = (p.n_q_heads + p.n_k_heads) * (p.n_rot / 2);
+  launch_pdl("rope", rope_kernel, dim3(unsigned(p.n_tokens), unsigned((pairs + kPairs - 1) / kPairs)), dim3(kPairs), 0,
+             as_stream(stream), k);
 }
 
 void embedding_device(const EmbeddingParams& p, void* stream) {
@@ -133,10 +142,13 @@ void embedding_device(const EmbeddingParams& p, void* stream) {
   cudaStream_t st = as_stream(stream);
   const unsigned grid = unsigned(p.n_tokens);
   if (blocks)
-    detail::dispatch_block_type(p.type, [&](auto tt) { embedding_kernel<decltype(tt)::value, true><<<grid, kThreads, 0, st>>>(k); });
+    detail::dispatch_block_type(p.type, [&](auto tt) {
+      launch_pdl("embedding", embedding_kernel<decltype(tt)::value, true>, dim3(grid), dim3(kThreads), 0, st, k);
+    });
   else
-    detail::dispatch_float_type(p.type, [&](auto tt) { embedding_kernel<decltype(tt)::value, false><<<grid, kThreads, 0, st>>>(k); });
-  VQ_CUDA_LAUNCHED("embedding");
+    detail::dispatch_float_type(p.type, [&](auto tt) {
+      launch_pdl("embedding", embedding_kernel<decltype(tt)::value, false>, dim3(grid), dim3(kThreads), 0, st, k);
+    });
 }
 
 }  // namespace vq::cuda

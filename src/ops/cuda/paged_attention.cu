@@ -10,6 +10,7 @@
 #include "ops/cuda/device.h"
 #include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/paged_split.cuh"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
 #include "ops/cuda/stream_cuda.h"
@@ -57,6 +58,8 @@ __global__ void __launch_bounds__(32 * kDenseWarps) dense_split_kernel(DensePara
   __half* stage = reinterpret_cast<__half*>(
       (reinterpret_cast<uintptr_t>(svp + kDenseWarps * 32) + 15) & ~uintptr_t(15));
 
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int split = blockIdx.x, b = blockIdx.z;
   const int kh = blockIdx.y / p.ht_tiles;
   const int head0 = (blockIdx.y % p.ht_tiles) * HT;  // first query head of the group in this block
@@ -261,44 +264,57 @@ struct MergeParams {
 };
 
 // Grid (n_q_heads, rows), 128 threads (2 dims each): the valid partials of both kinds combined
-// by log-sum-exp, normalised. A row with no keys gets zeros.
+// by log-sum-exp, normalised. A row with no keys gets zeros. Two passes over the partials (their
+// max, then the weighted sums) whose loads do not depend on each other: unrolled, many are in
+// flight at once. (One online pass made a chain of dependent L2 round trips, one per partial:
+// 38 us for the 132 partials of an fp16 layer at B=1, 4K; docs/CUDA_NOTES.md section 9.)
 __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
   const int qh = blockIdx.x, b = blockIdx.y;
   if (p.row_skip && p.row_skip[b]) return;  // the prefill kernel writes this row
   const int kh = qh / p.group, gl = qh % p.group, t8 = gl / kTile8, hh = gl % kTile8;
   const int D = p.D;
   const int64_t pstride = 2 * kTile8 + kTile8 * D;
   const int pos = p.pos[b];
-  float M = -INFINITY;
-  float L = 0.f, o[2] = {0.f, 0.f};
-  auto take = [&](const float* part) {
-    const float m = part[hh];
-    if (m == -INFINITY) return;
-    const float m_new = fmaxf(M, m);
-    const float a = exp2f(M - m_new), w = exp2f(m - m_new);  // M = -inf -> a = 0
-    L = L * a + w * part[kTile8 + hh];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int d = threadIdx.x + k * 128;
-      if (d < D) o[k] = o[k] * a + w * part[2 * kTile8 + hh * D + d];
-    }
-    M = m_new;
-  };
+  // The splits that hold tokens are a prefix of each kind: nc coded, nd dense.
+  int nc = 0;
   if (p.rule.coded && p.coded_splits > 0) {
     const detail::CodedSplit cs =
         p.lut ? detail::coded_split(p.rule, pos, p.coded_splits, detail::kLutAlign, detail::kLutChunkAlign,
                                     detail::kLutMinChunk)
               : detail::coded_split(p.rule, pos, p.coded_splits, detail::kGatherAlign, detail::kGatherChunkAlign,
                                     detail::kGatherMinChunk);
-    const float* base = p.coded_part + ((int64_t(b) * p.n_kv_heads + kh) * p.tiles8 + t8) * p.coded_splits * pstride;
-    for (int s = 0; s < p.coded_splits && cs.holds(s); ++s) take(base + s * pstride);
+    if (cs.hi > cs.lo) nc = min(p.coded_splits, (cs.hi - cs.a0 + cs.chunk - 1) / cs.chunk);
   }
-  {
-    const detail::DenseSplit ds = detail::dense_split(p.rule, pos, p.dense_splits);
-    const float* base = p.dense_part + ((int64_t(b) * p.n_kv_heads + kh) * p.tiles8 + t8) * p.dense_splits * pstride;
-    for (int s = 0; s < p.dense_splits && ds.holds(s); ++s) take(base + s * pstride);
+  const detail::DenseSplit ds = detail::dense_split(p.rule, pos, p.dense_splits);
+  const int nd = min(p.dense_splits, (ds.n() + ds.chunk - 1) / ds.chunk);
+  const float* cbase = p.coded_part + ((int64_t(b) * p.n_kv_heads + kh) * p.tiles8 + t8) * p.coded_splits * pstride;
+  const float* dbase = p.dense_part + ((int64_t(b) * p.n_kv_heads + kh) * p.tiles8 + t8) * p.dense_splits * pstride;
+  auto part = [&](int i) { return i < nc ? cbase + i * pstride : dbase + (i - nc) * pstride; };
+  const int n = nc + nd;
+  float M = -INFINITY;
+#pragma unroll 8
+  for (int i = 0; i < n; ++i) M = fmaxf(M, part(i)[hh]);
+  const int d0 = threadIdx.x, d1 = threadIdx.x + 128;
+  float L = 0.f, o0 = 0.f, o1 = 0.f;
+  if (M != -INFINITY) {
+#pragma unroll 4
+    for (int i = 0; i < n; ++i) {
+      const float* q = part(i);
+      const float m = q[hh];
+      const bool live = m != -INFINITY;  // a split whose tokens were all masked: skipped
+      const float w = exp2f(m - M);
+      const float l = q[kTile8 + hh];
+      const float v0 = d0 < D ? q[2 * kTile8 + hh * D + d0] : 0.f;
+      const float v1 = d1 < D ? q[2 * kTile8 + hh * D + d1] : 0.f;
+      L = live ? fmaf(w, l, L) : L;
+      o0 = live ? fmaf(w, v0, o0) : o0;
+      o1 = live ? fmaf(w, v1, o1) : o1;
+    }
   }
   const float inv = L > 0.f ? 1.0f / L : 0.f;
+  const float o[2] = {o0, o1};
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int d = threadIdx.x + k * 128;
@@ -327,8 +343,7 @@ void launch_dense(const DenseParams& dp, int rows, cudaStream_t st) {
     attr = true;
   }
   const dim3 grid(unsigned(dp.splits), unsigned(dp.n_kv_heads * dp.ht_tiles), unsigned(rows));
-  dense_split_kernel<D, HT><<<grid, 32 * kDenseWarps, smem, st>>>(dp);
-  VQ_CUDA_LAUNCHED("dense_split_kernel");
+  launch_pdl("dense_split_kernel", dense_split_kernel<D, HT>, grid, dim3(32 * kDenseWarps), smem, st, dp);
 }
 
 template <int D>
@@ -473,8 +488,8 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   mp.out_type = p.out_type;
   mp.out = p.out;
   mp.out_stride = p.out_stride ? p.out_stride : int64_t(dp.n_q_heads) * p.head_dim;
-  paged_merge_kernel<<<dim3(unsigned(dp.n_q_heads), unsigned(p.rows)), 128, 0, st>>>(mp);
-  VQ_CUDA_LAUNCHED("paged_merge_kernel");
+  launch_pdl("paged_merge_kernel", paged_merge_kernel, dim3(unsigned(dp.n_q_heads), unsigned(p.rows)), dim3(128), 0, st,
+             mp);
   if (p.n_tiles > 0) detail::launch_prefill(p, st);
 }
 

@@ -55,7 +55,7 @@ struct DenseSplit {
   __device__ __forceinline__ int position(int v) const { return v < n0 ? lo0 + v : lo1 + (v - n0); }
 };
 
-constexpr int kDenseMinChunk = 64;
+constexpr int kDenseMinChunk = 128;  // one group of 32 tokens per warp of a 4-warp block
 
 __device__ __forceinline__ DenseSplit dense_split(const PagedRule& r, int pos, int splits) {
   const PagedRanges g = paged_ranges(r, pos);

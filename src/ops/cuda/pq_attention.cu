@@ -11,6 +11,7 @@
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_cuda.h"
 #include "ops/cuda/pq_attention_lut.cuh"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/stream_cuda.h"
 #include "ops/cuda/paged_split.cuh"
 
@@ -661,18 +662,8 @@ void run_pq_attention(const PQAttnBatchArgs& a, void* stream, detail::SplitLaunc
   mp.out = a.out;
   const size_t msmem = (a.head_dim + kSegTile + kMergeThreads / 32) * sizeof(float);
   // Programmatic dependent launch: the merge grid's launch overlaps the split kernel's tail.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(mp.n_q_heads), unsigned(a.rows));
-  cfg.blockDim = dim3(kMergeThreads);
-  cfg.dynamicSmemBytes = msmem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  VQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, mp));
-  VQ_CUDA_LAUNCHED("merge_kernel");
+  launch_pdl("merge_kernel", merge_kernel, dim3(unsigned(mp.n_q_heads), unsigned(a.rows)), dim3(kMergeThreads), msmem,
+             st, mp);
 }
 
 }  // namespace

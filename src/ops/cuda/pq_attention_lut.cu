@@ -23,6 +23,7 @@
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
 #include "ops/cuda/paged_split.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace vq::cuda::detail {
 namespace {
@@ -113,11 +114,6 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
 
-  // ---- queries (base-2 scaled), zero for heads past the group ----
-  for (int i = threadIdx.x; i < kH * D; i += kThreads) {
-    const int h = i / D, d = i % D, qh = ht4 * kH + h;
-    sq[i] = qh < p.group ? p.q[(int64_t(b) * p.n_q_heads + int64_t(kh) * p.group + qh) * D + d] * kLog2e : 0.f;
-  }
   // ---- value book, 16 bank-sliced copies: vsl[c*16 + j] = centroid c (loads batched) ----
   if constexpr (kVPer) {  // the sub-spaces' books as they are: vsl[u*256 + c]
     const uint4* vb = reinterpret_cast<const uint4*>(p.v_book + size_t(kh) * (D / 4) * 256 * 4);
@@ -133,6 +129,16 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
       if (exact || threadIdx.x + k * kThreads < 256 * 16) vsl[threadIdx.x + k * kThreads] = x[k];
+  }
+  // Launched with PDL (pdl.cuh): everything above reads what no kernel of this step writes or
+  // what kernels before the previous one wrote (positions, block tables, codebooks); the queries
+  // come from the previous kernel (the query transform). The dependents are triggered after the
+  // main loop.
+  pdl_wait();
+  // ---- queries (base-2 scaled), zero for heads past the group ----
+  for (int i = threadIdx.x; i < kH * D; i += kThreads) {
+    const int h = i / D, d = i % D, qh = ht4 * kH + h;
+    sq[i] = qh < p.group ? p.q[(int64_t(b) * p.n_q_heads + int64_t(kh) * p.group + qh) * D + d] * kLog2e : 0.f;
   }
   __syncthreads();
   // ---- key LUT ----
@@ -445,8 +451,7 @@ void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
-  lut_split_kernel<NS, D, kPaged, kVPer, NW><<<grid, 32 * NW, smem, st>>>(lp);
-  VQ_CUDA_LAUNCHED("lut_split_kernel");
+  launch_pdl("lut_split_kernel", lut_split_kernel<NS, D, kPaged, kVPer, NW>, grid, dim3(32 * NW), smem, st, lp);
 }
 
 }  // namespace

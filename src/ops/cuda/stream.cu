@@ -1,12 +1,23 @@
 // Streams, pinned buffers, graphs, events (stream_cuda.h).
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/stream_cuda.h"
 
 namespace vq::cuda {
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("VQ_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
 
 Stream::Stream() {
   VQ_CHECK(cuda_device_available(), "CUDA stream: {}", cuda_unavailable_reason());

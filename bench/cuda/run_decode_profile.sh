@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Where a decode step's time goes, and the real model on the device against the CPU (issue 9).
+# Binaries built here, xz-packed in $P (as run_final.sh); the model in two parts over two calls.
+#   bash bench/cuda/run_decode_profile.sh [stages]
+#   stages: tests    the GPU tests of test_ops, test_kvcache, test_model
+#           sanitize memcheck and racecheck on the batched device forward test
+#           pdl      end-to-end rows and attention alone with VQ_PDL=0 and 1 (same binaries)
+#           gemv     bench_gemv_f16: the fp16 GEMV variants alone and as the 32-layer chain
+#           profile  ncu (one metric: gpu__time_duration) over one graph-replayed decode step
+#                    (VQ_PROFILE_STEP marks it) per row, summed per kernel, beside the step time
+#           stash    copy $M1/part.* (this call's part of the model) to /root/vqmodel
+#           real     join the parts (+ $M2/part.*), then per prompt of real_prompts.txt: greedy
+#                    generation on cpu and cuda with --dump-logits, compared by compare_dumps.py;
+#                    perplexity fp16 / vecinfer:d4b8 on both
+set -uo pipefail
+P=${VQ_PREBUILT:-.gpubin-final}
+L=${OUT:-out/profile}
+mkdir -p "$L"
+stages=${1:-profile}
+. "$(dirname "$0")/device_prelude.sh"
+HERE=$(dirname "$0")
+if has profile; then
+  for row in "llama-3.1-8b vecinfer:d4b8 4096 1" "llama-3.1-8b vecinfer:d4b8 32768 1" "llama-3.1-8b fp16 4096 1" \
+             "llama-3.1-8b vecinfer:d4b8 131072 8"; do
+    set -- $row
+    tag=$1_$2_$3_$4
+    timeout 100 $BIN/veloxquant bench e2e --device cuda --geometry $1 --batch $4 --ctx $3 --kv-cache $2 --steps 16 \
+      > $L/e2e_$tag.log 2>&1
+    echo "step: $(grep -E '^\| (fp16|vec)' $L/e2e_$tag.log)"
+    VQ_PROFILE_STEP=1 timeout 200 ncu --clock-control none --cache-control none --profile-from-start off \
+      --metrics gpu__time_duration.sum --csv $BIN/veloxquant bench e2e --device cuda --geometry $1 --batch $4 --ctx $3 \
+      --kv-cache $2 --steps 3 --warmup 2 > $L/ncu_$tag.csv 2> $L/ncu_$tag.err
+    echo "ncu exit $?"
+    python3 - "$L/ncu_$tag.csv" <<'PY'
+import csv, sys, collections, re
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ui = h.index("Metric Unit")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows[1:]:
+    v = float(r[vi].replace(",", "")); u = r[ui]
+    us = v / 1000 if u == "nsecond" else v * 1000 if u == "msecond" else v if u == "usecond" else v / 1e3
+    name = re.sub(r"\(.*", "", r[ki]).replace("void ", "")[:70]
+    tot[name] += us; cnt[name] += 1
+s = sum(tot.values())
+print(f"  kernels {sum(cnt.values())}, sum of durations {s/1000:.3f} ms")
+for k, v in sorted(tot.items(), key=lambda x: -x[1])[:16]:
+    print(f"  {v/1000:8.3f} ms {cnt[k]:5d}x {v/cnt[k]:8.2f} us  {k}")
+PY
+  done
+fi
+if has tests; then
+  timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
+  timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*:GpuSwitch.*' --gtest_brief=1 > $L/test_kvcache.log 2>&1; summary test_kvcache $? $L/test_kvcache.log
+  timeout 200 $BIN/test_model --gtest_filter='*Device*' --gtest_brief=1 > $L/test_model.log 2>&1; summary test_model $? $L/test_model.log
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $BIN/test_model --gtest_filter='ForwardDevice.BatchedStepsEqualSingleSteps' \
+      --gtest_brief=1 > $L/${tool}_model.log 2>&1
+    echo "$tool forward exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $L/${tool}_model.log | tail -1)"
+  done
+fi
+if has pdl; then  # the forward chain with and without programmatic dependent launch, same binary
+  for pdl in 0 1; do
+    VQ_PDL=$pdl timeout 150 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 --ctx 4096,32768 \
+      --kv-cache fp16 --kv-cache vecinfer:d4b8 --steps 16 > $L/pdl${pdl}_llama.log 2>&1; echo "VQ_PDL=$pdl llama exit $?"
+    grep -E '^\| (fp16|vec)' $L/pdl${pdl}_llama.log
+    VQ_PDL=$pdl timeout 120 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 --ctx 131072 \
+      --kv-cache vecinfer:d4b8 --steps 16 > $L/pdl${pdl}_llama128.log 2>&1; echo "VQ_PDL=$pdl llama 128K exit $?"
+    grep -E '^\| (fp16|vec)' $L/pdl${pdl}_llama128.log
+    VQ_PDL=$pdl timeout 120 $BIN/veloxquant bench e2e --device cuda --geometry falcon3-7b --batch 1,8 --ctx 32768 \
+      --kv-cache vecinfer:d4b8,gran=shared --steps 16 > $L/pdl${pdl}_falcon.log 2>&1; echo "VQ_PDL=$pdl falcon exit $?"
+    grep -E '^\| (fp16|vec)' $L/pdl${pdl}_falcon.log
+    for kv in vecinfer:d4b8,gran=shared fp16; do for S in 4096 32768; do
+      VQ_PDL=$pdl timeout 60 $BIN/bench_paged_attention llama $kv --B 1 --S $S > $L/pdl${pdl}_attn_${kv%%:*}_$S.log 2>&1
+      echo "VQ_PDL=$pdl attention B=1 S=$S: $(grep paged_attn $L/pdl${pdl}_attn_${kv%%:*}_$S.log | head -2 | tr '\n' ' ')"
+    done; done
+  done
+fi
+if has gemv; then
+  timeout 200 $BIN/bench_gemv_f16 > $L/gemv.log 2>&1; echo "bench_gemv_f16 exit $?"
+  grep -E '^(copy|gemv_chain)' $L/gemv.log
+  grep -E '^gemv_alone' $L/gemv.log | awk '{print $2, $5, $6, $8, $9}'
+fi
+if has stash; then mkdir -p /root/vqmodel && cp "${M1:-.gpubin-m1}"/part.* /root/vqmodel/ && ls -la /root/vqmodel; fi
+if has real; then
+  mkdir -p /root/vqmodel; cp "${M2:-.gpubin-m2}"/* /root/vqmodel/ 2>/dev/null
+  M=/root/smollm2.gguf; cat /root/vqmodel/part.* > $M; sha256sum $M | tee "$L/model_sha.txt"
+  T=/root/vqmodel/text.txt; C=/root/vqmodel/d4b8_shared.vqcal
+  i=0
+  while IFS= read -r prompt; do
+    i=$((i + 1))
+    for kv in fp16 vecinfer:d4b8,gran=shared; do
+      ca=""; [ "$kv" = fp16 ] || ca="--calib $C"
+      for dev in cpu cuda; do
+        timeout 60 $BIN/veloxquant generate -m $M -p "$prompt" -n 48 --temp 0 --ignore-eos --device $dev --kv-cache $kv $ca \
+          --dump-logits $L/dump_${i}_${kv%%,*}_$dev.bin > $L/gen_${i}_${kv%%,*}_$dev.log 2>&1 || echo "generate $dev exit $?"
+      done
+      echo "prompt $i ($kv): $(python3 $HERE/compare_dumps.py $L/dump_${i}_${kv%%,*}_cpu.bin $L/dump_${i}_${kv%%,*}_cuda.bin)"
+    done
+  done < "$HERE/real_prompts.txt"
+  rm -f $L/dump_*.bin
+  for dev in cpu cuda; do
+    timeout 200 $BIN/veloxquant perplexity -m $M --text "$T" -c 512 --chunk 64 --windows 4 --device $dev --kv-cache fp16 \
+      --no-reference > $L/ppl_$dev.log 2>&1; echo "perplexity fp16 $dev exit $?: $(grep -E 'perplexity' $L/ppl_$dev.log | head -1)"
+  done
+fi
+exit 0
