@@ -5,6 +5,7 @@
 #   stages: tests    the GPU tests of test_ops, test_kvcache, test_model
 #           sanitize memcheck and racecheck on the batched device forward test
 #           pdl      end-to-end rows and attention alone with VQ_PDL=0 and 1 (same binaries)
+#           fork     end-to-end rows and attention alone with VQ_ATTN_FORK=0 and 1
 #           gemv     bench_gemv_f16: the fp16 GEMV variants alone and as the 32-layer chain
 #           profile  ncu (one metric: gpu__time_duration) over one graph-replayed decode step
 #                    (VQ_PROFILE_STEP marks it) per row, summed per kernel, beside the step time
@@ -81,6 +82,17 @@ if has gemv; then
   timeout 200 $BIN/bench_gemv_f16 > $L/gemv.log 2>&1; echo "bench_gemv_f16 exit $?"
   grep -E '^(copy|gemv_chain)' $L/gemv.log
   grep -E '^gemv_alone' $L/gemv.log | awk '{print $2, $5, $6, $8, $9}'
+fi
+if has fork; then  # the dense split kernel on its own graph branch (default) or after the coded kernel
+  for fork in 0 1; do
+    VQ_ATTN_FORK=$fork timeout 150 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 \
+      --ctx 4096,32768 --kv-cache vecinfer:d4b8 --steps 16 > $L/fork${fork}_llama.log 2>&1; echo "VQ_ATTN_FORK=$fork llama exit $?"
+    grep -E '^\| (fp16|vec)' $L/fork${fork}_llama.log
+    for S in 4096 32768; do
+      VQ_ATTN_FORK=$fork timeout 60 $BIN/bench_paged_attention llama vecinfer:d4b8,gran=shared --B 1 --S $S > $L/fork${fork}_attn_$S.log 2>&1
+      echo "VQ_ATTN_FORK=$fork attention B=1 S=$S: $(grep paged_attn $L/fork${fork}_attn_$S.log | head -1)"
+    done
+  done
 fi
 if has stash; then mkdir -p /root/vqmodel && cp "${M1:-.gpubin-m1}"/part.* /root/vqmodel/ && ls -la /root/vqmodel; fi
 if has real; then

@@ -94,6 +94,16 @@ cuda::PQAttnKernel coded_kernel_override() {
   }();
   return k;
 }
+// VQ_ATTN_FORK=0: the dense split kernel of a coded layer on the main stream after the coded
+// kernel (for comparisons); else on a second stream beside the query transform and the coded
+// kernel (a graph branch).
+bool attn_fork_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("VQ_ATTN_FORK");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
 }  // namespace
 
 namespace {
@@ -128,6 +138,8 @@ struct DevTable {
 struct KVStoreDevice::Impl {
   KVStore& st;
   cuda::Stream stream;
+  cuda::Stream side;         // the dense split kernel of coded layers (attn_fork_enabled)
+  cuda::Event fork, join;    // main -> side before the query transform, side -> main before the merge
   int L = 0, H = 0, HQ = 0, D = 0, B = 0;
   std::vector<LayerBooks> books;
   std::vector<cuda::PagedRule> rules;
@@ -495,6 +507,12 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
   p.q = q;
   p.q_stride = q_stride;
   p.scale = scale;
+  if (p.rule.coded && attn_fork_enabled()) {
+    m.fork.record(m.stream.handle());
+    m.fork.wait(m.side.handle());
+    p.dense_stream = m.side.handle();
+    p.dense_join = m.join.handle();
+  }
   if (p.rule.coded) {
     cuda::QueryTransformParams t;
     t.rows = rows;

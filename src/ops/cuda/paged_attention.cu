@@ -335,7 +335,7 @@ size_t dense_smem(int D, int HT) {
 }
 
 template <int D, int HT>
-void launch_dense(const DenseParams& dp, int rows, cudaStream_t st) {
+void launch_dense(const DenseParams& dp, int rows, cudaStream_t st, bool pdl) {
   const size_t smem = dense_smem(D, HT);
   static bool attr = false;
   if (!attr && smem > 48 * 1024) {
@@ -343,17 +343,17 @@ void launch_dense(const DenseParams& dp, int rows, cudaStream_t st) {
     attr = true;
   }
   const dim3 grid(unsigned(dp.splits), unsigned(dp.n_kv_heads * dp.ht_tiles), unsigned(rows));
-  launch_pdl("dense_split_kernel", dense_split_kernel<D, HT>, grid, dim3(32 * kDenseWarps), smem, st, dp);
+  launch_kernel("dense_split_kernel", pdl, dense_split_kernel<D, HT>, grid, dim3(32 * kDenseWarps), smem, st, dp);
 }
 
 template <int D>
-void launch_dense_d(DenseParams dp, int rows, int HT, cudaStream_t st) {
+void launch_dense_d(DenseParams dp, int rows, int HT, cudaStream_t st, bool pdl) {
   dp.ht_tiles = (dp.group + HT - 1) / HT;
   switch (HT) {
-    case 1: return launch_dense<D, 1>(dp, rows, st);
-    case 2: return launch_dense<D, 2>(dp, rows, st);
-    case 4: return launch_dense<D, 4>(dp, rows, st);
-    default: return launch_dense<D, 8>(dp, rows, st);
+    case 1: return launch_dense<D, 1>(dp, rows, st, pdl);
+    case 2: return launch_dense<D, 2>(dp, rows, st, pdl);
+    case 4: return launch_dense<D, 4>(dp, rows, st, pdl);
+    default: return launch_dense<D, 8>(dp, rows, st, pdl);
   }
 }
 
@@ -467,9 +467,17 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   dp.splits = p.dense_splits;
   dp.part = dense_part;
   const int HT = ht_for(std::min(p.group, 8));
-  if (p.head_dim == 64) launch_dense_d<64>(dp, p.rows, HT, st);
-  else if (p.head_dim == 128) launch_dense_d<128>(dp, p.rows, HT, st);
-  else launch_dense_d<256>(dp, p.rows, HT, st);
+  // On its own stream (a graph branch beside the coded kernel) the dense kernel follows an event
+  // wait, not a kernel: plain launch there.
+  const bool side = p.rule.coded && p.dense_stream && p.dense_join;
+  cudaStream_t dst = side ? as_stream(p.dense_stream) : st;
+  if (p.head_dim == 64) launch_dense_d<64>(dp, p.rows, HT, dst, !side);
+  else if (p.head_dim == 128) launch_dense_d<128>(dp, p.rows, HT, dst, !side);
+  else launch_dense_d<256>(dp, p.rows, HT, dst, !side);
+  if (side) {
+    VQ_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(p.dense_join), dst));
+    VQ_CUDA_CHECK(cudaStreamWaitEvent(st, static_cast<cudaEvent_t>(p.dense_join), 0));
+  }
 
   MergeParams mp{};
   mp.n_kv_heads = p.n_kv_heads;

@@ -111,6 +111,13 @@ struct PagedAttnParams {
   int64_t out_stride = 0;     // elements; 0: packed
   void* workspace = nullptr;  // paged_attention_workspace_bytes(params)
   size_t workspace_bytes = 0;
+  // Coded layers: a second stream for the dense split kernel, so that it runs beside the query
+  // transform and the coded split kernel (a graph branch). The caller records an event on the
+  // main stream before the query transform and makes dense_stream wait for it; dense_join (a
+  // cuda::Event handle) is recorded on dense_stream after the dense kernel and waited for by
+  // the main stream before the merge. Null: everything on the main stream.
+  void* dense_stream = nullptr;
+  void* dense_join = nullptr;
 };
 
 // Fills coded_splits / dense_splits for `rows` rows from the device's SM count (about two

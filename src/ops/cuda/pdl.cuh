@@ -32,9 +32,11 @@ __device__ __forceinline__ void pdl_trigger() {
 // Whether launch_pdl sets the attribute (VQ_PDL unset or not "0"; read once).
 bool pdl_enabled();
 
+// Launches `kernel` with the PDL attribute when `pdl` (and pdl_enabled()), else in plain stream
+// order; throws naming `name` when the launch fails.
 template <typename... KArgs, typename... Args>
-void launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                Args&&... args) {
+void launch_kernel(const char* name, bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t st, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -44,9 +46,15 @@ void launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 bloc
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl && pdl_enabled() ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) VQ_FAIL("CUDA: kernel {} failed to launch: {}", name, cudaGetErrorString(e));
+}
+
+template <typename... KArgs, typename... Args>
+void launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                Args&&... args) {
+  launch_kernel(name, true, kernel, grid, block, smem, st, std::forward<Args>(args)...);
 }
 
 }  // namespace vq::cuda

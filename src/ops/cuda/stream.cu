@@ -112,6 +112,22 @@ void Graph::launch(void* stream) const {
   VQ_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), as_stream(stream)));
 }
 
+Event::Event() {
+  VQ_CHECK(cuda_device_available(), "CUDA event: {}", cuda_unavailable_reason());
+  cudaEvent_t e = nullptr;
+  VQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  e_ = e;
+}
+
+Event::~Event() {
+  if (e_) cudaEventDestroy(static_cast<cudaEvent_t>(e_));
+}
+
+void Event::record(void* stream) { VQ_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e_), as_stream(stream))); }
+void Event::wait(void* stream) const {
+  VQ_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), static_cast<cudaEvent_t>(e_), 0));
+}
+
 EventTimer::EventTimer() {
   cudaEvent_t a = nullptr, b = nullptr;
   VQ_CUDA_CHECK(cudaEventCreate(&a));

@@ -70,6 +70,23 @@ class Graph {
   void* exec_ = nullptr;  // cudaGraphExec_t
 };
 
+// An ordering point between streams (timing off): record() on one stream, wait() makes another
+// stream's later work wait for what preceded the record. Both are capturable (a fork and a join
+// of a graph's branches).
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(void* stream);
+  void wait(void* stream) const;
+  void* handle() const { return e_; }
+
+ private:
+  void* e_ = nullptr;
+};
+
 // Device time between two points of a stream.
 class EventTimer {
  public:
