@@ -4,6 +4,8 @@
 // merge) of B rows at position S - 1, timed with CUDA events (median of 30 after 5 warm-ups).
 // GB/s counts the KV bytes a step must read (codes + fp16 window and sinks, or fp16 K/V).
 //   bench_paged_attention [llama|falcon|all] [caches...] [--B N --S N]  (one shape: for ncu)
+//   ... --prefill Q: instead, B=1 and a chunk of Q query rows at positions S..S+Q-1 (appended
+//   first, as the forward does), i.e. the tensor-core prefill kernel over S past tokens + the chunk.
 // Peers: bench/cuda/torch_peers.py attn10 (torch SDPA fp16 and dequantize-then-SDPA, same shapes).
 #include <algorithm>
 #include <cstdio>
@@ -31,7 +33,7 @@ struct Geo {
   int HQ, H, D;
 };
 
-void run(const Geo& g, const std::string& kv, int B, int S) {
+void run(const Geo& g, const std::string& kv, int B, int S, int Q) {
   KVCacheConfig cfg = parse_kv_cache_spec(kv);
   KVSpec spec{cfg, nullptr};
   if (cfg.method == KVMethod::vecinfer)
@@ -44,10 +46,11 @@ void run(const Geo& g, const std::string& kv, int B, int S) {
   cuda::DeviceBuffer kb(size_t(chunk) * kvd * 4), vb(size_t(chunk) * kvd * 4);
   std::vector<SeqKV> seqs;
   uint64_t seed = 1;
+  const int total = S + Q;  // Q > 0: the prefill chunk's own keys are appended before its attention
   for (int b = 0; b < B; ++b) {
     seqs.push_back(store.new_sequence());
-    for (int t = 0; t < S; t += chunk) {
-      const int n = std::min(chunk, S - t);
+    for (int t = 0; t < total; t += chunk) {
+      const int n = std::min(chunk, total - t);
       for (cuda::DeviceBuffer* x : {&kb, &vb}) {
         cuda::RandomFillParams r;
         r.type = cuda::ElemType::f32, r.out = x->data(), r.n = n * kvd, r.seed = ++seed;
@@ -60,10 +63,13 @@ void run(const Geo& g, const std::string& kv, int B, int S) {
   for (auto& s : seqs) kv_bytes += store.token_bytes(s);
   KVStoreDevice& dev = store.device();
   dev.begin_step();
-  for (auto& s : seqs) dev.add_rows(s, S - 1, 1);
+  for (auto& s : seqs) {
+    if (Q > 0) dev.add_rows(s, S, Q);
+    else dev.add_rows(s, S - 1, 1);
+  }
   dev.finish_step();
   dev.launch_fixup();
-  const size_t qn = size_t(B) * g.HQ * g.D;
+  const size_t qn = size_t(B) * std::max(Q, 1) * g.HQ * g.D;
   cuda::DeviceBuffer q(qn * 4), out(qn * 4);
   cuda::RandomFillParams r;
   r.type = cuda::ElemType::f32, r.out = q.data(), r.n = int64_t(qn), r.seed = 99;
@@ -85,8 +91,15 @@ void run(const Geo& g, const std::string& kv, int B, int S) {
   }
   std::sort(ms.begin(), ms.end());
   const double m = ms[ms.size() / 2];
-  std::printf("paged_attn geo=%s kv=%s B=%d S=%d ms=%.4f kv_GB=%.3f GBps=%.0f\n", g.name, cfg.name().c_str(), B, S, m,
-              double(kv_bytes) / 1e9, double(kv_bytes) / (m * 1e-3) / 1e9);
+  if (Q > 0) {
+    // causal FLOPs of the chunk: QK^T and PV over S + (i+1) keys for query i, every query head
+    const double flops = 4.0 * g.HQ * g.D * (double(Q) * S + double(Q) * (Q + 1) / 2);
+    std::printf("paged_prefill geo=%s kv=%s Q=%d S=%d ms=%.4f TFLOPs=%.1f kv_GB=%.3f\n", g.name, cfg.name().c_str(), Q, S,
+                m, flops / (m * 1e-3) / 1e12, double(kv_bytes) / 1e9);
+  } else {
+    std::printf("paged_attn geo=%s kv=%s B=%d S=%d ms=%.4f kv_GB=%.3f GBps=%.0f\n", g.name, cfg.name().c_str(), B, S, m,
+                double(kv_bytes) / 1e9, double(kv_bytes) / (m * 1e-3) / 1e9);
+  }
   std::fflush(stdout);
 }
 
@@ -99,11 +112,12 @@ int main(int argc, char** argv) {
   }
   const std::string which = argc > 1 ? argv[1] : "all";
   std::vector<std::string> caches;
-  int only_b = 0, only_s = 0;
+  int only_b = 0, only_s = 0, prefill = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--B" && i + 1 < argc) only_b = std::atoi(argv[++i]);
     else if (a == "--S" && i + 1 < argc) only_s = std::atoi(argv[++i]);
+    else if (a == "--prefill" && i + 1 < argc) prefill = std::atoi(argv[++i]);
     else caches.push_back(a);
   }
   if (caches.empty()) caches = {"fp16", "vecinfer:d4b8,gran=shared", "vecinfer:d4b8"};
@@ -115,6 +129,7 @@ int main(int argc, char** argv) {
       for (int B : {1, 8, 32})
         for (int S : {4096, 32768, 131072}) {
           if ((only_b && B != only_b) || (only_s && S != only_s)) continue;
+          if (prefill > 0 && B != 1) continue;
           const double fp16_gb = 4.0 * B * double(S) * g.H * g.D / 1e9;
           if (kv == "fp16" && fp16_gb > 40) {
             std::printf("paged_attn geo=%s kv=%s B=%d S=%d skipped (%.0f GB of fp16 K/V)\n", g.name, kv.c_str(), B, S,
@@ -122,7 +137,7 @@ int main(int argc, char** argv) {
             continue;
           }
           try {
-            run(g, kv, B, S);
+            run(g, kv, B, S, prefill);
           } catch (const std::exception& e) {
             std::printf("paged_attn geo=%s kv=%s B=%d S=%d error: %s\n", g.name, kv.c_str(), B, S, e.what());
           }

@@ -5,6 +5,9 @@
 #   stages: tests    the GPU tests of test_ops, test_kvcache, test_model
 #           sanitize memcheck and racecheck on the batched device forward test
 #           pdl      end-to-end rows and attention alone with VQ_PDL=0 and 1 (same binaries)
+#           table    issue 9's end-to-end table (Llama-3.1-8B fp16 / d4b8 with prefill, Falcon3-7B)
+#           table2   d8b8 rows and the HF transformers peer (static cache, compiled)
+#           attn     issue 10's attention table + prefill chunk alone + the torch peers
 #           fork     end-to-end rows and attention alone with VQ_ATTN_FORK=0 and 1
 #           gemv     bench_gemv_f16: the fp16 GEMV variants alone and as the 32-layer chain
 #           profile  ncu (one metric: gpu__time_duration) over one graph-replayed decode step
@@ -93,6 +96,35 @@ if has fork; then  # the dense split kernel on its own graph branch (default) or
       echo "VQ_ATTN_FORK=$fork attention B=1 S=$S: $(grep paged_attn $L/fork${fork}_attn_$S.log | head -1)"
     done
   done
+fi
+if has table; then  # issue 9's table: Llama-3.1-8B geometry (fp16, d4b8), then Falcon3-7B
+  for kv in fp16 vecinfer:d4b8; do
+    timeout 240 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8,32 --ctx 4096,32768,131072 \
+      --kv-cache $kv --prefill 4096,32768 --steps 16 --json $L/table_${kv##*:}.json > $L/table_${kv##*:}.log 2>&1
+    echo "table $kv exit $?"; grep -E '^\| (fp16|vec)' $L/table_${kv##*:}.log
+  done
+  timeout 150 $BIN/veloxquant bench e2e --device cuda --geometry falcon3-7b --batch 1,8 --ctx 32768 --kv-cache fp16 \
+    --kv-cache vecinfer:d4b8,gran=shared --kv-cache vecinfer:d4b8 --steps 16 > $L/table_falcon.log 2>&1
+  echo "falcon exit $?"; grep -E '^\| (fp16|vec)' $L/table_falcon.log
+fi
+if has table2; then  # d8b8 rows, then the HF transformers peer (static cache, compiled) in the same call
+  timeout 150 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 --ctx 32768,131072 \
+    --kv-cache vecinfer:d8b8 --steps 16 > $L/table_d8b8.log 2>&1
+  echo "table d8b8 exit $?"; grep -E '^\| (fp16|vec)' $L/table_d8b8.log
+  PYTHONUNBUFFERED=1 HF_MODES=${HF_MODES:-static} timeout 240 python3 $HERE/hf_peer.py 4096 32768 > $L/hf_peer.log 2>&1
+  echo "hf peer exit $?"; grep -E "hf_peer|Error|error" $L/hf_peer.log | tail -8
+fi
+if has attn; then  # issue 10's table with the torch peers in the same call, and the prefill chunk alone
+  for g in llama falcon; do
+    timeout 120 $BIN/bench_paged_attention $g fp16 vecinfer:d4b8,gran=shared vecinfer:d4b8 > $L/attn_$g.log 2>&1
+    echo "attention $g exit $?"; grep -E '^paged_attn' $L/attn_$g.log
+  done
+  for kv in fp16 vecinfer:d4b8,gran=shared vecinfer:d4b8; do
+    timeout 60 $BIN/bench_paged_attention llama $kv --S 32768 --prefill 512 > $L/prefill_${kv##*:}.log 2>&1
+    echo "prefill $kv exit $?: $(grep -E '^paged_prefill|error' $L/prefill_${kv##*:}.log)"
+  done
+  VQ_PEER_GEO= timeout 200 python3 $HERE/torch_peers.py attn10 > $L/torch_attn10.log 2>&1; echo "torch exit $?"
+  grep -E 'torch_attn10|torch_prefill' $L/torch_attn10.log
 fi
 if has stash; then mkdir -p /root/vqmodel && cp "${M1:-.gpubin-m1}"/part.* /root/vqmodel/ && ls -la /root/vqmodel; fi
 if has real; then
