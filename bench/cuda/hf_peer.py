@@ -14,10 +14,13 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
+THETA = 500000.0  # Llama-3.1's RoPE base (newer transformers keep it in rope_parameters, not rope_theta)
+
+
 def build():
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
-                      rope_theta=500000.0, tie_word_embeddings=False)
+                      rope_theta=THETA, tie_word_embeddings=False)
     with torch.device("meta"):
         m = LlamaForCausalLM(cfg)
     m = m.to_empty(device="cuda").to(torch.bfloat16)
@@ -28,7 +31,7 @@ def build():
         for n, b in m.named_buffers():
             if "inv_freq" in n:  # recompute the rotary frequencies that to_empty left uninitialised
                 d = cfg.hidden_size // cfg.num_attention_heads
-                b.copy_(1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, device="cuda").float() / d)))
+                b.copy_(1.0 / (THETA ** (torch.arange(0, d, 2, device="cuda").float() / d)))
     m.eval()
     return m
 
