@@ -2,7 +2,7 @@
 # Where a decode step's time goes, and the real model on the device against the CPU (issue 9).
 # Binaries built here, xz-packed in $P (as run_final.sh); the model in two parts over two calls.
 #   bash bench/cuda/run_decode_profile.sh [stages]
-#   stages: tests    the GPU tests of test_ops, test_kvcache, test_model
+#   stages: tests    the GPU tests of test_ops, test_kvcache, test_model (and test_engine's)
 #           sanitize memcheck and racecheck on the batched device forward test
 #           pdl      end-to-end rows and attention alone with VQ_PDL=0 and 1 (same binaries)
 #           table    issue 9's end-to-end table (Llama-3.1-8B fp16 / d4b8 with prefill, Falcon3-7B)
@@ -56,6 +56,9 @@ if has tests; then
   timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
   timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*:GpuSwitch.*' --gtest_brief=1 > $L/test_kvcache.log 2>&1; summary test_kvcache $? $L/test_kvcache.log
   timeout 200 $BIN/test_model --gtest_filter='*Device*' --gtest_brief=1 > $L/test_model.log 2>&1; summary test_model $? $L/test_model.log
+  if [ -x $BIN/test_engine ]; then
+    timeout 100 $BIN/test_engine --gtest_filter='*OnTheDevice*' --gtest_brief=1 > $L/test_engine.log 2>&1; summary test_engine $? $L/test_engine.log
+  fi
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do

@@ -8,6 +8,7 @@
 
 #include "engine/engine.h"
 #include "engine_fixture.h"
+#include "gpu_test.h"
 
 using namespace vq;
 using vq::engine_test::Tiny;
@@ -179,4 +180,24 @@ TEST(Engine, CancelFreesBlocksAndBadRequestsAreRefused) {
   Request toolong;
   toolong.prompt = random_tokens(300, V, 4);  // the tiny model's context is 256
   EXPECT_THROW(eng.submit(toolong), Error);
+}
+
+// The prefix cache is checked on a KV pool on the cpu only: a device engine with it is refused
+// with one line, before anything runs.
+TEST(Engine, PrefixCacheOnTheDeviceIsRefusedWithOneLine) {
+  VQ_SKIP_WITHOUT_GPU();
+  Tiny& t = Tiny::get();
+  EngineOptions eo;
+  eo.prefix_cache = true;
+  eo.device = KVDevice::cuda;
+  eo.kv_budget_bytes = size_t(64) << 20;
+  try {
+    Engine e(*t.model, t.spec("fp16"), eo);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("prefix cache"), std::string::npos) << m;
+    EXPECT_NE(m.find("cpu"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
 }

@@ -8,12 +8,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "codec/calibration_file.h"
+#include "core/error.h"
+#include "kvcache/kv_identity.h"
+#include "kvcache/seq_file.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
 #include "model/forward_device.h"
@@ -233,6 +238,44 @@ TEST(ForwardDevice, PoolBudgetExhaustionThrowsBeforeChangingTheSequence) {
   const int64_t before = s.pos();
   EXPECT_THROW(s.forward(prompt.data(), 64, l.data()), KVPoolExhausted);
   EXPECT_EQ(s.pos(), before);
+}
+
+// What the device does not run is refused with one line naming it and the way out, before
+// anything changes: session files from a device pool (no file is left behind) and an
+// architecture the device forward does not implement (the prefix cache: tests/engine).
+TEST(ForwardDevice, RefusesWhatItDoesNotRunWithOneClearLine) {
+  VQ_SKIP_WITHOUT_GPU();
+  auto expect_error = [](const auto& f, std::initializer_list<const char*> words) {
+    try {
+      f();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      for (const char* w : words) EXPECT_NE(m.find(w), std::string::npos) << "'" << w << "' not in: " << m;
+    }
+  };
+  auto model = tiny(kGeos[0], "fwd_dev_refuse");
+  const KVSpec spec = spec_of(*model, "fp16");
+  KVStoreOptions o;
+  o.device = KVDevice::cuda;
+  KVStore store(KVGeometry{model->config().n_heads, model->config().n_kv_heads, model->config().head_dim},
+                model->config().n_layers, spec, o);
+  SeqKV seq = store.new_sequence();
+  const std::string path = tiny_path("fwd_dev_refuse_session") + ".vqkv";
+  std::filesystem::remove(path);
+  expect_error([&] { save_sequence(path, store, seq, {1, 2, 3}, KVIdentity{}); }, {"session files", "cpu"});
+  EXPECT_FALSE(std::filesystem::exists(path));
+  expect_error([&] { (void)load_sequence(path, store, KVIdentity{}); }, {"session files", "cpu"});
+  EXPECT_EQ(store.pool().used_bytes(), 0u);
+
+
+  TinySpec g;
+  g.arch = "gemma3", g.n_layers = 2, g.n_kv_heads = 1, g.head_dim = 64, g.write_key_length = true;
+  g.wtype = GGMLType::F32;
+  auto gemma = Model::load(write_tiny_model(g, tiny_path("fwd_dev_refuse_gemma3")));
+  const KVSpec gspec = spec_of(*gemma, "fp16");
+  expect_error([&] { Session s(*gemma, gspec, 64, 16, size_t(64) << 20, KVDevice::cuda); }, {"gemma3", "--device cpu"});
 }
 
 }  // namespace
