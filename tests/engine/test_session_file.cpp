@@ -119,22 +119,24 @@ TEST(SessionFile, RefusesOtherModelSpecCalibrationTruncatedOrCorruptedFiles) {
   c.calibration ^= 1;
   EXPECT_NE(load_error(path, kv, c).find("another calibration"), std::string::npos);
 
-  write_all(path, std::vector<uint8_t>(good.begin(), good.end() - 100));
-  EXPECT_NE(load_error(path, kv, id).find("truncated"), std::string::npos) << load_error(path, kv, id);
-  auto bad = good;
-  bad[bad.size() / 2] ^= 0x10;
-  write_all(path, bad);
-  EXPECT_NE(load_error(path, kv, id).find("corrupted (checksum mismatch)"), std::string::npos);
-  bad = good;
-  bad.push_back(0);
-  write_all(path, bad);
-  EXPECT_NE(load_error(path, kv, id).find("trailing"), std::string::npos);
-  bad = good;
-  bad[8] = 9;  // version
-  write_all(path, bad);
-  EXPECT_NE(load_error(path, kv, id).find("version 9 is not supported"), std::string::npos);
-  write_all(path, {'n', 'o', 'p', 'e'});
-  EXPECT_NE(load_error(path, kv, id).find("not a session file"), std::string::npos);
+  // The file's bytes changed one way each: the message names what is wrong.
+  auto error_for = [&](const std::vector<uint8_t>& bytes) {
+    write_all(path, bytes);
+    return load_error(path, kv, id);
+  };
+  auto changed = [&](auto&& edit) {
+    std::vector<uint8_t> b = good;
+    edit(b);
+    return b;
+  };
+  const std::string truncated = error_for(std::vector<uint8_t>(good.begin(), good.end() - 100));
+  EXPECT_NE(truncated.find("truncated"), std::string::npos) << truncated;
+  EXPECT_NE(error_for(changed([](auto& b) { b[b.size() / 2] ^= 0x10; })).find("corrupted (checksum mismatch)"),
+            std::string::npos);
+  EXPECT_NE(error_for(changed([](auto& b) { b.push_back(0); })).find("trailing"), std::string::npos);
+  EXPECT_NE(error_for(changed([](auto& b) { b[8] = 9; })).find("version 9 is not supported"),  // version field
+            std::string::npos);
+  EXPECT_NE(error_for({'n', 'o', 'p', 'e'}).find("not a session file"), std::string::npos);
   EXPECT_NE(load_error(path + ".absent", kv, id).find("cannot open"), std::string::npos);
   EXPECT_EQ(kv.pool().used_bytes(), 0u) << "a refused file takes no blocks";
   std::remove(path.c_str());
