@@ -2,7 +2,7 @@
 # Release check of main on the H200 (one device call): the GPU tests of every test binary and the
 # end-to-end decode rows of the merged tree. Binaries built on the project machine (nvcc, sm_90 +
 # PTX), xz-packed in $P (an ignored folder the device tool carries): $P/{test_ops,test_kvcache,
-# test_model,veloxquant}.xz and $P/lib/{libfmt.so.9,libhwy.so.1,libxxhash.so.0,libcudart.so.13}.
+# test_model,test_engine,veloxquant}.xz and $P/lib/{libfmt.so.9,libhwy.so.1,libxxhash.so.0,libcudart.so.13}.
 #   bash bench/cuda/run_final.sh [stages]   stages: tests, sanitize, e2e
 set -uo pipefail
 P=${VQ_PREBUILT:-.gpubin-final}
@@ -14,6 +14,9 @@ if has tests; then
   timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
   timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*:GpuSwitch.*' --gtest_brief=1 > $L/test_kvcache.log 2>&1; summary test_kvcache $? $L/test_kvcache.log
   timeout 200 $BIN/test_model --gtest_filter='*Device*' --gtest_brief=1 > $L/test_model.log 2>&1; summary test_model $? $L/test_model.log
+  if [ -x $BIN/test_engine ]; then
+    timeout 100 $BIN/test_engine --gtest_filter='*OnTheDevice*' --gtest_brief=1 > $L/test_engine.log 2>&1; summary test_engine $? $L/test_engine.log
+  fi
 fi
 if has sanitize; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_model --gtest_filter='ForwardDevice.BatchedStepsEqualSingleSteps' --gtest_brief=1 > $L/memcheck_model.log 2>&1
