@@ -11,12 +11,7 @@ mkdir -p "$L"
 stages=${1:-tests,e2e}
 . "$(dirname "$0")/device_prelude.sh"
 if has tests; then
-  timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
-  timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*:GpuSwitch.*' --gtest_brief=1 > $L/test_kvcache.log 2>&1; summary test_kvcache $? $L/test_kvcache.log
-  timeout 200 $BIN/test_model --gtest_filter='*Device*' --gtest_brief=1 > $L/test_model.log 2>&1; summary test_model $? $L/test_model.log
-  if [ -x $BIN/test_engine ]; then
-    timeout 100 $BIN/test_engine --gtest_filter='*OnTheDevice*' --gtest_brief=1 > $L/test_engine.log 2>&1; summary test_engine $? $L/test_engine.log
-  fi
+  gpu_tests
 fi
 if has sanitize; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_model --gtest_filter='ForwardDevice.BatchedStepsEqualSingleSteps' --gtest_brief=1 > $L/memcheck_model.log 2>&1
