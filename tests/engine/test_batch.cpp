@@ -252,8 +252,9 @@ TEST(Pool, NeverExceedsItsBudgetAndRunningOutChangesNothing) {
     // resident memory follows the pool (allocator slack and the step's scratch aside); not under
     // AddressSanitizer, whose quarantine of freed memory and shadow pages grow the resident set
     // by tens of MiB whatever the program holds (the pool accounting above is checked there too)
-    if (!kUnderAddressSanitizer)
+    if (!kUnderAddressSanitizer) {
       EXPECT_LT(rss_bytes() - rss0, int64_t(budget) + (int64_t(6) << 20)) << method;
+    }
     // the other sequences go on as if nothing happened: the first one's next token matches a
     // fresh run of the same tokens
     std::vector<float> l1(static_cast<size_t>(V));
