@@ -36,7 +36,7 @@ KVPool::~KVPool() {
 }
 
 // Device slabs: blocks are 256-byte aligned inside a slab (cudaMalloc gives 256).
-static size_t dev_block_stride(size_t block_bytes) { return (block_bytes + 255) / 256 * 256; }
+[[maybe_unused]] static size_t dev_block_stride(size_t block_bytes) { return (block_bytes + 255) / 256 * 256; }
 
 void KVPool::grow(Arena& a, size_t min_blocks) {
 #ifdef VQ_HAVE_CUDA

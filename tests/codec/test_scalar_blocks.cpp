@@ -130,8 +130,9 @@ TEST(ScalarBlocks, ZeroAndConstantBlocks) {
     const Block y = decode(f, c);
     // Exact where the scale is (0.75/8, 0.75/16, or 0 with m = -0.75); q8_0's 0.75/127 is not.
     for (float v : y) EXPECT_NEAR(v, -0.75f, 0.75f / 2048) << f.name;
-    if (f.bytes != 34)
+    if (f.bytes != 34) {
       for (float v : y) EXPECT_EQ(v, -0.75f) << f.name;
+    }
   }
 }
 
