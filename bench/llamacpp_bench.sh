@@ -8,7 +8,7 @@
 #                           [--write-doc docs/BENCHMARKS.md] [--note TEXT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=build/llamacpp-venv
+venv=${VQ_LLAMACPP_VENV:-build/llamacpp-venv}
 llama_cpp_version=0.3.16
 model=""
 bin=build/runtime/tools/veloxquant/veloxquant

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Serving benchmark: veloxquant serve vs llama-cpp-python's server (llama.cpp) on the default
-# model, same machine, same run (bench/server_bench.py says what is measured). Installs
-# llama-cpp-python[server] into build/llamacpp-server-venv once (builds llama.cpp: 10+ minutes).
+# model, same machine, same run (bench/server_bench.py says what is measured). Uses the llama.cpp
+# build of bench/llamacpp_bench.sh (build/llamacpp-venv; the first run builds llama.cpp: 10+
+# minutes) and adds llama-cpp-python's [server] extras to it.
 #   bench/server_bench.sh [--bin B] [--model M] [--kv SPEC] [--threads T] [--clients C]
 #                         [--requests R] [--max-tokens N] [--budget-mib MiB] [--write-doc FILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=${VQ_LLAMACPP_SERVER_VENV:-build/llamacpp-server-venv}
+venv=${VQ_LLAMACPP_VENV:-build/llamacpp-venv}
 llama_cpp_version=0.3.16
 bin=build/release/tools/veloxquant/veloxquant
 model=""
@@ -22,12 +23,11 @@ while [ $# -gt 0 ]; do
   shift
 done
 if ! "$venv/bin/python" -c "import llama_cpp.server, sse_starlette" 2>/dev/null; then
-  echo "server_bench: installing llama-cpp-python[server]==$llama_cpp_version into $venv (builds llama.cpp)" >&2
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip
-  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF" \
-  CMAKE_BUILD_PARALLEL_LEVEL=${VQ_JOBS:-2} \
-    "$venv/bin/python" -m pip install -q --no-cache-dir "llama-cpp-python[server]==$llama_cpp_version"
+  # The llama.cpp build of bench/llamacpp_bench.sh (one build for every llama.cpp peer), then the
+  # server's extras beside it (pure Python: pip does not rebuild the installed binding).
+  VQ_LLAMACPP_VENV="$venv" bench/llamacpp_bench.sh --install-only
+  echo "server_bench: adding llama-cpp-python[server]==$llama_cpp_version's extras to $venv" >&2
+  "$venv/bin/python" -m pip install -q "llama-cpp-python[server]==$llama_cpp_version"
 fi
 if [ -z "$model" ]; then
   model=$("$bin" info --default-model-path)

@@ -106,21 +106,38 @@ void run(const Geo& g, const std::string& kv, int B, int S, int Q) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!cuda::cuda_device_available()) {
-    std::printf("no CUDA device: %s\n", cuda::cuda_unavailable_reason().c_str());
-    return 0;
-  }
   const std::string which = argc > 1 ? argv[1] : "all";
   std::vector<std::string> caches;
   int only_b = 0, only_s = 0, prefill = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--B" && i + 1 < argc) only_b = std::atoi(argv[++i]);
-    else if (a == "--S" && i + 1 < argc) only_s = std::atoi(argv[++i]);
-    else if (a == "--prefill" && i + 1 < argc) prefill = std::atoi(argv[++i]);
-    else caches.push_back(a);
+    // --B / --S / --prefill take a positive count; anything else is refused, not read as 0.
+    auto count = [&](const char* flag) {
+      char* end = nullptr;
+      const long v = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : 0;
+      if (i + 1 >= argc || *end != '\0' || v <= 0 || v > (1 << 24)) {
+        std::fprintf(stderr, "bench_paged_attention: %s needs a positive count (got '%s')\n", flag,
+                     i + 1 < argc ? argv[i + 1] : "");
+        std::exit(2);
+      }
+      ++i;
+      return int(v);
+    };
+    if (a == "--B") only_b = count("--B");
+    else if (a == "--S") only_s = count("--S");
+    else if (a == "--prefill") prefill = count("--prefill");
+    else if (a.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "bench_paged_attention: unknown flag %s\n", a.c_str());
+      return 2;
+    } else {
+      caches.push_back(a);
+    }
   }
   if (caches.empty()) caches = {"fp16", "vecinfer:d4b8,gran=shared", "vecinfer:d4b8"};
+  if (!cuda::cuda_device_available()) {
+    std::printf("no CUDA device: %s\n", cuda::cuda_unavailable_reason().c_str());
+    return 0;
+  }
   const Geo geos[] = {{"llama-3.1-8b", 32, 8, 128}, {"falcon3-7b", 12, 4, 256}};
   std::printf("device %s\n", cuda::cuda_device_description().c_str());
   for (const Geo& g : geos) {

@@ -1,18 +1,11 @@
 #include "core/cache_dir.h"
 
-#include <cstdlib>
 #include <filesystem>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace vq {
-
-namespace {
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : std::string();
-}
-}  // namespace
 
 std::string cache_dir() {
   namespace fs = std::filesystem;

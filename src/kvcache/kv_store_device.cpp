@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "codec/calibration_file.h"
+#include "core/env.h"
 #include "core/error.h"
 
 #ifdef VQ_HAVE_CUDA
@@ -89,8 +90,8 @@ namespace {
 // compare it with the automatic choice in one run); unset or anything else: automatic.
 cuda::PQAttnKernel coded_kernel_override() {
   static const cuda::PQAttnKernel k = [] {
-    const char* e = std::getenv("VQ_CODED_ATTN_KERNEL");
-    return e && std::string(e) == "gather_mma" ? cuda::PQAttnKernel::gather_mma : cuda::PQAttnKernel::automatic;
+    return env_or_empty("VQ_CODED_ATTN_KERNEL") == "gather_mma" ? cuda::PQAttnKernel::gather_mma
+                                                                  : cuda::PQAttnKernel::automatic;
   }();
   return k;
 }
@@ -98,10 +99,7 @@ cuda::PQAttnKernel coded_kernel_override() {
 // kernel (for comparisons); else on a second stream beside the query transform and the coded
 // kernel (a graph branch).
 bool attn_fork_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("VQ_ATTN_FORK");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = !env_switched_off("VQ_ATTN_FORK");
   return on;
 }
 }  // namespace
@@ -352,10 +350,7 @@ namespace {
 // (VQ_PREFILL_KERNEL=0: the decode kernels for every row, for comparison).
 constexpr int kPrefillMinRows = 16;
 bool prefill_kernel_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("VQ_PREFILL_KERNEL");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = !env_switched_off("VQ_PREFILL_KERNEL");
   return on;
 }
 }  // namespace

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "kvcache/kv_store_device.h"
 #include "model/device_model.h"
@@ -49,10 +50,7 @@ using cuda::ElemType;
 enum class Path { gemm, gemv_quant, gemv_f16 };
 
 bool gemv_f16_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("VQ_GEMV_F16");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = !env_switched_off("VQ_GEMV_F16");
   return on;
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "core/atomic_file.h"
 #include "core/checksum.h"
+#include "core/env.h"
 #include "common/error_of.h"
 #include "core/error.h"
 #include "core/mmap_file.h"
@@ -105,3 +107,22 @@ TEST(Checksum, DetectsEverySingleBitFlip) {
 
 }  // namespace
 }  // namespace vq
+
+// A default-on switch is off only for exactly "0"; unset, empty or anything else leaves it on.
+TEST(Env, SwitchedOffOnlyByZeroAndEmptyReadsAsUnset) {
+  const char* name = "VQ_TEST_ENV_SWITCH";
+  unsetenv(name);
+  EXPECT_EQ(vq::env_or_empty(name), "");
+  EXPECT_FALSE(vq::env_switched_off(name));
+  setenv(name, "", 1);
+  EXPECT_EQ(vq::env_or_empty(name), "");
+  EXPECT_FALSE(vq::env_switched_off(name));
+  setenv(name, "0", 1);
+  EXPECT_EQ(vq::env_or_empty(name), "0");
+  EXPECT_TRUE(vq::env_switched_off(name));
+  setenv(name, "00", 1);
+  EXPECT_FALSE(vq::env_switched_off(name));
+  setenv(name, "1", 1);
+  EXPECT_FALSE(vq::env_switched_off(name));
+  unsetenv(name);
+}

@@ -61,6 +61,17 @@ std::string load_error(const std::string& path, KVStore& kv, const KVIdentity& i
   return "";
 }
 
+// A session file of n random tokens fed to a fresh session of `spec`; returns its path.
+std::string saved_session(const KVSpec& spec, int n_ctx, int n, uint64_t seed, const std::string& name) {
+  Tiny& t = Tiny::get();
+  Session s(*t.model, spec, n_ctx);
+  const auto toks = random_tokens(n, t.model->config().n_vocab, seed);
+  s.forward(toks.data(), n, nullptr);
+  const std::string path = temp_path(name);
+  save_sequence(path, s.store(), s.sequence(), toks, identity_of(s.store()));
+  return path;
+}
+
 }  // namespace
 
 TEST(SessionFile, RestoredSequenceContinuesExactlyForEveryMethod) {
@@ -94,17 +105,12 @@ TEST(SessionFile, RestoredSequenceContinuesExactlyForEveryMethod) {
 
 TEST(SessionFile, RefusesOtherModelSpecCalibrationTruncatedOrCorruptedFiles) {
   Tiny& t = Tiny::get();
-  const int V = t.model->config().n_vocab;
   const KVSpec spec = t.spec("vecinfer:d4b8,r=32");
-  Session s(*t.model, spec, 200);
-  const auto toks = random_tokens(90, V, 801);
-  s.forward(toks.data(), 90, nullptr);
-  const KVIdentity id = identity_of(s.store());
-  const std::string path = temp_path("refuse");
-  save_sequence(path, s.store(), s.sequence(), toks, id);
+  const std::string path = saved_session(spec, 200, 90, 801, "refuse");
   const std::vector<uint8_t> good = read_all(path);
   Session other(*t.model, spec, 200);
   KVStore& kv = other.store();
+  const KVIdentity id = identity_of(kv);
   ASSERT_EQ(load_error(path, kv, id), "");
   EXPECT_EQ(kv.pool().used_bytes(), 0u) << "the loaded sequence was dropped";
 
@@ -144,13 +150,8 @@ TEST(SessionFile, RefusesOtherModelSpecCalibrationTruncatedOrCorruptedFiles) {
 
 TEST(SessionFile, LoadThatThePoolCannotHoldTakesNothing) {
   Tiny& t = Tiny::get();
-  const int V = t.model->config().n_vocab;
   const KVSpec spec = t.spec("fp16");
-  Session s(*t.model, spec, 300);
-  const auto toks = random_tokens(200, V, 802);
-  s.forward(toks.data(), 200, nullptr);
-  const std::string path = temp_path("budget");
-  save_sequence(path, s.store(), s.sequence(), toks, identity_of(s.store()));
+  const std::string path = saved_session(spec, 300, 200, 802, "budget");
   Session small(*t.model, spec, 300, Session::kDefaultChunk, 100 << 10);  // ~3 of the 7 blocks per layer
   EXPECT_THROW(load_sequence(path, small.store(), identity_of(small.store())), KVPoolExhausted);
   EXPECT_EQ(small.store().pool().used_bytes(), 0u);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/cache_dir.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "model/sha256.h"
 
@@ -24,11 +25,6 @@ extern char** environ;
 namespace vq {
 namespace fs = std::filesystem;
 namespace {
-
-std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : std::string();
-}
 
 // Runs argv (no shell) with stdout and stderr appended to `log`; returns the exit status, or
 // -1 when the program could not be started.

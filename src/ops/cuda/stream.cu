@@ -1,9 +1,8 @@
 // Streams, pinned buffers, graphs, events (stream_cuda.h).
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
 #include "ops/cuda/pdl.cuh"
@@ -12,10 +11,7 @@
 namespace vq::cuda {
 
 bool pdl_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("VQ_PDL");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = !env_switched_off("VQ_PDL");
   return on;
 }
 
