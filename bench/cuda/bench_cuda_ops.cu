@@ -31,7 +31,10 @@ using namespace vq::bench;
 void bench_quant() {
   struct Q { int S, D, H, sub; };
   const Q cases[] = {{128, 128, 8, 8}, {512, 128, 8, 8}, {2048, 128, 8, 8}, {8192, 128, 8, 8}, {1024, 256, 4, 4}, {4096, 256, 4, 4}};
+  // VQ_BENCH_QUANT_S=N: only the cases with S = N (e.g. one shape under the profiler)
+  const char* only_s = std::getenv("VQ_BENCH_QUANT_S");
   for (const Q& q : cases) {
+    if (only_s && std::atoi(only_s) != q.S) continue;
     const int K = 256, n_sub = q.D / q.sub;
     const int64_t rows = int64_t(q.S) * q.H, N = rows * n_sub;
     const size_t xn = size_t(rows) * q.D;

@@ -1,7 +1,10 @@
 // Decode attention over the device KV pool (issue 10's table): one layer of a device KVStore per
 // (geometry, cache, B, S); B sequences filled to S tokens through the real append path (random
 // K/V), then the paged attention launch sequence (query transform + coded split + dense split +
-// merge) of B rows at position S - 1, timed with CUDA events (median of 30 after 5 warm-ups).
+// merge) of B rows at position S - 1, timed with CUDA events (median of 30 after 5 warm-ups):
+// ms = eager launches, one sequence between two events; graph_ms = the sequence captured in a
+// CUDA graph as the decode step runs it, 4 replays between two events (as torch_peers.py times
+// SDPA), per replay.
 // GB/s counts the KV bytes a step must read (codes + fp16 window and sinks, or fp16 K/V).
 //   bench_paged_attention [llama|falcon|all] [caches...] [--B N --S N]  (one shape: for ncu)
 //   ... --prefill Q: instead, B=1 and a chunk of Q query rows at positions S..S+Q-1 (appended
@@ -91,14 +94,35 @@ void run(const Geo& g, const std::string& kv, int B, int S, int Q) {
   }
   std::sort(ms.begin(), ms.end());
   const double m = ms[ms.size() / 2];
+  // The decode step's own path: the sequence captured once in a CUDA graph and replayed, 4 replays
+  // between a pair of events (as the torch peer times 4 SDPA calls), median per replay.
+  double mg = 0;
+  if (Q == 0) {
+    cuda::Graph graph;
+    graph.begin_capture(st);
+    once();
+    graph.end_capture(st);
+    for (int i = 0; i < 5; ++i) graph.launch(st);
+    dev.synchronize();
+    std::vector<float> gs;
+    for (int i = 0; i < 30; ++i) {
+      t.start(st);
+      for (int k = 0; k < 4; ++k) graph.launch(st);
+      t.stop(st);
+      gs.push_back(t.elapsed_ms() / 4);
+    }
+    std::sort(gs.begin(), gs.end());
+    mg = gs[gs.size() / 2];
+  }
   if (Q > 0) {
     // causal FLOPs of the chunk: QK^T and PV over S + (i+1) keys for query i, every query head
     const double flops = 4.0 * g.HQ * g.D * (double(Q) * S + double(Q) * (Q + 1) / 2);
     std::printf("paged_prefill geo=%s kv=%s Q=%d S=%d ms=%.4f TFLOPs=%.1f kv_GB=%.3f\n", g.name, cfg.name().c_str(), Q, S,
                 m, flops / (m * 1e-3) / 1e12, double(kv_bytes) / 1e9);
   } else {
-    std::printf("paged_attn geo=%s kv=%s B=%d S=%d ms=%.4f kv_GB=%.3f GBps=%.0f\n", g.name, cfg.name().c_str(), B, S, m,
-                double(kv_bytes) / 1e9, double(kv_bytes) / (m * 1e-3) / 1e9);
+    std::printf("paged_attn geo=%s kv=%s B=%d S=%d ms=%.4f graph_ms=%.4f kv_GB=%.3f GBps=%.0f graph_GBps=%.0f\n", g.name,
+                cfg.name().c_str(), B, S, m, mg, double(kv_bytes) / 1e9, double(kv_bytes) / (m * 1e-3) / 1e9,
+                double(kv_bytes) / (mg * 1e-3) / 1e9);
   }
   std::fflush(stdout);
 }

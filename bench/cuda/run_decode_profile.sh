@@ -12,6 +12,15 @@
 #           gemv     bench_gemv_f16: the fp16 GEMV variants alone and as the 32-layer chain
 #           profile  ncu (one metric: gpu__time_duration) over one graph-replayed decode step
 #                    (VQ_PROFILE_STEP marks it) per row, summed per kernel, beside the step time
+#           prefill  the prefill chunk alone (512 queries vs 32K, Llama; Falcon D=256) for each
+#                    variant of the prefill kernel (VQ_PREFILL_WARPS=4, 8), the torch peers (each
+#                    SDPA backend), and ncu sections of the d4b8 prefill kernel
+#           quant    bench_cuda_ops quant (the encoders' table) and ncu sections of the tensor-core
+#                    encoder at S=8192, D=128
+#           e2epre   end-to-end prefill rows (Llama-3.1-8B geometry, fp16 and d4b8, 4K and 32K
+#                    prompts) and the HF transformers peer's prefill in the same call
+#           sanpre   memcheck and racecheck on DeviceStore.SmallRunForSanitizers (the prefill kernel's
+#                    dense and coded passes, every decode attention kernel, the block encoder)
 #           stash    copy $M1/part.* (this call's part of the model) to /root/vqmodel
 #           real     join the parts (+ $M2/part.*), then per prompt of real_prompts.txt: greedy
 #                    generation on cpu and cuda with --dump-logits, compared by compare_dumps.py;
@@ -55,13 +64,15 @@ fi
 if has tests; then
   gpu_tests
 fi
-if has sanitize; then
+# sanitize_tests TAG BINARY FILTER: memcheck and racecheck over one gtest filter
+sanitize_tests() {
   for tool in memcheck racecheck; do
-    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $BIN/test_model --gtest_filter='ForwardDevice.BatchedStepsEqualSingleSteps' \
-      --gtest_brief=1 > $L/${tool}_model.log 2>&1
-    echo "$tool forward exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $L/${tool}_model.log | tail -1)"
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $BIN/$2 --gtest_filter="$3" --gtest_brief=1 \
+      > $L/${tool}_$1.log 2>&1
+    echo "$tool $1 exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $L/${tool}_$1.log | tail -1)"
   done
-fi
+}
+if has sanitize; then sanitize_tests model test_model 'ForwardDevice.BatchedStepsEqualSingleSteps'; fi
 if has pdl; then  # the forward chain with and without programmatic dependent launch, same binary
   for pdl in 0 1; do
     VQ_PDL=$pdl timeout 150 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 --ctx 4096,32768 \
@@ -124,6 +135,55 @@ if has attn; then  # issue 10's table with the torch peers in the same call, and
   VQ_PEER_GEO= timeout 200 python3 $HERE/torch_peers.py attn10 > $L/torch_attn10.log 2>&1; echo "torch exit $?"
   grep -E 'torch_attn10|torch_prefill' $L/torch_attn10.log
 fi
+if has prefill; then
+  for v in ${PREFILL_VARIANTS:-4:32 8:32 4:64 8:64}; do
+    w=${v%:*}; keys=${v#*:}
+    if [ "$v" = auto ]; then unset VQ_PREFILL_WARPS VQ_PREFILL_KEYS; else export VQ_PREFILL_WARPS=$w VQ_PREFILL_KEYS=$keys; fi
+    for kv in fp16 vecinfer:d4b8,gran=shared vecinfer:d4b8 vecinfer:d8b8,gran=shared; do
+      timeout 60 $BIN/bench_paged_attention llama $kv --S 32768 --prefill 512 > $L/prefill.log 2>&1
+      echo "W=$w keys=$keys $(grep -E '^paged_prefill|error' $L/prefill.log) exit $?"
+    done
+    for kv in vecinfer:d4b8,gran=shared fp16; do
+      timeout 60 $BIN/bench_paged_attention falcon $kv --S 32768 --prefill 512 > $L/prefill.log 2>&1
+      echo "W=$w keys=$keys $(grep -E '^paged_prefill|error' $L/prefill.log)"
+    done
+    if [ -n "${PREFILL_TESTS:-}" ]; then
+      timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*' --gtest_brief=1 > $L/tk_${w}_${keys}.log 2>&1
+      summary "W=$w keys=$keys test_kvcache" $? $L/tk_${w}_${keys}.log
+      timeout 200 $BIN/test_model --gtest_filter='*Device*' --gtest_brief=1 > $L/tm_${w}_${keys}.log 2>&1
+      summary "W=$w keys=$keys test_model" $? $L/tm_${w}_${keys}.log
+    fi
+    unset VQ_PREFILL_WARPS VQ_PREFILL_KEYS
+  done
+  timeout 120 python3 $HERE/torch_peers.py prefill > $L/torch_prefill.log 2>&1; echo "torch exit $?"
+  grep -E 'torch_prefill' $L/torch_prefill.log
+  for kv in vecinfer:d4b8,gran=shared fp16; do
+    timeout 120 ncu --kernel-name regex:prefill_kernel --launch-count 1 --launch-skip 2 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+      --section LaunchStats --section MemoryWorkloadAnalysis $BIN/bench_paged_attention llama $kv --S 32768 --prefill 512 \
+      > $L/ncu_prefill_${kv##*:}.txt 2>&1; echo "ncu prefill $kv exit $?"
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|Registers Per|Block Limit|Stall|L1/TEX Hit|DRAM Throughput|Warp Cycles Per Issued" \
+      $L/ncu_prefill_${kv##*:}.txt | head -24
+  done
+fi
+if has quant; then
+  timeout 120 $BIN/bench_cuda_ops quant > $L/quant.log 2>&1; echo "quant exit $?"; grep -E "^quant" $L/quant.log | tail -20
+  VQ_BENCH_QUANT_S=8192 timeout 120 ncu --kernel-name regex:encode_mma_kernel --launch-skip 20 --launch-count 1 --section SpeedOfLight \
+    --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats \
+    --section InstructionStats --metrics smsp__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_tensor.avg.pct_of_peak_sustained_active,smsp__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,smsp__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,launch__grid_size \
+    $BIN/bench_cuda_ops quant > $L/ncu_quant.txt 2>&1; echo "ncu quant exit $?"
+  grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Warp Cycles Per Issued|Registers Per|Grid Size|pipe_|stalled|grid_size" $L/ncu_quant.txt | head -30
+fi
+if has e2epre; then
+  for kv in fp16 vecinfer:d4b8; do
+    timeout 200 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1 --ctx 4096 --kv-cache $kv \
+      --prefill 4096,32768 --steps 4 > $L/e2epre_${kv##*:}.log 2>&1; echo "e2e prefill $kv exit $?"
+    grep -iE '^\| (fp16|vec)|prefill' $L/e2epre_${kv##*:}.log | head -8
+  done
+  PYTHONUNBUFFERED=1 HF_MODES=${HF_MODES:-static} timeout 240 python3 $HERE/hf_peer.py 4096 32768 > $L/hf_peer.log 2>&1
+  echo "hf peer exit $?"; grep -E "hf_peer|Error|error" $L/hf_peer.log | tail -8
+fi
+if has sanpre; then sanitize_tests store test_kvcache 'DeviceStore.SmallRunForSanitizers'; fi
 if has stash; then mkdir -p /root/vqmodel && cp "${M1:-.gpubin-m1}"/part.* /root/vqmodel/ && ls -la /root/vqmodel; fi
 if has real; then
   mkdir -p /root/vqmodel; cp "${M2:-.gpubin-m2}"/* /root/vqmodel/ 2>/dev/null

@@ -154,6 +154,7 @@ struct KVStoreDevice::Impl {
   std::vector<cuda::BlockCopy> copies;
   std::vector<cuda::TableUpdate> updates;
   std::vector<cuda::PagedPrefillTile> tiles;  // rows of prefill chunks for the tensor-core kernel
+  int tile_rows = 64;                          // rows per tile (cuda::paged_prefill_tile_rows)
   std::vector<uint8_t> row_skip;              // [rows] 1: a prefill tile computes the row
 
   // descriptor layout (byte offsets into host / dev)
@@ -310,6 +311,7 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
     r.coded = L.format && !L.direct;
     m.rules.push_back(r);
     if (!r.coded) continue;
+    m.tile_rows = cuda::paged_prefill_tile_rows(true);
     const Calibration& cal = *store.spec().calibration;
     const CalibrationLayer& cl = cal.layers[size_t(l + store.calib_offset_)];
     LayerBooks& b = m.books[size_t(l)];
@@ -379,7 +381,7 @@ int KVStoreDevice::add_rows(const SeqKV& s, int64_t pos0, int n) {
   const bool tiled = n >= kPrefillMinRows && m.B == 32 && prefill_kernel_enabled();
   m.row_skip.resize(m.row_pos.size(), tiled ? 1 : 0);
   if (tiled) {
-    const int P = cuda::paged_prefill_positions_per_tile(m.HQ / m.H);
+    const int P = cuda::paged_prefill_positions_per_tile(m.HQ / m.H, m.tile_rows);
     for (int i0 = 0; i0 < n; i0 += P) m.tiles.push_back({int32_t(first + i0), int32_t(std::min(P, n - i0))});
   }
   return first;
@@ -527,6 +529,7 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
   if (!m.tiles.empty()) {
     p.tiles = m.dptr<cuda::PagedPrefillTile>(m.o_tiles);
     p.n_tiles = int(m.tiles.size());
+    p.tile_rows = m.tile_rows;
     p.row_skip = m.dptr<uint8_t>(m.o_skip);
   }
   p.out_type = out_type;

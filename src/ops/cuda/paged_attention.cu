@@ -430,6 +430,8 @@ void check_paged_attention(const PagedAttnParams& p) {
   }
   VQ_CHECK(p.n_tiles >= 0 && (p.n_tiles == 0 || (p.tiles && p.row_skip && p.rule.block_tokens == 32)),
            "cuda::paged_attention: {} prefill tiles need tiles, row_skip and blocks of 32 tokens", p.n_tiles);
+  VQ_CHECK(p.n_tiles == 0 || p.tile_rows == 64 || p.tile_rows == 128,
+           "cuda::paged_attention: prefill tiles of {} rows (64 or 128: paged_prefill_tile_rows)", p.tile_rows);
   const size_t need = paged_attention_workspace_bytes(p);
   VQ_CHECK(p.workspace_bytes >= need && (need == 0 || p.workspace),
            "cuda::paged_attention: workspace of {} bytes is smaller than the {} needed", p.workspace_bytes, need);
@@ -501,6 +503,7 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   if (p.n_tiles > 0) detail::launch_prefill(p, st);
 }
 
-int paged_prefill_positions_per_tile(int group) { return detail::prefill_positions_per_tile(group); }
+int paged_prefill_tile_rows(bool coded) { return detail::prefill_tile_rows(coded); }
+int paged_prefill_positions_per_tile(int group, int tile_rows) { return tile_rows / group; }
 
 }  // namespace vq::cuda

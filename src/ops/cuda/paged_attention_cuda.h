@@ -67,12 +67,15 @@ VQ_HD PagedRanges paged_ranges(const PagedRule& r, int64_t t) {
 
 // Prefill: a tile of consecutive query rows (positions) of one sequence, computed by the
 // tensor-core prefill kernel (each key block read once per tile); at most
-// paged_prefill_positions_per_tile(group) rows, block_tokens 32.
+// paged_prefill_positions_per_tile(group, tile_rows) rows, block_tokens 32. A tile holds
+// tile_rows = paged_prefill_tile_rows(coded) (position, query head) rows: 128 when some layer of
+// the store is coded (its decode of code tiles is shared by more rows), else 64.
 struct PagedPrefillTile {
   int32_t row0 = 0;   // first row (rows row0 .. row0 + n_pos - 1: positions p, p+1, ...)
   int32_t n_pos = 0;
 };
-int paged_prefill_positions_per_tile(int group);
+int paged_prefill_tile_rows(bool coded);
+int paged_prefill_positions_per_tile(int group, int tile_rows);
 
 struct PagedAttnParams {
   int rows = 0;               // query rows (decode: one per sequence; prefill: one per position)
@@ -105,6 +108,7 @@ struct PagedAttnParams {
   // prefill kernel and skipped by the decode kernels (row_skip[r] = 1).
   const PagedPrefillTile* tiles = nullptr;
   int n_tiles = 0;
+  int tile_rows = 0;          // paged_prefill_tile_rows: the tiles were cut for this many rows
   const uint8_t* row_skip = nullptr;  // [rows] or null
   ElemType out_type = ElemType::f32;  // f32 or f16 (the input of the output projection)
   void* out = nullptr;        // row r at out + r*out_stride: [n_kv_heads*group][head_dim]

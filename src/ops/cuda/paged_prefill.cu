@@ -1,20 +1,32 @@
 // Prefill attention over the KV pool's blocks on tensor cores (paged_attention_cuda.h, tiles):
-// a block of 8 warps takes one tile of consecutive query positions of one sequence and one KV
-// head: its 128 rows are (position, query head of the group) pairs, 16 per warp. It walks the
-// sequence's key blocks once (32 tokens each), so each block's K/V is read once per tile, not
-// once per query row as in the decode kernels:
-//   dense block: fp16 K (channel-major [D][32]) and V ([32][D]) copied to shared memory;
-//   coded block: the VecInfer codes decoded into the same shared-memory tiles (centroids from the
-//                fp16 books); keys there are in the transformed space, so those blocks are scored
-//                with the transformed queries q~ (both query tiles live in shared memory).
-// S = Q K^T and O += P V with mma.m16n8k16 (fp16 in, fp32 accumulate): A fragments of Q by
-// ldmatrix, B fragments of K and V by ldmatrix.trans, P reused from the S accumulators as A.
-// Online softmax in base 2 per row. Which form of a block a row reads follows the window rule
-// per row (paged_ranges): a block a row reads as codes is masked in its dense pass and vice versa.
+// a block of W warps takes one tile of consecutive query positions of one sequence and one KV
+// head: its 16*W rows are (position, query head of the group) pairs, 16 per warp (W = 8 when the
+// store has coded layers, so that each decoded code tile serves 128 rows; else 4, two blocks per
+// SM; VQ_PREFILL_WARPS=4|8 forces one). It walks the sequence's key blocks once as a list of
+// passes (NB = 2 pool blocks of 32 tokens, one form), so each block's K/V is read once per tile,
+// not once per query row as in the decode kernels:
+//   dense pass: fp16 K (channel-major [D][32]) and V ([32][D]) copied by cp.async into padded
+//               shared-memory tiles;
+//   coded pass: the blocks' code rows (K then V) copied by cp.async, then decoded in shared
+//               memory into a token-major K tile [64][D] and the V tile (centroids from the fp16
+//               books, staged in shared memory when they are small); keys there are in the
+//               transformed space, so those passes are scored with the transformed queries q~
+//               (both query tiles live in shared memory).
+// Two stages: the copy of pass i+1 runs while pass i is multiplied (and, with two blocks per SM,
+// one block's decode while the other's mma). S = Q K^T and O += P V with mma.m16n8k16 (fp16 in,
+// fp32 accumulate): A fragments of Q by ldmatrix, B fragments of K by ldmatrix.trans (dense,
+// channel-major) or ldmatrix (coded, token-major), of V by ldmatrix.trans; P reused from the S
+// accumulators as A. Online softmax in base 2 per row. Which form of a block a row reads follows
+// the window rule per row (paged_ranges): a block a row reads as codes is masked in its dense pass
+// and vice versa. One pass of 32 keys (VQ_PREFILL_KEYS=32) where two do not fit in shared memory
+// (D=256 with coded layers). Variants and their times: docs/CUDA_NOTES.md section 10.
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/paged_attention_cuda.h"
@@ -24,10 +36,9 @@
 namespace vq::cuda::detail {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kRows = 16 * kWarps;  // query rows per tile
-constexpr int kB = 32;              // keys per pass (one block of the pool: block_tokens == 32)
-constexpr int kKPad = 8;            // halves of padding per shared-memory row (conflict-free ldmatrix)
+constexpr int kB = 32;     // tokens of one block of the pool (block_tokens == 32); a pass takes NB blocks
+constexpr int kKPad = 8;   // halves of padding per shared-memory row (conflict-free ldmatrix)
+constexpr int kBookSmemMax = 8192;  // bytes per side: books up to this size are staged in shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct PrefillParams {
@@ -45,6 +56,9 @@ struct PrefillParams {
   int vd, vbits, vbooks, vcb;
   const __half* k_book;  // [n_kv_heads, kbooks, 2^kbits, kd]
   const __half* v_book;
+  bool books_smem;       // both sides' books of one head staged in shared memory
+  int kbook_halves, vbook_halves;  // per head
+  int raw_bytes;         // per stage: K code rows (padded to 16) + V code rows + 16
   const PagedPrefillTile* tiles;
   ElemType out_type;
   void* out;
@@ -71,6 +85,14 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// 16 bytes global -> shared, asynchronously; valid == false fills the 16 bytes with zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ uint32_t pack_half2(float a, float b) {
   const __half2 h = __floats2half2_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -86,38 +108,198 @@ __device__ __forceinline__ uint32_t code_of(const uint8_t* row, int i, int bits)
   return (v >> shift) & ((1u << bits) - 1u);
 }
 
-// Shared memory: qp [kRows][D+8] | qc [kRows][D+8] (coded layers) | ks [D][kB+8] | vs [kB][D+8] (fp16).
-template <int D>
-__global__ void __launch_bounds__(32 * kWarps, 1) prefill_kernel(PrefillParams p) {
+// Decode `rows` packed code rows (row_bytes apart, in shared memory) into fp16 rows of `ld` halves:
+// centroid of code (k, s) at dst[k*ld + s*sd ..]. 8-bit codes: four per 32-bit load.
+__device__ __forceinline__ void decode_rows(int rows, const unsigned char* raw, int row_bytes, int bits, int sd,
+                                            int nsub, bool per_sub, const __half* book, __half* dst, int ld, int tid,
+                                            int nth) {
+  const int q4 = sd / 4;  // 8-byte pieces per centroid
+  if (bits == 8 && (nsub & 3) == 0 && (row_bytes & 3) == 0) {
+    const int n4 = nsub / 4;
+    for (int i = tid; i < rows * n4; i += nth) {
+      const int k = i / n4, s0 = (i % n4) * 4;
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + k * row_bytes + s0);
+      uint2* out = reinterpret_cast<uint2*>(dst + k * ld + s0 * sd);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t c = (w >> (8 * e)) & 0xffu;
+        const uint2* cen = reinterpret_cast<const uint2*>(book + ((per_sub ? (s0 + e) << 8 : 0) + int(c)) * sd);
+        for (int x = 0; x < q4; ++x) out[e * q4 + x] = cen[x];
+      }
+    }
+    return;
+  }
+  for (int i = tid; i < rows * nsub; i += nth) {
+    const int k = i / nsub, s = i % nsub;
+    const uint32_t c = code_of(raw + k * row_bytes, s, bits);
+    const uint2* cen = reinterpret_cast<const uint2*>(book + ((int64_t(per_sub ? s : 0) << bits) + c) * sd);
+    uint2* out = reinterpret_cast<uint2*>(dst + k * ld + s * sd);
+    for (int x = 0; x < q4; ++x) out[x] = cen[x];
+  }
+}
+
+// Layout of one tile's shared memory (halves unless said): qp [R][D+8] | qc [R][D+8] (coded
+// layers) | 2 stages of { K [max(D*(KN+8), KN*(D+8))] | V [KN][D+8] | raw code bytes } | books,
+// KN = 32*NB keys per pass.
+template <int D, int NB>
+struct PrefillSmem {
+  static constexpr int KN = kB * NB;
+  static constexpr int QLD = D + kKPad, KLD = KN + kKPad, KLDC = D + kKPad, VLD = D + kKPad;
+  static constexpr int KH = (D * KLD > KN * KLDC) ? D * KLD : KN * KLDC;  // halves of a K stage
+  static constexpr int VH = KN * VLD;
+};
+
+size_t prefill_smem_bytes(int D, int NB, int rows, bool coded, int raw_bytes, bool books_smem, int book_halves) {
+  const int KN = kB * NB;
+  const int QLD = D + kKPad, KH = std::max(D * (KN + kKPad), KN * (D + kKPad)), VH = KN * (D + kKPad);
+  size_t b = size_t(rows) * QLD * (coded ? 2 : 1) * 2;
+  b += 2 * (size_t(KH + VH) * 2 + (coded ? size_t(raw_bytes) : 0));
+  if (coded && books_smem) b += size_t(book_halves) * 2;
+  return b;
+}
+
+// The passes of a tile: (block j, form) in order, form 0 dense then 1 coded, only those some row
+// of the tile reads (hulls over the rows: ce grows with the position, so the first row has the
+// earliest sink / code / window starts and the last row the latest code end).
+struct PassWalk {
+  bool coded;
+  int64_t sink_lo, sink_hi, code_lo, code_hi, win_lo, t_last;
+  int kn;  // keys per pass
+  // Does some row read pool block b (32 tokens) in this form?
+  __device__ __forceinline__ bool block_needed(int64_t b, int form) const {
+    const int64_t u0 = b * kB;
+    if (u0 > t_last) return false;
+    if (form == 1) return coded && u0 < code_hi && u0 + kB > code_lo;
+    const bool sink = coded && u0 < sink_hi && u0 + kB > sink_lo;
+    return sink || u0 + kB > win_lo;
+  }
+  __device__ __forceinline__ bool needed(int64_t j, int form) const {  // pass j: keys [j*kn, (j+1)*kn)
+    for (int64_t b = j * kn / kB; b < (j + 1) * kn / kB; ++b)
+      if (block_needed(b, form)) return true;
+    return false;
+  }
+  // The first needed pass at or after (j, form); j = -1 when none is left.
+  __device__ __forceinline__ void seek(int64_t& j, int& form) const {
+    for (; j * kn <= t_last; form = 0, ++j)
+      for (; form < 2; ++form)
+        if (needed(j, form)) return;
+    j = -1;
+  }
+};
+
+template <int D, int W, int NB>
+__global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(PrefillParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int QLD = D + kKPad, KLD = kB + kKPad, VLD = D + kKPad;
-  constexpr int NT = D / 8;  // n-tiles of the output
+  using L = PrefillSmem<D, NB>;
+  constexpr int ROWS = 16 * W, NT = D / 8, NTH = 32 * W, KN = L::KN, NS = KN / 8;
+  constexpr int QLD = L::QLD, KLD = L::KLD, KLDC = L::KLDC, VLD = L::VLD;
+  const bool coded_layer = p.rule.coded;
   __half* qp = reinterpret_cast<__half*>(smem);
-  __half* qc = qp + kRows * QLD;
-  __half* ks = qc + (p.rule.coded ? kRows * QLD : 0);
-  __half* vs = ks + D * KLD;
+  __half* qc = qp + ROWS * QLD;
+  unsigned char* stage0 = reinterpret_cast<unsigned char*>(qc + (coded_layer ? ROWS * QLD : 0));
+  const int stage_bytes = (L::KH + L::VH) * 2 + (coded_layer ? p.raw_bytes : 0);
+  __half* books = reinterpret_cast<__half*>(stage0 + 2 * stage_bytes);
+  auto kst = [&](int s) { return reinterpret_cast<__half*>(stage0 + s * stage_bytes); };
+  auto vst = [&](int s) { return kst(s) + L::KH; };
+  auto rawst = [&](int s) { return stage0 + s * stage_bytes + (L::KH + L::VH) * 2; };
 
   const PagedPrefillTile tile = p.tiles[blockIdx.x];
   const int kh = blockIdx.y;
-  const int G = p.group, P = kRows / G;
+  const int G = p.group, P = ROWS / G;
   const int n_pos = tile.n_pos;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int tab = p.row_table ? p.row_table[tile.row0] : tile.row0;
   const uint8_t* const* dtab = p.dense_tables[tab];
-  const uint8_t* const* ctab = p.rule.coded ? p.coded_tables[tab] : nullptr;
+  const uint8_t* const* ctab = coded_layer ? p.coded_tables[tab] : nullptr;
+  const int H = p.n_kv_heads;
+  const int64_t kbytes = int64_t(H) * kB * p.kcb;
+  const int kraw = kB * p.kcb, vraw_off = (KN * p.kcb + 15) & ~15, vraw = kB * p.vcb;  // per block
+
+  const int t_first = p.pos[tile.row0], t_last = p.pos[tile.row0 + n_pos - 1];
+  const PagedRanges gf = paged_ranges(p.rule, t_first), gl = paged_ranges(p.rule, t_last);
+  PassWalk walk;
+  walk.coded = coded_layer;
+  walk.sink_lo = gf.sink_lo, walk.sink_hi = gf.sink_hi, walk.code_lo = gf.code_lo, walk.code_hi = gl.code_hi;
+  walk.win_lo = gf.win_lo, walk.t_last = t_last, walk.kn = KN;
+  const int64_t kmin =
+      coded_layer ? min(gf.sink_hi > gf.sink_lo ? gf.sink_lo : gf.code_lo, gf.win_lo) : gf.win_lo;
+
+  // Issue the copies of pass (j, form) into stage s (one commit group): its NB pool blocks, each
+  // only where some row reads it in this form (others: dense V zeroed, coded rows left as they are,
+  // decoding to finite values that the masks drop).
+  auto issue = [&](int64_t j, int form, int s) {
+    __half* ks = kst(s);
+    __half* vs = vst(s);
+    unsigned char* raw = rawst(s);
+#pragma unroll
+    for (int hb = 0; hb < NB; ++hb) {
+      const int64_t b = j * NB + hb, u0 = b * kB;
+      const bool need = walk.block_needed(b, form);
+      if (form == 0) {
+        if (!need) {
+          for (int i = threadIdx.x; i < kB * D / 8; i += NTH) {
+            const int k = i / (D / 8), c = i % (D / 8);
+            *reinterpret_cast<uint4*>(vs + (hb * kB + k) * VLD + 8 * c) = make_uint4(0, 0, 0, 0);
+          }
+          continue;
+        }
+        const __half* blk = reinterpret_cast<const __half*>(dtab[b]);
+        const __half* kg = blk + size_t(kh) * D * kB;                       // [D][kB]
+        const __half* vg = blk + size_t(H) * D * kB + size_t(kh) * kB * D;  // [kB][D]
+        for (int i = threadIdx.x; i < D * kB / 8; i += NTH) {
+          const int d = i / (kB / 8), c = i % (kB / 8);
+          cp_async16(ks + d * KLD + hb * kB + 8 * c, kg + d * kB + 8 * c);
+        }
+        // Slots past the last position hold whatever the pool block held before (maybe NaN as
+        // fp16): their P is 0, but 0 * NaN is NaN in the product, so their values are zero-filled.
+        for (int i = threadIdx.x; i < kB * D / 8; i += NTH) {
+          const int k = i / (D / 8), c = i % (D / 8);
+          const bool ok = u0 + k <= t_last;
+          cp_async16(vs + (hb * kB + k) * VLD + 8 * c, ok ? vg + k * D + 8 * c : vg, ok);
+        }
+      } else if (need) {
+        const uint8_t* blk = ctab[b];
+        const uint8_t* kc = blk + int64_t(kh) * kB * p.kcb;
+        const uint8_t* vc = blk + kbytes + int64_t(kh) * kB * p.vcb;
+        for (int i = threadIdx.x; i < kraw / 16; i += NTH) cp_async16(raw + hb * kraw + 16 * i, kc + 16 * i);
+        for (int i = threadIdx.x; i < vraw / 16; i += NTH)
+          cp_async16(raw + vraw_off + hb * vraw + 16 * i, vc + 16 * i);
+      }
+    }
+    cp_async_commit();
+  };
+
+  int64_t cj = kmin / KN;
+  int cform = 0;
+  walk.seek(cj, cform);
+  if (cj >= 0) issue(cj, cform, 0);
 
   // ---- queries: row m = (position m / G, head m % G), fp16, scaled for base-2 softmax ----
-  for (int i = threadIdx.x; i < kRows * D; i += blockDim.x) {
+  for (int i = threadIdx.x; i < ROWS * D; i += NTH) {
     const int m = i / D, d = i % D, pi = m / G, hg = m % G;
     float vp = 0.f, vc = 0.f;
     if (pi < n_pos && pi < P) {
       const int64_t r = tile.row0 + pi;
       vp = p.q[r * p.q_stride + (int64_t(kh) * G + hg) * D + d] * p.qscale;
-      if (p.rule.coded) vc = p.q_code[(r * p.n_q_heads + int64_t(kh) * G + hg) * D + d] * kLog2e;
+      if (coded_layer) vc = p.q_code[(r * p.n_q_heads + int64_t(kh) * G + hg) * D + d] * kLog2e;
     }
     qp[m * QLD + d] = __float2half_rn(vp);
-    if (p.rule.coded) qc[m * QLD + d] = __float2half_rn(vc);
+    if (coded_layer) qc[m * QLD + d] = __float2half_rn(vc);
+  }
+  const __half* kbook = nullptr;
+  const __half* vbook = nullptr;
+  if (coded_layer) {
+    kbook = p.k_book + int64_t(kh) * p.kbook_halves;
+    vbook = p.v_book + int64_t(kh) * p.vbook_halves;
+    if (p.books_smem) {
+      for (int i = threadIdx.x; i < p.kbook_halves / 4; i += NTH)
+        reinterpret_cast<uint2*>(books)[i] = reinterpret_cast<const uint2*>(kbook)[i];
+      for (int i = threadIdx.x; i < p.vbook_halves / 4; i += NTH)
+        reinterpret_cast<uint2*>(books + p.kbook_halves)[i] = reinterpret_cast<const uint2*>(vbook)[i];
+      kbook = books;
+      vbook = books + p.kbook_halves;
+    }
   }
   // This thread's two rows (g and g + 8 of the warp's 16): position and key ranges.
   PagedRanges rg[2];
@@ -130,141 +312,127 @@ __global__ void __launch_bounds__(32 * kWarps, 1) prefill_kernel(PrefillParams p
     rpos[h] = rvalid[h] ? p.pos[tile.row0 + pi] : -1;
     rg[h] = paged_ranges(p.rule, rvalid[h] ? rpos[h] : 0);
   }
-  const int t_first = p.pos[tile.row0], t_last = p.pos[tile.row0 + n_pos - 1];
-  const PagedRanges gf = paged_ranges(p.rule, t_first), gl = paged_ranges(p.rule, t_last);
-  const int64_t kmin = p.rule.coded ? min(gf.sink_hi > gf.sink_lo ? gf.sink_lo : gf.code_lo, gf.win_lo) : gf.win_lo;
 
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  const int H = p.n_kv_heads;
-  const int64_t kbytes = int64_t(H) * kB * p.kcb;
+  const int ksub = D / p.kd, vsub = D / p.vd;
 
-  for (int64_t j = kmin / kB; j * kB <= t_last; ++j) {
-    const int64_t u0 = j * kB;
-    for (int form = 0; form < 2; ++form) {  // 0: dense, 1: coded
-      // Does any row of the tile read block j in this form?
-      // (hulls over the rows: ce grows with the position, so the first row has the earliest
-      // sink / code / window starts and the last row the latest code end)
-      bool need;
-      if (form == 1) {
-        need = p.rule.coded && u0 < gl.code_hi && u0 + kB > gf.code_lo;
-      } else {
-        const bool sink = p.rule.coded && u0 < gf.sink_hi && u0 + kB > gf.sink_lo;
-        need = sink || u0 + kB > gf.win_lo;
-      }
-      if (!need) continue;
-      __syncthreads();  // previous pass done with ks / vs (and the queries written, first time)
-      if (form == 0) {
-        const __half* blk = reinterpret_cast<const __half*>(dtab[j]);
-        const __half* kg = blk + size_t(kh) * D * kB;                // [D][kB]
-        const __half* vg = blk + size_t(H) * D * kB + size_t(kh) * kB * D;  // [kB][D]
-        for (int i = threadIdx.x; i < D * kB / 8; i += blockDim.x) {
-          const int d = i / (kB / 8), c = i % (kB / 8);
-          *reinterpret_cast<uint4*>(ks + d * KLD + 8 * c) = *reinterpret_cast<const uint4*>(kg + d * kB + 8 * c);
-        }
-        // Slots past the last position hold whatever the pool block held before (maybe NaN as fp16):
-        // their P is 0, but 0 * NaN is NaN in the product, so their values are zeroed.
-        for (int i = threadIdx.x; i < kB * D / 8; i += blockDim.x) {
-          const int k = i / (D / 8), c = i % (D / 8);
-          *reinterpret_cast<uint4*>(vs + k * VLD + 8 * c) =
-              u0 + k <= t_last ? *reinterpret_cast<const uint4*>(vg + k * D + 8 * c) : make_uint4(0, 0, 0, 0);
-        }
-      } else {
-        const uint8_t* blk = ctab[j];
-        const int ksub = D / p.kd, vsub = D / p.vd;
-        for (int i = threadIdx.x; i < kB * ksub; i += blockDim.x) {
-          const int k = i / ksub, s = i % ksub;
-          const uint8_t* row = blk + (int64_t(kh) * kB + k) * p.kcb;
-          const uint32_t c = code_of(row, s, p.kbits);
-          const __half* cen = p.k_book + ((int64_t(kh) * p.kbooks + (p.kbooks > 1 ? s : 0)) << p.kbits) * p.kd +
-                              int64_t(c) * p.kd;
-          for (int e = 0; e < p.kd; ++e) ks[(s * p.kd + e) * KLD + k] = cen[e];
-        }
-        for (int i = threadIdx.x; i < kB * vsub; i += blockDim.x) {
-          const int k = i / vsub, s = i % vsub;
-          const uint8_t* row = blk + kbytes + (int64_t(kh) * kB + k) * p.vcb;
-          const uint32_t c = code_of(row, s, p.vbits);
-          const __half* cen = p.v_book + ((int64_t(kh) * p.vbooks + (p.vbooks > 1 ? s : 0)) << p.vbits) * p.vd +
-                              int64_t(c) * p.vd;
-          for (int e = 0; e < p.vd; ++e) vs[k * VLD + s * p.vd + e] = cen[e];
-        }
-      }
+  for (int st = 0; cj >= 0; st ^= 1) {
+    const int64_t j = cj;
+    const int form = cform;
+    cp_async_wait_all();
+    __syncthreads();  // pass j's data in stage st; everyone done with stage st ^ 1 (and the queries written)
+    __half* ks = kst(st);
+    __half* vs = vst(st);
+    if (form == 1) {  // decode the code rows into fp16 tiles: K token-major [KN][D+8], V [KN][D+8]
+      const unsigned char* raw = rawst(st);
+      decode_rows(KN, raw, p.kcb, p.kbits, p.kd, ksub, p.kbooks > 1, kbook, ks, KLDC, threadIdx.x, NTH);
+      decode_rows(KN, raw + vraw_off, p.vcb, p.vbits, p.vd, vsub, p.vbooks > 1, vbook, vs, VLD, threadIdx.x, NTH);
       __syncthreads();
-      // ---- S = Q K^T: 16 rows x 32 keys per warp ----
-      const __half* qs = form ? qc : qp;
-      float s[4][4];
+    }
+    // The next pass's copies run under this pass's products.
+    ++cform;
+    if (cform == 2) cform = 0, ++cj;
+    walk.seek(cj, cform);
+    if (cj >= 0) issue(cj, cform, st ^ 1);
+
+    const int64_t u0 = j * KN;
+    // ---- S = Q K^T: 16 rows x KN keys per warp ----
+    const __half* qs = form ? qc : qp;
+    float s[NS][4];
 #pragma unroll
-      for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    const int mi = lane >> 3, r8 = lane & 7;
+    if (form == 0) {
 #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16) {
         uint32_t a[4];
         ldsm_x4(a, qs + (warp * 16 + (lane & 15)) * QLD + k0 + (lane >> 4) * 8);
 #pragma unroll
-        for (int n0 = 0; n0 < kB; n0 += 16) {
+        for (int n0 = 0; n0 < KN; n0 += 16) {
           uint32_t b[4];
-          const int mi = lane >> 3, r = lane & 7;
-          ldsm_x4_t(b, ks + (k0 + r + (mi & 1) * 8) * KLD + n0 + (mi >> 1) * 8);
+          ldsm_x4_t(b, ks + (k0 + r8 + (mi & 1) * 8) * KLD + n0 + (mi >> 1) * 8);
           mma16816(s[n0 / 8], a, b[0], b[1]);
           mma16816(s[n0 / 8 + 1], a, b[2], b[3]);
         }
       }
-      // ---- masks: row h reads key u in this form ----
+    } else {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const PagedRanges& R = rg[h];
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int64_t u = u0 + n * 8 + 2 * t + c;
-            bool vis = rvalid[h] && u <= rpos[h];
-            if (form) vis = vis && u >= R.code_lo && u < R.code_hi;
-            else vis = vis && ((u >= R.sink_lo && u < R.sink_hi) || (u >= R.win_lo && u < R.win_hi));
-            if (!vis) s[n][2 * h + c] = -INFINITY;
-          }
-      }
-      // ---- online softmax (base 2), rows g and g + 8 ----
-      float alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[h], mx);
-        const float mref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet
-        alpha[h] = exp2f(m_run[h] - mref);
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          s[n][2 * h] = exp2f(s[n][2 * h] - mref);
-          s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - mref);
-          sum += s[n][2 * h] + s[n][2 * h + 1];
-        }
-        l_run[h] = l_run[h] * alpha[h] + sum;
-        m_run[h] = m_new;
-      }
-#pragma unroll
-      for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-      // ---- O += P V: P from the S accumulators (two k-steps of 16 keys) ----
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
+      for (int k0 = 0; k0 < D; k0 += 16) {
         uint32_t a[4];
-        a[0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        ldsm_x4(a, qs + (warp * 16 + (lane & 15)) * QLD + k0 + (lane >> 4) * 8);
 #pragma unroll
-        for (int d0 = 0; d0 < D; d0 += 16) {
+        for (int n0 = 0; n0 < KN; n0 += 16) {
           uint32_t b[4];
-          const int mi = lane >> 3, r = lane & 7;
-          ldsm_x4_t(b, vs + (kk * 16 + r + (mi & 1) * 8) * VLD + d0 + (mi >> 1) * 8);
-          mma16816(o[d0 / 8], a, b[0], b[1]);
-          mma16816(o[d0 / 8 + 1], a, b[2], b[3]);
+          ldsm_x4(b, ks + (n0 + r8 + (mi >> 1) * 8) * KLDC + k0 + (mi & 1) * 8);
+          mma16816(s[n0 / 8], a, b[0], b[1]);
+          mma16816(s[n0 / 8 + 1], a, b[2], b[3]);
         }
+      }
+    }
+    // ---- masks: row h reads key u in this form (nothing to do when it reads the whole block) ----
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const PagedRanges& rr = rg[h];
+      const int64_t u1 = u0 + KN;
+      const bool full = rvalid[h] && u1 - 1 <= rpos[h] &&
+                        (form ? u0 >= rr.code_lo && u1 <= rr.code_hi
+                              : (u0 >= rr.sink_lo && u1 <= rr.sink_hi) || (u0 >= rr.win_lo && u1 <= rr.win_hi));
+      if (full) continue;
+      const int r = rpos[h], base = int(u0);  // positions fit in 31 bits (kv_store_device.cpp)
+      const int clo = int(rr.code_lo), chi = int(rr.code_hi), slo = int(rr.sink_lo), shi = int(rr.sink_hi);
+      const int wlo = int(rr.win_lo), whi = int(rr.win_hi);
+#pragma unroll
+      for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int u = base + n * 8 + 2 * t + c;
+          bool vis = rvalid[h] && u <= r;
+          if (form) vis = vis && u >= clo && u < chi;
+          else vis = vis && ((u >= slo && u < shi) || (u >= wlo && u < whi));
+          if (!vis) s[n][2 * h + c] = -INFINITY;
+        }
+    }
+    // ---- online softmax (base 2), rows g and g + 8 ----
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[h], mx);
+      const float mref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet
+      alpha[h] = exp2f(m_run[h] - mref);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+        s[n][2 * h] = exp2f(s[n][2 * h] - mref);
+        s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - mref);
+        sum += s[n][2 * h] + s[n][2 * h + 1];
+      }
+      l_run[h] = l_run[h] * alpha[h] + sum;
+      m_run[h] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    // ---- O += P V: P from the S accumulators (k-steps of 16 keys) ----
+#pragma unroll
+    for (int kk = 0; kk < KN / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int d0 = 0; d0 < D; d0 += 16) {
+        uint32_t b[4];
+        ldsm_x4_t(b, vs + (kk * 16 + r8 + (mi & 1) * 8) * VLD + d0 + (mi >> 1) * 8);
+        mma16816(o[d0 / 8], a, b[0], b[1]);
+        mma16816(o[d0 / 8 + 1], a, b[2], b[3]);
       }
     }
   }
@@ -295,25 +463,69 @@ __global__ void __launch_bounds__(32 * kWarps, 1) prefill_kernel(PrefillParams p
   }
 }
 
-size_t prefill_smem(int D, bool coded) {
-  return (size_t(kRows) * (D + kKPad) * (coded ? 2 : 1) + size_t(D) * (kB + kKPad) + size_t(kB) * (D + kKPad)) * 2;
+
+size_t smem_optin() {
+  static const size_t b = [] {
+    int dev = 0, v = 0;
+    VQ_CUDA_CHECK(cudaGetDevice(&dev));
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return size_t(v);
+  }();
+  return b;
+}
+
+template <int D, int W, int NB>
+void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
+  if (pp.rule.coded)
+    pp.raw_bytes = ((kB * NB * pp.kcb + 15) & ~15) + ((kB * NB * pp.vcb + 15) & ~15) + 16;
+  const size_t smem = prefill_smem_bytes(D, NB, 16 * W, pp.rule.coded, pp.raw_bytes, pp.books_smem,
+                                         pp.kbook_halves + pp.vbook_halves);
+  VQ_CHECK(smem <= smem_optin(), "cuda::paged_attention prefill: {} bytes of shared memory at head_dim {} (the device has {})",
+           smem, D, smem_optin());
+  static size_t attr = 0;
+  if (smem > attr) {
+    VQ_CUDA_CHECK(
+        cudaFuncSetAttribute(prefill_kernel<D, W, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attr = smem;
+  }
+  prefill_kernel<D, W, NB><<<dim3(unsigned(n_tiles), unsigned(H)), 32 * W, smem, st>>>(pp);
+  VQ_CUDA_LAUNCHED("prefill_kernel");
+}
+
+// Variant (CUDA_NOTES.md section 10): warps per tile W (VQ_PREFILL_WARPS=4 or 8) and pool blocks
+// per pass NB (VQ_PREFILL_KEYS=32 or 64 keys). Read once, so that tiles and launches agree.
+int env_choice(const char* name, int a, int b, int dflt) {
+  const char* e = std::getenv(name);
+  if (e && std::string_view(e) == std::to_string(a)) return a;
+  if (e && std::string_view(e) == std::to_string(b)) return b;
+  return dflt;
+}
+int prefill_warps(bool coded) {
+  static const int w = env_choice("VQ_PREFILL_WARPS", 4, 8, 0);
+  return w ? w : coded ? 8 : 4;
+}
+int prefill_blocks_per_pass() {
+  static const int nb = env_choice("VQ_PREFILL_KEYS", 32, 64, 64) / kB;
+  return nb;
 }
 
 template <int D>
-void launch(const PrefillParams& pp, int n_tiles, int H, cudaStream_t st) {
-  const size_t smem = prefill_smem(D, pp.rule.coded);
-  static size_t attr = 0;
-  if (smem > attr) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    attr = smem;
-  }
-  prefill_kernel<D><<<dim3(unsigned(n_tiles), unsigned(H)), 32 * kWarps, smem, st>>>(pp);
-  VQ_CUDA_LAUNCHED("prefill_kernel");
+void launch_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
+  int nb = prefill_blocks_per_pass();
+  // Two blocks per pass where their stages fit beside the query tiles (not at D=256 with 8 warps).
+  const int raw2 = pp.rule.coded ? ((kB * 2 * pp.kcb + 15) & ~15) + ((kB * 2 * pp.vcb + 15) & ~15) + 16 : 0;
+  if (nb == 2 && prefill_smem_bytes(D, 2, 16 * w, pp.rule.coded, raw2, pp.books_smem,
+                                    pp.kbook_halves + pp.vbook_halves) > smem_optin())
+    nb = 1;
+  if (w == 8 && nb == 2) launch<D, 8, 2>(pp, n_tiles, H, st);
+  else if (w == 8) launch<D, 8, 1>(pp, n_tiles, H, st);
+  else if (nb == 2) launch<D, 4, 2>(pp, n_tiles, H, st);
+  else launch<D, 4, 1>(pp, n_tiles, H, st);
 }
 
 }  // namespace
 
-int prefill_positions_per_tile(int group) { return kRows / group; }
+int prefill_tile_rows(bool coded) { return 16 * prefill_warps(coded); }
 
 void launch_prefill(const PagedAttnParams& a, cudaStream_t st) {
   VQ_CHECK(a.rule.block_tokens == kB, "cuda::paged_attention prefill: block_tokens {} (the prefill kernel takes 32)",
@@ -338,16 +550,22 @@ void launch_prefill(const PagedAttnParams& a, cudaStream_t st) {
     pp.kcb = int(code_row_bytes(a.head_dim / a.k_sub_dim, a.k_bits));
     pp.vd = a.v_sub_dim, pp.vbits = a.v_bits, pp.vbooks = a.v_per_subspace ? a.head_dim / a.v_sub_dim : 1;
     pp.vcb = int(code_row_bytes(a.head_dim / a.v_sub_dim, a.v_bits));
+    VQ_CHECK(pp.kd % 4 == 0 && pp.vd % 4 == 0, "cuda::paged_attention prefill: sub_dim {} / {} (multiples of 4)",
+             pp.kd, pp.vd);
     pp.k_book = reinterpret_cast<const __half*>(a.k_book);
     pp.v_book = reinterpret_cast<const __half*>(a.v_book);
+    pp.kbook_halves = (pp.kbooks << pp.kbits) * pp.kd;
+    pp.vbook_halves = (pp.vbooks << pp.vbits) * pp.vd;
+    pp.books_smem = pp.kbook_halves * 2 <= kBookSmemMax && pp.vbook_halves * 2 <= kBookSmemMax;
   }
   pp.tiles = a.tiles;
   pp.out_type = a.out_type;
   pp.out = a.out;
   pp.out_stride = a.out_stride ? a.out_stride : int64_t(pp.n_q_heads) * a.head_dim;
-  if (a.head_dim == 64) launch<64>(pp, a.n_tiles, a.n_kv_heads, st);
-  else if (a.head_dim == 128) launch<128>(pp, a.n_tiles, a.n_kv_heads, st);
-  else launch<256>(pp, a.n_tiles, a.n_kv_heads, st);
+  const int w = a.tile_rows / 16;  // 4 or 8 (checked by paged_attention)
+  if (a.head_dim == 64) launch_d<64>(pp, w, a.n_tiles, a.n_kv_heads, st);
+  else if (a.head_dim == 128) launch_d<128>(pp, w, a.n_tiles, a.n_kv_heads, st);
+  else launch_d<256>(pp, w, a.n_tiles, a.n_kv_heads, st);
 }
 
 }  // namespace vq::cuda::detail

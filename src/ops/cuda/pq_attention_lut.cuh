@@ -39,7 +39,7 @@ void launch_lut_split_paged(const PagedAttnParams& a, float* part, cudaStream_t 
 void launch_gather_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st);
 // The tensor-core prefill kernel over the tiles (paged_prefill.cu).
 void launch_prefill(const PagedAttnParams& a, cudaStream_t st);
-int prefill_positions_per_tile(int group);
+int prefill_tile_rows(bool coded);
 // Whether the LUT kernel takes these presets (lut_kernel_supported for the paged arguments).
 bool lut_kernel_supported_paged(const PagedAttnParams& a);
 
