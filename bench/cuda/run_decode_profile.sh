@@ -21,6 +21,9 @@
 #                    prompts) and the HF transformers peer's prefill in the same call
 #           sanpre   memcheck and racecheck on DeviceStore.SmallRunForSanitizers (the prefill kernel's
 #                    dense and coded passes, every decode attention kernel, the block encoder)
+#           sass     opcode counts of the tensor-core encoder's kernels (cuobjdump -sass on the device)
+#           attnprof per-kernel times of the decode attention sequence (Llama d4b8 shared, B=1 S=32K
+#                    and B=8 S=128K) and ncu sections with stall sampling of its LUT split kernel
 #           stash    copy $M1/part.* (this call's part of the model) to /root/vqmodel
 #           real     join the parts (+ $M2/part.*), then per prompt of real_prompts.txt: greedy
 #                    generation on cpu and cuda with --dump-logits, compared by compare_dumps.py;
@@ -184,6 +187,43 @@ if has e2epre; then
   echo "hf peer exit $?"; grep -E "hf_peer|Error|error" $L/hf_peer.log | tail -8
 fi
 if has sanpre; then sanitize_tests store test_kvcache 'DeviceStore.SmallRunForSanitizers'; fi
+if has sass; then
+  CUOBJ=$(command -v cuobjdump || ls /usr/local/cuda*/bin/cuobjdump 2>/dev/null | head -1)
+  $CUOBJ -sass $BIN/bench_cuda_ops > $L/sass_bench_cuda_ops.txt 2>&1; echo "cuobjdump exit $?"
+  python3 - $L/sass_bench_cuda_ops.txt <<'PY'
+import re, sys, collections
+fn, counts = None, collections.defaultdict(collections.Counter)
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"Function : (\S+)", line)
+    if m: fn = m.group(1); continue
+    m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+    if fn and "encode_mma_kernel" in fn and m: counts[fn][m.group(1).split(".")[0]] += 1
+for fn, c in counts.items():
+    if "ILi8ELi32E" not in fn: continue  # sub_dim 8, 256 centroids
+    keys = ["HMMA", "LOP3", "FMNMX", "IMNMX", "VIMNMX", "VIMNMX3", "FADD", "LDS", "SHFL"]
+    print(fn[:90], " ".join(f"{k}={c[k]}" for k in keys if c[k]), "total", sum(c.values()))
+PY
+fi
+if has attnprof; then
+  for shape in "1 32768" "8 131072"; do
+    set -- $shape
+    timeout 120 ncu --metrics gpu__time_duration.sum --launch-skip 40 --launch-count 8 --csv $BIN/bench_paged_attention llama \
+      vecinfer:d4b8,gran=shared --B $1 --S $2 > $L/attnprof_$1_$2.csv 2>&1; echo "ncu times B=$1 S=$2 exit $?"
+    python3 - $L/attnprof_$1_$2.csv <<'PY'
+import csv, sys, re
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ui = h.index("Metric Unit")
+for r in rows[1:]:
+    v = float(r[vi].replace(",", "")); u = r[ui]
+    us = v / 1000 if u == "nsecond" else v * 1000 if u == "msecond" else v if u == "usecond" else v / 1e3
+    print(f"  {us:8.2f} us  {re.sub(r'[(<].*', '', r[ki]).replace('void ', '')[:60]}")
+PY
+    timeout 120 ncu --kernel-name regex:lut_split --launch-skip 5 --launch-count 1 --import-source no --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats --section SourceCounters --section LaunchStats --section MemoryWorkloadAnalysis \
+      $BIN/bench_paged_attention llama vecinfer:d4b8,gran=shared --B $1 --S $2 > $L/attnncu_$1_$2.txt 2>&1; echo "ncu lut B=$1 S=$2 exit $?"
+    grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Warp Cycles Per Issued|Grid Size|Registers Per|Dynamic Shared" $L/attnncu_$1_$2.txt | head -14
+  done
+fi
 if has stash; then mkdir -p /root/vqmodel && cp "${M1:-.gpubin-m1}"/part.* /root/vqmodel/ && ls -la /root/vqmodel; fi
 if has real; then
   mkdir -p /root/vqmodel; cp "${M2:-.gpubin-m2}"/* /root/vqmodel/ 2>/dev/null
