@@ -24,6 +24,13 @@
 #           sass     opcode counts of the tensor-core encoder's kernels (cuobjdump -sass on the device)
 #           attnprof per-kernel times of the decode attention sequence (Llama d4b8 shared, B=1 S=32K
 #                    and B=8 S=128K) and ncu sections with stall sampling of its LUT split kernel
+#           lut2     the LUT split kernel as one 16-warp block per SM (VQ_LUT_BLOCKS=1) and as two
+#                    8-warp blocks (=2): the GPU tests under =2, then Llama d4b8 attention for both
+#           e2edec   decode step rows (Llama-3.1-8B geometry, B=1 and 8 at 4K and 32K, fp16 and d4b8;
+#                    d4b8 again with VQ_FUSE_QUERY_TRANSFORM=0) and the HF transformers peer
+#           final    A/B of the fused query transform (VQ_FUSE_QUERY_TRANSFORM=1/0, twice) on the
+#                    attention alone and end to end, fp16 and Falcon3 attention, the torch peers; the
+#                    GPU tests' summaries again at the end (stage tests must run first)
 #           stash    copy $M1/part.* (this call's part of the model) to /root/vqmodel
 #           real     join the parts (+ $M2/part.*), then per prompt of real_prompts.txt: greedy
 #                    generation on cpu and cuda with --dump-logits, compared by compare_dumps.py;
@@ -205,9 +212,11 @@ for fn, c in counts.items():
 PY
 fi
 if has attnprof; then
-  for shape in "1 32768" "8 131072"; do
-    set -- $shape
-    timeout 120 ncu --metrics gpu__time_duration.sum --launch-skip 40 --launch-count 8 --csv $BIN/bench_paged_attention llama \
+  for shape in ${ATTNPROF_SHAPES:-1:4096 1:32768 8:131072}; do
+    set -- ${shape%:*} ${shape#*:}
+    timeout 120 ncu --cache-control none --clock-control none --metrics gpu__time_duration.sum \
+      --kernel-name regex:"query_transform|lut_split|dense_split|paged_merge" --launch-skip 8 --launch-count 8 --csv \
+      $BIN/bench_paged_attention llama \
       vecinfer:d4b8,gran=shared --B $1 --S $2 > $L/attnprof_$1_$2.csv 2>&1; echo "ncu times B=$1 S=$2 exit $?"
     python3 - $L/attnprof_$1_$2.csv <<'PY'
 import csv, sys, re
@@ -218,11 +227,54 @@ for r in rows[1:]:
     us = v / 1000 if u == "nsecond" else v * 1000 if u == "msecond" else v if u == "usecond" else v / 1e3
     print(f"  {us:8.2f} us  {re.sub(r'[(<].*', '', r[ki]).replace('void ', '')[:60]}")
 PY
-    timeout 120 ncu --kernel-name regex:lut_split --launch-skip 5 --launch-count 1 --import-source no --section SpeedOfLight \
+    timeout 120 ncu --kernel-name regex:lut_split --launch-skip 5 --launch-count 1 --import-source no \
+      --metrics smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio \
+      --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section SourceCounters --section LaunchStats --section MemoryWorkloadAnalysis \
       $BIN/bench_paged_attention llama vecinfer:d4b8,gran=shared --B $1 --S $2 > $L/attnncu_$1_$2.txt 2>&1; echo "ncu lut B=$1 S=$2 exit $?"
-    grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Warp Cycles Per Issued|Grid Size|Registers Per|Dynamic Shared" $L/attnncu_$1_$2.txt | head -14
+    grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput|Issue Slots Busy|Executed Ipc A|Achieved Occupancy|Warp Cycles Per Issued|Grid Size|Registers Per|Dynamic Shared|stalled" $L/attnncu_$1_$2.txt | head -30
   done
+fi
+if has lut2; then
+  export VQ_LUT_BLOCKS=2
+  timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/lut2_test_ops.log 2>&1; summary "lut2 test_ops" $? $L/lut2_test_ops.log
+  timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*' --gtest_brief=1 > $L/lut2_test_kvcache.log 2>&1; summary "lut2 test_kvcache" $? $L/lut2_test_kvcache.log
+  timeout 200 $BIN/test_model --gtest_filter='*Device*' --gtest_brief=1 > $L/lut2_test_model.log 2>&1; summary "lut2 test_model" $? $L/lut2_test_model.log
+  for v in 1 2 1 2; do
+    VQ_LUT_BLOCKS=$v timeout 120 $BIN/bench_paged_attention llama vecinfer:d4b8,gran=shared > $L/lut2_attn_$v.log 2>&1
+    echo "VQ_LUT_BLOCKS=$v exit $?"; grep -E '^paged_attn' $L/lut2_attn_$v.log | awk '{print $4, $5, $7}' | tr '\n' ' '; echo
+  done
+  unset VQ_LUT_BLOCKS
+fi
+if has e2edec; then
+  timeout 200 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 --ctx 4096,32768 \
+    --kv-cache fp16 --kv-cache vecinfer:d4b8 --steps 16 > $L/e2edec.log 2>&1; echo "e2e decode exit $?"
+  grep -E '^\| (fp16|vec)' $L/e2edec.log
+  VQ_FUSE_QUERY_TRANSFORM=0 timeout 200 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 \
+    --ctx 4096,32768 --kv-cache vecinfer:d4b8 --steps 16 > $L/e2edec_nofuse.log 2>&1; echo "e2e decode (no fused transform) exit $?"
+  grep -E '^\| (fp16|vec)' $L/e2edec_nofuse.log
+  timeout 120 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 --ctx 131072 \
+    --kv-cache vecinfer:d4b8 --steps 16 > $L/e2edec128.log 2>&1; echo "e2e decode 128K exit $?"
+  grep -E '^\| (fp16|vec)' $L/e2edec128.log
+  PYTHONUNBUFFERED=1 HF_MODES=${HF_MODES:-static} timeout 240 python3 $HERE/hf_peer.py 4096 32768 > $L/hf_peer.log 2>&1
+  echo "hf peer exit $?"; grep -E "hf_peer|Error|error" $L/hf_peer.log | tail -8
+fi
+if has final; then
+  short() { grep -E '^paged_attn' "$1" | awk '{split($3,k,"="); split($6,g,"="); printf "%s/%s/%s=%s ", k[2], $4, $5, g[2]}'; echo; }
+  for f in 1 0 1 0; do
+    VQ_FUSE_QUERY_TRANSFORM=$f timeout 90 $BIN/bench_paged_attention llama vecinfer:d4b8,gran=shared > $L/fin_attn_$f.log 2>&1
+    echo "fuse=$f: $(short $L/fin_attn_$f.log)"
+  done
+  timeout 90 $BIN/bench_paged_attention llama fp16 > $L/fin_attn_fp16.log 2>&1; echo "fp16: $(short $L/fin_attn_fp16.log)"
+  timeout 90 $BIN/bench_paged_attention falcon vecinfer:d4b8,gran=shared > $L/fin_attn_falcon.log 2>&1; echo "falcon: $(short $L/fin_attn_falcon.log)"
+  for f in 1 0; do
+    VQ_FUSE_QUERY_TRANSFORM=$f timeout 200 $BIN/veloxquant bench e2e --device cuda --geometry llama-3.1-8b --batch 1,8 \
+      --ctx 4096,32768 --kv-cache vecinfer:d4b8 --steps 16 > $L/fin_e2e_$f.log 2>&1
+    echo "e2e fuse=$f: $(grep -E '^\| vec' $L/fin_e2e_$f.log | awk -F'|' '{printf "%s/%s=%s ", $3, $4, $5}')"
+  done
+  VQ_PEER_GEO= timeout 200 python3 $HERE/torch_peers.py attn10 > $L/fin_torch.log 2>&1; echo "torch exit $?"
+  grep -E 'torch_attn10' $L/fin_torch.log | awk '{print $2, $3, $4, $5}' | tr '\n' ';'; echo
+  for t in test_ops test_kvcache test_model test_engine; do [ -f $L/$t.log ] && summary $t - $L/$t.log; done
 fi
 if has stash; then mkdir -p /root/vqmodel && cp "${M1:-.gpubin-m1}"/part.* /root/vqmodel/ && ls -la /root/vqmodel; fi
 if has real; then
