@@ -82,18 +82,23 @@ void run(const Geo& g, const std::string& kv, int B, int S, int Q) {
     dev.launch_attend(0, q.as<float>(), int64_t(g.HQ) * g.D, 0.088f, cuda::ElemType::f16, out.data(),
                       int64_t(g.HQ) * g.D);
   };
-  for (int i = 0; i < 5; ++i) once();
-  dev.synchronize();
+  // Median of 30 timings of `per` back-to-back calls of f between two events, per call (after 5
+  // warm-up calls).
   cuda::EventTimer t;
-  std::vector<float> ms;
-  for (int i = 0; i < 30; ++i) {
-    t.start(st);
-    once();
-    t.stop(st);
-    ms.push_back(t.elapsed_ms());
-  }
-  std::sort(ms.begin(), ms.end());
-  const double m = ms[ms.size() / 2];
+  auto median_ms = [&](auto&& f, int per) {
+    for (int i = 0; i < 5; ++i) f();
+    dev.synchronize();
+    std::vector<float> ms;
+    for (int i = 0; i < 30; ++i) {
+      t.start(st);
+      for (int k = 0; k < per; ++k) f();
+      t.stop(st);
+      ms.push_back(t.elapsed_ms() / float(per));
+    }
+    std::sort(ms.begin(), ms.end());
+    return double(ms[ms.size() / 2]);
+  };
+  const double m = median_ms(once, 1);
   // The decode step's own path: the sequence captured once in a CUDA graph and replayed, 4 replays
   // between a pair of events (as the torch peer times 4 SDPA calls), median per replay.
   double mg = 0;
@@ -102,17 +107,7 @@ void run(const Geo& g, const std::string& kv, int B, int S, int Q) {
     graph.begin_capture(st);
     once();
     graph.end_capture(st);
-    for (int i = 0; i < 5; ++i) graph.launch(st);
-    dev.synchronize();
-    std::vector<float> gs;
-    for (int i = 0; i < 30; ++i) {
-      t.start(st);
-      for (int k = 0; k < 4; ++k) graph.launch(st);
-      t.stop(st);
-      gs.push_back(t.elapsed_ms() / 4);
-    }
-    std::sort(gs.begin(), gs.end());
-    mg = gs[gs.size() / 2];
+    mg = median_ms([&] { graph.launch(st); }, 4);
   }
   if (Q > 0) {
     // causal FLOPs of the chunk: QK^T and PV over S + (i+1) keys for query i, every query head

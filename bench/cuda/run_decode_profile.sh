@@ -54,21 +54,7 @@ if has profile; then
       --metrics gpu__time_duration.sum --csv $BIN/veloxquant bench e2e --device cuda --geometry $1 --batch $4 --ctx $3 \
       --kv-cache $2 --steps 3 --warmup 2 > $L/ncu_$tag.csv 2> $L/ncu_$tag.err
     echo "ncu exit $?"
-    python3 - "$L/ncu_$tag.csv" <<'PY'
-import csv, sys, collections, re
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ui = h.index("Metric Unit")
-tot = collections.defaultdict(float); cnt = collections.Counter()
-for r in rows[1:]:
-    v = float(r[vi].replace(",", "")); u = r[ui]
-    us = v / 1000 if u == "nsecond" else v * 1000 if u == "msecond" else v if u == "usecond" else v / 1e3
-    name = re.sub(r"\(.*", "", r[ki]).replace("void ", "")[:70]
-    tot[name] += us; cnt[name] += 1
-s = sum(tot.values())
-print(f"  kernels {sum(cnt.values())}, sum of durations {s/1000:.3f} ms")
-for k, v in sorted(tot.items(), key=lambda x: -x[1])[:16]:
-    print(f"  {v/1000:8.3f} ms {cnt[k]:5d}x {v/cnt[k]:8.2f} us  {k}")
-PY
+    python3 $HERE/ncu_times.py "$L/ncu_$tag.csv" --sum
   done
 fi
 if has tests; then
@@ -218,15 +204,7 @@ if has attnprof; then
       --kernel-name regex:"query_transform|lut_split|dense_split|paged_merge" --launch-skip 8 --launch-count 8 --csv \
       $BIN/bench_paged_attention llama \
       vecinfer:d4b8,gran=shared --B $1 --S $2 > $L/attnprof_$1_$2.csv 2>&1; echo "ncu times B=$1 S=$2 exit $?"
-    python3 - $L/attnprof_$1_$2.csv <<'PY'
-import csv, sys, re
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ui = h.index("Metric Unit")
-for r in rows[1:]:
-    v = float(r[vi].replace(",", "")); u = r[ui]
-    us = v / 1000 if u == "nsecond" else v * 1000 if u == "msecond" else v if u == "usecond" else v / 1e3
-    print(f"  {us:8.2f} us  {re.sub(r'[(<].*', '', r[ki]).replace('void ', '')[:60]}")
-PY
+    python3 $HERE/ncu_times.py $L/attnprof_$1_$2.csv
     timeout 120 ncu --kernel-name regex:lut_split --launch-skip 5 --launch-count 1 --import-source no \
       --metrics smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio \
       --section SpeedOfLight \

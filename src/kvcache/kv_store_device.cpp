@@ -154,7 +154,7 @@ struct KVStoreDevice::Impl {
   std::vector<cuda::BlockCopy> copies;
   std::vector<cuda::TableUpdate> updates;
   std::vector<cuda::PagedPrefillTile> tiles;  // rows of prefill chunks for the tensor-core kernel
-  int tile_rows = 64;                          // rows per tile (cuda::paged_prefill_tile_rows)
+  int tile_rows = 0;                           // rows per tile (cuda::paged_prefill_tile_rows)
   std::vector<uint8_t> row_skip;              // [rows] 1: a prefill tile computes the row
 
   // descriptor layout (byte offsets into host / dev)
@@ -311,7 +311,6 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
     r.coded = L.format && !L.direct;
     m.rules.push_back(r);
     if (!r.coded) continue;
-    m.tile_rows = cuda::paged_prefill_tile_rows(true);
     const Calibration& cal = *store.spec().calibration;
     const CalibrationLayer& cl = cal.layers[size_t(l + store.calib_offset_)];
     LayerBooks& b = m.books[size_t(l)];
@@ -325,6 +324,8 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
     cuda::f32_to_f16_device(b.v32.as<float>(), b.v16.as<uint16_t>(), int64_t(cl.value_codebooks.size()),
                             m.stream.handle());
   }
+  const bool any_coded = std::any_of(m.rules.begin(), m.rules.end(), [](const cuda::PagedRule& r) { return r.coded; });
+  m.tile_rows = cuda::paged_prefill_tile_rows(any_coded);
   m.stream.synchronize();
 }
 

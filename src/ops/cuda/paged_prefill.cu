@@ -22,12 +22,10 @@
 // (D=256 with coded layers). Variants and their times: docs/CUDA_NOTES.md section 10.
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
-#include <string_view>
 
+#include "core/env.h"
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/pq.h"
@@ -149,12 +147,21 @@ struct PrefillSmem {
   static constexpr int VH = KN * VLD;
 };
 
-size_t prefill_smem_bytes(int D, int NB, int rows, bool coded, int raw_bytes, bool books_smem, int book_halves) {
-  const int KN = kB * NB;
-  const int QLD = D + kKPad, KH = std::max(D * (KN + kKPad), KN * (D + kKPad)), VH = KN * (D + kKPad);
-  size_t b = size_t(rows) * QLD * (coded ? 2 : 1) * 2;
-  b += 2 * (size_t(KH + VH) * 2 + (coded ? size_t(raw_bytes) : 0));
-  if (coded && books_smem) b += size_t(book_halves) * 2;
+// Bytes of a stage's code-row area with NB blocks per pass: K rows (padded to 16), V rows, 16 spare
+// (code_of may read a byte or two past a row).
+int prefill_raw_bytes(const PrefillParams& pp, int NB) {
+  if (!pp.rule.coded) return 0;
+  return ((kB * NB * pp.kcb + 15) & ~15) + ((kB * NB * pp.vcb + 15) & ~15) + 16;
+}
+
+// Dynamic shared memory of prefill_kernel<D, W, NB> (the layout above).
+template <int D, int W, int NB>
+size_t prefill_smem_bytes(const PrefillParams& pp) {
+  using L = PrefillSmem<D, NB>;
+  const bool coded = pp.rule.coded;
+  size_t b = size_t(16 * W) * L::QLD * (coded ? 2 : 1) * 2;
+  b += 2 * (size_t(L::KH + L::VH) * 2 + size_t(prefill_raw_bytes(pp, NB)));
+  if (coded && pp.books_smem) b += size_t(pp.kbook_halves + pp.vbook_halves) * 2;
   return b;
 }
 
@@ -476,10 +483,8 @@ size_t smem_optin() {
 
 template <int D, int W, int NB>
 void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
-  if (pp.rule.coded)
-    pp.raw_bytes = ((kB * NB * pp.kcb + 15) & ~15) + ((kB * NB * pp.vcb + 15) & ~15) + 16;
-  const size_t smem = prefill_smem_bytes(D, NB, 16 * W, pp.rule.coded, pp.raw_bytes, pp.books_smem,
-                                         pp.kbook_halves + pp.vbook_halves);
+  pp.raw_bytes = prefill_raw_bytes(pp, NB);
+  const size_t smem = prefill_smem_bytes<D, W, NB>(pp);
   VQ_CHECK(smem <= smem_optin(), "cuda::paged_attention prefill: {} bytes of shared memory at head_dim {} (the device has {})",
            smem, D, smem_optin());
   static size_t attr = 0;
@@ -495,10 +500,8 @@ void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
 // Variant (CUDA_NOTES.md section 10): warps per tile W (VQ_PREFILL_WARPS=4 or 8) and pool blocks
 // per pass NB (VQ_PREFILL_KEYS=32 or 64 keys). Read once, so that tiles and launches agree.
 int env_choice(const char* name, int a, int b, int dflt) {
-  const char* e = std::getenv(name);
-  if (e && std::string_view(e) == std::to_string(a)) return a;
-  if (e && std::string_view(e) == std::to_string(b)) return b;
-  return dflt;
+  const std::string e = env_or_empty(name);
+  return e == std::to_string(a) ? a : e == std::to_string(b) ? b : dflt;
 }
 int prefill_warps(bool coded) {
   static const int w = env_choice("VQ_PREFILL_WARPS", 4, 8, 0);
@@ -513,9 +516,7 @@ template <int D>
 void launch_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
   int nb = prefill_blocks_per_pass();
   // Two blocks per pass where their stages fit beside the query tiles (not at D=256 with 8 warps).
-  const int raw2 = pp.rule.coded ? ((kB * 2 * pp.kcb + 15) & ~15) + ((kB * 2 * pp.vcb + 15) & ~15) + 16 : 0;
-  if (nb == 2 && prefill_smem_bytes(D, 2, 16 * w, pp.rule.coded, raw2, pp.books_smem,
-                                    pp.kbook_halves + pp.vbook_halves) > smem_optin())
+  if (nb == 2 && (w == 8 ? prefill_smem_bytes<D, 8, 2>(pp) : prefill_smem_bytes<D, 4, 2>(pp)) > smem_optin())
     nb = 1;
   if (w == 8 && nb == 2) launch<D, 8, 2>(pp, n_tiles, H, st);
   else if (w == 8) launch<D, 8, 1>(pp, n_tiles, H, st);
