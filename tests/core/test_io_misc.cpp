@@ -126,3 +126,22 @@ TEST(Env, SwitchedOffOnlyByZeroAndEmptyReadsAsUnset) {
   EXPECT_FALSE(vq::env_switched_off(name));
   unsetenv(name);
 }
+
+// A variant choice: unset or empty gives the default, an allowed value itself, anything else one
+// error naming the variable, what it held and what it may hold.
+TEST(Env, ChoiceTakesAllowedValuesAndRefusesOthers) {
+  const char* name = "VQ_TEST_ENV_CHOICE";
+  unsetenv(name);
+  EXPECT_EQ(vq::env_choice(name, {4, 8}, 0), 0);
+  setenv(name, "", 1);
+  EXPECT_EQ(vq::env_choice(name, {4, 8}, 0), 0);
+  setenv(name, "8", 1);
+  EXPECT_EQ(vq::env_choice(name, {4, 8}, 0), 8);
+  for (const char* bad : {"5", "08", "8 ", "eight"}) {
+    setenv(name, bad, 1);
+    const std::string e = vq::test::error_of([&] { vq::env_choice(name, {4, 8}, 0); });
+    EXPECT_NE(e.find("VQ_TEST_ENV_CHOICE="), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("must be 4 or 8"), std::string::npos) << bad << ": " << e;
+  }
+  unsetenv(name);
+}

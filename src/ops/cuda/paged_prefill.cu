@@ -23,7 +23,6 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
-#include <string>
 
 #include "core/env.h"
 #include "ops/cuda/cuda_check.cuh"
@@ -499,16 +498,12 @@ void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
 
 // Variant (CUDA_NOTES.md section 10): warps per tile W (VQ_PREFILL_WARPS=4 or 8) and pool blocks
 // per pass NB (VQ_PREFILL_KEYS=32 or 64 keys). Read once, so that tiles and launches agree.
-int env_choice(const char* name, int a, int b, int dflt) {
-  const std::string e = env_or_empty(name);
-  return e == std::to_string(a) ? a : e == std::to_string(b) ? b : dflt;
-}
 int prefill_warps(bool coded) {
-  static const int w = env_choice("VQ_PREFILL_WARPS", 4, 8, 0);
+  static const int w = env_choice("VQ_PREFILL_WARPS", {4, 8}, 0);
   return w ? w : coded ? 8 : 4;
 }
 int prefill_blocks_per_pass() {
-  static const int nb = env_choice("VQ_PREFILL_KEYS", 32, 64, 64) / kB;
+  static const int nb = env_choice("VQ_PREFILL_KEYS", {32, 64}, 64) / kB;
   return nb;
 }
 
