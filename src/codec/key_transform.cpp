@@ -52,6 +52,39 @@ std::vector<float> smoothing_from_abs_max(const std::vector<float>& absmax) {
   return lambda;
 }
 
+std::vector<float> smoothing_from_energy(const std::vector<double>& key_var, const std::vector<double>& query_energy,
+                                         int n_heads, int head_dim) {
+  const size_t n = size_t(n_heads) * size_t(head_dim);
+  VQ_CHECK(key_var.size() == n && query_energy.size() == n,
+           "smoothing: {} key variances and {} query energies for {} heads x {} channels", key_var.size(),
+           query_energy.size(), n_heads, head_dim);
+  std::vector<float> lambda(n);
+  for (int h = 0; h < n_heads; ++h) {
+    const size_t o = size_t(h) * head_dim;
+    double vmean = 0, qmean = 0;
+    for (int c = 0; c < head_dim; ++c) {
+      VQ_CHECK(std::isfinite(key_var[o + c]) && key_var[o + c] >= 0 && std::isfinite(query_energy[o + c]) &&
+                   query_energy[o + c] >= 0,
+               "smoothing: head {} channel {}: key variance {} / query energy {} is not a finite value >= 0", h, c,
+               key_var[o + c], query_energy[o + c]);
+      vmean += key_var[o + c] / head_dim;
+      qmean += query_energy[o + c] / head_dim;
+    }
+    // Floors relative to the head's means keep a silent channel from driving lambda to 0 or infinity.
+    const double vf = std::max(vmean * 1e-6, 1e-30), qf = std::max(qmean * 1e-6, 1e-30);
+    std::vector<double> l(static_cast<size_t>(head_dim));
+    double log_sum = 0;
+    for (int c = 0; c < head_dim; ++c) {
+      l[size_t(c)] = std::pow((key_var[o + c] + vf) / (query_energy[o + c] + qf), 0.25);
+      log_sum += std::log(l[size_t(c)]);
+    }
+    const double g = std::exp(log_sum / head_dim);
+    for (int c = 0; c < head_dim; ++c)
+      lambda[o + c] = float(std::clamp(l[size_t(c)] / g, double(kMinLambda), 65504.0));
+  }
+  return lambda;
+}
+
 std::vector<float> smoothing_factors(const float* k, int64_t n_tokens, int n_heads, int head_dim) {
   std::vector<float> absmax(size_t(n_heads) * head_dim, 0.0f);
   update_abs_max(k, n_tokens, n_heads, head_dim, absmax.data());

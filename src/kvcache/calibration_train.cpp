@@ -20,6 +20,8 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
            cfg.name());
   cfg.validate(D);
   VQ_CHECK(k.size() == v.size() && !k.empty(), "calibrate: {} key and {} value layers", k.size(), v.size());
+  VQ_CHECK(opt.query_energy.empty() || opt.query_energy.size() == k.size(),
+           "calibrate: query energy of {} layers for {} layers of keys", opt.query_energy.size(), k.size());
   VQ_CHECK(opt.segment_tokens >= 0 && opt.skip_tokens >= 0, "calibrate: segment_tokens {} and skip_tokens {} must be >= 0",
            opt.segment_tokens, opt.skip_tokens);
   // used: the token indices that train (every sequence's first skip_tokens left out)
@@ -53,7 +55,22 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
     update_abs_max(k[l], n, H, D, absmax.data());    // first checks every key is finite (names the token)
     std::fill(absmax.begin(), absmax.end(), 0.0f);
     for (int64_t t : used) update_abs_max(k[l] + size_t(t) * H * D, 1, H, D, absmax.data());
-    c.layers[l].smoothing = smoothing_from_abs_max(absmax);
+    if (opt.query_energy.empty()) {
+      c.layers[l].smoothing = smoothing_from_abs_max(absmax);
+    } else {
+      // key_var: [H, D] variance of each key channel over the used tokens
+      std::vector<double> mean(size_t(H) * D, 0.0), var(size_t(H) * D, 0.0);
+      for (int64_t t : used)
+        for (size_t i = 0; i < mean.size(); ++i) mean[i] += k[l][size_t(t) * H * D + i];
+      for (auto& m : mean) m /= double(nu);
+      for (int64_t t : used)
+        for (size_t i = 0; i < var.size(); ++i) {
+          const double d = k[l][size_t(t) * H * D + i] - mean[i];
+          var[i] += d * d;
+        }
+      for (auto& x : var) x /= double(nu);
+      c.layers[l].smoothing = smoothing_from_energy(var, opt.query_energy[l], H, D);
+    }
     c.layers[l].key_codebooks.resize(c.key_codebook_floats());
     c.layers[l].value_codebooks.resize(c.value_codebook_floats());
   }

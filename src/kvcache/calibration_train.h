@@ -22,6 +22,11 @@ struct CalibTrainOptions {
   // KL vs fp16 of SmolLM2 d4b8 from 0.029 to 0.027).
   int segment_tokens = 0;
   int skip_tokens = 4;
+  // Query energy per layer (issue 18): query_energy[l]: [n_kv_heads * head_dim], the mean square of
+  // each channel of the post-RoPE queries of that KV head's query heads over the calibration text.
+  // Given, the smoothing factors are query-aware (codec/key_transform.h smoothing_from_energy);
+  // empty, they come from the keys' absolute maxima alone (VecInfer's original rule).
+  std::vector<std::vector<double>> query_energy;
   // Called after each finished (layer, head, K/V) job with (done, total); from worker threads,
   // serialised by the trainer.
   std::function<void(int, int)> progress;

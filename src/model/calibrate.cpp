@@ -17,8 +17,8 @@
 namespace vq {
 
 // Tag of the first-use calibration recipe, part of the cached file's name. -r2: sinks left out of
-// training (CalibTrainOptions::skip_tokens).
-static constexpr const char* kCalibRecipe = "-r2";
+// training (CalibTrainOptions::skip_tokens); -r3: query-aware smoothing (issue 18).
+static constexpr const char* kCalibRecipe = "-r3";
 // Tokens per calibration sequence (see calibrate_model).
 static constexpr int kCalibSegment = 2048;
 
@@ -71,12 +71,21 @@ KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int s
   rec.n_tokens = n;
   rec.keys.resize(size_t(mc.n_layers));
   rec.values.resize(size_t(mc.n_layers));
+  rec.query_energy.assign(size_t(mc.n_layers), std::vector<double>(size_t(mc.n_kv_heads) * mc.head_dim, 0.0));
   for (int s0 = 0; s0 < n; s0 += seg) {
     const int ns = std::min(seg, n - s0);
     // The model runs with an fp16 cache; the observer records each layer's keys and values.
     Session s(model, KVSpec{KVCacheConfig{}, nullptr}, ns, Session::kDefaultChunk, size_t(-1), device);
-    s.forward_pass().set_kv_observer([&](int layer, int, const float*, const float* k, const float* v, int m) {
+    s.forward_pass().set_kv_observer([&](int layer, int, const float* q, const float* k, const float* v, int m) {
       const size_t e = size_t(m) * mc.n_kv_heads * mc.head_dim;
+      auto& qe = rec.query_energy[size_t(layer)];
+      const int group = mc.n_heads / mc.n_kv_heads;
+      for (int t = 0; t < m; ++t)
+        for (int hq = 0; hq < mc.n_heads; ++hq) {
+          const float* row = q + (size_t(t) * mc.n_heads + hq) * mc.head_dim;
+          double* dst = qe.data() + size_t(hq / group) * mc.head_dim;
+          for (int c = 0; c < mc.head_dim; ++c) dst[c] += double(row[c]) * row[c];
+        }
       rec.keys[size_t(layer)].insert(rec.keys[size_t(layer)].end(), k, k + e);
       rec.values[size_t(layer)].insert(rec.values[size_t(layer)].end(), v, v + e);
     });
@@ -87,6 +96,9 @@ KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int s
       if (progress) progress("prefill", s0 + done + m, n);
     }
   }
+  const double per = double(n) * (mc.n_heads / mc.n_kv_heads);
+  for (auto& layer : rec.query_energy)
+    for (auto& x : layer) x /= per;
   return rec;
 }
 
@@ -102,6 +114,7 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
     v.push_back(rec.values[size_t(l)].data());
   }
   if (progress) opt.progress = [&](int d, int t) { progress("train", d, t); };
+  if (opt.query_energy.empty()) opt.query_energy = rec.query_energy;
   return train_calibration(cfg, mc.n_kv_heads, mc.head_dim, k, v, rec.n_tokens, opt, model_name);
 }
 

@@ -24,9 +24,12 @@ std::string read_text_file(const std::string& path);
 
 // Every layer's post-RoPE keys and values of the model over ids, run with an fp16 cache as
 // independent sequences of `segment` tokens: keys[l], values[l]: [n_tokens, n_kv_heads, head_dim].
+// query_energy[l]: [n_kv_heads, head_dim], the mean square of each post-RoPE query channel over the
+// tokens and the query heads of each KV head (for query-aware smoothing, calibration_train.h).
 struct KVRecording {
   int64_t n_tokens = 0;
   std::vector<std::vector<float>> keys, values;
+  std::vector<std::vector<double>> query_energy;
 };
 KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int segment,
                       const CalibProgress& progress = {}, KVDevice device = KVDevice::cpu);

