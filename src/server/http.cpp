@@ -197,7 +197,8 @@ struct Conn {
   int fd = -1;
   std::string peer;
   std::string buf;  // received, not yet consumed
-  enum Phase { idle, head, body } phase = idle;
+  enum Phase { idle, head, body, linger } phase = idle;  // linger: refused, reading what is left to drop it
+  size_t dropped = 0;
   Clock::time_point deadline;
   Request req;
   size_t head_len = 0;
@@ -275,11 +276,11 @@ struct Server::Impl {
              std::to_string(status) + "}}";
     const std::string out = head_of(r, false, false, r.body.size()) + r.body;
     [[maybe_unused]] ssize_t w = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    // Read what the client already sent, so that the close does not reset the connection (a
-    // reset may discard the answer before the client reads it).
+    // No more from us; what the client still sends is read and dropped (a lingering close), so
+    // that closing does not reset the connection (a reset may discard the answer unread).
     ::shutdown(fd, SHUT_WR);
     char sink[4096];
-    for (int i = 0; i < 64 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+    for (int i = 0; i < 16 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
     }
   }
 
@@ -299,6 +300,11 @@ struct Server::Impl {
   // to a worker (the caller drops it from its list).
   bool advance(std::unique_ptr<Conn>& cp) {
     Conn& c = *cp;
+    if (c.phase == Conn::linger) {
+      if (c.dropped <= 4 * lim.request.max_body_bytes + (1 << 20)) return true;
+      close_conn(c);
+      return false;
+    }
     if (c.phase == Conn::idle || c.phase == Conn::head) {
       if (c.buf.empty()) return true;
       if (c.phase == Conn::idle) {
@@ -310,8 +316,12 @@ struct Server::Impl {
       if (h.kind == HeadResult::error) {
         refuse(c.fd, h.status, h.message);
         if (logger) logger(nullptr, h.status);
-        close_conn(c);
-        return false;
+        // Linger: drop what the client still sends (e.g. the rest of a too-large body) until it
+        // closes, for at most the head deadline and 4 x the body limit.
+        c.phase = Conn::linger;
+        c.buf.clear();
+        c.deadline = Clock::now() + std::chrono::seconds(lim.head_timeout_s);
+        return true;
       }
       c.head_len = h.head_len;
       c.req.peer = c.peer;
@@ -377,6 +387,7 @@ struct Server::Impl {
     std::vector<std::unique_ptr<Conn>> conns;
     std::vector<pollfd> pfds;
     std::vector<char> rbuf(64 << 10);
+    const size_t read_cap = lim.request.max_head_bytes + lim.request.max_body_bytes + rbuf.size();
     while (!stopping) {
       std::vector<std::unique_ptr<Conn>> returned;
       {
@@ -413,8 +424,10 @@ struct Server::Impl {
           for (;;) {
             const ssize_t r = ::recv(c->fd, rbuf.data(), rbuf.size(), 0);
             if (r > 0) {
-              c->buf.append(rbuf.data(), size_t(r));
-              if (size_t(r) < rbuf.size()) break;
+              if (c->phase == Conn::linger) c->dropped += size_t(r);
+              else c->buf.append(rbuf.data(), size_t(r));
+              // At most one request's worth per turn (the rest waits in the kernel).
+              if (size_t(r) < rbuf.size() || c->buf.size() > read_cap || c->phase == Conn::linger) break;
               continue;
             }
             if (r < 0 && errno == EINTR) continue;
@@ -426,7 +439,7 @@ struct Server::Impl {
           if (alive) alive = advance(c);
         }
         if (alive && c->deadline <= now) {
-          if (c->phase != Conn::idle) {
+          if (c->phase == Conn::head || c->phase == Conn::body) {
             refuse(c->fd, 408,
                    c->phase == Conn::head ? "the request head did not arrive in time" : "the request body did not arrive in time");
             if (logger) logger(nullptr, 408);
