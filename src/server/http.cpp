@@ -199,6 +199,7 @@ struct Conn {
   std::string buf;  // received, not yet consumed
   enum Phase { idle, head, body, linger } phase = idle;  // linger: refused, reading what is left to drop it
   size_t dropped = 0;
+  size_t reserved = 0;  // of Impl::body_reserved
   Clock::time_point deadline;
   Request req;
   size_t head_len = 0;
@@ -246,6 +247,8 @@ struct Server::Impl {
   int listen_fd = -1;
   int wake[2] = {-1, -1};  // a pipe that wakes the event thread (a connection back, or stop)
   std::atomic<bool> stopping{false};
+  Clock::time_point accept_paused_until{};  // event thread only
+  size_t body_reserved = 0;                  // event thread only: bodies announced, not yet complete
 
   std::mutex mu;  // guards what follows
   std::condition_variable cv;
@@ -261,6 +264,10 @@ struct Server::Impl {
   }
 
   void close_conn(Conn& c) {
+    if (c.reserved) {  // only in the event thread (a body phase cut short); workers get 0
+      body_reserved -= c.reserved;
+      c.reserved = 0;
+    }
     ::close(c.fd);
     std::lock_guard<std::mutex> lock(mu);
     if (--per_client[c.peer] <= 0) per_client.erase(c.peer);
@@ -323,6 +330,17 @@ struct Server::Impl {
         c.deadline = Clock::now() + std::chrono::seconds(lim.head_timeout_s);
         return true;
       }
+      // Bodies being received are buffered whole: their total is bounded, beyond it 503.
+      if (body_reserved + c.req.content_length > lim.max_buffered_bytes) {
+        refuse(c.fd, 503, "the server is receiving too many request bodies; retry later");
+        if (logger) logger(nullptr, 503);
+        c.phase = Conn::linger;
+        c.buf.clear();
+        c.deadline = Clock::now() + std::chrono::seconds(lim.head_timeout_s);
+        return true;
+      }
+      body_reserved += c.req.content_length;
+      c.reserved = c.req.content_length;
       c.head_len = h.head_len;
       c.req.peer = c.peer;
       c.phase = Conn::body;
@@ -336,6 +354,8 @@ struct Server::Impl {
       }
       return true;
     }
+    body_reserved -= c.reserved;
+    c.reserved = 0;
     c.req.body = c.buf.substr(c.head_len, c.req.content_length);
     c.buf.erase(0, c.head_len + c.req.content_length);
     {
@@ -352,7 +372,13 @@ struct Server::Impl {
       sockaddr_storage ss{};
       socklen_t len = sizeof ss;
       const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN, or out of descriptors (retried at the next poll)
+      if (fd < 0) {
+        // Out of descriptors: the listener stays readable, so leave it out of poll for a moment
+        // instead of spinning (the connections waiting stay in the backlog).
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+          accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
+        return;
+      }
       char host[NI_MAXHOST] = "?";
       getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
       std::string peer = host;
@@ -397,9 +423,10 @@ struct Server::Impl {
       // A returned connection may hold its next (pipelined) request already.
       for (auto& c : returned)
         if (advance(c)) conns.push_back(std::move(c));
-      pfds.assign({{listen_fd, POLLIN, 0}, {wake[0], POLLIN, 0}});
       auto now = Clock::now();
+      pfds.assign({{now < accept_paused_until ? -1 : listen_fd, POLLIN, 0}, {wake[0], POLLIN, 0}});
       auto next = now + std::chrono::seconds(1);
+      if (now < accept_paused_until) next = std::min(next, accept_paused_until);
       for (auto& c : conns) {
         pfds.push_back({c->fd, POLLIN, 0});
         next = std::min(next, c->deadline);

@@ -12,7 +12,8 @@
 //   - a complete request goes to a worker pool; the connection comes back to the event thread
 //     once its response is written, so pipelined requests are answered one after the other, in
 //     order, on the same connection;
-//   - caps on connections in total and per client address (past them: 503 and close at accept);
+//   - caps on connections in total and per client address (past them: 503 and close at accept),
+//     and on the request bodies being received at once (503 past it), so memory stays bounded;
 //   - strict parsing (parse_head, fuzzed by fuzz/fuzz_http.cpp): one Content-Length of digits
 //     only, no request Transfer-Encoding, CRLF line ends, bounded head size and header count.
 #include <cstddef>
@@ -88,6 +89,7 @@ struct ServerLimits {
   int max_per_client = 256;    // open at once from one address
   int backlog = 4096;          // listen(2)'s backlog (capped by the kernel's somaxconn)
   int workers = 8;             // threads running handlers (streams hold theirs to the end)
+  size_t max_buffered_bytes = size_t(256) << 20;  // bodies being received at once, in total (503 past it)
 };
 
 class Server {

@@ -408,6 +408,7 @@ struct HttpServer::Impl {
     l.max_connections = opt.max_connections;
     l.max_per_client = opt.max_per_client;
     l.backlog = std::max(128, opt.max_connections);
+    l.max_buffered_bytes = std::max(size_t(256) << 20, 4 * opt.max_body_bytes);
     // A thread per request that may be in flight, plus a few for 429s, health and metrics;
     // streaming responses hold theirs for their whole length.
     l.workers = engine.options().max_sequences + opt.max_queue + 4;
