@@ -335,3 +335,20 @@ def test_request_past_the_budget_is_400_before_streaming():
         assert 'vq_requests_total{endpoint="/v1/completions",status="400"} 1' in text, text
     finally:
         assert s.stop() == 0
+
+
+def test_bad_server_flags_refused_before_the_model(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    cases = [(["--api-key", "a", "--api-key-file", str(empty)], "give one of them"),
+             (["--api-key-file", str(tmp_path / "missing")], "--api-key-file: cannot read"),
+             (["--api-key-file", str(empty)], "holds no key"),
+             (["--api-key", "has space"], "printable ASCII"),
+             (["--header-timeout", "0"], "--header-timeout"),
+             (["--body-timeout", "-1"], "--body-timeout"),
+             (["--max-connections", "0"], "--max-connections"),
+             (["--max-connections-per-client", "0"], "--max-connections-per-client")]
+    for args, needle in cases:
+        r = subprocess.run([VQ_BIN, "serve", "-m", str(tmp_path / "no-such-model.gguf"), *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and needle in r.stderr and "no-such-model" not in r.stderr, (args, r.stderr)
