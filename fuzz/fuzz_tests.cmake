@@ -14,6 +14,11 @@ if(VQ_FUZZ_CLANGXX)
   endforeach()
   # Both write into the same --out directory (separate binaries and corpora); one at a time.
   set_tests_properties(fuzz_gguf_short fuzz_calibration_short PROPERTIES RESOURCE_LOCK vq_fuzz_out)
+  # The server's HTTP request-head parser (fuzz/fuzz_http.cpp), 120 s: labelled fuzz/slow too.
+  add_test(NAME fuzz_http_short
+           COMMAND ${PROJECT_SOURCE_DIR}/fuzz/run_fuzz.sh --target http --seconds 120 --out ${PROJECT_BINARY_DIR}/fuzz)
+  set_tests_properties(fuzz_http_short PROPERTIES
+    ENVIRONMENT "VQ_FUZZ_CXX=${VQ_FUZZ_CLANGXX}" LABELS "fuzz;slow" TIMEOUT 600 RESOURCE_LOCK vq_fuzz_out)
 else()
   message(STATUS "VeloxQuant: clang++ not found, the fuzz tests are not registered")
 endif()

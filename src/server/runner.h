@@ -70,6 +70,7 @@ class Runner {
   void delete_session(const std::string& name);
   std::vector<SessionInfo> sessions();
   const KVIdentity& identity() const { return identity_; }
+  const std::string& session_dir() const { return session_dir_; }
 
  private:
   struct Session {

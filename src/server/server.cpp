@@ -1,12 +1,11 @@
 #include "server/server.h"
 
-#include <httplib.h>
-
 #include <atomic>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "model/model.h"
+#include "server/http.h"
 #include "server/logprobs.h"
 
 namespace vq {
@@ -17,10 +16,61 @@ using Clock = std::chrono::steady_clock;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void send_error(httplib::Response& res, int status, const std::string& msg, const std::string& type = "",
+void send_error(http::Response& res, int status, const std::string& msg, const std::string& type = "",
                 const std::string& param = "") {
   res.status = status;
   res.set_content(error_body(status, msg, type, param), "application/json");
+}
+
+// Equal strings, in time that depends on their lengths only (an API key check).
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+// The media type of a Content-Type value (before any parameter), lowercased and trimmed.
+std::string media_type(const std::string* v) {
+  if (!v) return "";
+  std::string t = v->substr(0, v->find(';'));
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+  size_t i = 0;
+  while (i < t.size() && (t[i] == ' ' || t[i] == '\t')) ++i;
+  t.erase(0, i);
+  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return t;
+}
+
+// A message for clients: every occurrence of a server-side folder replaced by nothing, so that
+// "cannot open /srv/x/sessions/a.vqkv" reads "cannot open a.vqkv".
+std::string without_dir(std::string msg, const std::string& dir) {
+  if (dir.empty()) return msg;
+  for (const std::string& d : {dir + "/", dir}) {
+    for (size_t at = msg.find(d); at != std::string::npos; at = msg.find(d, at)) msg.erase(at, d.size());
+  }
+  // Any other absolute path (a word starting with '/' holding another '/'): its last part only.
+  std::string out;
+  for (size_t i = 0; i < msg.size();) {
+    const bool word_start = i == 0 || msg[i - 1] == ' ' || msg[i - 1] == '\'' || msg[i - 1] == '"' || msg[i - 1] == '(';
+    if (msg[i] == '/' && word_start) {
+      size_t e = i;
+      while (e < msg.size() && msg[e] != ' ' && msg[e] != '\'' && msg[e] != '"' && msg[e] != ':' && msg[e] != ')' &&
+             msg[e] != ',')
+        ++e;
+      const std::string w = msg.substr(i, e - i);
+      const size_t last = w.find_last_of('/');
+      out += last > 0 ? w.substr(last + 1) : w;
+      i = e;
+    } else {
+      out += msg[i++];
+    }
+  }
+  return out;
 }
 
 int64_t unix_now() {
@@ -42,7 +92,8 @@ struct HttpServer::Impl {
   Runner& runner;
   Metrics& metrics;
   ServerOptions opt;
-  httplib::Server svr;
+  std::unique_ptr<http::Server> svr;
+  int64_t max_fit_tokens = 0;  // the most tokens one sequence's KV can hold within the pool's budget
   std::atomic<bool> draining{false};
   std::atomic<int64_t> active{0};  // generation responses not ended yet
   std::atomic<int64_t> next_id{0};
@@ -50,7 +101,36 @@ struct HttpServer::Impl {
 
   Impl(Engine& e, Runner& r, Metrics& m, const ServerOptions& o) : engine(e), runner(r), metrics(m), opt(o) {
     n_ctx = e.options().n_ctx;
-    routes();
+    max_fit_tokens = fit_tokens();
+    svr = make_http();
+  }
+
+  // The most tokens a lone sequence's KV can take within the pool's budget (the engine ends a
+  // sequence that outgrows the whole pool with an error mid-stream: refuse those up front).
+  int64_t fit_tokens() {
+    int64_t best = 0;
+    runner.call([&] {
+      KVStore& kv = engine.kv();
+      const size_t budget = kv.pool().budget_bytes();
+      SeqKV s = kv.new_sequence();
+      auto bytes = [&](int64_t n) {
+        std::vector<int64_t> counts(size_t(kv.pool().n_arenas()), 0);
+        kv.blocks_for_append(s, n, counts);
+        return kv.pool().bytes_of(counts);
+      };
+      int64_t lo = 0, hi = std::max<int64_t>(1, n_ctx);
+      if (bytes(hi) <= budget) {
+        lo = hi;
+      } else {
+        while (hi - lo > 1) {  // bytes(lo) fits, bytes(hi) does not
+          const int64_t mid = lo + (hi - lo) / 2;
+          (bytes(mid) <= budget ? lo : hi) = mid;
+        }
+      }
+      kv.release(s);
+      best = lo;
+    });
+    return best;
   }
 
   json usage(const Channel& c) const {
@@ -89,7 +169,7 @@ struct HttpServer::Impl {
     }
   };
 
-  void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+  void generate(const http::Request& req, http::Response& res, bool chat) {
     const auto arrived = Clock::now();
     ActiveGuard guard(active);
     if (draining) return send_error(res, 503, "the server is shutting down", "server_busy");
@@ -111,6 +191,14 @@ struct HttpServer::Impl {
     } catch (const Error& e) {
       return send_error(res, 400, e.what());  // e.g. a tokenizer refusing the text
     }
+    const int64_t need = int64_t(p.prompt.size()) + p.max_tokens;
+    if (need > max_fit_tokens)
+      return send_error(res, 400,
+                        "this request needs the KV of " + std::to_string(need) + " tokens (prompt " +
+                            std::to_string(p.prompt.size()) + " + max_tokens " + std::to_string(p.max_tokens) +
+                            ") but the server's KV budget holds at most " + std::to_string(max_fit_tokens) +
+                            " tokens for one sequence: shorten the prompt or lower max_tokens",
+                        "", int64_t(p.prompt.size()) >= max_fit_tokens ? (chat ? "messages" : "prompt") : "max_tokens");
     if (runner.in_flight() >= int64_t(engine.options().max_sequences) + opt.max_queue) {
       res.set_header("Retry-After", "1");
       return send_error(res, 429, "too many requests in flight; retry later", "rate_limit_error");
@@ -123,12 +211,9 @@ struct HttpServer::Impl {
     res.set_header("Cache-Control", "no-cache");
     auto st = std::make_shared<StreamState>();
     guard.armed = false;  // the releaser below ends it
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, ch, id, created, st](size_t, httplib::DataSink& sink) {
-          return stream_step(*ch, sink, id, created, *st);
-        },
-        [this, ch](bool) {
+    res.content_type = "text/event-stream";
+    res.step = [this, ch, id, created, st](http::Sink& sink) { return stream_step(*ch, sink, id, created, *st); };
+    res.release = [this, ch](bool) {
           bool done;
           {
             std::lock_guard<std::mutex> lock(ch->mu);
@@ -136,7 +221,7 @@ struct HttpServer::Impl {
           }
           if (!done) runner.cancel(*ch);  // the client went away
           --active;
-        });
+        };
   }
 
   struct StreamState {
@@ -145,7 +230,7 @@ struct HttpServer::Impl {
   };
 
   // Waits for news (up to 1 s), sends it; false ends the response (and cancels an unfinished one).
-  bool stream_step(Channel& c, httplib::DataSink& sink, const std::string& id, int64_t created, StreamState& st) {
+  bool stream_step(Channel& c, http::Sink& sink, const std::string& id, int64_t created, StreamState& st) {
     std::string text;
     bool done;
     json lp;
@@ -185,11 +270,11 @@ struct HttpServer::Impl {
       }
     }
     send("data: [DONE]\n\n");
-    sink.done();
+    sink.done = true;
     return true;
   }
 
-  void finish_plain(httplib::Response& res, Channel& c, const std::string& id, int64_t created) {
+  void finish_plain(http::Response& res, Channel& c, const std::string& id, int64_t created) {
     {
       std::unique_lock<std::mutex> lock(c.mu);
       c.cv.wait(lock, [&] { return c.done; });
@@ -211,10 +296,10 @@ struct HttpServer::Impl {
     res.set_content(dump(out), "application/json");
   }
 
-  void session_op(const httplib::Request& req, httplib::Response& res, const std::string& op) {
-    const std::string name = req.matches[1];
+  void session_op(const std::string& name, http::Response& res, const std::string& op) {
     if (!valid_session_name(name))
       return send_error(res, 400, "session ids are 1..64 characters of [A-Za-z0-9_.-], not starting with '.'", "", "id");
+    const std::string& dir = runner.session_dir();
     try {
       if (op == "delete") {
         runner.delete_session(name);
@@ -224,65 +309,125 @@ struct HttpServer::Impl {
       res.set_content(dump({{"id", s.name}, {"n_tokens", s.n_tokens}, {"n_kv", s.n_kv}, {op == "save" ? "saved" : "restored", true}}),
                       "application/json");
     } catch (const ApiError& e) {
-      send_error(res, e.status, e.what(), e.type, e.param);
+      send_error(res, e.status, without_dir(e.what(), dir), e.type, e.param);
     } catch (const std::exception& e) {
-      send_error(res, 500, e.what());
+      send_error(res, 500, "session '" + name + "': " + without_dir(e.what(), dir));
     }
   }
 
-  void routes() {
-    svr.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, false); });
-    svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, true); });
-    svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
+  // CORS: only with --allow-origin, and only for that origin (or any with "*").
+  void cors(const http::Request& q, http::Response& r) const {
+    if (opt.allow_origin.empty()) return;
+    const std::string* origin = q.header("Origin");
+    if (!origin) return;
+    if (opt.allow_origin != "*" && *origin != opt.allow_origin) return;
+    r.set_header("Access-Control-Allow-Origin", opt.allow_origin == "*" ? "*" : *origin);
+    if (opt.allow_origin != "*") r.set_header("Vary", "Origin");
+  }
+
+  void handle(const http::Request& q, http::Response& r) {
+    cors(q, r);
+    const std::string& path = q.path;
+    if (q.method == "OPTIONS") {
+      if (opt.allow_origin.empty() || r.headers.empty())
+        return send_error(r, 405, "OPTIONS: cross-origin requests are not enabled (start the server with --allow-origin)");
+      r.status = 204;
+      r.content_type.clear();
+      r.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+      r.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      r.set_header("Access-Control-Max-Age", "600");
+      return;
+    }
+    if (!opt.api_key.empty() && path != "/health") {
+      const std::string* auth = q.header("Authorization");
+      const std::string prefix = "Bearer ";
+      const bool ok = auth && auth->size() > prefix.size() && auth->compare(0, prefix.size(), prefix) == 0 &&
+                      same_secret(auth->substr(prefix.size()), opt.api_key);
+      if (!ok) {
+        r.set_header("WWW-Authenticate", "Bearer");
+        r.status = 401;
+        r.set_content(dump({{"error",
+                             {{"message", auth ? "invalid API key (send Authorization: Bearer <key>)"
+                                               : "an API key is needed: send Authorization: Bearer <key>"},
+                              {"type", "invalid_request_error"},
+                              {"param", nullptr},
+                              {"code", "invalid_api_key"}}}}),
+                      "application/json");
+        return;
+      }
+    }
+    if (q.method == "POST" && media_type(q.header("Content-Type")) != "application/json")
+      return send_error(r, 415, "POST bodies must be sent with Content-Type: application/json");
+    auto method_is = [&](const char* m) {
+      if (q.method == m) return true;
+      send_error(r, 405, "method " + q.method + " is not allowed on " + path);
+      return false;
+    };
+    if (path == "/v1/completions") {
+      if (method_is("POST")) generate(q, r, false);
+    } else if (path == "/v1/chat/completions") {
+      if (method_is("POST")) generate(q, r, true);
+    } else if (path == "/v1/models") {
+      if (!method_is("GET")) return;
       const json m = {{"id", opt.model_name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "veloxquant"}};
       r.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
-    });
-    svr.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
+    } else if (path == "/health") {
+      if (!method_is("GET")) return;
       r.status = draining ? 503 : 200;
       r.set_content(dump({{"status", draining ? "stopping" : "ok"}}), "application/json");
-    });
-    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+    } else if (path == "/metrics") {
+      if (!method_is("GET")) return;
       r.set_content(metrics.render(engine.stats()), "text/plain; version=0.0.4");
-    });
-    svr.Get("/v1/sessions", [this](const httplib::Request&, httplib::Response& r) {
+    } else if (path == "/v1/sessions") {
+      if (!method_is("GET")) return;
       json list = json::array();
       for (const SessionInfo& s : runner.sessions()) list.push_back({{"id", s.name}, {"n_tokens", s.n_tokens}, {"n_kv", s.n_kv}});
       r.set_content(dump({{"object", "list"}, {"data", list}}), "application/json");
-    });
-    svr.Post(R"(/v1/sessions/([^/]+)/save)", [this](const httplib::Request& q, httplib::Response& r) { session_op(q, r, "save"); });
-    svr.Post(R"(/v1/sessions/([^/]+)/restore)",
-             [this](const httplib::Request& q, httplib::Response& r) { session_op(q, r, "restore"); });
-    svr.Delete(R"(/v1/sessions/([^/]+))", [this](const httplib::Request& q, httplib::Response& r) { session_op(q, r, "delete"); });
-    // Whatever httplib answers by itself (404, 413, 400 on a broken request line) gets a JSON body.
-    svr.set_error_handler([](const httplib::Request&, httplib::Response& r) {
-      if (!r.body.empty()) return;
-      const char* msg = r.status == 404   ? "no such endpoint"
-                        : r.status == 413 ? "the request body is too large"
-                                          : "bad request (malformed HTTP, or a POST without a body or Content-Length: "
-                                            "send one, e.g. curl -d '')";
-      r.set_content(error_body(r.status, msg), "application/json");
-    });
-    svr.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
-      std::string what = "internal error";
-      try {
-        std::rethrow_exception(ep);
-      } catch (const std::exception& e) {
-        what = std::string("internal error: ") + e.what();
-      } catch (...) {
+    } else if (path.rfind("/v1/sessions/", 0) == 0) {
+      std::string rest = path.substr(13);
+      const size_t slash = rest.find('/');
+      const std::string id = rest.substr(0, slash), op = slash == std::string::npos ? "" : rest.substr(slash + 1);
+      if (op.empty()) {
+        if (method_is("DELETE")) session_op(id, r, "delete");
+      } else if (op == "save" || op == "restore") {
+        if (method_is("POST")) session_op(id, r, op);
+      } else {
+        send_error(r, 404, "no such endpoint");
       }
-      send_error(r, 500, what);
-    });
-    svr.set_logger([this](const httplib::Request& q, const httplib::Response& r) {
-      metrics.count_response(endpoint_of(q.path), r.status);
-    });
-    svr.set_payload_max_length(opt.max_body_bytes);
-    svr.set_keep_alive_timeout(opt.keep_alive_s);
-    svr.set_read_timeout(10);
-    svr.set_write_timeout(10);
-    // A thread per connection up to every request that may be in flight, plus a few for 429s,
-    // health and metrics; streaming responses hold theirs for their whole length.
-    const size_t threads = size_t(engine.options().max_sequences + opt.max_queue + 4);
-    svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    } else {
+      send_error(r, 404, "no such endpoint");
+    }
+  }
+
+  http::ServerLimits limits() const {
+    http::ServerLimits l;
+    l.request.max_body_bytes = opt.max_body_bytes;
+    l.keep_alive_s = opt.keep_alive_s;
+    l.head_timeout_s = opt.head_timeout_s;
+    l.body_timeout_s = opt.body_timeout_s;
+    l.max_connections = opt.max_connections;
+    l.max_per_client = opt.max_per_client;
+    l.backlog = std::max(128, opt.max_connections);
+    l.max_buffered_bytes = std::max(size_t(256) << 20, 4 * opt.max_body_bytes);
+    // A thread per request that may be in flight, plus a few for 429s, health and metrics;
+    // streaming responses hold theirs for their whole length.
+    l.workers = engine.options().max_sequences + opt.max_queue + 4;
+    return l;
+  }
+
+  std::unique_ptr<http::Server> make_http() {
+    return std::make_unique<http::Server>(
+        limits(),
+        [this](const http::Request& q, http::Response& r) {
+          try {
+            handle(q, r);
+          } catch (const std::exception& e) {
+            r = http::Response();
+            cors(q, r);
+            send_error(r, 500, std::string("internal error: ") + without_dir(e.what(), runner.session_dir()));
+          }
+        },
+        [this](const http::Request* q, int status) { metrics.count_response(q ? endpoint_of(q->path) : "other", status); });
   }
 };
 
@@ -293,12 +438,12 @@ HttpServer::~HttpServer() = default;
 
 int HttpServer::bind() {
   const ServerOptions& o = impl_->opt;
-  const int port = o.port == 0 ? impl_->svr.bind_to_any_port(o.host) : (impl_->svr.bind_to_port(o.host, o.port) ? o.port : -1);
+  const int port = impl_->svr->bind(o.host, o.port);
   VQ_CHECK(port > 0, "cannot listen on {}:{} (in use, or not an address of this machine)", o.host, o.port);
   return port;
 }
 
-void HttpServer::run() { impl_->svr.listen_after_bind(); }
+void HttpServer::run() { impl_->svr->run(); }
 
 void HttpServer::drain() { impl_->draining = true; }
 
@@ -306,7 +451,7 @@ int64_t HttpServer::active() const { return impl_->active; }
 
 void HttpServer::stop() {
   impl_->draining = true;
-  impl_->svr.stop();
+  impl_->svr->stop();
 }
 
 }  // namespace vq

@@ -4,6 +4,13 @@
 //   GET  /v1/models, /health, /metrics           (Prometheus text)
 //   GET  /v1/sessions; POST /v1/sessions/{id}/save, /v1/sessions/{id}/restore; DELETE /v1/sessions/{id}
 // Every bad input is a 4xx with OpenAI's JSON error body; the server never exits on input.
+// HTTP itself (deadlines, connection caps, pipelining, strict heads): server/http.h.
+// Security: with an API key every endpoint but /health needs `Authorization: Bearer <key>` (401
+// otherwise, compared in constant time); every POST needs `Content-Type: application/json` (415
+// otherwise: a cross-site HTML form or a no-cors fetch cannot send it without a CORS preflight);
+// CORS headers only with allow_origin; client-facing errors name sessions, never server paths.
+// A request whose prompt + max_tokens cannot fit the KV pool's budget even alone gets 400 before
+// anything runs.
 // Requests past --parallel + --max-queue in flight get 429 with Retry-After. A streaming client
 // that goes away is cancelled at its next write (tokens or a keep-alive comment each second), so
 // its blocks are freed; a non-streaming one runs to its end (max_tokens bounds it).
@@ -24,7 +31,11 @@ struct ServerOptions {
   std::string model_name;   // the id /v1/models lists and responses carry
   int max_queue = 64;       // requests waiting beyond the running ones before 429
   size_t max_body_bytes = size_t(4) << 20;
-  int keep_alive_s = 2;
+  int keep_alive_s = 5;
+  std::string api_key;       // non-empty: every endpoint but /health needs `Authorization: Bearer <key>`
+  std::string allow_origin;  // non-empty: CORS for this origin ("*": any); empty: no CORS headers
+  int max_connections = 4096, max_per_client = 256;  // open connections in total / per client address
+  int head_timeout_s = 10, body_timeout_s = 60;      // the whole request head / body must arrive in this
 };
 
 class HttpServer {

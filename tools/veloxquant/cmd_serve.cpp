@@ -4,9 +4,13 @@
 // running after --shutdown-grace seconds, or at a second signal), exit 0.
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -30,6 +34,8 @@ namespace {
 
 struct ServeOptions {
   std::string model, kv_cache = "fp16", calib, host = "127.0.0.1", device = "cpu", alias, session_dir = "sessions";
+  std::string api_key, api_key_file, allow_origin;
+  int max_connections = 4096, max_per_client = 256, header_timeout_s = 10, body_timeout_s = 60;
   int port = 8080, parallel = 8, batch = 512, n_ctx = 0, threads = 0, max_queue = 64, max_sessions = 64;
   double kv_budget_mib = 0, max_body_mib = 4, grace_s = 30;
   bool no_prefix_cache = false;
@@ -66,7 +72,36 @@ void signal_loop(HttpServer& server, Runner& runner, double grace_s) {
   while (sig != SIGUSR1) sigwait(&set, &sig);
 }
 
+// The API key: --api-key, else --api-key-file (its first line), else $VQ_API_KEY; "" for none.
+std::string api_key_of(const ServeOptions& o) {
+  VQ_CHECK(o.api_key.empty() || o.api_key_file.empty(), "--api-key and --api-key-file: give one of them");
+  std::string key = o.api_key;
+  if (!o.api_key_file.empty()) {
+    std::ifstream f(o.api_key_file);
+    VQ_CHECK(f.good(), "--api-key-file: cannot read {}", o.api_key_file);
+    std::getline(f, key);
+    while (!key.empty() && (key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    VQ_CHECK(!key.empty(), "--api-key-file: {} holds no key on its first line", o.api_key_file);
+  } else if (key.empty()) {
+    if (const char* e = std::getenv("VQ_API_KEY")) key = e;
+  }
+  for (char c : key)
+    VQ_CHECK(c > 0x20 && c < 0x7f, "the API key must be printable ASCII without spaces");
+  return key;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 void run_serve(const ServeOptions& o) {
+  const std::string api_key = api_key_of(o);
+  VQ_CHECK(o.max_connections >= 1, "--max-connections: {} must be >= 1", o.max_connections);
+  VQ_CHECK(o.header_timeout_s >= 1 && o.header_timeout_s <= 3600, "--header-timeout: {} s must be in 1..3600",
+           o.header_timeout_s);
+  VQ_CHECK(o.body_timeout_s >= 1 && o.body_timeout_s <= 3600, "--body-timeout: {} s must be in 1..3600", o.body_timeout_s);
+  VQ_CHECK(o.max_per_client >= 1, "--max-connections-per-client: {} must be >= 1", o.max_per_client);
+  VQ_CHECK(o.allow_origin.find_first_of("\r\n") == std::string::npos, "--allow-origin: no line breaks");
   VQ_CHECK(o.parallel >= 1 && o.parallel <= 1024, "--parallel: {} must be in 1..1024", o.parallel);
   VQ_CHECK(o.batch >= 1, "--batch-size: {} must be >= 1", o.batch);
   VQ_CHECK(o.max_queue >= 0, "--max-queue: {} must be >= 0", o.max_queue);
@@ -78,7 +113,13 @@ void run_serve(const ServeOptions& o) {
   sigemptyset(&set);
   for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&set, s);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  signal(SIGPIPE, SIG_IGN);  // a vanished client is a failed write, not the end of the process
+  signal(SIGPIPE, SIG_IGN);
+  // Each connection is a descriptor: allow what --max-connections asks (up to the hard limit).
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rlim_t(o.max_connections) + 256) {
+    rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, rlim_t(o.max_connections) + 256);
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }  // a vanished client is a failed write, not the end of the process
   vq::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   const KVCacheConfig kv_config = parse_kv_cache_spec(o.kv_cache);
@@ -121,6 +162,12 @@ void run_serve(const ServeOptions& o) {
   so.port = o.port;
   so.max_queue = o.max_queue;
   so.max_body_bytes = size_t(o.max_body_mib * 1048576.0);
+  so.api_key = api_key;
+  so.allow_origin = o.allow_origin;
+  so.max_connections = o.max_connections;
+  so.max_per_client = o.max_per_client;
+  so.head_timeout_s = o.header_timeout_s;
+  so.body_timeout_s = o.body_timeout_s;
   std::string name = o.alias;
   if (name.empty()) {
     name = path.substr(path.find_last_of('/') + 1);
@@ -135,6 +182,13 @@ void run_serve(const ServeOptions& o) {
                "veloxquant serve: listening on http://%s:%d\n",
                name.c_str(), spec.name().c_str(), mb(eo.kv_budget_bytes).c_str(), o.parallel, engine.options().n_ctx,
                eo.prefix_cache ? "on" : "off", o.host.c_str(), port);
+  if (api_key.empty() && !is_loopback(o.host))
+    std::fprintf(stderr,
+                 "\n*** WARNING: veloxquant serve listens on %s, beyond this machine, WITHOUT an API key: anyone who\n"
+                 "*** can reach port %d can run generations and save, restore or delete sessions. Give a key with\n"
+                 "*** --api-key-file FILE (or --api-key KEY, or VQ_API_KEY) or listen on 127.0.0.1.\n\n",
+                 o.host.c_str(), port);
+  if (!api_key.empty()) std::fprintf(stderr, "veloxquant serve: API key required (all endpoints but /health)\n");
   std::fflush(stderr);
   server.run();
   pthread_kill(signals.native_handle(), SIGUSR1);
@@ -163,6 +217,15 @@ void add_serve(CLI::App& app) {
   c->add_option("--max-sessions", o->max_sessions, "Named sessions kept in memory at once")->capture_default_str();
   c->add_option("--max-body", o->max_body_mib, "Largest request body in MiB")->capture_default_str();
   c->add_option("--shutdown-grace", o->grace_s, "Seconds requests in flight get to finish at SIGINT/SIGTERM")->capture_default_str();
+  c->add_option("--api-key", o->api_key, "Require `Authorization: Bearer KEY` (all endpoints but /health); also $VQ_API_KEY");
+  c->add_option("--api-key-file", o->api_key_file, "Read the API key from the first line of this file");
+  c->add_option("--allow-origin", o->allow_origin, "Enable CORS for this origin (e.g. https://app.example, or *); off by default");
+  c->add_option("--max-connections", o->max_connections, "Open connections at once, in total")->capture_default_str();
+  c->add_option("--max-connections-per-client", o->max_per_client, "Open connections at once from one address")
+      ->capture_default_str();
+  c->add_option("--header-timeout", o->header_timeout_s, "Seconds a request's whole head (line and headers) may take")
+      ->capture_default_str();
+  c->add_option("--body-timeout", o->body_timeout_s, "Seconds a request's whole body may take")->capture_default_str();
   add_device_option(c, o->device);
   c->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not cache prompt prefixes (nor keep sessions)");
   c->callback([o] { run_serve(*o); });
