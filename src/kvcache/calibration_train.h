@@ -11,6 +11,8 @@
 
 namespace vq {
 
+inline constexpr int64_t kMaxCalibPositionSpan = 32768;
+
 struct CalibTrainOptions {
   int kmeans_iters = 12;
   uint64_t seed = 1234;
@@ -27,6 +29,10 @@ struct CalibTrainOptions {
   // Given, the smoothing factors are query-aware (codec/key_transform.h smoothing_from_energy);
   // empty, they come from the keys' absolute maxima alone (VecInfer's original rule).
   std::vector<std::vector<double>> query_energy;
+  // For the model-level recorder (model/calibrate.h record_kv): keys and queries re-rotated to random
+  // positions in [0, position_span). -1: the model's trained context, at most kMaxCalibPositionSpan;
+  // 0: the positions the calibration text ran at.
+  int64_t position_span = -1;
   // Called after each finished (layer, head, K/V) job with (done, total); from worker threads,
   // serialised by the trainer.
   std::function<void(int, int)> progress;

@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdio>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -11,6 +13,7 @@
 #include "core/error.h"
 #include "core/input_file.h"
 #include "kvcache/factory.h"
+#include "model/layers.h"
 #include "model/session.h"
 #include "model/sha256.h"
 
@@ -63,28 +66,60 @@ std::string read_text_file(const std::string& path) {
 }
 
 KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int seg, const CalibProgress& progress,
-                      KVDevice device) {
+                      KVDevice device, int64_t position_span) {
   const ModelConfig& mc = model.config();
   VQ_CHECK(seg >= 1, "calibrate: segment of {} tokens must be >= 1", seg);
+  VQ_CHECK(position_span >= 0, "calibrate: position span {} must be >= 0", position_span);
   const int n = int(ids.size());
+  const int H = mc.n_kv_heads, Hq = mc.n_heads, D = mc.head_dim, group = Hq / H;
   KVRecording rec;
   rec.n_tokens = n;
   rec.keys.resize(size_t(mc.n_layers));
   rec.values.resize(size_t(mc.n_layers));
-  rec.query_energy.assign(size_t(mc.n_layers), std::vector<double>(size_t(mc.n_kv_heads) * mc.head_dim, 0.0));
+  rec.query_energy.assign(size_t(mc.n_layers), std::vector<double>(size_t(H) * D, 0.0));
+  // target[g]: the position token g's keys and queries are rotated to (position_span > 0): uniform in
+  // [0, position_span), from a fixed seed so that a recording is reproducible.
+  std::vector<int64_t> target;
+  if (position_span > 0) {
+    std::mt19937_64 rng(0x9e3779b97f4a7c15ull);
+    std::uniform_int_distribution<int64_t> pick(0, position_span - 1);
+    target.resize(size_t(n));
+    for (auto& t : target) t = pick(rng);
+  }
+  std::vector<float> qbuf, kbuf, cosb(size_t(mc.n_rot / 2)), sinb(size_t(mc.n_rot / 2));
   for (int s0 = 0; s0 < n; s0 += seg) {
     const int ns = std::min(seg, n - s0);
+    std::vector<int64_t> seen(size_t(mc.n_layers), 0);  // tokens of this segment each layer has shown
     // The model runs with an fp16 cache; the observer records each layer's keys and values.
     Session s(model, KVSpec{KVCacheConfig{}, nullptr}, ns, Session::kDefaultChunk, size_t(-1), device);
     s.forward_pass().set_kv_observer([&](int layer, int, const float* q, const float* k, const float* v, int m) {
-      const size_t e = size_t(m) * mc.n_kv_heads * mc.head_dim;
+      const size_t e = size_t(m) * H * D;
+      if (!target.empty()) {
+        // R(target) R(-pos) = R(target - pos): one rotation by the difference, per token.
+        qbuf.assign(q, q + size_t(m) * Hq * D);
+        kbuf.assign(k, k + e);
+        const std::vector<double>& inv = model.rope_inv_freqs(layer);
+        const bool neox = mc.rope_layout == RopeLayout::NeoX;
+        for (int t = 0; t < m; ++t) {
+          const int64_t pos = seen[size_t(layer)] + t;
+          const double delta = double(target[size_t(s0 + pos)] - pos);
+          for (size_t i = 0; i < cosb.size(); ++i) {
+            cosb[i] = float(std::cos(delta * inv[i]));
+            sinb[i] = float(std::sin(delta * inv[i]));
+          }
+          rope_apply(qbuf.data() + size_t(t) * Hq * D, Hq, D, mc.n_rot, cosb.data(), sinb.data(), neox);
+          rope_apply(kbuf.data() + size_t(t) * H * D, H, D, mc.n_rot, cosb.data(), sinb.data(), neox);
+        }
+        q = qbuf.data();
+        k = kbuf.data();
+      }
+      seen[size_t(layer)] += m;
       auto& qe = rec.query_energy[size_t(layer)];
-      const int group = mc.n_heads / mc.n_kv_heads;
       for (int t = 0; t < m; ++t)
-        for (int hq = 0; hq < mc.n_heads; ++hq) {
-          const float* row = q + (size_t(t) * mc.n_heads + hq) * mc.head_dim;
-          double* dst = qe.data() + size_t(hq / group) * mc.head_dim;
-          for (int c = 0; c < mc.head_dim; ++c) dst[c] += double(row[c]) * row[c];
+        for (int hq = 0; hq < Hq; ++hq) {
+          const float* row = q + (size_t(t) * Hq + hq) * D;
+          double* dst = qe.data() + size_t(hq / group) * D;
+          for (int c = 0; c < D; ++c) dst[c] += double(row[c]) * row[c];
         }
       rec.keys[size_t(layer)].insert(rec.keys[size_t(layer)].end(), k, k + e);
       rec.values[size_t(layer)].insert(rec.values[size_t(layer)].end(), v, v + e);
@@ -96,10 +131,16 @@ KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int s
       if (progress) progress("prefill", s0 + done + m, n);
     }
   }
-  const double per = double(n) * (mc.n_heads / mc.n_kv_heads);
+  const double per = double(n) * group;
   for (auto& layer : rec.query_energy)
     for (auto& x : layer) x /= per;
   return rec;
+}
+
+int64_t calib_position_span(const Model& model, const CalibTrainOptions& opt) {
+  if (opt.position_span >= 0) return opt.position_span;
+  const int64_t trained = model.config().n_ctx_train > 0 ? model.config().n_ctx_train : kMaxCalibPositionSpan;
+  return std::min<int64_t>(trained, kMaxCalibPositionSpan);
 }
 
 Calibration calibrate_recording(const Model& model, const KVRecording& rec, const KVCacheConfig& cfg,
@@ -131,7 +172,8 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
   // vs fp16 at context 1024, d4b8): 8192 tokens as one sequence 0.044, as 4 x 2048 0.030, 2048
   // tokens 0.027; positions far beyond the evaluated ones spread the centroids thin.
   const int seg = opt.segment_tokens > 0 ? opt.segment_tokens : kCalibSegment;
-  return calibrate_recording(model, record_kv(model, ids, seg, progress, device), cfg, opt, model_name, progress);
+  return calibrate_recording(model, record_kv(model, ids, seg, progress, device, calib_position_span(model, opt)), cfg,
+                             opt, model_name, progress);
 }
 
 KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg) {

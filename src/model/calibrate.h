@@ -31,8 +31,18 @@ struct KVRecording {
   std::vector<std::vector<float>> keys, values;
   std::vector<std::vector<double>> query_energy;
 };
+// position_span > 0: each token's keys and queries are re-rotated (RoPE) from the position they ran
+// at to a random position in [0, position_span), so that codebooks trained on them cover every
+// position a cache of that length holds, not only the calibration's (issue 18: Qwen2.5's key biases
+// make post-RoPE keys drift with position; trained on positions < 2048 only, 2-bit codes fail at
+// 8192). Values are kept as they are.
 KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int segment,
-                      const CalibProgress& progress = {}, KVDevice device = KVDevice::cpu);
+                      const CalibProgress& progress = {}, KVDevice device = KVDevice::cpu,
+                      int64_t position_span = 0);
+
+// The position span record_kv uses for opt (CalibTrainOptions::position_span; -1: the model's
+// trained context, at most kMaxCalibPositionSpan).
+int64_t calib_position_span(const Model& model, const CalibTrainOptions& opt);
 
 // Trains a calibration from a recording made with segments of opt.segment_tokens (0: 2048).
 Calibration calibrate_recording(const Model& model, const KVRecording& rec, const KVCacheConfig& cfg,

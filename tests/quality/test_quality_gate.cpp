@@ -76,7 +76,8 @@ TEST(QualityGate, EveryShippedCacheWithinItsRecordedBound) {
   std::vector<int32_t> cal_ids = model->tokenizer().encode(calib, model->tokenizer().add_bos_default());
   ASSERT_GE(cal_ids.size(), size_t(kFirstUseCalibTokens));
   cal_ids.resize(size_t(kFirstUseCalibTokens));
-  const KVRecording rec = record_kv(*model, cal_ids, kFirstUseCalibTokens);
+  const KVRecording rec = record_kv(*model, cal_ids, kFirstUseCalibTokens, {}, KVDevice::cpu,
+                                    calib_position_span(*model, CalibTrainOptions{}));
   std::vector<KVSpec> methods;
   for (const Recorded& r : kRecorded) {
     KVCacheConfig cfg = parse_kv_cache_spec(r.spec);
