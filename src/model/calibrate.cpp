@@ -12,7 +12,7 @@
 #include "core/input_file.h"
 #include "kvcache/factory.h"
 #include "model/session.h"
-#include "model/sha256.h"
+#include "core/sha256.h"
 
 namespace vq {
 
