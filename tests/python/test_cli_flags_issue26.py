@@ -130,3 +130,38 @@ def test_messages_are_not_cut_at_an_embedded_nul(tmp_path):
     write_tiny(p, arch="lla\0ma")
     line = refused("info", p)
     assert "lla\\0ma" in line, line
+
+
+def test_server_refuses_forged_and_non_regular_session_files(tmp_path):
+    """The server's restore: a file with a NaN and a recomputed SHA-256 (was HTTP 200 with empty
+    text), a directory named x.vqkv (was 500) and a symbolic link (was followed) get 422 naming the
+    cause; a temporary of an interrupted save (its process gone) is removed at start."""
+    import hashlib
+    import struct
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from server_util import MODEL, Server
+    assert MODEL.exists(), f"the default model is missing at {MODEL}: run scripts/setup.sh"
+    sdir = tmp_path / "sessions"
+    sdir.mkdir()
+    stale = sdir / "old.vqkv.tmp.999999999.0"  # no such pid
+    stale.write_bytes(b"partial")
+    s = Server("--kv-cache", "fp16", "--kv-budget", "64", session_dir=sdir)
+    try:
+        assert not stale.exists(), "the temporary of an interrupted save was kept"
+        c = s.client()
+        c.completions.create(model="m", prompt=list(range(1000, 1040)), max_tokens=4, temperature=0,
+                             extra_body={"session": "a"})
+        assert s.request("POST", "/v1/sessions/a/save")[0] == 200
+        good = (sdir / "a.vqkv").read_bytes()
+        forged = bytearray(good)
+        struct.pack_into("<H", forged, len(forged) - 34, 0x7E00)  # the last dense value: NaN
+        forged[-32:] = hashlib.sha256(bytes(forged[:-32])).digest()
+        (sdir / "nan.vqkv").write_bytes(bytes(forged))
+        (sdir / "dir.vqkv").mkdir()
+        (sdir / "link.vqkv").symlink_to(sdir / "a.vqkv")
+        for name, words in [("nan", "non-finite"), ("dir", "is a directory"), ("link", "symbolic link")]:
+            st, _, body = s.request("POST", f"/v1/sessions/{name}/restore")
+            assert st == 422 and words in body["error"]["message"], (name, st, body)
+        assert s.request("POST", "/v1/sessions/a/restore")[0] == 200  # the control
+    finally:
+        assert s.stop() == 0, "".join(s.log)
