@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds a libFuzzer target with clang (ASan + UBSan) and runs it.
-#   fuzz/run_fuzz.sh [--target gguf|calibration|http] [--seconds N] [--out DIR] [--jobs J] [-- libFuzzer flags]
+#   fuzz/run_fuzz.sh [--target gguf|calibration|session|http] [--seconds N] [--out DIR] [--jobs J] [-- libFuzzer flags]
 # Targets: gguf (the GGUF reader, fuzz/fuzz_gguf.cpp), calibration (the calibration-file
-# reader, fuzz/fuzz_calibration.cpp) and http (the server's request-head parser, fuzz/fuzz_http.cpp). The short runs in the test suite: --seconds 25 each.
+# reader, fuzz/fuzz_calibration.cpp), session (the session-file reader, fuzz/fuzz_session.cpp) and
+# http (the server's request-head parser, fuzz/fuzz_http.cpp).
+# The short runs in the test suite: --seconds 25 each.
 # Longer runs: docs/FUZZING.md. New inputs found are kept in OUT/corpus (gguf) or
 # OUT/corpus_calibration (the seed corpora in fuzz/ are only read); a crash leaves OUT/crash-*
 # and a non-zero exit.
@@ -39,11 +41,15 @@ case "$target" in
     libs=(-lfmt -lxxhash)
     corpus=corpus_calibration seeds="$root/fuzz/corpus_calibration" dict="$root/fuzz/calibration.dict"
     max_len=16384 ;;
+  session)
+    srcs=("$root/fuzz/fuzz_session.cpp" "$root/src/kvcache/seq_file_format.cpp" "$root/src/core/sha256.cpp")
+    libs=(-lfmt)
+    corpus=corpus_session seeds="$root/fuzz/corpus_session" dict="$root/fuzz/session.dict" max_len=8192 ;;
   http)
     srcs=("$root/fuzz/fuzz_http.cpp" "$root/src/server/http.cpp")
     libs=()
     corpus=corpus_http seeds="$root/fuzz/corpus_http" dict="$root/fuzz/http.dict" max_len=4096 ;;
-  *) echo "run_fuzz.sh: unknown target $target (gguf, calibration, http)" >&2; exit 2 ;;
+  *) echo "run_fuzz.sh: unknown target $target (gguf, calibration, session, http)" >&2; exit 2 ;;
 esac
 
 mkdir -p "$out/$corpus"
@@ -52,7 +58,7 @@ bin="$out/fuzz_$target"
 rebuild=0
 [ -x "$bin" ] || rebuild=1
 if [ $rebuild = 0 ]; then
-  for s in "${srcs[@]}" "$root"/src/model/*.h "$root"/src/codec/*.h "$root"/src/core/*.h "$root"/src/server/http.h; do
+  for s in "${srcs[@]}" "$root"/src/model/*.h "$root"/src/codec/*.h "$root"/src/core/*.h "$root"/src/kvcache/*.h "$root"/src/server/http.h; do
     if [ "$s" -nt "$bin" ]; then rebuild=1; break; fi
   done
 fi

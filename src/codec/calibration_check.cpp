@@ -34,4 +34,20 @@ void check_calibration_matches(const Calibration& c, const KVCacheConfig& cfg, c
            how.substr(1));
 }
 
+void check_calibration_model(const Calibration& c, const std::string& model_file_name,
+                             const std::string& model_general_name) {
+  const std::string stem = model_file_name.size() > 5 &&
+                                   model_file_name.compare(model_file_name.size() - 5, 5, ".gguf") == 0
+                               ? model_file_name.substr(0, model_file_name.size() - 5)
+                               : model_file_name;
+  const bool same = (!c.model.empty() && (c.model == model_file_name || c.model == stem)) ||
+                    (!model_general_name.empty() && c.model == model_general_name);
+  VQ_CHECK(same,
+           "calibration: made for model '{}', not this one ({}{}); its codebooks are for that model's activations "
+           "(make one with `veloxquant calibrate -m {}`)",
+           c.model, model_file_name,
+           model_general_name.empty() ? std::string() : fmt::format(", general.name '{}'", model_general_name),
+           model_file_name);
+}
+
 }  // namespace vq

@@ -24,6 +24,7 @@ class HadamardFormat final : public CodedFormat {
   std::string name() const override { return name_; }
   bool direct() const override { return inner_->direct(); }
   size_t block_bytes() const override { return inner_->block_bytes(); }
+  bool block_finite(const uint8_t* block) const override { return inner_->block_finite(block); }
 
   void write_tokens(const float* k, const float* v, int n, int slot, uint8_t* block) const override {
     // kr, vr: [n, n_kv_heads, head_dim] the rotated rows

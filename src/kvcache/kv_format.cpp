@@ -40,6 +40,13 @@ std::unique_ptr<QueryPrep> CodedFormat::prepare(const float* q, int n_q, float s
 
 namespace {
 
+// Whether the fp16 value at p is finite (its exponent is not all ones).
+bool f16_finite_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return (h & 0x7c00u) != 0x7c00u;
+}
+
 void put_f16(uint8_t* p, float x) {
   const uint16_t h = f32_to_f16(x);
   std::memcpy(p, &h, 2);
@@ -56,6 +63,13 @@ class ScalarBlockFormat final : public CodedFormat {
   bool direct() const override { return true; }
   size_t row_bytes() const { return size_t(geo_.head_dim / 32) * qblock_; }
   size_t block_bytes() const override { return 2 * size_t(geo_.n_kv_heads) * B_ * row_bytes(); }
+  bool block_finite(const uint8_t* block) const override {
+    // Every 32-value block starts with its fp16 scale d.
+    const size_t n = block_bytes() / qblock_;
+    for (size_t i = 0; i < n; ++i)
+      if (!f16_finite_at(block + i * qblock_)) return false;
+    return true;
+  }
   uint8_t* row(uint8_t* block, int kind, int h, int slot) const {
     return block + ((size_t(kind) * geo_.n_kv_heads + size_t(h)) * B_ + size_t(slot)) * row_bytes();
   }
@@ -132,6 +146,17 @@ class KiviFormat final : public CodedFormat {
   size_t vtoken_bytes() const { return size_t(geo_.head_dim / G_) * 4 + krow_; }
   size_t keys_bytes() const { return size_t(geo_.n_kv_heads) * (B_ / G_) * kgroup_bytes(); }
   size_t block_bytes() const override { return keys_bytes() + size_t(geo_.n_kv_heads) * B_ * vtoken_bytes(); }
+
+  bool block_finite(const uint8_t* block) const override {
+    const int H = geo_.n_kv_heads, D = geo_.head_dim;
+    for (size_t g = 0; g < size_t(H) * size_t(B_ / G_); ++g)  // scale D | min D of each key group
+      for (int c = 0; c < 2 * D; ++c)
+        if (!f16_finite_at(block + g * kgroup_bytes() + size_t(c) * 2)) return false;
+    for (size_t t = 0; t < size_t(H) * size_t(B_); ++t)  // (scale, min) per channel group of each value
+      for (int c = 0; c < 2 * (D / G_); ++c)
+        if (!f16_finite_at(block + keys_bytes() + t * vtoken_bytes() + size_t(c) * 2)) return false;
+    return true;
+  }
 
   void encode_block(float* kf, float* vf, uint8_t* block) const override {
     const int H = geo_.n_kv_heads, D = geo_.head_dim;

@@ -43,6 +43,13 @@ class CodedFormat {
   // Direct: writes n tokens into slots [slot, slot + n) of a block. k, v: [n, n_kv_heads, head_dim].
   virtual void write_tokens(const float* k, const float* v, int n, int slot, uint8_t* block) const;
 
+  // Whether every float a block stores (its scales and minima) is finite; a block read from a
+  // file is checked with it. Default: the format stores codes only (VecInfer: centroid indices).
+  virtual bool block_finite(const uint8_t* block) const {
+    (void)block;
+    return true;
+  }
+
   // q: [n_q, n_heads, head_dim] f32 of one entry. Default: keeps q * scale.
   virtual std::unique_ptr<QueryPrep> prepare(const float* q, int n_q, float scale) const;
   // Accumulates n coded tokens into the online-softmax state of query i (of the prepared entry)

@@ -650,6 +650,12 @@ KVStore::BlockIds KVStore::block_ids(const SeqKV& s, int layer, int64_t j) const
   return BlockIds{sl.dense[size_t(j)], sl.coded[size_t(j)]};
 }
 
+bool KVStore::coded_block_finite(int layer, const uint8_t* block) const {
+  VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
+  const Layer& L = layers_[size_t(layer)];
+  return !L.format || L.format->block_finite(block);
+}
+
 size_t KVStore::coded_block_bytes(int layer) const {
   VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
   const Layer& L = layers_[size_t(layer)];

@@ -182,6 +182,8 @@ class KVStore {
   BlockIds block_ids(const SeqKV& s, int layer, int64_t j) const;
   size_t dense_block_bytes() const { return dense_block_bytes_; }
   size_t coded_block_bytes(int layer) const;  // 0: the layer has no coded form
+  // Whether a coded block of the layer stores only finite scales (CodedFormat::block_finite).
+  bool coded_block_finite(int layer, const uint8_t* block) const;
   // A block's payload: [dense_block_bytes()] or [coded_block_bytes(layer)].
   const uint8_t* block_data(int layer, bool coded, int32_t id) const;
   uint8_t* block_data(int layer, bool coded, int32_t id);

@@ -1,21 +1,15 @@
 #include "kvcache/seq_file.h"
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
+#include <array>
 
 #include "core/atomic_file.h"
-#include "core/checksum.h"
 #include "core/error.h"
+#include "core/sha256.h"
+#include "kvcache/seq_file_format.h"
 
 namespace vq {
 namespace {
-
-constexpr char kMagic[8] = {'V', 'Q', 'K', 'V', 'S', 'E', 'S', '\0'};
-constexpr uint32_t kVersion = 1;
-// magic, version, header bytes, file bytes, 3 checksums, 4 x u32 geometry, dense bytes, n_kv,
-// n_tokens, 2 name lengths.
-constexpr uint32_t kHeaderBytes = 8 + 4 + 4 + 8 + 24 + 16 + 8 + 8 + 8 + 8;
 
 class Writer {
  public:
@@ -30,31 +24,6 @@ class Writer {
   std::vector<uint8_t> buf;
 };
 
-class Reader {
- public:
-  Reader(const uint8_t* p, size_t n, const std::string& path) : p_(p), n_(n), path_(path) {}
-  template <class T>
-  T get(const char* what) {
-    T v;
-    std::memcpy(&v, take(sizeof(T), what), sizeof(T));
-    return v;
-  }
-  const uint8_t* take(size_t n, const char* what) {
-    VQ_CHECK(n <= n_ - off_, "{}: session file is inconsistent: {} runs past the end", path_, what);
-    const uint8_t* r = p_ + off_;
-    off_ += n;
-    return r;
-  }
-  size_t offset() const { return off_; }
-
- private:
-  const uint8_t* p_;
-  size_t n_, off_ = 0;
-  const std::string& path_;
-};
-
-std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
-
 // Zeroes slots [r, B) of a dense block: keys [H][D][B] then values [H][B][D], es bytes each.
 void zero_dense_tail(uint8_t* blk, int H, int D, int B, size_t es, int r) {
   for (int h = 0; h < H; ++h)
@@ -63,7 +32,7 @@ void zero_dense_tail(uint8_t* blk, int H, int D, int B, size_t es, int r) {
   for (int h = 0; h < H; ++h) std::memset(v + (size_t(h) * B + r) * D * es, 0, size_t(B - r) * D * es);
 }
 
-// Zeroes slots [r, B) of a q8_0/q4_0 block: [2 (K, V)][H][B][row bytes] (kv_format.cpp), the
+// Zeroes slots [r, B) of a q8_0/q4_0/q4_0h block: [2 (K, V)][H][B][row bytes] (kv_format.cpp), the
 // one layout of the formats written per token.
 void zero_scalar_tail(uint8_t* blk, int H, int B, size_t block_bytes, int r) {
   const size_t row = block_bytes / (2 * size_t(H) * size_t(B));
@@ -82,9 +51,9 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
   const KVGeometry& g = kv.geometry();
   const int B = kv.block_tokens();
   Writer w;
-  w.put_bytes(kMagic, 8);
-  w.put<uint32_t>(kVersion);
-  w.put<uint32_t>(kHeaderBytes);
+  w.put_bytes(kSessionMagic, 8);
+  w.put<uint32_t>(kSessionVersion);
+  w.put<uint32_t>(kSessionHeaderBytes);
   w.put<uint64_t>(0);  // file bytes, patched below
   w.put<uint64_t>(id.model);
   w.put<uint64_t>(id.spec);
@@ -105,7 +74,8 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
   const size_t es = dbytes / (2 * size_t(g.n_kv_heads) * size_t(g.head_dim) * size_t(B));
   std::vector<uint8_t> tmp(dbytes);
   const KVMethod method = kv.spec().config.method;
-  const bool per_token = method == KVMethod::q8_0 || method == KVMethod::q4_0;
+  // q4_0h: q4_0 blocks of rotated rows, the same layout (its partial blocks held stale pool memory on disk).
+  const bool per_token = method == KVMethod::q8_0 || method == KVMethod::q4_0 || method == KVMethod::q4_0h;
   for (int l = 0; l < kv.n_layers(); ++l) {
     const size_t cbytes = kv.coded_block_bytes(l);
     const int64_t nb = kv.n_blocks(s, l);
@@ -136,64 +106,41 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
       }
     }
   }
-  const uint64_t total = w.buf.size() + 8;
+  const uint64_t total = w.buf.size() + kSessionDigestBytes;
   std::memcpy(w.buf.data() + 16, &total, 8);
-  w.put<uint64_t>(checksum64(w.buf.data(), w.buf.size()));
+  Sha256 sha;
+  sha.update(w.buf.data(), w.buf.size());
+  const std::array<uint8_t, 32> digest = sha.finish();
+  w.put_bytes(digest.data(), digest.size());
   write_file_atomic(path, w.buf.data(), w.buf.size());
+}
+
+static SessionExpect session_expect(const KVStore& kv, const KVIdentity& id) {
+  SessionExpect e;
+  e.id = id;
+  e.n_layers = uint32_t(kv.n_layers());
+  e.block_tokens = uint32_t(kv.block_tokens());
+  e.n_kv_heads = uint32_t(kv.geometry().n_kv_heads);
+  e.head_dim = uint32_t(kv.geometry().head_dim);
+  e.dense_block_bytes = kv.dense_block_bytes();
+  e.dense_f32 = kv.spec().config.method == KVMethod::fp32;
+  for (int l = 0; l < kv.n_layers(); ++l) e.coded_block_bytes.push_back(kv.coded_block_bytes(l));
+  e.max_payload_bytes = kv.pool().budget_bytes();
+  e.coded_finite = [&kv](int layer, const uint8_t* block) { return kv.coded_block_finite(layer, block); };
+  return e;
 }
 
 LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdentity& id) {
   VQ_CHECK(kv.device_kind() == KVDevice::cpu, "{}: session files are read and written from a KV pool on the cpu; "
            "this one lives on the device", path);
-  std::ifstream in(path, std::ios::binary);
-  VQ_CHECK(in.good(), "{}: cannot open the session file", path);
-  const std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  VQ_CHECK(data.size() >= kHeaderBytes + 8, "{}: not a session file (truncated: {} bytes)", path, data.size());
-  VQ_CHECK(std::memcmp(data.data(), kMagic, 8) == 0, "{}: not a session file (bad magic)", path);
-  Reader r(data.data(), data.size(), path);
-  r.take(8, "magic");
-  const uint32_t version = r.get<uint32_t>("version");
-  VQ_CHECK(version == kVersion, "{}: session file version {} is not supported (this build reads version {})", path,
-           version, kVersion);
-  VQ_CHECK(r.get<uint32_t>("header") == kHeaderBytes, "{}: session file header size is wrong", path);
-  const uint64_t total = r.get<uint64_t>("file bytes");
-  VQ_CHECK(data.size() >= total, "{}: session file is truncated ({} of {} bytes)", path, data.size(), total);
-  VQ_CHECK(data.size() == total, "{}: session file has {} trailing bytes", path, data.size() - total);
-  uint64_t stored;
-  std::memcpy(&stored, data.data() + data.size() - 8, 8);
-  VQ_CHECK(checksum64(data.data(), data.size() - 8) == stored, "{}: session file is corrupted (checksum mismatch)",
-           path);
-  const uint64_t model = r.get<uint64_t>("model"), spec = r.get<uint64_t>("spec"), calib = r.get<uint64_t>("calib");
-  const uint32_t n_layers = r.get<uint32_t>("n_layers"), B = r.get<uint32_t>("block_tokens");
-  const uint32_t H = r.get<uint32_t>("n_kv_heads"), D = r.get<uint32_t>("head_dim");
-  const uint64_t dbytes = r.get<uint64_t>("dense bytes");
-  const int64_t n_kv = r.get<int64_t>("n_kv");
-  const uint64_t n_tokens = r.get<uint64_t>("n_tokens");
-  const uint32_t mlen = r.get<uint32_t>("model name"), slen = r.get<uint32_t>("spec name");
-  const auto* mn = reinterpret_cast<const char*>(r.take(mlen, "model name"));
-  const auto* sn = reinterpret_cast<const char*>(r.take(slen, "spec name"));
-  const std::string model_name(mn, mlen), spec_name(sn, slen);
-  VQ_CHECK(model == id.model, "{}: session was made with model {} (checksum {}), not {} (checksum {})", path,
-           model_name, hex(model), id.model_name, hex(id.model));
-  VQ_CHECK(spec == id.spec, "{}: session was made with KV cache {} (checksum {}), not {} (checksum {})", path,
-           spec_name, hex(spec), id.spec_name, hex(id.spec));
-  VQ_CHECK(calib == id.calibration, "{}: session was made with another calibration (checksum {}, this one {})", path,
-           hex(calib), hex(id.calibration));
-  VQ_CHECK(int(n_layers) == kv.n_layers() && int(B) == kv.block_tokens() && int(H) == kv.geometry().n_kv_heads &&
-               int(D) == kv.geometry().head_dim && dbytes == kv.dense_block_bytes(),
-           "{}: session geometry ({} layers, {} KV heads of {}, blocks of {} tokens) differs from the cache's", path,
-           n_layers, H, D, B);
-  VQ_CHECK(n_kv >= 0 && uint64_t(n_kv) <= n_tokens, "{}: session holds {} KV tokens but {} token ids", path, n_kv,
-           n_tokens);
-  // A checksum proves integrity, not sense: sizes are bounded by the file before anything is allocated.
-  VQ_CHECK(n_tokens <= data.size() / sizeof(int32_t), "{}: session file is inconsistent: {} token ids in {} bytes",
-           path, n_tokens, data.size());
+  const SessionExpect e = session_expect(kv, id);
+  const std::vector<uint8_t> data = read_session_file(path, e);
+  ParsedSession p = parse_session(data.data(), data.size(), path, e);
   LoadedSequence out;
-  out.n_kv = n_kv;
-  out.tokens.resize(n_tokens);
-  std::memcpy(out.tokens.data(), r.take(n_tokens * sizeof(int32_t), "tokens"), n_tokens * sizeof(int32_t));
-  const size_t nb = size_t((n_kv + B - 1) / B);
-  std::vector<std::vector<KVStore::BlockIds>> ids(n_layers);
+  out.n_kv = p.n_kv;
+  out.tokens = std::move(p.tokens);
+  const size_t dbytes = e.dense_block_bytes;
+  std::vector<std::vector<KVStore::BlockIds>> ids(e.n_layers);
   // Blocks allocated so far are given back if anything below fails.
   auto give_back = [&] {
     for (size_t l = 0; l < ids.size(); ++l)
@@ -203,35 +150,27 @@ LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdent
       }
   };
   try {
-    for (uint32_t l = 0; l < n_layers; ++l) {
-      const uint64_t cbytes = r.get<uint64_t>("coded bytes");
-      VQ_CHECK(cbytes == kv.coded_block_bytes(int(l)), "{}: layer {} coded blocks of {} bytes, the cache's are {}",
-               path, l, cbytes, kv.coded_block_bytes(int(l)));
-      VQ_CHECK(r.get<uint32_t>("n_blocks") == nb, "{}: layer {} block count differs from {} tokens", path, l, n_kv);
-      const uint8_t* forms = r.take(nb, "block forms");
-      for (size_t j = 0; j < nb; ++j) {
-        VQ_CHECK(forms[j] < 4 && (!(forms[j] & 2) || cbytes > 0), "{}: layer {} block {} has bad forms {}", path, l,
-                 j, forms[j]);
+    for (uint32_t l = 0; l < e.n_layers; ++l) {
+      for (const ParsedSession::Block& pb : p.blocks[l]) {
         KVStore::BlockIds b;
-        if (forms[j] & 1) {
-          const uint8_t* src = r.take(dbytes, "dense block");
+        if (pb.dense) {
           b.dense = kv.alloc_block(int(l), false);
-          std::memcpy(kv.block_data(int(l), false, b.dense), src, dbytes);
+          ids[l].push_back(b);
+          std::memcpy(kv.block_data(int(l), false, b.dense), pb.dense, dbytes);
+        } else {
+          ids[l].push_back(b);
         }
-        ids[l].push_back(b);
-        if (forms[j] & 2) {
-          const uint8_t* src = r.take(cbytes, "coded block");
+        if (pb.coded) {
           ids[l].back().coded = kv.alloc_block(int(l), true);
-          std::memcpy(kv.block_data(int(l), true, ids[l].back().coded), src, cbytes);
+          std::memcpy(kv.block_data(int(l), true, ids[l].back().coded), pb.coded, e.coded_block_bytes[l]);
         }
       }
     }
-    VQ_CHECK(r.offset() + 8 == data.size(), "{}: session file has unread bytes before its checksum", path);
   } catch (...) {
     give_back();
     throw;
   }
-  out.seq = kv.adopt_blocks(n_kv, std::move(ids));  // releases them itself on error
+  out.seq = kv.adopt_blocks(out.n_kv, std::move(ids));  // releases them itself on error
   return out;
 }
 

@@ -4,7 +4,7 @@
 // to disk and continued later exactly where it stopped.
 //
 // Layout (little-endian):
-//   "VQKVSES\0" | u32 version (=1) | u32 header bytes (=kHeaderBytes) | u64 file bytes
+//   "VQKVSES\0" | u32 version (=2) | u32 header bytes (=kHeaderBytes) | u64 file bytes
 //   u64 model checksum | u64 spec checksum | u64 calibration checksum       (kv_identity.h)
 //   u32 n_layers | u32 block_tokens | u32 n_kv_heads | u32 head_dim | u64 dense block bytes
 //   i64 n_kv (tokens whose KV is stored) | u64 n_tokens (>= n_kv; the rest are still to be fed)
@@ -12,10 +12,15 @@
 //   model name | spec name | i32 tokens[n_tokens]
 //   per layer: u64 coded block bytes | u32 n_blocks | u8 forms[n_blocks] (bit 0 dense, bit 1
 //              coded) | the present forms' payloads in block order, dense before coded
-//   u64 xxh64 (seed 0) of every preceding byte.
-// Written to a temporary name and renamed. Reading refuses, with one message naming the file and
-// the cause, a file that is truncated or has trailing bytes, fails its checksum, has another
-// version, or was made for another model, spec or calibration (or geometry).
+//   SHA-256 (32 bytes) of every preceding byte.
+// Written to a temporary name and renamed. Reading (kvcache/seq_file_format.h) refuses with
+// SessionFileError, one message naming the file and the cause: anything but a regular file (a
+// symbolic link, directory, device or pipe), a header whose fields do not bound the file's size,
+// a file that is truncated or has trailing bytes, fails its SHA-256, has another version (version
+// 1 ended with an unkeyed XXH64), was made for another model, spec or calibration (or geometry),
+// or holds a non-finite value in a dense block or a coded block's scales. The SHA-256 catches
+// any corruption; it is not a signature: whoever can write the session folder can write a
+// well-formed file, and the finite and bounds checks are what keep such a file harmless.
 // Unused slots of a partial block are written as zeros (no stale pool memory on disk).
 #include <cstdint>
 #include <string>
@@ -23,6 +28,7 @@
 
 #include "kvcache/kv_identity.h"
 #include "kvcache/kv_store.h"
+#include "kvcache/seq_file_format.h"
 
 namespace vq {
 
@@ -35,8 +41,8 @@ struct LoadedSequence {
   std::vector<int32_t> tokens;  // [n_tokens]: the first n_kv are in seq
   int64_t n_kv = 0;
 };
-// Reads a file written by save_sequence into new blocks of kv (throws KVPoolExhausted, having
-// taken nothing, when the pool cannot hold them).
+// Reads a file written by save_sequence into new blocks of kv. Throws SessionFileError for a file
+// refused as above, KVPoolExhausted (having taken nothing) when the pool cannot hold its blocks.
 LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdentity& id);
 
 }  // namespace vq

@@ -15,7 +15,7 @@
 #include "kvcache/factory.h"
 #include "model/layers.h"
 #include "model/session.h"
-#include "model/sha256.h"
+#include "core/sha256.h"
 
 namespace vq {
 

@@ -186,6 +186,22 @@ void GGUFFile::parse(const uint8_t* data, size_t size) {
     kv_.emplace(std::move(key), std::move(v));
   }
 
+  // Counts the rest of the file sizes itself: a vocabulary (<arch>.vocab_size, a tokenizer's
+  // count) needs at least one byte per token (its embedding row), so a count beyond the file's
+  // size is a corrupt or hostile value, refused here rather than trusted by a later reader.
+  for (const auto& [key, v] : kv_) {
+    const bool is_count = key.size() > 11 && key.compare(key.size() - 11, 11, ".vocab_size") == 0;
+    if (!is_count) continue;
+    int64_t n = -1;
+    if (const auto* u = std::get_if<uint64_t>(&v.v)) n = *u > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(*u);
+    else if (const auto* i = std::get_if<int64_t>(&v.v)) n = *i;
+    else
+      VQ_FAIL("{}: metadata '{}' must be an integer, got {}", path_, key, value_type_name(uint32_t(v.type)));
+    if (n < 1 || uint64_t(n) > size)
+      VQ_FAIL("{}: metadata '{}' = {}: a vocabulary of that many tokens cannot fit in a file of {} bytes", path_, key,
+              std::get_if<uint64_t>(&v.v) ? fmt::format("{}", std::get<uint64_t>(v.v)) : fmt::format("{}", n), size);
+  }
+
   uint64_t alignment = kDefaultAlignment;
   if (auto it = kv_.find("general.alignment"); it != kv_.end()) {
     const GGUFValue& a = it->second;

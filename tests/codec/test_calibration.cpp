@@ -303,3 +303,26 @@ TEST(Calibration, AtomicWriteLeavesNoTemp) {
 
 }  // namespace
 }  // namespace vq
+
+// Issue 26: the model a calibration records is compared with the model's file name (with or
+// without ".gguf") and general.name; a file whose name was changed is refused naming both.
+TEST(Calibration, RecordedModelMustBeThisModel) {
+  vq::Calibration c;
+  c.model = "SmolLM2-135M-Instruct.Q4_1.gguf";
+  EXPECT_NO_THROW(vq::check_calibration_model(c, "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2 135M Instruct"));
+  c.model = "SmolLM2-135M-Instruct.Q4_1";
+  EXPECT_NO_THROW(vq::check_calibration_model(c, "SmolLM2-135M-Instruct.Q4_1.gguf", ""));
+  c.model = "SmolLM2 135M Instruct";  // a renamed copy of the file: its general.name still matches
+  EXPECT_NO_THROW(vq::check_calibration_model(c, "copy.gguf", "SmolLM2 135M Instruct"));
+  c.model = "Llama-3-8B.gguf";
+  try {
+    vq::check_calibration_model(c, "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2 135M Instruct");
+    ADD_FAILURE() << "a calibration of another model was accepted";
+  } catch (const vq::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("made for model 'Llama-3-8B.gguf'"), std::string::npos) << m;
+    EXPECT_NE(m.find("SmolLM2-135M-Instruct.Q4_1.gguf"), std::string::npos) << m;
+  }
+  c.model = "";
+  EXPECT_THROW(vq::check_calibration_model(c, "m.gguf", ""), vq::Error);  // nothing recorded: not this model
+}

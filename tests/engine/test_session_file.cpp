@@ -6,9 +6,16 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/sha256.h"
 #include "engine_fixture.h"
 #include "kvcache/seq_file.h"
 
@@ -137,7 +144,7 @@ TEST(SessionFile, RefusesOtherModelSpecCalibrationTruncatedOrCorruptedFiles) {
   };
   const std::string truncated = error_for(std::vector<uint8_t>(good.begin(), good.end() - 100));
   EXPECT_NE(truncated.find("truncated"), std::string::npos) << truncated;
-  EXPECT_NE(error_for(changed([](auto& b) { b[b.size() / 2] ^= 0x10; })).find("corrupted (checksum mismatch)"),
+  EXPECT_NE(error_for(changed([](auto& b) { b[b.size() / 2] ^= 0x10; })).find("corrupted (SHA-256 checksum mismatch)"),
             std::string::npos);
   EXPECT_NE(error_for(changed([](auto& b) { b.push_back(0); })).find("trailing"), std::string::npos);
   EXPECT_NE(error_for(changed([](auto& b) { b[8] = 9; })).find("version 9 is not supported"),  // version field
@@ -156,4 +163,150 @@ TEST(SessionFile, LoadThatThePoolCannotHoldTakesNothing) {
   EXPECT_THROW(load_sequence(path, small.store(), identity_of(small.store())), KVPoolExhausted);
   EXPECT_EQ(small.store().pool().used_bytes(), 0u);
   std::remove(path.c_str());
+}
+
+namespace {
+
+// The file's bytes with a correct SHA-256 trailer again after an edit (what a forger does).
+void reseal(std::vector<uint8_t>& b) {
+  Sha256 h;
+  h.update(b.data(), b.size() - 32);
+  const auto d = h.finish();
+  std::copy(d.begin(), d.end(), b.end() - 32);
+}
+
+template <class T>
+void put_at(std::vector<uint8_t>& b, size_t off, T v) {
+  std::memcpy(b.data() + off, &v, sizeof(T));
+}
+
+std::string load_error_type(const std::string& path, KVStore& kv, const KVIdentity& id, bool* session_error) {
+  try {
+    load_sequence(path, kv, id);
+  } catch (const SessionFileError& e) {
+    *session_error = true;
+    return e.what();
+  } catch (const Error& e) {
+    *session_error = false;
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Issue 26: a forged file with a valid SHA-256 trailer but non-finite KV is refused; so is a file
+// of the old version (unkeyed XXH64) and one whose header declares more than its fields allow.
+TEST(SessionFile, ResealedFilesWithNonFiniteValuesOrLyingHeadersAreRefused) {
+  Tiny& t = Tiny::get();
+  for (const std::string method : {"fp16", "fp32", "q8_0", "kivi2,r=32", "vecinfer:d4b8,r=32"}) {
+    const KVSpec spec = t.spec(method);
+    const std::string path = saved_session(spec, 200, 70, 803, "forged");
+    const std::vector<uint8_t> good = read_all(path);
+    Session other(*t.model, spec, 200);
+    KVStore& kv = other.store();
+    const KVIdentity id = identity_of(kv);
+    ASSERT_EQ(load_error(path, kv, id), "") << method;
+    // The last block's payload ends just before the trailer. 70 tokens with a window of 32: the
+    // last block is in the window, dense only, its first value a key; q8_0 has coded blocks only,
+    // starting with a scale.
+    const bool coded = method == "q8_0";
+    const size_t last = coded ? kv.coded_block_bytes(kv.n_layers() - 1) : kv.dense_block_bytes();
+    for (const bool all : {false, true}) {
+      std::vector<uint8_t> b = good;
+      if (method == "fp32")
+        put_at<uint32_t>(b, b.size() - 32 - last, 0x7fc00000u);  // fp32 NaN
+      else if (!all)
+        put_at<uint16_t>(b, b.size() - 32 - last, 0x7e00);  // fp16 NaN
+      else  // the whole block NaN (the issue's case: HTTP 200 with empty text)
+        for (size_t i = b.size() - 32 - last; i < b.size() - 32; i += 2) put_at<uint16_t>(b, i, 0x7c00);
+      reseal(b);
+      write_all(path, b);
+      bool typed = false;
+      const std::string nan = load_error_type(path, kv, id, &typed);
+      EXPECT_NE(nan.find("non-finite"), std::string::npos) << method << ": " << nan;
+      EXPECT_TRUE(typed) << method;
+      EXPECT_EQ(kv.pool().used_bytes(), 0u);
+    }
+    std::remove(path.c_str());
+  }
+  const KVSpec spec = t.spec("fp16");
+  const std::string path = saved_session(spec, 200, 40, 805, "header");
+  const std::vector<uint8_t> good = read_all(path);
+  Session other(*t.model, spec, 200);
+  KVStore& kv = other.store();
+  const KVIdentity id = identity_of(kv);
+  std::vector<uint8_t> b = good;
+  put_at<uint32_t>(b, 8, 1);
+  write_all(path, b);
+  const std::string v1 = load_error(path, kv, id);
+  EXPECT_NE(v1.find("version 1"), std::string::npos) << v1;
+  EXPECT_NE(v1.find("save the session again"), std::string::npos) << v1;
+  b = good;
+  put_at<uint64_t>(b, 16, uint64_t(1) << 40);  // file bytes: far more than 40 tokens allow
+  write_all(path, b);
+  const std::string big = load_error(path, kv, id);
+  EXPECT_NE(big.find("its header allows at most"), std::string::npos) << big;
+  b = good;
+  put_at<int64_t>(b, 72, int64_t(1) << 40);  // n_kv
+  put_at<uint64_t>(b, 80, uint64_t(1) << 40);  // n_tokens
+  write_all(path, b);
+  const std::string many = load_error(path, kv, id);
+  EXPECT_NE(many.find("KV tokens"), std::string::npos) << many;
+  EXPECT_EQ(kv.pool().used_bytes(), 0u);
+  std::remove(path.c_str());
+}
+
+// Issue 26: only regular files are read: a symbolic link (even to a good file), a directory named
+// like a session, a device and a FIFO are refused at once with a message saying which.
+TEST(SessionFile, OnlyRegularFilesAreRead) {
+  Tiny& t = Tiny::get();
+  const KVSpec spec = t.spec("fp16");
+  const std::string path = saved_session(spec, 200, 20, 806, "regular.vqkv");
+  Session other(*t.model, spec, 200);
+  KVStore& kv = other.store();
+  const KVIdentity id = identity_of(kv);
+  ASSERT_EQ(load_error(path, kv, id), "");
+  const std::string link = temp_path("link.vqkv"), dir = temp_path("dir.vqkv"), fifo = temp_path("fifo.vqkv");
+  std::remove(link.c_str());
+  ::rmdir(dir.c_str());
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::symlink(path.c_str(), link.c_str()), 0);
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  bool typed = false;
+  EXPECT_NE(load_error_type(link, kv, id, &typed).find("symbolic link"), std::string::npos);
+  EXPECT_TRUE(typed);
+  EXPECT_NE(load_error_type(dir, kv, id, &typed).find("is a directory"), std::string::npos);
+  EXPECT_TRUE(typed);
+  EXPECT_NE(load_error(fifo, kv, id).find("not a regular file"), std::string::npos);  // no wait for a writer
+  EXPECT_NE(load_error("/dev/zero", kv, id).find("not a regular file"), std::string::npos);
+  EXPECT_EQ(kv.pool().used_bytes(), 0u);
+  std::remove(link.c_str());
+  ::rmdir(dir.c_str());
+  std::remove(fifo.c_str());
+  std::remove(path.c_str());
+}
+
+// Issue 26: temporary files of saves whose process is gone are removed; a live writer's are kept.
+TEST(SessionFile, StaleTemporaryFilesOfInterruptedSavesAreRemoved) {
+  const std::string dir = temp_path("temps");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // its pid now names no process
+  const std::string dead = dir + "/a.vqkv.tmp." + std::to_string(child) + ".0";
+  const std::string live = dir + "/b.vqkv.tmp." + std::to_string(::getpid()) + ".3";
+  const std::string keep = dir + "/c.vqkv", other = dir + "/notes.tmp.1.0";
+  for (const auto& p : {dead, live, keep, other}) write_all(p, {1, 2, 3});
+  std::filesystem::create_directory(dir + "/d.vqkv.tmp.1.0");  // not a regular file: left alone
+  EXPECT_EQ(remove_stale_session_temps(dir), 1);
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(live));
+  EXPECT_TRUE(std::filesystem::exists(keep));
+  EXPECT_TRUE(std::filesystem::exists(other));
+  EXPECT_EQ(remove_stale_session_temps(dir + "/absent"), 0);
+  std::filesystem::remove_all(dir);
 }

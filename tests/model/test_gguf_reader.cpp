@@ -510,6 +510,23 @@ TEST(GGUFReader, MalformedMetadataValues) {
   expect_error(b, "duplicate tensor name");
 }
 
+// Issue 26: a vocabulary size no file of this size can hold is refused naming the key.
+TEST(GGUFReader, VocabularySizesAreBoundedByTheFile) {
+  auto bytes_with = [](auto&& add) {
+    t::GGUFWriter w;
+    add(w);
+    return w.bytes();
+  };
+  auto b = bytes_with([](t::GGUFWriter& w) { w.add_uint32("llama.vocab_size", 4294967295u); });
+  expect_error(b, "'llama.vocab_size' = 4294967295", "cannot fit in a file of");
+  b = bytes_with([](t::GGUFWriter& w) { w.add_uint32("llama.vocab_size", 0); });
+  expect_error(b, "'llama.vocab_size' = 0");
+  b = bytes_with([](t::GGUFWriter& w) { w.add_string("llama.vocab_size", "49152"); });
+  expect_error(b, "'llama.vocab_size'", "integer");
+  b = bytes_with([](t::GGUFWriter& w) { w.add_uint32("llama.vocab_size", 20); });  // fits: accepted
+  EXPECT_EQ(error_of(b), "");
+}
+
 TEST(GGUFReader, TruncationAtEveryOffsetThrows) {
   const auto bytes = sample_writer().bytes();
   size_t with_offset = 0;

@@ -146,6 +146,7 @@ def test_small_budget_queues_and_preempts_without_changing_outputs(cold):
 
 def test_session_save_restore_across_restart(tmp_path):
     sdir = tmp_path / "sessions"
+    sdir.mkdir()  # serve --session-dir names an existing folder (issue 26)
     prompt_ids = list(range(1000, 1090))  # token ids: no re-tokenization between turns
     more_ids = list(range(2000, 2012))
     s1 = Server("--kv-cache", KV, "--kv-budget", "256", session_dir=sdir)

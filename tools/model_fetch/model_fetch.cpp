@@ -18,7 +18,7 @@
 #include "core/cache_dir.h"
 #include "core/env.h"
 #include "core/error.h"
-#include "model/sha256.h"
+#include "core/sha256.h"
 
 extern char** environ;
 

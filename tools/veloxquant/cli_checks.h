@@ -21,7 +21,9 @@ void check_cache_fits_model(const KVCacheConfig& cfg, const Model& model, const 
 // and the model (check_calibration_matches) before any session exists. When the file is the
 // automatic first-use calibration (auto_calib), the spec's default granularity yields to the
 // file's: that recipe picks shared codebooks for 12-bit presets.
-KVSpec make_checked_spec(KVCacheConfig cfg, const Model& model, const std::string& calib_path, bool auto_calib);
+// A --calib file given by the user must also record this model (check_calibration_model).
+KVSpec make_checked_spec(KVCacheConfig cfg, const Model& model, const std::string& calib_path, bool auto_calib,
+                         const std::string& model_path);
 
 // Every weight finite (find_non_finite over every supported tensor: the float values and the
 // block scales), before generation: a NaN weight otherwise yields garbage with exit 0, and the
@@ -33,6 +35,26 @@ void check_weights_finite(const Model& model, const std::string& model_path);
 // not scan, that would read every weight) or an overflowing cache otherwise sample garbage
 // with exit 0. Throws naming the position and the first bad entry.
 void check_logits_finite(const float* logits, int n_vocab, int64_t pos);
+
+// Contexts: the most tokens any command runs in one sequence, whatever the model (16M).
+constexpr int64_t kMaxContextTokens = int64_t(1) << 24;
+
+// n tokens of context (what: "-c", "the prompt", ...) against the model's trained context: past
+// it, an error unless allow_longer (--allow-longer-context), then one warning on stderr; past
+// kMaxContextTokens always an error. A model that records no trained context is not checked.
+void check_trained_context(int64_t n, const Model& model, bool allow_longer, const std::string& what);
+
+// The KV budget (from --kv-budget MIB, 0: the default share) must hold at least one block of
+// every form in every layer of the store's spec, or nothing can run: refused naming the flag.
+void check_kv_budget_holds_a_block(size_t budget, double mib, const KVStore& kv);
+
+// serve --session-dir: given explicitly, an existing writable directory; the default, when it
+// exists, too (it is made at the first save otherwise). Checked before the model loads.
+void check_session_dir(const std::string& dir, bool given);
+
+// --load-session: a regular file (not a link, directory, device or pipe) that can be opened,
+// checked before the model loads; its contents are checked by load_sequence.
+void check_session_input(const std::string& path, const std::string& what);
 
 // Text from a file (a prompt, an id list, a name) made safe to print on a terminal.
 std::string printable(const std::string& text);

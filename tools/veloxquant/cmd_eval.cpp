@@ -45,6 +45,7 @@ struct EvalCliOptions {
   std::vector<double> depths{0.0, 0.25, 0.5, 0.75, 1.0};
   int chunk = 32, trials = 2, threads = 0, max_retrieval_ctx = 16384;
   bool no_retrieval = false, no_quality = false;
+  bool allow_longer_context = false, contexts_given = false;
   std::string command;
 };
 
@@ -74,9 +75,25 @@ std::string iso_now() {
 
 void run_eval_cmd(const EvalCliOptions& o) {
   set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  // Outputs are checked before minutes of evaluation.
+  if (!o.out.empty() && o.out != "-") check_output_path(o.out, "-o");
+  if (!o.prompts_out.empty()) check_output_path(o.prompts_out, "--save-inputs");
+  for (int c : o.contexts) VQ_CHECK(c >= 2 && c <= kMaxContextTokens, "-c: {} must be in 2..{}", c, kMaxContextTokens);
+  for (int c : o.retrieval_contexts)
+    VQ_CHECK(c >= 2 && c <= kMaxContextTokens, "--retrieval-ctx: {} must be in 2..{}", c, kMaxContextTokens);
   bool is_default = false;
   const std::string path = model_path_or_default(o.model, &is_default);
   const auto model = Model::load(path);
+  // Contexts asked for are checked against the trained one; the default ones stop at it.
+  std::vector<int> contexts = o.contexts;
+  const int64_t trained = model->config().n_ctx_train;
+  if (!o.contexts_given && trained > 0) {
+    std::erase_if(contexts, [&](int c) { return c > trained; });
+    if (contexts.empty()) contexts.push_back(int(trained));
+  }
+  for (int c : contexts) check_trained_context(c, *model, o.allow_longer_context, fmt::format("-c {}", c));
+  for (int c : o.retrieval_contexts)
+    check_trained_context(c, *model, o.allow_longer_context, fmt::format("--retrieval-ctx {}", c));
   // --calib SPEC=FILE: split at the last '=' (specs contain '=' themselves).
   std::map<std::string, std::string> calib_of;
   for (const std::string& c : o.calib) {
@@ -94,7 +111,7 @@ void run_eval_cmd(const EvalCliOptions& o) {
     const std::string calib =
         resolve_calibration(*model, path, is_default, cfg, it == calib_of.end() ? "" : it->second,
                             [&](const char* st, int d, int t) { bar.update(st, d, t); });
-    methods.push_back(make_checked_spec(cfg, *model, calib, it == calib_of.end()));
+    methods.push_back(make_checked_spec(cfg, *model, calib, it == calib_of.end(), path));
   }
   const KVSpec reference = make_kv_spec(parse_kv_cache_spec("fp16"));
 
@@ -102,7 +119,7 @@ void run_eval_cmd(const EvalCliOptions& o) {
   opt.chunk = o.chunk;
   opt.trials = o.trials;
   opt.depths = o.depths;
-  opt.contexts = o.no_quality ? std::vector<int>{} : o.contexts;
+  opt.contexts = o.no_quality ? std::vector<int>{} : contexts;
   if (!o.no_retrieval)
     opt.retrieval_contexts = !o.retrieval_contexts.empty()
                                  ? o.retrieval_contexts
@@ -154,7 +171,11 @@ void add_eval(CLI::App& app) {
   c->add_option("--kv-cache", o->kv, "KV caches to evaluate (several; default: every shipped method)");
   c->add_option("--calib", o->calib, "Calibration of a vecinfer spec: SPEC=FILE (repeatable; default: first-use)");
   c->add_option("--text", o->texts, "Held-out texts (several; default: python3-doc classes, functional, GPL-3)");
-  c->add_option("-c,--ctx", o->contexts, "Quality context lengths")->capture_default_str();
+  CLI::Option* ctx = c->add_option("-c,--ctx", o->contexts,
+                                   "Quality context lengths (the default ones stop at the model's trained context)")
+                        ->capture_default_str();
+  c->add_flag("--allow-longer-context", o->allow_longer_context,
+              "Contexts past the model's trained one: a warning, not an error");
   c->add_option("--chunk", o->chunk, "Quality: tokens per forward call")->capture_default_str();
   c->add_option("--retrieval-text", o->filler, "Retrieval distractor text")->capture_default_str();
   c->add_option("--retrieval-ctx", o->retrieval_contexts,
@@ -167,7 +188,8 @@ void add_eval(CLI::App& app) {
   c->add_option("--save-inputs", o->prompts_out,
                 "Also write the JSON with every retrieval prompt's token ids (for bench/eval_llamacpp.py)");
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
-  c->callback([o, c] {
+  c->callback([o, c, ctx] {
+    o->contexts_given = ctx->count() > 0;
     o->command = "veloxquant eval";
     for (const auto& a : c->get_options())
       if (a->count() > 0 && !a->get_lnames().empty()) {

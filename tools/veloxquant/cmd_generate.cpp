@@ -46,6 +46,7 @@ struct GenerateOptions {
   int top_k = 40, repeat_last_n = 64;
   int64_t seed = -1;
   bool chat = false, no_display_prompt = false, ignore_eos = false, quiet = false;
+  bool allow_longer_context = false;  // -c / prompts past the model's trained context
   std::string kv_cache = "fp16", calib;
   std::string dump_logits, stats_json;
   std::vector<std::string> prompts;  // -p given more than once
@@ -148,6 +149,7 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
   eo.max_step_tokens = o.batch;
   eo.n_ctx = o.n_ctx;
   Engine engine(model, spec, eo);
+  check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, engine.kv());
   const SamplerParams base = sampler_params(o);
   // One prompt and N sequences: N seeds, the prompt prefilled once and shared.
   const int n_seq = texts.size() == 1 ? o.parallel : int(texts.size());
@@ -160,10 +162,17 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
   std::vector<int64_t> ids(static_cast<size_t>(n_seq));
   const Tokenizer* tok = model.has_tokenizer() ? &model.tokenizer() : nullptr;
   const auto t0 = Clock::now();
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n_seq));
+  for (int i = 0; i < n_seq; ++i) {  // every prompt checked before any runs
+    prompts[size_t(i)] = o.prompt_ids.empty() ? encode_prompt(model, o, texts[size_t(texts.size() == 1 ? 0 : i)])
+                                              : parse_ids(o.prompt_ids);
+    check_trained_context(int64_t(prompts[size_t(i)].size()) + o.n_predict, model, o.allow_longer_context,
+                          fmt::format("sequence {}: its prompt of {} tokens and -n {}", i, prompts[size_t(i)].size(),
+                                      o.n_predict));
+  }
   for (int i = 0; i < n_seq; ++i) {
     Request r;
-    r.prompt = o.prompt_ids.empty() ? encode_prompt(model, o, texts[size_t(texts.size() == 1 ? 0 : i)])
-                                    : parse_ids(o.prompt_ids);
+    r.prompt = std::move(prompts[size_t(i)]);
     r.sampling = base;
     r.sampling.seed = base.seed + uint64_t(i);
     r.max_new_tokens = o.n_predict;
@@ -218,8 +227,12 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
 }
 
 void run_generate(const GenerateOptions& o) {
-  VQ_CHECK(o.n_predict >= 0, "-n: {} must be >= 0", o.n_predict);
-  VQ_CHECK(o.n_ctx >= 0, "-c: {} must be >= 0", o.n_ctx);
+  VQ_CHECK(o.n_predict >= 0 && o.n_predict <= kMaxContextTokens, "-n: {} must be in 0..{}", o.n_predict,
+           kMaxContextTokens);
+  VQ_CHECK(o.n_ctx >= 0 && o.n_ctx <= kMaxContextTokens, "-c: {} must be in 0..{} (0: prompt + n-predict)", o.n_ctx,
+           kMaxContextTokens);
+  VQ_CHECK(o.n_ctx == 0 || o.n_predict <= o.n_ctx, "-n: {} new tokens cannot fit the context of {} tokens (-c)",
+           o.n_predict, o.n_ctx);
   VQ_CHECK(o.batch >= 1, "-b: {} must be >= 1", o.batch);
   VQ_CHECK(o.parallel >= 1 && o.parallel <= 4096, "--parallel: {} must be in 1..4096", o.parallel);
   VQ_CHECK(o.threads >= 0 && o.threads <= 1024, "-t: {} out of range", o.threads);
@@ -234,6 +247,7 @@ void run_generate(const GenerateOptions& o) {
   if (!o.stats_json.empty()) check_output_path(o.stats_json, "--stats-json");
   if (!o.dump_logits.empty()) check_output_path(o.dump_logits, "--dump-logits");
   if (!o.save_session.empty()) check_output_path(o.save_session, "--save-session");
+  if (loading) check_session_input(o.load_session, "--load-session");
   std::vector<std::string> texts = o.prompts;
   if (!o.prompts_file.empty()) {
     std::istringstream in(read_prompt_file(o.prompts_file, "--prompts-file"));
@@ -262,13 +276,14 @@ void run_generate(const GenerateOptions& o) {
   const ModelConfig& cfg = model->config();
   check_cache_fits_model(kv_config, *model, path);
   check_weights_finite(*model, path);
+  if (o.n_ctx > 0) check_trained_context(o.n_ctx, *model, o.allow_longer_context, "-c");
   // vecinfer: --calib, else (default model) the first-use calibration from the Jargon File.
   const std::string calib = resolve_calibration(*model, path, known_model, kv_config, o.calib,
                                                 [](const char* stage, int d, int t) {
                                                   std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
                                                   if (d == t) std::fprintf(stderr, "\n");
                                                 });
-  const KVSpec spec = make_checked_spec(kv_config, *model, calib, o.calib.empty());
+  const KVSpec spec = make_checked_spec(kv_config, *model, calib, o.calib.empty(), path);
   if (parallel) {
     if (texts.empty()) texts.push_back("");  // --prompt-ids
     run_parallel(o, *model, path, spec, texts);
@@ -281,8 +296,12 @@ void run_generate(const GenerateOptions& o) {
     ids = encode_prompt(*model, o, prompt_text);
   }
   // --load-session: the context holds the session's tokens too (their count is in the file).
+  const int64_t trained_or_4k = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096;
+  if (o.n_ctx == 0 && !loading)  // the context is the prompt and -n: both within the trained one
+    check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), *model, o.allow_longer_context,
+                          fmt::format("the prompt of {} tokens and -n {}", ids.size(), o.n_predict));
   const int n_ctx = o.n_ctx > 0 ? o.n_ctx
-                    : loading   ? int(std::max<int64_t>({cfg.n_ctx_train, 4096, int64_t(ids.size()) + std::max(o.n_predict, 1)}))
+                    : loading   ? int(std::max<int64_t>(trained_or_4k, int64_t(ids.size()) + std::max(o.n_predict, 1)))
                                 : int(ids.size()) + std::max(o.n_predict, 1);
   const KVDevice device = resolve_device(o.device);
   VQ_CHECK(device == KVDevice::cpu || (o.save_session.empty() && !loading),
@@ -291,6 +310,7 @@ void run_generate(const GenerateOptions& o) {
   const size_t budget = device == KVDevice::cuda ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(*model))
                                                  : kv_budget_bytes(o.kv_budget_mib);
   Session session(*model, spec, n_ctx, o.batch, budget, device);
+  check_kv_budget_holds_a_block(budget, o.kv_budget_mib, session.store());
   int64_t n_kv = 0;  // tokens whose KV the session file brought
   if (loading) {
     LoadedSequence ld = load_sequence(o.load_session, session.store(), kv_identity(session.store(), path));
@@ -301,6 +321,10 @@ void run_generate(const GenerateOptions& o) {
     session.sequence() = std::move(ld.seq);
     VQ_CHECK(int64_t(ids.size()) > n_kv, "{}: the session's tokens are all in its KV; give -p to continue it",
              o.load_session);
+    if (o.n_ctx == 0)
+      check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), *model, o.allow_longer_context,
+                            fmt::format("the session's and the prompt's {} tokens and -n {}", ids.size(),
+                                        o.n_predict));
   }
   const int n_prompt = static_cast<int>(ids.size());
   VQ_CHECK(n_prompt < n_ctx || (n_prompt == n_ctx && o.n_predict == 0),
@@ -414,6 +438,8 @@ void add_generate(CLI::App& app) {
   c->add_option("--system", o->system, "System message (with --chat)");
   c->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
   c->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens (0: prompt + n-predict)")->capture_default_str();
+  c->add_flag("--allow-longer-context", o->allow_longer_context,
+              "Run past the model's trained context (-c, or prompt + n-predict) with a warning, not an error");
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   c->add_option("-b,--batch-size", o->batch, "Prompt tokens per batch")->capture_default_str();
   c->add_option("--temp", o->temp, "Temperature (<= 0: greedy)")->capture_default_str();

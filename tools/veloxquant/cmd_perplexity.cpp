@@ -23,11 +23,13 @@ struct PplOptions {
   std::string model, text, kv_cache = "fp16", calib, device = "cpu";
   int n_ctx = 2048, chunk = 32, windows = 1, threads = 0;
   bool json = false, no_reference = false;
+  bool allow_longer_context = false, ctx_given = false;
 };
 
 void run_perplexity(const PplOptions& o) {
   set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
-  VQ_CHECK(o.n_ctx >= 2, "-c: {} must be >= 2", o.n_ctx);
+  VQ_CHECK(o.n_ctx >= 2 && o.n_ctx <= kMaxContextTokens, "-c: {} must be >= 2 and at most {}", o.n_ctx,
+           kMaxContextTokens);
   VQ_CHECK(o.chunk >= 1, "--chunk: {} must be >= 1", o.chunk);
   VQ_CHECK(o.windows >= 1, "--windows: {} must be >= 1", o.windows);
   const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
@@ -38,16 +40,20 @@ void run_perplexity(const PplOptions& o) {
   const auto model = Model::load(path);
   check_cache_fits_model(cfg, *model, path);
   check_weights_finite(*model, path);
+  // -c given is checked against the trained context; the default stops at it.
+  const int64_t trained = model->config().n_ctx_train;
+  const int n_ctx = !o.ctx_given && trained > 1 ? int(std::min<int64_t>(o.n_ctx, trained)) : o.n_ctx;
+  if (o.ctx_given) check_trained_context(n_ctx, *model, o.allow_longer_context, "-c");
   ProgressBar bar;
   bool made = false;
   const std::string calib = resolve_calibration(*model, path, is_default, cfg, o.calib,
                                                 [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
   if (made) std::fprintf(stderr, "perplexity: made the default calibration %s\n", calib.c_str());
-  const KVSpec method = make_checked_spec(cfg, *model, calib, o.calib.empty());
+  const KVSpec method = make_checked_spec(cfg, *model, calib, o.calib.empty(), path);
   const KVSpec reference = make_kv_spec(parse_kv_cache_spec("fp16"));
   const std::vector<int32_t> ids = model->tokenizer().encode(text, model->tokenizer().add_bos_default());
   PerplexityOptions po;
-  po.n_ctx = o.n_ctx;
+  po.n_ctx = n_ctx;
   po.chunk = o.chunk;
   po.max_windows = o.windows;
   po.device = resolve_device(o.device);
@@ -57,7 +63,7 @@ void run_perplexity(const PplOptions& o) {
            "values)", r.perplexity, r.kl);
   if (o.json) {
     nlohmann::json j = {{"model", path},          {"text", o.text},        {"kv_cache", cfg.name()},
-                        {"n_ctx", o.n_ctx},       {"chunk", o.chunk},      {"tokens_scored", r.n_scored},
+                        {"n_ctx", n_ctx},         {"chunk", o.chunk},      {"tokens_scored", r.n_scored},
                         {"perplexity", r.perplexity}, {"nll", r.nll},      {"seconds", r.seconds},
                         {"kv_bytes", r.kv_bytes}, {"kv_allocated_bytes", r.kv_allocated_bytes},
                         {"kv_fp16_bytes", r.kv_fp16_bytes},
@@ -70,7 +76,7 @@ void run_perplexity(const PplOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("kv cache      %s\n", cfg.name().c_str());
-    std::printf("tokens scored %lld (ctx %d, chunks of %d)\n", (long long)r.n_scored, o.n_ctx, o.chunk);
+    std::printf("tokens scored %lld (ctx %d, chunks of %d)\n", (long long)r.n_scored, n_ctx, o.chunk);
     std::printf("perplexity    %.4f\n", r.perplexity);
     if (!o.no_reference) {
       std::printf("fp16 ppl      %.4f (%+.2f%%)\n", r.ref_perplexity, 100.0 * (r.perplexity / r.ref_perplexity - 1.0));
@@ -94,13 +100,20 @@ void add_perplexity(CLI::App& app) {
   c->footer(kv_cache_spec_syntax());
   c->add_option("--calib", o->calib, "Calibration file for vecinfer");
   add_device_option(c, o->device);
-  c->add_option("-c,--ctx-size", o->n_ctx, "Tokens per window")->capture_default_str();
+  CLI::Option* ctx = c->add_option("-c,--ctx-size", o->n_ctx,
+                                   "Tokens per window (the default stops at the model's trained context)")
+                        ->capture_default_str();
+  c->add_flag("--allow-longer-context", o->allow_longer_context,
+              "-c past the model's trained context: a warning, not an error");
   c->add_option("--chunk", o->chunk, "Tokens per forward call")->capture_default_str();
   c->add_option("--windows", o->windows, "Windows of ctx tokens to evaluate")->capture_default_str();
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   c->add_flag("--no-reference", o->no_reference, "Skip the fp16 reference (no KL / agreement)");
   c->add_flag("--json", o->json, "Print JSON");
-  c->callback([o] { run_perplexity(*o); });
+  c->callback([o, ctx] {
+    o->ctx_given = ctx->count() > 0;
+    run_perplexity(*o);
+  });
 }
 
 }  // namespace vq::cli

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include "engine/engine.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_identity.h"
+#include "kvcache/seq_file_format.h"
 #include "model/calibrate.h"
 #include "model/model.h"
 #include "server/server.h"
@@ -39,6 +41,8 @@ struct ServeOptions {
   int port = 8080, parallel = 8, batch = 512, n_ctx = 0, threads = 0, max_queue = 64, max_sessions = 64;
   double kv_budget_mib = 0, max_body_mib = 4, grace_s = 30;
   bool no_prefix_cache = false;
+  bool allow_longer_context = false;  // -c past the model's trained context
+  bool session_dir_given = false;     // --session-dir on the command line (the default may be absent)
 };
 
 // Signals arrive in this thread only (blocked everywhere else). The first INT/TERM drains the
@@ -107,7 +111,16 @@ void run_serve(const ServeOptions& o) {
   VQ_CHECK(o.max_queue >= 0, "--max-queue: {} must be >= 0", o.max_queue);
   VQ_CHECK(o.port >= 0 && o.port <= 65535, "--port: {} must be in 0..65535", o.port);
   VQ_CHECK(o.max_body_mib > 0, "--max-body: {} MiB must be > 0", o.max_body_mib);
-  VQ_CHECK(o.max_sessions >= 0, "--max-sessions: {} must be >= 0", o.max_sessions);
+  VQ_CHECK(o.max_sessions >= 1 && o.max_sessions <= 1000000,
+           "--max-sessions: {} must be in 1..1000000 (--no-prefix-cache keeps no sessions)", o.max_sessions);
+  VQ_CHECK(std::isfinite(o.grace_s) && o.grace_s >= 0 && o.grace_s <= 86400,
+           "--shutdown-grace: {} seconds must be in 0..86400", o.grace_s);
+  VQ_CHECK(o.n_ctx >= 0 && o.n_ctx <= kMaxContextTokens, "-c: {} must be in 0..{} (0: the model's)", o.n_ctx,
+           kMaxContextTokens);
+  VQ_CHECK(o.threads >= 0 && o.threads <= 1024, "-t: {} must be in 0..1024", o.threads);
+  VQ_CHECK(o.kv_budget_mib >= 0 && std::isfinite(o.kv_budget_mib), "--kv-budget: {} MiB must be >= 0",
+           o.kv_budget_mib);
+  if (!o.no_prefix_cache) check_session_dir(o.session_dir, o.session_dir_given);
   // Signals go to the signal thread only: block them before any thread starts.
   sigset_t set;
   sigemptyset(&set);
@@ -130,12 +143,13 @@ void run_serve(const ServeOptions& o) {
   VQ_CHECK(model->has_tokenizer(), "{}: the model has no tokenizer metadata; the server needs one", path);
   check_cache_fits_model(kv_config, *model, path);
   check_weights_finite(*model, path);
+  if (o.n_ctx > 0) check_trained_context(o.n_ctx, *model, o.allow_longer_context, "-c");
   const std::string calib = resolve_calibration(*model, path, is_default, kv_config, o.calib,
                                                 [](const char* stage, int d, int t) {
                                                   std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
                                                   if (d == t) std::fprintf(stderr, "\n");
                                                 });
-  const KVSpec spec = make_checked_spec(kv_config, *model, calib, o.calib.empty());
+  const KVSpec spec = make_checked_spec(kv_config, *model, calib, o.calib.empty(), path);
   EngineOptions eo;
   eo.device = resolve_device(o.device);
   eo.kv_budget_bytes = eo.device == KVDevice::cuda
@@ -151,11 +165,18 @@ void run_serve(const ServeOptions& o) {
   // The identity (model file, spec, calibration) roots the prefix cache's hash chains and names
   // session files; a store of the same spec without blocks gives the spec's shape.
   auto probe = make_kv_store(*model, spec, 0);
+  check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, *probe);
   const KVIdentity identity = kv_identity(*probe, path);
   probe.reset();
   eo.kv_identity = identity.combined();
   Engine engine(*model, spec, eo);
   Metrics metrics;
+  // Temporary files of saves a killed server left behind (their process is gone) go now.
+  if (prefix_cache) {
+    const int stale = remove_stale_session_temps(o.session_dir);
+    if (stale > 0)
+      std::fprintf(stderr, "veloxquant serve: removed %d temporary files of interrupted session saves\n", stale);
+  }
   Runner runner(engine, metrics, identity, o.session_dir, o.max_sessions);
   ServerOptions so;
   so.host = o.host;
@@ -213,7 +234,11 @@ void add_serve(CLI::App& app) {
   c->add_option("--host", o->host, "Address to listen on (loopback by default)")->capture_default_str();
   c->add_option("--port", o->port, "Port (0: any free one, printed at start)")->capture_default_str();
   c->add_option("--alias", o->alias, "Model id in the API (default: the file name)");
-  c->add_option("--session-dir", o->session_dir, "Folder of saved sessions")->capture_default_str();
+  CLI::Option* session_dir = c->add_option("--session-dir", o->session_dir,
+                                           "Folder of saved sessions (given: an existing writable directory)")
+                                 ->capture_default_str();
+  c->add_flag("--allow-longer-context", o->allow_longer_context,
+              "-c past the model's trained context: a warning, not an error");
   c->add_option("--max-sessions", o->max_sessions, "Named sessions kept in memory at once")->capture_default_str();
   c->add_option("--max-body", o->max_body_mib, "Largest request body in MiB")->capture_default_str();
   c->add_option("--shutdown-grace", o->grace_s, "Seconds requests in flight get to finish at SIGINT/SIGTERM")->capture_default_str();
@@ -228,7 +253,10 @@ void add_serve(CLI::App& app) {
   c->add_option("--body-timeout", o->body_timeout_s, "Seconds a request's whole body may take")->capture_default_str();
   add_device_option(c, o->device);
   c->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not cache prompt prefixes (nor keep sessions)");
-  c->callback([o] { run_serve(*o); });
+  c->callback([o, session_dir] {
+    o->session_dir_given = session_dir->count() > 0;
+    run_serve(*o);
+  });
 }
 
 }  // namespace vq::cli

@@ -1,6 +1,6 @@
 // SHA-256 as specified in FIPS 180-4, sections 4.1.2 (functions), 4.2.2 (constants),
 // 5.1.1 (padding), 5.3.3 (initial hash value) and 6.2.2 (hash computation).
-#include "model/sha256.h"
+#include "core/sha256.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,5 +1,5 @@
 #pragma once
-// SHA-256 (FIPS 180-4), used to check downloaded model files.
+// SHA-256 (FIPS 180-4): downloaded model files are checked with it, session files end with it.
 #include <array>
 #include <cstddef>
 #include <cstdint>
