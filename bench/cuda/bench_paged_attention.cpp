@@ -125,7 +125,7 @@ void run(const Geo& g, const std::string& kv, int B, int S, int Q, const std::ve
                   Q, S, m, flops / (m * 1e-3) / 1e12, double(kv_bytes) / 1e9);
     } else {
       std::printf("paged_attn geo=%s kv=%s B=%d S=%d variant=%d ms=%.4f graph_ms=%.4f kv_GB=%.3f GBps=%.0f graph_GBps=%.0f\n",
-                  g.name, cfg.name().c_str(), B, S, variant, m, mg, double(kv_bytes) / 1e9,
+                  g.name, kv.c_str(), B, S, variant, m, mg, double(kv_bytes) / 1e9,
                   double(kv_bytes) / (m * 1e-3) / 1e9, double(kv_bytes) / (mg * 1e-3) / 1e9);
     }
     std::fflush(stdout);

@@ -77,12 +77,16 @@ __device__ __forceinline__ void split_half2(float a, float b, uint32_t& hi, uint
 }
 
 // Shared-memory layout of the dense split kernel, in halves: the query tile (hi and lo parts,
-// 16 rows of D + 8), then per warp ST stages of one key tile (channel-major [D][KN + 8]) and one
-// value tile (token-major [KN][D + 8]). The 8 halves of padding per row make every ldmatrix
-// conflict-free (row strides of 48, 80, 144, 272 or 528 bytes).
+// 16 rows of D + 8: padded), then per warp ST stages of one key tile (channel-major [D][KN]) and
+// one value tile (token-major [KN][D]), unpadded: the 16-byte chunks of a row are XOR-swizzled
+// (kswz / vswz) so that the 8 rows one ldmatrix reads fall in 8 distinct 16-byte bank groups.
 template <int D, int KN>
 struct DenseLayout {
-  static constexpr int QLD = D + 8, KLD = KN + 8, VLD = D + 8;
+  static constexpr int QLD = D + 8, KLD = KN, VLD = D;
+  static constexpr int KC = KN / 8, RPL = 128 / (KN * 2);  // chunks per key row, key rows per 128 bytes
+  // halves offset of 16-byte chunk x of key row c / value row r
+  static __device__ __forceinline__ int kswz(int c, int x) { return c * KLD + 8 * (x ^ ((c / RPL) & (KC - 1))); }
+  static __device__ __forceinline__ int vswz(int r, int x) { return r * VLD + 8 * (x ^ (r & 7)); }
   static constexpr int stage_halves = D * KLD + KN * VLD;
   static constexpr int stage_bytes = stage_halves * 2;
   static constexpr int q_bytes = 2 * 16 * QLD * 2;
@@ -107,7 +111,7 @@ struct DenseLayout {
 template <int D, int KN, int W, int ST>
 __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
   using Lay = DenseLayout<D, KN>;
-  constexpr int QLD = Lay::QLD, KLD = Lay::KLD, VLD = Lay::VLD;
+  constexpr int QLD = Lay::QLD, KLD = Lay::KLD;
   constexpr int NS = KN / 8, NO = D / 8;
   extern __shared__ __align__(16) unsigned char dsm_raw[];
   __half* qhi = reinterpret_cast<__half*>(dsm_raw);
@@ -125,20 +129,30 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
   const int H = p.n_kv_heads, B = 1 << p.lb, G = p.group;
   const uint8_t* const* tab = p.tables[p.row_table ? p.row_table[b] : b];
   __half* mine = stages + size_t(warp) * ST * Lay::stage_halves;
-  const int n_my = j1 - j0 > warp ? (j1 - j0 - warp + W - 1) / W : 0;
+  // The warp's k-th tile: tiles go to the warps in groups of TPB (the tiles of one 32-token span),
+  // so the two halves of a block's key rows (KN = 16) are read by one warp back to back.
+  constexpr int TPB = KN >= 32 ? 1 : 32 / KN;
+  auto tile_of = [&](int k) { return j0 + ((k / TPB) * W + warp) * TPB + k % TPB; };
+  int n_my;
+  {
+    const int T = j1 - j0, GT = (T + TPB - 1) / TPB;
+    const int ng = GT > warp ? (GT - warp + W - 1) / W : 0;
+    n_my = ng * TPB;
+    if (ng > 0 && (GT - 1) % W == warp) n_my -= GT * TPB - T;
+  }
 
   // The pool block of the warp's tile k (null past its last): loaded one tile before issue() needs
   // it, so the copies never wait on the table read.
   auto block_of = [&](int k) -> const __half* {
     if (k >= n_my) return nullptr;
     int t0, lo, hi;
-    dt.at(j0 + warp + k * W, t0, lo, hi);
+    dt.at(tile_of(k), t0, lo, hi);
     return reinterpret_cast<const __half*>(tab[t0 >> p.lb]);
   };
   auto issue = [&](int k, const __half* blk) {
     if (k < n_my) {
       int t0, lo, hi;
-      dt.at(j0 + warp + k * W, t0, lo, hi);
+      dt.at(tile_of(k), t0, lo, hi);
       const int slot0 = t0 & (B - 1);
       const __half* kg = blk + size_t(kh) * D * B + slot0;
       const __half* vg = blk + size_t(H) * D * B + (size_t(kh) * B + slot0) * D;
@@ -148,13 +162,13 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
 #pragma unroll
       for (int i = lane; i < D * KC; i += 32) {
         const int c = i / KC, x = i % KC;
-        cp_async16(ks + c * KLD + x * 8, kg + size_t(c) * B + x * 8);
+        cp_async16(ks + Lay::kswz(c, x), kg + size_t(c) * B + x * 8);
       }
 #pragma unroll
       for (int i = lane; i < KN * VC; i += 32) {
         const int r = i / VC, x = i % VC, u = t0 + r;
         // values of masked tokens are zeros (their P is 0, and unwritten slots may hold NaN)
-        cp_async16(vs + r * VLD + x * 8, vg + size_t(r) * D + x * 8, u >= lo && u < hi);
+        cp_async16(vs + Lay::vswz(r, x), vg + size_t(r) * D + x * 8, u >= lo && u < hi);
       }
     }
     cp_async_commit();  // an empty group past the warp's last tile keeps the group count uniform
@@ -200,7 +214,7 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
 #pragma unroll
       for (int n0 = 0; n0 < KN; n0 += 16) {
         uint32_t bb[4];
-        ldsm_x4_t(bb, ks + (k0 + r8 + (mi & 1) * 8) * KLD + n0 + (mi >> 1) * 8);
+        ldsm_x4_t(bb, ks + Lay::kswz(k0 + r8 + (mi & 1) * 8, n0 / 8 + (mi >> 1)));
         mma16816(s[n0 / 8], ah, bb[0], bb[1]);
         mma16816(s[n0 / 8 + 1], ah, bb[2], bb[3]);
         mma16816(sl[n0 / 8], al, bb[0], bb[1]);
@@ -214,7 +228,7 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
     // ---- mask tokens outside the tile's range ----
     {
       int t0, lo, hi;
-      dt.at(j0 + warp + k * W, t0, lo, hi);
+      dt.at(tile_of(k), t0, lo, hi);
       if (t0 < lo || t0 + KN > hi) {
 #pragma unroll
         for (int n = 0; n < NS; ++n)
@@ -260,7 +274,7 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
 #pragma unroll
       for (int d0 = 0; d0 < D; d0 += 16) {
         uint32_t bb[4];
-        ldsm_x4_t(bb, vs + (kk * 16 + r8 + (mi & 1) * 8) * VLD + d0 + (mi >> 1) * 8);
+        ldsm_x4_t(bb, vs + Lay::vswz(kk * 16 + r8 + (mi & 1) * 8, d0 / 8 + (mi >> 1)));
         mma16816(o[d0 / 8], ph, bb[0], bb[1]);
         mma16816(o[d0 / 8 + 1], ph, bb[2], bb[3]);
         mma16816(o[d0 / 8], pl, bb[0], bb[1]);
@@ -366,12 +380,12 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
   auto part = [&](int i) { return i < nc ? cbase + i * pstride : dbase + (i - nc) * pstride; };
   const int n = nc + nd;
   float M = -INFINITY;
-#pragma unroll 8
+#pragma unroll 32
   for (int i = 0; i < n; ++i) M = fmaxf(M, part(i)[hh]);
   const int d0 = threadIdx.x, d1 = threadIdx.x + 128;
   float L = 0.f, o0 = 0.f, o1 = 0.f;
   if (M != -INFINITY) {
-#pragma unroll 4
+#pragma unroll 16
     for (int i = 0; i < n; ++i) {
       const float* q = part(i);
       const float m = q[hh];
@@ -398,13 +412,14 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
 }
 
 // The dense split kernel's variants (tile tokens, warps, shared-memory budget for the stages).
-// Variant 0 is the one the dispatch picks; the others stay instantiated for the sweep bench
-// (paged_attention_set_dense_variant), which measured them (docs/CUDA_NOTES.md section 11).
+// Variant 0 is the one the dispatch picks. The losers of the sweep (16-token tiles with 4 or 8
+// warps, 2 warps with 6 stages, 2 stages with two blocks per SM: docs/CUDA_NOTES.md section 11)
+// are in git history; a new candidate goes here and is timed with bench_paged_attention --variants.
 struct DenseVariant {
   int kn, warps, budget;
 };
 constexpr DenseVariant kDenseVariants[] = {
-    {32, 4, 160 * 1024}, {16, 4, 160 * 1024}, {16, 8, 200 * 1024}, {32, 4, 100 * 1024}, {16, 4, 220 * 1024}};
+    {32, 4, 200 * 1024}};
 constexpr int kNumDenseVariants = int(sizeof(kDenseVariants) / sizeof(kDenseVariants[0]));
 int g_forced_dense_variant = -1;
 
@@ -440,13 +455,9 @@ struct DenseKernel {
 
 template <int D>
 int dense_blocks_per_sm(int vi) {
-  switch (vi) {
-    case 0: return DenseKernel<D, 0>::prepare();
-    case 1: return DenseKernel<D, 1>::prepare();
-    case 2: return DenseKernel<D, 2>::prepare();
-    case 3: return DenseKernel<D, 3>::prepare();
-    default: return DenseKernel<D, 4>::prepare();
-  }
+  static_assert(kNumDenseVariants == 1, "dispatch every variant here");
+  (void)vi;
+  return DenseKernel<D, 0>::prepare();
 }
 int dense_blocks_per_sm(int D, int vi) {
   return D == 64 ? dense_blocks_per_sm<64>(vi) : D == 128 ? dense_blocks_per_sm<128>(vi) : dense_blocks_per_sm<256>(vi);
@@ -454,13 +465,8 @@ int dense_blocks_per_sm(int D, int vi) {
 
 template <int D>
 void launch_dense_d(const DenseParams& dp, int rows, int vi, cudaStream_t st, bool pdl) {
-  switch (vi) {
-    case 0: return DenseKernel<D, 0>::launch(dp, rows, st, pdl);
-    case 1: return DenseKernel<D, 1>::launch(dp, rows, st, pdl);
-    case 2: return DenseKernel<D, 2>::launch(dp, rows, st, pdl);
-    case 3: return DenseKernel<D, 3>::launch(dp, rows, st, pdl);
-    default: return DenseKernel<D, 4>::launch(dp, rows, st, pdl);
-  }
+  (void)vi;
+  DenseKernel<D, 0>::launch(dp, rows, st, pdl);
 }
 
 // Split count of the dense kernel for `units` (row, KV head) pairs: the fewest splits whose
