@@ -183,6 +183,58 @@ def bench_attn10():
     bench_prefill(g)
 
 
+SWEEP_GEOS = [("llama-3.1-8b", 32, 8, 128), ("qwen2.5-7b", 28, 4, 128), ("qwen2.5-1.5b", 12, 2, 128),
+              ("70b-tp8", 8, 1, 128), ("qwen2.5-0.5b", 14, 2, 64), ("smollm2", 9, 3, 64),
+              ("gemma2-9b", 16, 8, 256), ("falcon3-7b", 12, 4, 256)]
+
+
+def bench_sweep():
+    """Issue 20's sweep (bench_paged_attention --sweep's shapes): SDPA on fp16 K/V (enable_gqa,
+    4 calls per event pair) and dequantise-then-SDPA (d4b8 codes through one 256x4 book per side,
+    where its fp16 copy fits beside the codes); shapes whose fp16 K/V exceed 56 GB skipped.
+    VQ_PEER_GEO=name: that geometry alone."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    only = os.environ.get("VQ_PEER_GEO", "")
+    deq_on = os.environ.get("VQ_PEER_DEQUANT", "1") != "0"
+    for name, Hq, Hkv, D in SWEEP_GEOS:
+        if only and only not in name:
+            continue
+        for B in [1, 4, 16, 64]:
+            for S in [4096, 16384, 65536, 204800]:
+                kv_bytes = 2 * B * Hkv * S * D * 2
+                if kv_bytes > 56e9:
+                    print(f"torch_sweep geo={name} B={B} S={S} skipped (fp16 K/V {kv_bytes / 1e9:.0f} GB)", flush=True)
+                    continue
+                copies = max(1, min(8, (512 << 20) // kv_bytes))
+                q = torch.randn(B, Hq, 1, D, device="cuda", dtype=torch.float16, generator=g)
+                ks = [torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.float16, generator=g) for _ in range(copies)]
+                vs = [torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.float16, generator=g) for _ in range(copies)]
+                sdpa = lambda i: F.scaled_dot_product_attention(q, ks[i % copies], vs[i % copies], enable_gqa=True)
+                t_sdpa = median_ms(sdpa, reps=15 if kv_bytes < 8e9 else 7, batch=4)
+                del ks, vs
+                torch.cuda.empty_cache()
+                t_deq = float("nan")
+                if deq_on and kv_bytes <= 24e9:
+                    kc = torch.randint(0, 256, (B, Hkv, S, D // 4), device="cuda", dtype=torch.uint8, generator=g)
+                    vc = torch.randint(0, 256, (B, Hkv, S, D // 4), device="cuda", dtype=torch.uint8, generator=g)
+                    kb = torch.randn(256, 4, device="cuda", dtype=torch.float16, generator=g)
+                    vb = torch.randn(256, 4, device="cuda", dtype=torch.float16, generator=g)
+
+                    def deq(i):
+                        K = kb[kc.long()].reshape(B, Hkv, S, D)
+                        V = vb[vc.long()].reshape(B, Hkv, S, D)
+                        return F.scaled_dot_product_attention(q, K, V, enable_gqa=True)
+
+                    try:
+                        t_deq = median_ms(deq, reps=5, warm=1, batch=1)
+                    except torch.OutOfMemoryError:
+                        pass
+                    del kc, vc
+                    torch.cuda.empty_cache()
+                print(f"torch_sweep geo={name} B={B} S={S} sdpa_fp16_ms={t_sdpa:.4f} "
+                      f"sdpa_GBps={kv_bytes / (t_sdpa * 1e-3) / 1e9:.0f} dequant_sdpa_ms={t_deq:.4f}", flush=True)
+
+
 def bench_prefill(g=None):
     """Prefill peer: a 512-query chunk against 32k cached tokens, Llama geometry: SDPA on fp16 as
     torch picks it ("flash_fp16"), each backend of it forced in turn, and dequantise-then-SDPA."""
@@ -224,5 +276,7 @@ if __name__ == "__main__":
         bench_attn()
     if what == "attn10":
         bench_attn10()
+    if what == "sweep":
+        bench_sweep()
     if what == "prefill":
         bench_prefill()

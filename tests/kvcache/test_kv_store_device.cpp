@@ -29,6 +29,7 @@ struct Case {
   int HQ, H, D;
   const char* spec;
   int window = 0;  // sliding window of layer 1 (0: global)
+  int prompt = 75; // tokens of the first chunk (long ones: the decode rows use many splits)
 };
 
 KVSpec spec_for(const Case& c, int layers) {
@@ -87,7 +88,7 @@ TEST_P(DeviceStoreParity, AppendsForksAndAttentionMatchTheCpu) {
     cpu->trim(sc[i]);
     gpu->trim(sg[i]);
   };
-  grow(0, 75);
+  grow(0, c.prompt);
   for (int s = 0; s < 40; ++s) grow(0, 1);
   grow(0, 45);
   // a fork shares every block (the partial last one too); the first write into it copies it
@@ -161,6 +162,18 @@ const Case kCases[] = {
     {"d8b8_r32_g3_d256", 12, 4, 256, "vecinfer:d8b8,r=32"},
     {"d8b12_r32_g2_d64", 4, 2, 64, "vecinfer:d8b12,r=32,gran=shared"},
     {"fp16_g8_d256", 16, 2, 256, "fp16"},
+    // the sweep's geometries (issue 20): every group size of the dense kernel's 16-row tiles
+    {"fp16_g2_d256", 16, 8, 256, "fp16"},
+    {"fp16_g1_d256", 4, 4, 256, "fp16"},
+    {"fp16_g2_d128", 8, 4, 128, "fp16"},
+    {"fp16_g6_d128", 12, 2, 128, "fp16"},
+    {"fp16_g7_d128", 28, 4, 128, "fp16"},
+    {"fp16_g8_d128", 8, 1, 128, "fp16"},
+    {"fp16_g16_d128", 16, 1, 128, "fp16"},
+    {"fp16_g7_d64", 14, 2, 64, "fp16"},
+    {"fp16_g4_d128_long", 32, 8, 128, "fp16", 0, 1500},
+    {"fp16_g3_d256_long_window", 12, 4, 256, "fp16", 700, 1500},
+    {"d4b8_g7_d128_long", 28, 4, 128, "vecinfer:d4b8", 0, 1500},
     // head_dim 256 on the LUT kernel (shared value books)
     {"d4b8_shared_g3_d256_lut", 12, 4, 256, "vecinfer:d4b8,gran=shared"},
     {"k_d8b8_v_d4b8_g16_d256_lut", 16, 1, 256, "vecinfer:k=d8b8,v=d4b8,gran=shared"},

@@ -12,6 +12,7 @@
 #include "core/fp16.h"
 #include "cuda_test_util.h"
 #include "ops/cuda/device.h"
+#include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_cuda.h"
 #include "ops/ref/pq_attention.h"
@@ -292,6 +293,43 @@ TEST(CudaPQAttentionArgs, RejectsUnsupportedShapes) {
   a.kernel = cuda::PQAttnKernel::lut, a.head_dim = 256, a.k_sub_dim = 16;  // head_dim 256: 32 or 64 key sub-spaces
   EXPECT_THROW(cuda::check_pq_attention_args(a), Error);
   EXPECT_STREQ(cuda::pq_attn_kernel_name(cuda::PQAttnKernel::automatic), "auto");
+}
+
+// The decode dispatch (paged_attention_choose): which shapes it takes, what it says about the
+// others, and split counts that fill whole waves of a 132-SM GPU. Host logic: runs without a GPU.
+TEST(PagedDecodeChoice, SupportsTheSweepShapesAndNamesWhatItRefuses) {
+  auto params = [](int rows, int H, int G, int D) {
+    cuda::PagedAttnParams p{};
+    p.rows = rows, p.n_kv_heads = H, p.group = G, p.head_dim = D;
+    return p;
+  };
+  for (int G : {1, 2, 3, 4, 6, 7, 8, 16})
+    for (int D : {64, 128, 256})
+      for (int rows : {1, 4, 16, 64, 256}) {
+        const cuda::PagedDecodeChoice c = cuda::paged_attention_choose(params(rows, 2, G, D), 132);
+        ASSERT_TRUE(c.supported) << "G " << G << " D " << D << ": " << c.why_not;
+        EXPECT_EQ(c.why_not, "");
+        // at least one wave (with one resident block per SM: the count without a GPU), waves >= 85%
+        // full, or past 2 splits per SM slot no more splits than that
+        const int64_t blocks = int64_t(rows) * 2 * c.dense_splits;
+        ASSERT_GE(c.dense_splits, 1);
+        if (rows * 2 < 132) {
+          EXPECT_GE(blocks, 132) << rows;
+        }
+        const int64_t waves = (blocks + 131) / 132;
+        EXPECT_GE(double(blocks) / double(waves * 132), 0.85) << rows << " rows, " << c.dense_splits << " splits";
+      }
+  const cuda::PagedDecodeChoice g17 = cuda::paged_attention_choose(params(1, 2, 17, 128), 132);
+  EXPECT_FALSE(g17.supported);
+  EXPECT_NE(g17.why_not.find("group = 17"), std::string::npos) << g17.why_not;
+  const cuda::PagedDecodeChoice d96 = cuda::paged_attention_choose(params(1, 2, 4, 96), 132);
+  EXPECT_FALSE(d96.supported);
+  EXPECT_NE(d96.why_not.find("head_dim = 96"), std::string::npos) << d96.why_not;
+  cuda::PagedAttnParams odd = params(1, 2, 4, 128);
+  odd.rule.block_tokens = 48;
+  EXPECT_NE(cuda::paged_attention_unsupported_reason(odd).find("block_tokens = 48"), std::string::npos);
+  cuda::PagedAttnParams plan_me = params(1, 2, 17, 128);
+  EXPECT_THROW(cuda::paged_attention_plan(plan_me), Error);
 }
 
 }  // namespace

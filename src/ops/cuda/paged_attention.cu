@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
@@ -19,12 +20,10 @@ namespace vq::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kDenseWarps = 4;
 constexpr int kTile8 = 8;  // partials are laid out in tiles of 8 query heads (the coded kernels' layout)
 
 struct DenseParams {
   int n_kv_heads, group, tiles8, n_q_heads, lb;
-  int ht_tiles;  // HT-head tiles per KV head: ceil(group / HT)
   PagedRule rule;
   const int32_t* pos;
   const int32_t* row_table;
@@ -37,214 +36,300 @@ struct DenseParams {
   float* part;   // [rows, n_kv_heads, tiles8, splits][2*8 + 8*D]
 };
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src));
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, asynchronously; valid == false fills the 16 bytes with zeros (reads nothing).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid = true) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// (a, b) as fp16 pairs hi + lo with hi + lo = (a, b) to ~22 bits: two products carry fp32-like
+// precision through fp16 tensor cores.
+__device__ __forceinline__ void split_half2(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 f = __half22float2(h);
+  const __half2 l = __floats2half2_rn(a - f.x, b - f.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
-// Grid (splits, n_kv_heads * ceil(group / HT), rows); 4 warps. A block takes HT query heads of
-// one KV head over one split of the row's dense tokens (sinks + window, or all keys of an fp16
-// layer). Warp = 32 tokens at a time, lane = token for the scores (keys are channel-major, so
-// the lanes of a warp read consecutive fp16 of one channel), lane = dims for the values (rows
-// of D fp16, D/32 per lane). Online softmax in base 2 with a lazy max (as the LUT kernel).
-template <int D, int HT>
-__global__ void __launch_bounds__(32 * kDenseWarps) dense_split_kernel(DenseParams p) {
-  constexpr int VPL = D / 32;   // value dims per lane
-  extern __shared__ __align__(16) float dsm[];
-  float* sq = dsm;                                 // [HT][D]
-  float* sp = sq + HT * D;                         // [warps][32][HT]
-  const __half** svp = reinterpret_cast<const __half**>(sp + kDenseWarps * 32 * HT);  // [warps][32]
-  // [warps] staging of one whole block's K [D][32] and V [32][D] of this head (16-byte aligned)
-  __half* stage = reinterpret_cast<__half*>(
-      (reinterpret_cast<uintptr_t>(svp + kDenseWarps * 32) + 15) & ~uintptr_t(15));
+// Shared-memory layout of the dense split kernel, in halves: the query tile (hi and lo parts,
+// 16 rows of D + 8: padded), then per warp ST stages of one key tile (channel-major [D][KN]) and
+// one value tile (token-major [KN][D]), unpadded: the 16-byte chunks of a row are XOR-swizzled
+// (kswz / vswz) so that the 8 rows one ldmatrix reads fall in 8 distinct 16-byte bank groups.
+template <int D, int KN>
+struct DenseLayout {
+  static constexpr int QLD = D + 8, KLD = KN, VLD = D;
+  static constexpr int KC = KN / 8, RPL = 128 / (KN * 2);  // chunks per key row, key rows per 128 bytes
+  // halves offset of 16-byte chunk x of key row c / value row r
+  static __device__ __forceinline__ int kswz(int c, int x) { return c * KLD + 8 * (x ^ ((c / RPL) & (KC - 1))); }
+  static __device__ __forceinline__ int vswz(int r, int x) { return r * VLD + 8 * (x ^ (r & 7)); }
+  static constexpr int stage_halves = D * KLD + KN * VLD;
+  static constexpr int stage_bytes = stage_halves * 2;
+  static constexpr int q_bytes = 2 * 16 * QLD * 2;
+  static constexpr int stages(int warps, int budget) {
+    const int s = budget / (stage_bytes * warps);
+    return s < 2 ? 2 : s > 8 ? 8 : s;
+  }
+  static constexpr size_t smem(int warps, int st) { return size_t(q_bytes) + size_t(warps) * st * stage_bytes; }
+  // the cross-warp merge reuses each warp's stages: m, l and O of 16 rows in fp32
+  static_assert(2 * stage_bytes >= (16 * D + 32) * 4, "merge scratch must fit in a warp's stages");
+};
+
+// Grid (splits, n_kv_heads, rows), W warps. A block takes every query head of one KV head (the
+// group, up to 16, as the 16 rows of the tensor-core tiles: K/V bytes are read once per group)
+// over one split of the row's dense tokens (sinks + window, or all keys of an fp16 layer), as
+// tiles of KN tokens. Each warp streams its own tiles (tiles j0 + warp, j0 + warp + W, ...)
+// through ST shared-memory stages with cp.async (16-byte copies; ST - 1 tiles in flight while
+// it multiplies one), and runs S = Q K^T and O += P V with mma.m16n8k16 (fp32 accumulation):
+// q and P enter as fp16 hi + lo pairs, so the result keeps fp32-like precision. Online softmax
+// in base 2 per row; the warps' states are merged through shared memory at the end into the
+// split's partial (m, l, o).
+template <int D, int KN, int W, int ST>
+__global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
+  using Lay = DenseLayout<D, KN>;
+  constexpr int QLD = Lay::QLD, KLD = Lay::KLD;
+  constexpr int NS = KN / 8, NO = D / 8;
+  extern __shared__ __align__(16) unsigned char dsm_raw[];
+  __half* qhi = reinterpret_cast<__half*>(dsm_raw);
+  __half* qlo = qhi + 16 * QLD;
+  __half* stages = qlo + 16 * QLD;
 
   pdl_wait();  // launched with PDL (pdl.cuh)
   pdl_trigger();
-  const int split = blockIdx.x, b = blockIdx.z;
-  const int kh = blockIdx.y / p.ht_tiles;
-  const int head0 = (blockIdx.y % p.ht_tiles) * HT;  // first query head of the group in this block
-  const int t8 = head0 / kTile8;                     // HT divides 8: a tile lies in one 8-head tile
+  const int split = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
   if (p.row_skip && p.row_skip[b]) return;
-  const detail::DenseSplit ds = detail::dense_split(p.rule, p.pos[b], p.splits);
-  if (!ds.holds(split)) return;
-  const int vbeg = split * ds.chunk, vend = min(ds.n(), vbeg + ds.chunk);
+  const detail::DenseTiles dt = detail::dense_tiles(p.rule, p.pos[b], p.splits, KN);
+  if (!dt.holds(split)) return;
+  const int j0 = split * dt.chunk, j1 = min(dt.n(), j0 + dt.chunk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int H = p.n_kv_heads, B = 1 << p.lb;
-
-  for (int i = threadIdx.x; i < HT * D; i += blockDim.x) {
-    const int h = i / D, d = i % D, qh = head0 + h;
-    sq[i] = qh < p.group ? p.q[int64_t(b) * p.q_stride + (int64_t(kh) * p.group + qh) * D + d] * p.qscale : 0.f;
-  }
-  __syncthreads();
+  const int H = p.n_kv_heads, B = 1 << p.lb, G = p.group;
   const uint8_t* const* tab = p.tables[p.row_table ? p.row_table[b] : b];
-
-  float m_run[HT], l_run[HT], o[HT][VPL];
-#pragma unroll
-  for (int h = 0; h < HT; ++h) {
-    m_run[h] = -INFINITY, l_run[h] = 0.f;
-#pragma unroll
-    for (int e = 0; e < VPL; ++e) o[h][e] = 0.f;
+  __half* mine = stages + size_t(warp) * ST * Lay::stage_halves;
+  // The warp's k-th tile: tiles go to the warps in groups of TPB (the tiles of one 32-token span),
+  // so the two halves of a block's key rows (KN = 16) are read by one warp back to back.
+  constexpr int TPB = KN >= 32 ? 1 : 32 / KN;
+  auto tile_of = [&](int k) { return j0 + ((k / TPB) * W + warp) * TPB + k % TPB; };
+  int n_my;
+  {
+    const int T = j1 - j0, GT = (T + TPB - 1) / TPB;
+    const int ng = GT > warp ? (GT - warp + W - 1) / W : 0;
+    n_my = ng * TPB;
+    if (ng > 0 && (GT - 1) % W == warp) n_my -= GT * TPB - T;
   }
-  float* spw = sp + warp * 32 * HT;
-  const __half** svw = svp + warp * 32;
-  __half* kst = stage + size_t(warp) * 2 * D * 32;  // K [D][32]
-  __half* vst = kst + D * 32;                       // V [32][D]
-  for (int g0 = vbeg + warp * 32; g0 < vend; g0 += kDenseWarps * 32) {
-    const int v = g0 + lane;
-    const bool valid = v < vend;
-    // A group that is one whole block (the common case: sinks and window start on block
-    // boundaries) is staged with cp.async: all its K/V loads in flight at once, instead of a
-    // dependent chain of 2-byte loads per channel.
-    const int t0 = ds.position(g0);
-    const bool whole = B == 32 && g0 + 32 <= vend && (t0 & 31) == 0 && (g0 >= ds.n0 || g0 + 32 <= ds.n0);
-    if (whole) {
-      const __half* blk = reinterpret_cast<const __half*>(tab[t0 >> p.lb]);
-      const __half* kg = blk + size_t(kh) * D * 32;
-      const __half* vg = blk + size_t(H) * D * 32 + size_t(kh) * 32 * D;
-      for (int i = lane; i < D * 4; i += 32) cp_async16(kst + 8 * i, kg + 8 * i);
-      for (int i = lane; i < D * 4; i += 32) cp_async16(vst + 8 * i, vg + 8 * i);
-      asm volatile("cp.async.commit_group;\n" ::);
-      asm volatile("cp.async.wait_group 0;\n" ::);
-      __syncwarp();
+
+  // The pool block of the warp's tile k (null past its last): loaded one tile before issue() needs
+  // it, so the copies never wait on the table read.
+  auto block_of = [&](int k) -> const __half* {
+    if (k >= n_my) return nullptr;
+    int t0, lo, hi;
+    dt.at(tile_of(k), t0, lo, hi);
+    return reinterpret_cast<const __half*>(tab[t0 >> p.lb]);
+  };
+  auto issue = [&](int k, const __half* blk) {
+    if (k < n_my) {
+      int t0, lo, hi;
+      dt.at(tile_of(k), t0, lo, hi);
+      const int slot0 = t0 & (B - 1);
+      const __half* kg = blk + size_t(kh) * D * B + slot0;
+      const __half* vg = blk + size_t(H) * D * B + (size_t(kh) * B + slot0) * D;
+      __half* ks = mine + (k % ST) * Lay::stage_halves;
+      __half* vs = ks + D * KLD;
+      constexpr int KC = KN / 8, VC = D / 8;  // 16-byte chunks per key channel / per value row
+#pragma unroll
+      for (int i = lane; i < D * KC; i += 32) {
+        const int c = i / KC, x = i % KC;
+        cp_async16(ks + Lay::kswz(c, x), kg + size_t(c) * B + x * 8);
+      }
+#pragma unroll
+      for (int i = lane; i < KN * VC; i += 32) {
+        const int r = i / VC, x = i % VC, u = t0 + r;
+        // values of masked tokens are zeros (their P is 0, and unwritten slots may hold NaN)
+        cp_async16(vs + Lay::vswz(r, x), vg + size_t(r) * D + x * 8, u >= lo && u < hi);
+      }
     }
-    float s[HT];
+    cp_async_commit();  // an empty group past the warp's last tile keeps the group count uniform
+  };
 #pragma unroll
-    for (int h = 0; h < HT; ++h) s[h] = 0.f;
-    const __half* vrow = nullptr;
-    if (valid) {
-      const int t = ds.position(v);
-      const __half* blk = reinterpret_cast<const __half*>(tab[t >> p.lb]);
-      const int slot = t & (B - 1);
-      const __half* kp = whole ? kst + lane : blk + size_t(kh) * D * B + slot;  // channel c at kp[c*B]
-      vrow = whole ? vst + size_t(lane) * D : blk + size_t(H) * D * B + (size_t(kh) * B + slot) * D;
-#pragma unroll 2
-      for (int c0 = 0; c0 < D; c0 += 16) {
-        float kv[16];
+  for (int k = 0; k < ST - 1; ++k) issue(k, block_of(k));
+  const __half* next_blk = block_of(ST - 1);
+
+  for (int i = threadIdx.x; i < 16 * D; i += 32 * W) {
+    const int h = i / D, d = i % D;
+    const float x = h < G ? p.q[int64_t(b) * p.q_stride + (int64_t(kh) * G + h) * D + d] * p.qscale : 0.f;
+    const __half hi = __float2half_rn(x);
+    qhi[h * QLD + d] = hi;
+    qlo[h * QLD + d] = __float2half_rn(x - __half2float(hi));
+  }
+  __syncthreads();
+
+  const int g = lane >> 2, t4 = lane & 3, mi = lane >> 3, r8 = lane & 7;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float o[NO][4];
 #pragma unroll
-        for (int j = 0; j < 16; ++j) kv[j] = __half2float(kp[size_t(c0 + j) * B]);
+  for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+  for (int k = 0; k < n_my; ++k) {
+    issue(k + ST - 1, next_blk);
+    next_blk = block_of(k + ST);
+    cp_async_wait<ST - 1>();  // tile k has landed (this lane's copies) ...
+    __syncwarp();              // ... and every lane's
+    const __half* ks = mine + (k % ST) * Lay::stage_halves;
+    const __half* vs = ks + D * KLD;
+    // ---- S = Q K^T: 16 rows (query heads) x KN tokens ----
+    // (the hi and lo products in separate accumulators: two independent mma chains, not one)
+    float s[NS][4], sl[NS][4];
 #pragma unroll
-        for (int j = 0; j < 16; j += 4) {
+    for (int n = 0; n < NS; ++n)
 #pragma unroll
-          for (int h = 0; h < HT; ++h) {
-            const float4 qv = *reinterpret_cast<const float4*>(sq + h * D + c0 + j);
-            s[h] = fmaf(qv.x, kv[j], fmaf(qv.y, kv[j + 1], fmaf(qv.z, kv[j + 2], fmaf(qv.w, kv[j + 3], s[h]))));
+      for (int c = 0; c < 4; ++c) s[n][c] = sl[n][c] = 0.f;
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      uint32_t ah[4], al[4];
+      ldsm_x4(ah, qhi + (lane & 15) * QLD + k0 + (lane >> 4) * 8);
+      ldsm_x4(al, qlo + (lane & 15) * QLD + k0 + (lane >> 4) * 8);
+#pragma unroll
+      for (int n0 = 0; n0 < KN; n0 += 16) {
+        uint32_t bb[4];
+        ldsm_x4_t(bb, ks + Lay::kswz(k0 + r8 + (mi & 1) * 8, n0 / 8 + (mi >> 1)));
+        mma16816(s[n0 / 8], ah, bb[0], bb[1]);
+        mma16816(s[n0 / 8 + 1], ah, bb[2], bb[3]);
+        mma16816(sl[n0 / 8], al, bb[0], bb[1]);
+        mma16816(sl[n0 / 8 + 1], al, bb[2], bb[3]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[n][c] += sl[n][c];
+    // ---- mask tokens outside the tile's range ----
+    {
+      int t0, lo, hi;
+      dt.at(tile_of(k), t0, lo, hi);
+      if (t0 < lo || t0 + KN > hi) {
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int u = t0 + n * 8 + 2 * t4 + (c & 1);
+            if (u < lo || u >= hi) s[n][c] = -INFINITY;
           }
-        }
-      }
-    } else {
-#pragma unroll
-      for (int h = 0; h < HT; ++h) s[h] = -INFINITY;
-    }
-    // Lazy max: the reference max may lag the true one by up to 8 (P <= 2^8); the state stays exact.
-    bool over = false;
-#pragma unroll
-    for (int h = 0; h < HT; ++h) over |= s[h] > m_run[h] + 8.f;
-    if (__any_sync(0xffffffffu, over)) {
-#pragma unroll
-      for (int h = 0; h < HT; ++h) {
-        float mx = s[h];
-#pragma unroll
-        for (int off = 16; off; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        if (mx > m_run[h]) {
-          const float alpha = exp2f(m_run[h] - mx);  // -inf -> 0
-          l_run[h] *= alpha;
-#pragma unroll
-          for (int e = 0; e < VPL; ++e) o[h][e] *= alpha;
-          m_run[h] = mx;
-        }
       }
     }
+    // ---- online softmax (base 2), rows g and g + 8 ----
+    float alpha[2];
 #pragma unroll
-    for (int h = 0; h < HT; ++h) {
-      const float pr = valid ? exp2f(s[h] - m_run[h]) : 0.f;
-      l_run[h] += pr;
-      spw[lane * HT + h] = pr;
-    }
-    svw[lane] = vrow;
-    __syncwarp();
-    const int nv = min(32, vend - g0);
-    for (int j = 0; j < nv; ++j) {
-      const __half* vr = svw[j] + lane * VPL;
-      float vv[VPL];
-      if constexpr (VPL == 2) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(vr));
-        vv[0] = f.x, vv[1] = f.y;
-      } else if constexpr (VPL == 4) {
-        const uint2 u = *reinterpret_cast<const uint2*>(vr);
-        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-        const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-        vv[0] = a.x, vv[1] = a.y, vv[2] = c.x, vv[3] = c.y;
-      } else {
-        const uint4 u = *reinterpret_cast<const uint4*>(vr);
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
-          vv[2 * k] = a.x, vv[2 * k + 1] = a.y;
-        }
+      for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[h], mx);
+      const float mref = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet
+      alpha[h] = exp2f(m_run[h] - mref);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NS; ++n) {
+        s[n][2 * h] = exp2f(s[n][2 * h] - mref);
+        s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - mref);
+        sum += s[n][2 * h] + s[n][2 * h + 1];
       }
-      float pj[HT];
-      if constexpr (HT >= 4) {
-#pragma unroll
-        for (int h = 0; h < HT; h += 4) {
-          const float4 f = *reinterpret_cast<const float4*>(spw + j * HT + h);
-          pj[h] = f.x, pj[h + 1] = f.y, pj[h + 2] = f.z, pj[h + 3] = f.w;
-        }
-      } else {
-#pragma unroll
-        for (int h = 0; h < HT; ++h) pj[h] = spw[j * HT + h];
-      }
-#pragma unroll
-      for (int h = 0; h < HT; ++h)
-#pragma unroll
-        for (int e = 0; e < VPL; ++e) o[h][e] = fmaf(pj[h], vv[e], o[h][e]);
+      l_run[h] = l_run[h] * alpha[h] + sum;
+      m_run[h] = m_new;
     }
-    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < NO; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    // ---- O += P V: P from the S accumulators, k-steps of 16 tokens ----
+#pragma unroll
+    for (int kk = 0; kk < KN / 16; ++kk) {
+      uint32_t ph[4], pl[4];
+      split_half2(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);
+      split_half2(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);
+      split_half2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);
+      split_half2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);
+#pragma unroll
+      for (int d0 = 0; d0 < D; d0 += 16) {
+        uint32_t bb[4];
+        ldsm_x4_t(bb, vs + Lay::vswz(kk * 16 + r8 + (mi & 1) * 8, d0 / 8 + (mi >> 1)));
+        mma16816(o[d0 / 8], ph, bb[0], bb[1]);
+        mma16816(o[d0 / 8 + 1], ph, bb[2], bb[3]);
+        mma16816(o[d0 / 8], pl, bb[0], bb[1]);
+        mma16816(o[d0 / 8 + 1], pl, bb[2], bb[3]);
+      }
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
   }
+  cp_async_wait<0>();
+  __syncwarp();
 
-  // ---- cross-warp merge (shared memory reused) and the split's partial ----
+  // ---- cross-warp merge through the warps' own stages, then the split's partial ----
 #pragma unroll
-  for (int h = 0; h < HT; ++h)
-#pragma unroll
-    for (int off = 16; off; off >>= 1) l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], off);
-  __syncthreads();
-  float* wm = dsm;                    // [warps][HT]
-  float* wl = wm + kDenseWarps * HT;  // [warps][HT]
-  float* wo = wl + kDenseWarps * HT;  // [warps][HT][D]
-  if (lane == 0) {
-#pragma unroll
-    for (int h = 0; h < HT; ++h) wm[warp * HT + h] = m_run[h], wl[warp * HT + h] = l_run[h];
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
   }
+  float* wm = reinterpret_cast<float*>(mine);  // [16]
+  float* wl = wm + 16;                         // [16]
+  float* wo = wl + 16;                         // [16][D]
+  if (t4 == 0) wm[g] = m_run[0], wm[g + 8] = m_run[1], wl[g] = l_run[0], wl[g + 8] = l_run[1];
 #pragma unroll
-  for (int h = 0; h < HT; ++h)
-#pragma unroll
-    for (int e = 0; e < VPL; ++e) wo[(warp * HT + h) * D + lane * VPL + e] = o[h][e];
+  for (int n = 0; n < NO; ++n) {
+    *reinterpret_cast<float2*>(wo + g * D + n * 8 + 2 * t4) = make_float2(o[n][0], o[n][1]);
+    *reinterpret_cast<float2*>(wo + (g + 8) * D + n * 8 + 2 * t4) = make_float2(o[n][2], o[n][3]);
+  }
   __syncthreads();
-  float* out = p.part + (((int64_t(b) * p.n_kv_heads + kh) * p.tiles8 + t8) * p.splits + split) * (2 * kTile8 + kTile8 * D);
-  const int slot0 = head0 % kTile8;
-  for (int i = threadIdx.x; i < HT * D + 2 * HT; i += blockDim.x) {
-    const int hh = i < HT * D ? i / D : (i - HT * D) % HT;
+  constexpr int WSTRIDE = ST * Lay::stage_halves / 2;  // floats between two warps' scratch
+  const float* sw = reinterpret_cast<const float*>(stages);
+  const int64_t pstride = 2 * kTile8 + kTile8 * D;
+  for (int i = threadIdx.x; i < G * D + 2 * G; i += 32 * W) {
+    const int hh = i < G * D ? i / D : (i - G * D) % G;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kDenseWarps; ++w) M = fmaxf(M, wm[w * HT + hh]);
+    for (int w = 0; w < W; ++w) M = fmaxf(M, sw[w * WSTRIDE + hh]);
+    float* out = p.part + (((int64_t(b) * H + kh) * p.tiles8 + hh / kTile8) * p.splits + split) * pstride;
+    const int slot = hh % kTile8;
     float acc = 0.f;
-    if (i < HT * D) {
+    if (i < G * D) {
       const int dim = i % D;
 #pragma unroll
-      for (int w = 0; w < kDenseWarps; ++w) {
-        const float mw = wm[w * HT + hh];
-        if (mw != -INFINITY) acc += exp2f(mw - M) * wo[(w * HT + hh) * D + dim];
+      for (int w = 0; w < W; ++w) {
+        const float mw = sw[w * WSTRIDE + hh];
+        if (mw != -INFINITY) acc += exp2f(mw - M) * sw[w * WSTRIDE + 32 + hh * D + dim];
       }
-      out[2 * kTile8 + (slot0 + hh) * D + dim] = acc;
-    } else if (i < HT * D + HT) {
-      out[slot0 + hh] = M;
+      out[2 * kTile8 + slot * D + dim] = acc;
+    } else if (i < G * D + G) {
+      out[slot] = M;
     } else {
 #pragma unroll
-      for (int w = 0; w < kDenseWarps; ++w) {
-        const float mw = wm[w * HT + hh];
-        if (mw != -INFINITY) acc += exp2f(mw - M) * wl[w * HT + hh];
+      for (int w = 0; w < W; ++w) {
+        const float mw = sw[w * WSTRIDE + hh];
+        if (mw != -INFINITY) acc += exp2f(mw - M) * sw[w * WSTRIDE + 16 + hh];
       }
-      out[kTile8 + slot0 + hh] = acc;
+      out[kTile8 + slot] = acc;
     }
   }
 }
@@ -256,6 +341,7 @@ struct MergeParams {
   const uint8_t* row_skip;
   int coded_splits, dense_splits;
   bool lut;  // which coded split geometry
+  int dense_tile;  // tokens per tile of the dense kernel's variant
   const float* coded_part;
   const float* dense_part;
   ElemType out_type;
@@ -287,19 +373,19 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
                                     detail::kGatherMinChunk);
     if (cs.hi > cs.lo) nc = min(p.coded_splits, (cs.hi - cs.a0 + cs.chunk - 1) / cs.chunk);
   }
-  const detail::DenseSplit ds = detail::dense_split(p.rule, pos, p.dense_splits);
-  const int nd = min(p.dense_splits, (ds.n() + ds.chunk - 1) / ds.chunk);
+  const detail::DenseTiles dt = detail::dense_tiles(p.rule, pos, p.dense_splits, p.dense_tile);
+  const int nd = min(p.dense_splits, dt.used_splits());
   const float* cbase = p.coded_part + ((int64_t(b) * p.n_kv_heads + kh) * p.tiles8 + t8) * p.coded_splits * pstride;
   const float* dbase = p.dense_part + ((int64_t(b) * p.n_kv_heads + kh) * p.tiles8 + t8) * p.dense_splits * pstride;
   auto part = [&](int i) { return i < nc ? cbase + i * pstride : dbase + (i - nc) * pstride; };
   const int n = nc + nd;
   float M = -INFINITY;
-#pragma unroll 8
+#pragma unroll 32
   for (int i = 0; i < n; ++i) M = fmaxf(M, part(i)[hh]);
   const int d0 = threadIdx.x, d1 = threadIdx.x + 128;
   float L = 0.f, o0 = 0.f, o1 = 0.f;
   if (M != -INFINITY) {
-#pragma unroll 4
+#pragma unroll 16
     for (int i = 0; i < n; ++i) {
       const float* q = part(i);
       const float m = q[hh];
@@ -325,36 +411,81 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
   }
 }
 
-int ht_for(int group) { return group >= 8 ? 8 : group >= 4 ? 4 : group >= 2 ? (group == 2 ? 2 : 4) : 1; }
+// The dense split kernel's variants (tile tokens, warps, shared-memory budget for the stages).
+// Variant 0 is the one the dispatch picks. The losers of the sweep (16-token tiles with 4 or 8
+// warps, 2 warps with 6 stages, 2 stages with two blocks per SM: docs/CUDA_NOTES.md section 11)
+// are in git history; a new candidate goes here and is timed with bench_paged_attention --variants.
+struct DenseVariant {
+  int kn, warps, budget;
+};
+constexpr DenseVariant kDenseVariants[] = {
+    {32, 4, 200 * 1024}};
+constexpr int kNumDenseVariants = int(sizeof(kDenseVariants) / sizeof(kDenseVariants[0]));
+int g_forced_dense_variant = -1;
 
-size_t dense_smem(int D, int HT) {
-  const size_t main = (size_t(HT) * D + size_t(kDenseWarps) * 32 * HT) * 4 + size_t(kDenseWarps) * 32 * 8 + 16 +
-                      size_t(kDenseWarps) * 2 * D * 32 * 2;
-  const size_t merge = (size_t(kDenseWarps) * HT * 2 + size_t(kDenseWarps) * HT * D) * 4;
-  return std::max(main, merge);
-}
-
-template <int D, int HT>
-void launch_dense(const DenseParams& dp, int rows, cudaStream_t st, bool pdl) {
-  const size_t smem = dense_smem(D, HT);
-  static bool attr = false;
-  if (!attr && smem > 48 * 1024) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(dense_split_kernel<D, HT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    attr = true;
+template <int D, int VI>
+struct DenseKernel {
+  // At head_dim 256 a tile is 16 tokens; warps halve until two stages each fit in shared memory.
+  static constexpr int kn = D == 256 ? 16 : kDenseVariants[VI].kn;
+  static constexpr int fit_warps(int w) {
+    return w > 1 && DenseLayout<D, kn>::smem(w, 2) > 227 * 1024 ? fit_warps(w / 2) : w;
   }
-  const dim3 grid(unsigned(dp.splits), unsigned(dp.n_kv_heads * dp.ht_tiles), unsigned(rows));
-  launch_kernel("dense_split_kernel", pdl, dense_split_kernel<D, HT>, grid, dim3(32 * kDenseWarps), smem, st, dp);
+  static constexpr DenseVariant v{kn, fit_warps(kDenseVariants[VI].warps), kDenseVariants[VI].budget};
+  using Lay = DenseLayout<D, v.kn>;
+  static constexpr int st = Lay::stages(v.warps, v.budget);
+  static constexpr size_t smem = Lay::smem(v.warps, st);
+  static constexpr auto fn = dense_mma_kernel<D, v.kn, v.warps, st>;
+  static_assert(smem <= 227 * 1024, "dense split kernel: shared memory over the per-block limit");
+  // Sets the dynamic shared-memory limit once; returns the resident blocks per SM.
+  static int prepare() {
+    static int per_sm = [] {
+      VQ_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      int n = 0;
+      VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, 32 * v.warps, smem));
+      return std::max(n, 1);
+    }();
+    return per_sm;
+  }
+  static void launch(const DenseParams& dp, int rows, cudaStream_t st_, bool pdl) {
+    prepare();
+    const dim3 grid(unsigned(dp.splits), unsigned(dp.n_kv_heads), unsigned(rows));
+    launch_kernel("dense_mma_kernel", pdl, fn, grid, dim3(32 * v.warps), smem, st_, dp);
+  }
+};
+
+template <int D>
+int dense_blocks_per_sm(int vi) {
+  static_assert(kNumDenseVariants == 1, "dispatch every variant here");
+  (void)vi;
+  return DenseKernel<D, 0>::prepare();
+}
+int dense_blocks_per_sm(int D, int vi) {
+  return D == 64 ? dense_blocks_per_sm<64>(vi) : D == 128 ? dense_blocks_per_sm<128>(vi) : dense_blocks_per_sm<256>(vi);
 }
 
 template <int D>
-void launch_dense_d(DenseParams dp, int rows, int HT, cudaStream_t st, bool pdl) {
-  dp.ht_tiles = (dp.group + HT - 1) / HT;
-  switch (HT) {
-    case 1: return launch_dense<D, 1>(dp, rows, st, pdl);
-    case 2: return launch_dense<D, 2>(dp, rows, st, pdl);
-    case 4: return launch_dense<D, 4>(dp, rows, st, pdl);
-    default: return launch_dense<D, 8>(dp, rows, st, pdl);
+void launch_dense_d(const DenseParams& dp, int rows, int vi, cudaStream_t st, bool pdl) {
+  (void)vi;
+  DenseKernel<D, 0>::launch(dp, rows, st, pdl);
+}
+
+// Split count of the dense kernel for `units` (row, KV head) pairs: the fewest splits whose
+// blocks fill at least one wave of the GPU (sms * per_sm resident blocks) with every wave at
+// least 85% full; past 2 splits per SM slot no more (then the best-filled count). Rows shorter
+// than the split count times kDenseMinTokens leave later splits empty (they exit at once).
+int dense_split_count(int64_t units, int sms, int per_sm) {
+  const int64_t slots = int64_t(sms) * per_sm;
+  int best = 1;
+  double best_eff = 0;
+  const int64_t max_splits = std::clamp<int64_t>((2 * slots + units - 1) / units, 1, 256);
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t blocks = units * s;
+    const int64_t waves = (blocks + slots - 1) / slots;
+    const double eff = double(blocks) / double(waves * slots);
+    if (blocks >= slots && eff >= 0.85) return int(s);
+    if (eff > best_eff + 1e-9) best_eff = eff, best = int(s);
   }
+  return best;
 }
 
 size_t part_floats(const PagedAttnParams& p, int splits) {
@@ -369,27 +500,68 @@ bool paged_attention_uses_lut(const PagedAttnParams& p) {
   return detail::lut_kernel_supported_paged(p);
 }
 
-void paged_attention_plan(PagedAttnParams& p) {
-  const int sms = cuda_device_available() ? device_sm_count() : 132;
-  const int64_t heads = int64_t(std::max(p.rows, 1)) * p.n_kv_heads;
-  const int64_t tiles8 = (p.group + 7) / 8;
+void paged_attention_set_dense_variant(int v) {
+  VQ_CHECK(v >= -1 && v < kNumDenseVariants, "cuda::paged_attention_set_dense_variant: {} is not in -1..{}", v,
+           kNumDenseVariants - 1);
+  g_forced_dense_variant = v;
+}
+int paged_attention_dense_variants() { return kNumDenseVariants; }
+
+std::string paged_attention_unsupported_reason(const PagedAttnParams& p) {
+  if (p.n_kv_heads < 1 || p.group < 1 || p.group > 16)
+    return fmt::format("n_kv_heads = {} must be >= 1 and group = {} in 1..16", p.n_kv_heads, p.group);
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
+    return fmt::format("head_dim = {} must be 64, 128 or 256", p.head_dim);
+  const int B = p.rule.block_tokens;
+  if (B < 32 || B > 4096 || (B & (B - 1)) != 0)
+    return fmt::format("block_tokens = {} must be a power of two in 32..4096", B);
   if (p.rule.coded) {
-    if (paged_attention_uses_lut(p)) {  // one 16-warp block per SM: one wave
-      const int64_t per = heads * ((p.group + 3) / 4);
-      p.coded_splits = int(std::clamp<int64_t>(sms / per, 1, 64));
+    for (int side = 0; side < 2; ++side) {
+      const int d = side ? p.v_sub_dim : p.k_sub_dim, bits = side ? p.v_bits : p.k_bits;
+      if (!((d == 4 || d == 8 || d == 16) && (p.head_dim / 8) % d == 0 && bits >= 1 && bits <= 16))
+        return fmt::format("{} preset d{}b{}: sub_dim must be 4, 8 or 16 dividing head_dim/8 = {}, bits 1..16",
+                           side ? "value" : "key", d, bits, p.head_dim / 8);
+    }
+    if (p.kernel == PQAttnKernel::lut && !detail::lut_kernel_supported_paged(p))
+      return fmt::format("kernel lut does not take k d{}b{} v d{}b{} at head_dim {}", p.k_sub_dim, p.k_bits,
+                         p.v_sub_dim, p.v_bits, p.head_dim);
+  }
+  return {};
+}
+
+PagedDecodeChoice paged_attention_choose(const PagedAttnParams& p, int sms) {
+  PagedDecodeChoice c;
+  c.why_not = paged_attention_unsupported_reason(p);
+  if (!c.why_not.empty()) return c;
+  c.supported = true;
+  const int64_t units = int64_t(std::max(p.rows, 1)) * p.n_kv_heads;
+  c.dense_variant = g_forced_dense_variant >= 0 ? g_forced_dense_variant : 0;
+  if (p.rule.coded) {
+    c.coded = paged_attention_uses_lut(p) ? PQAttnKernel::lut : PQAttnKernel::gather_mma;
+    if (c.coded == PQAttnKernel::lut) {  // one 16-warp block per SM: one wave
+      const int64_t per = units * ((p.group + 3) / 4);
+      c.coded_splits = int(std::clamp<int64_t>(sms / per, 1, 64));
     } else {  // 8-warp blocks, two per SM: about four blocks per SM
-      const int64_t per = heads * tiles8;
-      p.coded_splits = int(std::clamp<int64_t>((4 * sms + per - 1) / per, 1, 128));
+      const int64_t per = units * ((p.group + 7) / 8);
+      c.coded_splits = int(std::clamp<int64_t>((4 * sms + per - 1) / per, 1, 128));
     }
     // The dense part of a coded layer is the sinks and the window (R..R+B-1 tokens).
     const int64_t dense_max = p.rule.sink_end + p.rule.residual + p.rule.block_tokens;
-    p.dense_splits = int(std::clamp<int64_t>((dense_max + 127) / 128, 1, 8));
+    c.dense_splits = int(std::clamp<int64_t>((dense_max + 127) / 128, 1, 8));
   } else {
-    p.coded_splits = 0;
-    const int HT = ht_for(std::min(p.group, 8));
-    const int64_t per = heads * ((p.group + HT - 1) / HT);
-    p.dense_splits = int(std::clamp<int64_t>((8 * sms + per - 1) / per, 1, 256));
+    const int per_sm = cuda_device_available() ? dense_blocks_per_sm(p.head_dim, c.dense_variant) : 1;
+    c.dense_splits = dense_split_count(units, sms, per_sm);
   }
+  return c;
+}
+
+void paged_attention_plan(PagedAttnParams& p) {
+  const int sms = cuda_device_available() ? device_sm_count() : 132;
+  const PagedDecodeChoice c = paged_attention_choose(p, sms);
+  VQ_CHECK(c.supported, "cuda::paged_attention: {}", c.why_not);
+  p.coded_splits = c.coded_splits;
+  p.dense_splits = c.dense_splits;
+  p.dense_variant = c.dense_variant;
 }
 
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
@@ -398,16 +570,14 @@ size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
 
 void check_paged_attention(const PagedAttnParams& p) {
   VQ_CHECK(p.rows >= 0 && p.rows <= 65535, "cuda::paged_attention: rows = {} must be in 0..65535", p.rows);
-  VQ_CHECK(p.n_kv_heads >= 1 && p.group >= 1 && p.group <= 16,
-           "cuda::paged_attention: n_kv_heads = {} must be >= 1 and group = {} in 1..16", p.n_kv_heads, p.group);
-  VQ_CHECK(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256,
-           "cuda::paged_attention: head_dim = {} must be 64, 128 or 256", p.head_dim);
+  const std::string why = paged_attention_unsupported_reason(p);
+  VQ_CHECK(why.empty(), "cuda::paged_attention: {}", why);
   const int B = p.rule.block_tokens;
-  VQ_CHECK(B >= 32 && B <= 4096 && (B & (B - 1)) == 0,
-           "cuda::paged_attention: block_tokens = {} must be a power of two in 32..4096", B);
   VQ_CHECK(p.rule.sink_end % B == 0 && p.rule.residual >= 0 && p.rule.window >= 0,
            "cuda::paged_attention: rule sink_end {} (a multiple of {}), residual {}, window {}", p.rule.sink_end, B,
            p.rule.residual, p.rule.window);
+  VQ_CHECK(p.dense_variant >= 0 && p.dense_variant < kNumDenseVariants,
+           "cuda::paged_attention: dense_variant {}: call paged_attention_plan", p.dense_variant);
   VQ_CHECK(p.dense_splits >= 1 && (!p.rule.coded || p.coded_splits >= 1),
            "cuda::paged_attention: split counts {} (coded) {} (dense): call paged_attention_plan", p.coded_splits,
            p.dense_splits);
@@ -415,19 +585,9 @@ void check_paged_attention(const PagedAttnParams& p) {
            "cuda::paged_attention: out_type {} must be f32 or f16", elem_type_name(p.out_type));
   if (p.rows == 0) return;
   VQ_CHECK(p.pos && p.dense_tables && p.q && p.out, "cuda::paged_attention: null pos, dense_tables, q or out");
-  if (p.rule.coded) {
+  if (p.rule.coded)
     VQ_CHECK(p.coded_tables && p.q_code && p.k_book && p.v_book,
              "cuda::paged_attention: a coded layer needs coded_tables, q_code and both codebooks");
-    for (int side = 0; side < 2; ++side) {
-      const int d = side ? p.v_sub_dim : p.k_sub_dim, bits = side ? p.v_bits : p.k_bits;
-      VQ_CHECK((d == 4 || d == 8 || d == 16) && (p.head_dim / 8) % d == 0 && bits >= 1 && bits <= 16,
-               "cuda::paged_attention: {} preset d{}b{}: sub_dim must be 4, 8 or 16 dividing head_dim/8 = {}, bits 1..16",
-               side ? "value" : "key", d, bits, p.head_dim / 8);
-    }
-    VQ_CHECK(p.kernel != PQAttnKernel::lut || detail::lut_kernel_supported_paged(p),
-             "cuda::paged_attention: kernel lut does not take k d{}b{} v d{}b{} at head_dim {}", p.k_sub_dim, p.k_bits,
-             p.v_sub_dim, p.v_bits, p.head_dim);
-  }
   VQ_CHECK(p.n_tiles >= 0 && (p.n_tiles == 0 || (p.tiles && p.row_skip && p.rule.block_tokens == 32)),
            "cuda::paged_attention: {} prefill tiles need tiles, row_skip and blocks of 32 tokens", p.n_tiles);
   VQ_CHECK(p.n_tiles == 0 || p.tile_rows == 64 || p.tile_rows == 128,
@@ -468,14 +628,13 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   dp.qscale = p.scale * kLog2e;
   dp.splits = p.dense_splits;
   dp.part = dense_part;
-  const int HT = ht_for(std::min(p.group, 8));
   // On its own stream (a graph branch beside the coded kernel) the dense kernel follows an event
   // wait, not a kernel: plain launch there.
   const bool side = p.rule.coded && p.dense_stream && p.dense_join;
   cudaStream_t dst = side ? as_stream(p.dense_stream) : st;
-  if (p.head_dim == 64) launch_dense_d<64>(dp, p.rows, HT, dst, !side);
-  else if (p.head_dim == 128) launch_dense_d<128>(dp, p.rows, HT, dst, !side);
-  else launch_dense_d<256>(dp, p.rows, HT, dst, !side);
+  if (p.head_dim == 64) launch_dense_d<64>(dp, p.rows, p.dense_variant, dst, !side);
+  else if (p.head_dim == 128) launch_dense_d<128>(dp, p.rows, p.dense_variant, dst, !side);
+  else launch_dense_d<256>(dp, p.rows, p.dense_variant, dst, !side);
   if (side) {
     VQ_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(p.dense_join), dst));
     VQ_CUDA_CHECK(cudaStreamWaitEvent(st, static_cast<cudaEvent_t>(p.dense_join), 0));
@@ -493,6 +652,7 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   mp.coded_splits = p.rule.coded ? p.coded_splits : 0;
   mp.dense_splits = p.dense_splits;
   mp.lut = lut;
+  mp.dense_tile = p.head_dim == 256 ? 16 : kDenseVariants[p.dense_variant].kn;
   mp.coded_part = coded_part;
   mp.dense_part = dense_part;
   mp.out_type = p.out_type;

@@ -20,6 +20,7 @@
 // No CUDA types here; all pointers are device pointers unless a comment says otherwise.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "ops/cuda/elem_type.h"
 #include "ops/cuda/pq_attention_cuda.h"
@@ -104,6 +105,7 @@ struct PagedAttnParams {
   PQAttnKernel kernel = PQAttnKernel::automatic;
   // Split counts (paged_attention_plan fills them from the SM count; fixed for a captured graph).
   int coded_splits = 0, dense_splits = 0;
+  int dense_variant = -1;     // the dense split kernel's variant (paged_attention_plan)
   // Prefill tiles (device array, n_tiles of them; eager steps): their rows are computed by the
   // prefill kernel and skipped by the decode kernels (row_skip[r] = 1).
   const PagedPrefillTile* tiles = nullptr;
@@ -124,9 +126,31 @@ struct PagedAttnParams {
   void* dense_join = nullptr;
 };
 
-// Fills coded_splits / dense_splits for `rows` rows from the device's SM count (about two
-// waves of blocks at long contexts; short rows leave later splits empty, which exit at once).
+// The decode kernels for a shape (the model: llama.cpp's ggml_cuda_get_best_fattn_kernel): one
+// place that says whether a shape is supported (why_not names what is not) and, if it is, which
+// kernels run it and how the sequence is split, from the shape and the SM count:
+//   dense part (fp16 layers; sinks and window of coded ones): the tensor-core dense split kernel
+//     (all query heads of a KV head in one block), dense_splits chosen so that rows * n_kv_heads
+//     * dense_splits blocks fill whole waves of the GPU;
+//   coded part: the LUT kernel where it takes the presets, else gather-mma.
+struct PagedDecodeChoice {
+  bool supported = false;
+  std::string why_not;  // "" when supported
+  PQAttnKernel coded = PQAttnKernel::automatic;  // lut or gather_mma for coded layers
+  int dense_variant = 0;
+  int coded_splits = 0, dense_splits = 0;
+};
+PagedDecodeChoice paged_attention_choose(const PagedAttnParams& p, int sm_count);
+// "" when the shape and presets are supported, else what is not.
+std::string paged_attention_unsupported_reason(const PagedAttnParams& p);
+// Fills coded_splits / dense_splits / dense_variant from paged_attention_choose with the device's
+// SM count (throws naming what is unsupported). Rows shorter than the splits leave later splits
+// empty; those blocks exit at once.
 void paged_attention_plan(PagedAttnParams& p);
+// Benchmarks only: plan later steps with dense kernel variant v (0..paged_attention_dense_variants()-1;
+// -1: the dispatch's choice). Not read by anything but paged_attention_choose.
+void paged_attention_set_dense_variant(int v);
+int paged_attention_dense_variants();
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p);
 // Throws vq::Error naming the field unless supported (shapes, presets, splits, workspace).
 void check_paged_attention(const PagedAttnParams& p);

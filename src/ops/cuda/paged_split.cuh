@@ -46,27 +46,36 @@ __device__ __forceinline__ bool coded_split_tokens(const P& p, int b, int split,
   return true;
 }
 
-// Dense tokens of a row: the sinks then the window (or all of [kb, t] for an all-dense layer)
-// as one virtual list v in [0, n0 + n1): position(v) = v < n0 ? lo0 + v : lo1 + v - n0.
-struct DenseSplit {
-  int lo0, n0, lo1, n1, chunk;
-  __device__ __forceinline__ int n() const { return n0 + n1; }
+// Dense tokens of a row: the sinks [lo0, hi0) then the window [lo1, hi1) (or all of [kb, t] for an
+// all-dense layer), walked as tiles of `tile` tokens aligned to absolute positions (a tile never
+// straddles a pool block: block_tokens is a multiple of tile). Tiles of the sinks come first:
+// n_t0 of them, then n_t1 of the window; tokens of a tile outside its range are masked. Split s
+// holds tiles [s*chunk, min(n_t, (s+1)*chunk)); chunk >= kDenseMinTokens / tile.
+struct DenseTiles {
+  int lo0, hi0, lo1, hi1, a0, a1, n_t0, n_t1, chunk, tile;
+  __device__ __forceinline__ int n() const { return n_t0 + n_t1; }
   __device__ __forceinline__ bool holds(int s) const { return s * chunk < n(); }
-  __device__ __forceinline__ int position(int v) const { return v < n0 ? lo0 + v : lo1 + (v - n0); }
+  __device__ __forceinline__ int used_splits() const { return (n() + chunk - 1) / chunk; }
+  // Tile j: first position, and the range [lo, hi) its tokens must lie in.
+  __device__ __forceinline__ void at(int j, int& t0, int& lo, int& hi) const {
+    if (j < n_t0) t0 = a0 + j * tile, lo = lo0, hi = hi0;
+    else t0 = a1 + (j - n_t0) * tile, lo = lo1, hi = hi1;
+  }
 };
 
-constexpr int kDenseMinChunk = 128;  // one group of 32 tokens per warp of a 4-warp block
+constexpr int kDenseMinTokens = 128;
 
-__device__ __forceinline__ DenseSplit dense_split(const PagedRule& r, int pos, int splits) {
+__device__ __forceinline__ DenseTiles dense_tiles(const PagedRule& r, int pos, int splits, int tile) {
   const PagedRanges g = paged_ranges(r, pos);
-  DenseSplit s;
-  s.lo0 = int(g.sink_lo);
-  s.n0 = g.sink_hi > g.sink_lo ? int(g.sink_hi - g.sink_lo) : 0;
-  s.lo1 = int(g.win_lo);
-  s.n1 = g.win_hi > g.win_lo ? int(g.win_hi - g.win_lo) : 0;
-  int c = (s.n() + splits - 1) / splits;
-  c = c > kDenseMinChunk ? c : kDenseMinChunk;
-  s.chunk = (c + 31) / 32 * 32;
+  DenseTiles s;
+  s.tile = tile;
+  s.lo0 = int(g.sink_lo), s.hi0 = int(g.sink_hi), s.lo1 = int(g.win_lo), s.hi1 = int(g.win_hi);
+  s.a0 = s.lo0 / tile * tile, s.a1 = s.lo1 / tile * tile;
+  s.n_t0 = s.hi0 > s.lo0 ? (s.hi0 - s.a0 + tile - 1) / tile : 0;
+  s.n_t1 = s.hi1 > s.lo1 ? (s.hi1 - s.a1 + tile - 1) / tile : 0;
+  const int min_tiles = kDenseMinTokens / tile;
+  const int c = (s.n() + splits - 1) / splits;
+  s.chunk = c > min_tiles ? c : min_tiles;
   return s;
 }
 

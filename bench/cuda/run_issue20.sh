@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 20 on the H200 (one device call): GPU parity tests of the decode kernels, the dense-kernel
+# variants on a few shapes of each geometry, the sweep (bench_paged_attention --sweep) and its
+# torch peer (torch_peers.py sweep), joined by sweep_table.py. Binaries built on the project
+# machine (nvcc, sm_90 + PTX), xz-packed in $P with lib/ (device_prelude.sh); this script and its
+# two Python helpers are read from $P/scripts when the checkout that travels lacks them.
+#   bash run_issue20.sh [stages]   stages: tests, sanitize, variants, torch, sweep, table
+set -uo pipefail
+P=${VQ_PREBUILT:-.gpubin-decode}
+L=${OUT:-out/issue20}
+S=$(dirname "$0")
+mkdir -p "$L"
+stages=${1:-tests,variants}
+. "$S/device_prelude.sh"
+if has tests; then
+  timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*' --gtest_brief=1 > $L/test_kvcache.log 2>&1
+  summary test_kvcache $? $L/test_kvcache.log
+  timeout 100 $BIN/test_ops --gtest_filter='*Cuda*Attention*:*Paged*' --gtest_brief=1 > $L/test_ops.log 2>&1
+  summary test_ops $? $L/test_ops.log
+fi
+if has sanitize; then
+  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_kvcache --gtest_filter='DeviceStore.SmallRunForSanitizers' --gtest_brief=1 > $L/memcheck.log 2>&1
+  echo "memcheck exit $?: $(grep -E 'ERROR SUMMARY' $L/memcheck.log | tail -1)"
+  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $BIN/test_kvcache --gtest_filter='DeviceStore.SmallRunForSanitizers' --gtest_brief=1 > $L/racecheck.log 2>&1
+  echo "racecheck exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $L/racecheck.log | tail -1)"
+fi
+if has variants; then
+  for bs in "1 204800" "4 65536" "64 16384"; do
+    set -- $bs
+    timeout 100 $BIN/bench_paged_attention all fp16 --sweep --variants ${VARIANTS:-0} --reps 15 --B $1 --S $2 >> $L/variants.log 2>&1
+  done
+  echo "variants exit $?"
+fi
+if has torch; then
+  PYTHONUNBUFFERED=1 timeout 240 python3 $S/torch_peers.py sweep > $L/torch.log 2>&1; echo "torch exit $?"; tail -2 $L/torch.log
+fi
+if has sweep; then
+  timeout ${SWEEP_TIMEOUT:-240} $BIN/bench_paged_attention all ${SWEEP_CACHES:-fp16 vecinfer:d4b8 vecinfer:d4b8,gran=shared} --sweep --reps 15 --variants ${SWEEP_VARIANTS:--1} > $L/sweep.log 2>&1
+  echo "sweep exit $?"; grep -c graph_ms $L/sweep.log
+fi
+if has table; then
+  [ -s $L/variants.log ] && python3 $S/sweep_table.py $L/variants.log $L/torch.log --variants > $L/variants_table.md
+  [ -s $L/sweep.log ] && python3 $S/sweep_table.py $L/sweep.log $L/torch.log > $L/sweep_table.md
+  cat $L/variants_table.md $L/sweep_table.md 2>/dev/null | grep -E "^worst|^\| (llama|qwen2.5-7b|falcon)" | head -60
+fi
