@@ -10,6 +10,11 @@
 // rebuilds the quantized activations here (same rounding rule) and requires (2) alone, so any
 // error beyond fp32 rounding in the integer path is caught.
 #include <gtest/gtest.h>
+// Same target set as model/matmul_kernels.cpp (which adds AVX3_DL for its VNNI kernels), so the
+// loops over hwy::SupportedAndGeneratedTargets() below reach that target too.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #include <hwy/targets.h>
 
 #include <cmath>
@@ -135,6 +140,39 @@ TEST(WeightMatmul, ThreadCountDoesNotChangeResults) {
   }
 }
 
+// Activation row counts 1..17 (the multi-row kernels take 1..4 rows at a time: every remainder,
+// and several full groups) and odd weight-row counts, on every compiled target, every type.
+TEST(WeightMatmul, RowCounts1To17OnEveryTarget) {
+  const int64_t rows = 13;
+  for (GGMLType t : vq::test::supported_types()) {
+    const int64_t cols = vq::ggml_block_elems(t) == 256 ? 768 : 96;  // 3 super-blocks / 3 blocks: a tail
+    const auto W = make_weights(t, rows, cols, true, uint64_t(t) + 100);
+    const auto x = random_x(17 * cols, 23);
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      for (int64_t M = 1; M <= 17; ++M) {
+        std::vector<float> y(static_cast<size_t>(M * rows), -1.0f);
+        vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data());
+        check_product(t, W, rows, cols, x, M, y,
+                      vq::ggml_type_name(t) + " target " + hwy::TargetName(target) + " M=" + std::to_string(M));
+      }
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
+// The dispatch really reaches a SIMD kernel on this machine: at least one compiled target
+// besides the scalar ones (the x86 build compiles AVX2 and AVX-512, and AVX3_DL for VNNI).
+TEST(WeightMatmul, SimdTargetsAreCompiled) {
+  int simd = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets())
+    if (target != HWY_SCALAR && target != HWY_EMU128) ++simd;
+#if HWY_ARCH_X86
+  EXPECT_GE(simd, 1) << "no SIMD target compiled and supported";
+#endif
+  (void)simd;
+}
+
 // Every compiled SIMD target, and the portable scalar kernel, give the same products.
 TEST(WeightMatmul, AllTargetsAndScalarAgree) {
   const int64_t rows = 40, cols = 512, M = 5;
@@ -217,10 +255,10 @@ TEST(WeightMatmul, BadArgumentsThrow) {
   std::vector<uint8_t> W(4096);
   std::vector<float> x(512), y(512);
   try {
-    vq::matmul(GGMLType::Q2_K, W.data(), 1, 256, x.data(), 1, y.data());
+    vq::matmul(static_cast<GGMLType>(23), W.data(), 1, 256, x.data(), 1, y.data());  // IQ4_XS: not supported
     FAIL() << "no throw";
   } catch (const vq::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q2_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("iq4_xs"), std::string::npos) << e.what();
   }
   EXPECT_THROW(vq::matmul(static_cast<GGMLType>(77), W.data(), 1, 32, x.data(), 1, y.data()), vq::Error);
   EXPECT_THROW(vq::matmul(GGMLType::Q4_1, W.data(), 1, 48, x.data(), 1, y.data()), vq::Error);
