@@ -17,6 +17,7 @@
 #endif
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -25,6 +26,7 @@
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/matmul_kernels.h"
+#include "model/matmul_packed.h"
 #include "model/weight_formats.h"
 
 namespace {
@@ -148,13 +150,25 @@ TEST(WeightMatmul, RowCounts1To17OnEveryTarget) {
     const int64_t cols = vq::ggml_block_elems(t) == 256 ? 768 : 96;  // 3 super-blocks / 3 blocks: a tail
     const auto W = make_weights(t, rows, cols, true, uint64_t(t) + 100);
     const auto x = random_x(17 * cols, 23);
+    // The x86 SIMD targets (AVX2, AVX-512, AVX-512 VNNI) run the same integer sums and the same
+    // float operations in the same order: their products must be bit-identical, so a model's
+    // logits do not depend on which of them the CPU gets.
+    std::vector<std::vector<float>> first_simd(18);  // [M] y of the first x86 SIMD target
     for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
       hwy::SetSupportedTargetsForTest(target);
+      const bool x86_simd = target == HWY_AVX2 || target == HWY_AVX3 || target == HWY_AVX3_DL;
       for (int64_t M = 1; M <= 17; ++M) {
         std::vector<float> y(static_cast<size_t>(M * rows), -1.0f);
         vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data());
-        check_product(t, W, rows, cols, x, M, y,
-                      vq::ggml_type_name(t) + " target " + hwy::TargetName(target) + " M=" + std::to_string(M));
+        const std::string what =
+            vq::ggml_type_name(t) + " target " + hwy::TargetName(target) + " M=" + std::to_string(M);
+        check_product(t, W, rows, cols, x, M, y, what);
+        if (!x86_simd) continue;
+        auto& ref = first_simd[size_t(M)];
+        if (ref.empty())
+          ref = y;
+        else
+          EXPECT_EQ(y, ref) << what << ": differs from another x86 SIMD target";
       }
     }
     hwy::SetSupportedTargetsForTest(0);
@@ -271,3 +285,79 @@ TEST(WeightMatmul, BadArgumentsThrow) {
 }
 
 }  // namespace
+
+// ----- packed (row-interleaved) weights: model/matmul_packed.h
+
+namespace {
+
+// The packed product of W on every target, and the portable kernel, against the references of
+// check_product, for rows that fill 8-row groups exactly, partly (padding) or not at all.
+void check_packed(GGMLType t, int64_t rows, int64_t cols, bool random_bits, const std::vector<int64_t>& Ms) {
+  const auto W = make_weights(t, rows, cols, random_bits, uint64_t(rows * 7 + cols));
+  const vq::PackedWeight P = vq::pack_weight(t, W.data(), rows, cols);
+  const int64_t maxM = *std::max_element(Ms.begin(), Ms.end());
+  const auto x = random_x(maxM * cols, uint64_t(rows));
+  for (int64_t M : Ms) {
+    vq::ActivationBuffer ab;
+    const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
+    const std::string shape = vq::ggml_type_name(t) + (random_bits ? " random-bits " : " quantized ") +
+                              std::to_string(rows) + "x" + std::to_string(cols) + " M=" + std::to_string(M);
+    std::vector<float> ys(static_cast<size_t>(M * rows), -1.0f);
+    vq::packed_groups_scalar(P, 0, (rows + 7) / 8, X, ys.data(), rows);
+    check_product(t, W, rows, cols, x, M, ys, shape + " packed scalar");
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      std::vector<float> y(static_cast<size_t>(M * rows), -1.0f);
+      vq::matmul_packed(P, X, y.data());
+      check_product(t, W, rows, cols, x, M, y, shape + " packed target " + hwy::TargetName(target));
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
+}  // namespace
+
+TEST(PackedWeights, Q4KEveryTargetRowCounts1To17) {
+  std::vector<int64_t> Ms;
+  for (int64_t M = 1; M <= 17; ++M) Ms.push_back(M);
+  check_packed(GGMLType::Q4_K, 13, 512, true, Ms);  // one full group of 8 and one of 5
+}
+
+TEST(PackedWeights, Q4KOddShapes) {
+  for (bool random_bits : {false, true}) {
+    check_packed(GGMLType::Q4_K, 1, 256, random_bits, {1, 2, 5});
+    check_packed(GGMLType::Q4_K, 8, 256, random_bits, {1, 4, 9});
+    check_packed(GGMLType::Q4_K, 37, 768, random_bits, {1, 3, 16});
+  }
+}
+
+TEST(PackedWeights, PackedEqualsPlainProductWithinRounding) {
+  const int64_t rows = 70, cols = 1024, M = 6;
+  const auto W = make_weights(GGMLType::Q4_K, rows, cols, false, 41);
+  const auto x = random_x(M * cols, 42);
+  vq::ActivationBuffer ab;
+  const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
+  std::vector<float> plain(static_cast<size_t>(M * rows)), packed(plain.size());
+  vq::matmul_q(GGMLType::Q4_K, W.data(), rows, cols, X, plain.data());
+  vq::matmul_packed(vq::pack_weight(GGMLType::Q4_K, W.data(), rows, cols), X, packed.data());
+  for (size_t i = 0; i < plain.size(); ++i)  // same integer sums; float order differs
+    EXPECT_NEAR(packed[i], plain[i], 1e-4 * (1.0 + std::fabs(plain[i]))) << i;
+}
+
+TEST(PackedWeights, BadArgumentsThrow) {
+  std::vector<uint8_t> W(4096);
+  EXPECT_FALSE(vq::packable(GGMLType::Q6_K, 256));
+  EXPECT_FALSE(vq::packable(GGMLType::Q4_K, 300));
+  EXPECT_TRUE(vq::packable(GGMLType::Q4_K, 512));
+  try {
+    vq::pack_weight(GGMLType::Q6_K, W.data(), 2, 256);
+    FAIL() << "no throw";
+  } catch (const vq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q6_K"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 300), vq::Error);
+  const auto P = vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 256);
+  std::vector<float> x(512), y(16);
+  vq::ActivationBuffer ab;
+  EXPECT_THROW(vq::matmul_packed(P, ab.quantize(x.data(), 1, 512), y.data()), vq::Error);  // 512 != 256 columns
+}

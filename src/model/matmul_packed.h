@@ -1,0 +1,48 @@
+#pragma once
+// Weights repacked at load into a row-interleaved layout for the int8 products (issue 22):
+// 8 weight rows side by side, so one SIMD pass over an activation block produces 8 outputs
+// (one int32 lane per weight row, no horizontal sums), and the K-quant sub-block scales
+// unpacked from their 6-bit encoding once, at pack time, instead of at every product.
+//
+// Packed Q4_K ("q4_K x8"): rows padded to a multiple of 8 with zero rows; for each group of 8
+// rows and each 256-column super-block, one chunk of kQ4KChunk bytes:
+//   [0, 1024)     codes: sub-block j (0..7), vector c (0..3): 32 bytes, byte 4r + i (row r, i 0..3)
+//                 = q(32j + 8c + i) | q(32j + 8c + 4 + i) << 4 (q: the row's 4-bit code)
+//   [1024, 1088)  u8 sc[j][r]: 6-bit sub-block scales
+//   [1088, 1152)  u8 m[j][r]:  6-bit sub-block mins
+//   [1152, 1168)  fp16 d[r]; [1168, 1184) fp16 dmin[r] (the rows' own bits: exact)
+// Chunks are stored group after group, each group's super-blocks in column order. Weight
+// element (r, 32j + e) = (d[r] * sc[j][r]) * q - (dmin[r] * m[j][r]), as in the GGUF layout.
+#include <cstddef>
+#include <cstdint>
+
+#include "core/buffer.h"
+#include "model/weight_formats.h"
+
+namespace vq {
+
+constexpr size_t kQ4KChunk = 1184;
+
+struct PackedWeight {
+  GGMLType type = GGMLType::F32;  // the GGUF type it was packed from
+  int64_t rows = 0, cols = 0;     // the weight's shape (rows before padding)
+  AlignedBuffer<uint8_t> data;    // data: [ceil(rows / 8), cols / 256, kQ4KChunk] bytes (q4_K x8)
+};
+
+// Whether pack_weight supports type t at this column count (today: q4_K, cols % 256 == 0).
+bool packable(GGMLType t, int64_t cols);
+// Packs W [rows, cols] (GGUF layout, ggml_row_bytes(t, cols) per row); throws naming the type
+// or the shape when packable() is false.
+PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols);
+// y[M, P.rows] = X @ W^T (X quantized by ActivationBuffer, X.cols == P.cols); threads over the
+// groups of 8 rows; dispatches to the best Highway target (AVX2 maddubs, AVX-512 VNNI vpdpbusd).
+void matmul_packed(const PackedWeight& P, const QuantizedRows& X, float* y);
+
+// The per-target kernel (groups [g0, g1) of 8 rows; ldy: stride of y rows) and its portable
+// scalar version, for tests.
+void packed_groups_kernel(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y,
+                          int64_t ldy);
+void packed_groups_scalar(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y,
+                          int64_t ldy);
+
+}  // namespace vq
