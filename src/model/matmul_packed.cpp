@@ -187,7 +187,8 @@ PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols) 
   const size_t rb = ggml_row_bytes(t, cols);
   P.data.resize(size_t(ng * nsb) * kQ4KChunk);  // zeroed: padding rows multiply to 0
   const uint8_t* src = static_cast<const uint8_t*>(W);
-  for (int64_t g = 0; g < ng; ++g)
+  parallel_for(size_t(ng), [&](size_t g0, size_t g1, int) {
+  for (int64_t g = int64_t(g0); g < int64_t(g1); ++g)
     for (int64_t s = 0; s < nsb; ++s) {
       uint8_t* C = P.data.data() + size_t(g * nsb + s) * kQ4KChunk;
       for (int r = 0; r < 8 && 8 * g + r < rows; ++r) {
@@ -206,6 +207,7 @@ PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols) 
         }
       }
     }
+  }, 16);
   return P;
 }
 
@@ -221,6 +223,31 @@ void matmul_packed(const PackedWeight& P, const QuantizedRows& X, float* y) {
   parallel_for(
       size_t(ng), [&](size_t g0, size_t g1, int) { packed_groups_kernel(P, int64_t(g0), int64_t(g1), X, y, P.rows); },
       grain);
+}
+
+namespace {
+const PackedWeight& packed_now(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols) {
+  std::call_once(slot->once, [&] { slot->w = pack_weight(t, W, rows, cols); });
+  VQ_CHECK(slot->w.type == t && slot->w.rows == rows && slot->w.cols == cols,
+           "packed weight: slot holds {} {} x {}, asked for {} {} x {}", ggml_type_name(slot->w.type), slot->w.rows,
+           slot->w.cols, ggml_type_name(t), rows, cols);
+  return slot->w;
+}
+}  // namespace
+
+void matmul_maybe_packed(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols, const float* x,
+                         int64_t M, float* y) {
+  if (!slot) return matmul(t, W, rows, cols, x, M, y);
+  const PackedWeight& P = packed_now(slot, t, W, rows, cols);
+  if (rows == 0 || M == 0) return;
+  thread_local ActivationBuffer buf;  // reused across calls of this thread
+  matmul_packed(P, buf.quantize(x, M, cols), y);
+}
+
+void matmul_maybe_packed(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols,
+                         const QuantizedRows& X, float* y) {
+  if (!slot) return matmul_q(t, W, rows, cols, X, y);
+  matmul_packed(packed_now(slot, t, W, rows, cols), X, y);
 }
 
 }  // namespace vq

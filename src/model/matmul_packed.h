@@ -15,6 +15,7 @@
 // element (r, 32j + e) = (d[r] * sc[j][r]) * q - (dmin[r] * m[j][r]), as in the GGUF layout.
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 #include "core/buffer.h"
 #include "model/weight_formats.h"
@@ -37,6 +38,19 @@ PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols);
 // y[M, P.rows] = X @ W^T (X quantized by ActivationBuffer, X.cols == P.cols); threads over the
 // groups of 8 rows; dispatches to the best Highway target (AVX2 maddubs, AVX-512 VNNI vpdpbusd).
 void matmul_packed(const PackedWeight& P, const QuantizedRows& X, float* y);
+
+// A weight's packed copy made on first use (thread-safe), so that a model loaded for another
+// device packs nothing. Held by WeightMatrix (model.h) for packable weights.
+struct PackedSlot {
+  std::once_flag once;
+  PackedWeight w;
+};
+// y[M, rows] = x[M, cols] @ W^T: through the packed copy in `slot` (packed now if it is not
+// yet) when slot is not null, else the plain products of weight_formats.h (matmul, matmul_q).
+void matmul_maybe_packed(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols, const float* x,
+                         int64_t M, float* y);
+void matmul_maybe_packed(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols,
+                         const QuantizedRows& X, float* y);
 
 // The per-target kernel (groups [g0, g1) of 8 rows; ldy: stride of y rows) and its portable
 // scalar version, for tests.
