@@ -6,6 +6,11 @@
 //
 //   bench_weight_types [--types all|q4_K,q6_K,...] [--M 1,2,4,8,16,64,512] [--threads 1]
 //                      [--shapes 1536x1536,8960x1536,1536x8960] [--targets best|all] [--min-ms 200]
+//                      [--layout both|plain|packed]
+//
+// --layout: "plain" multiplies the GGUF layout (vq::matmul), "packed" the row-interleaved copy
+// of model/matmul_packed.h (the forward's path for the types that have one: q4_K), "both"
+// prints a row for each where a packed layout exists.
 //
 // Shapes are rows x cols (output x input); the defaults are Qwen2.5-Coder-1.5B's q/o,
 // gate/up and down projections. --targets all repeats every row on each Highway target this
@@ -24,6 +29,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "model/matmul_packed.h"
 #include "model/weight_formats.h"
 
 namespace {
@@ -89,6 +95,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<int64_t, int64_t>> shapes = {{1536, 1536}, {8960, 1536}, {1536, 8960}};
   int threads = 1;
   bool all_targets = false;
+  std::string layout = "both";
   double min_ms = 200;
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
@@ -111,6 +118,9 @@ int main(int argc, char** argv) {
     } else if (a == "--targets") {
       if (v != "best" && v != "all") usage("--targets is best or all, not " + v);
       all_targets = v == "all";
+    } else if (a == "--layout") {
+      if (v != "both" && v != "plain" && v != "packed") usage("--layout is both, plain or packed, not " + v);
+      layout = v;
     } else if (a == "--min-ms") {
       min_ms = double(parse_int(v, "--min-ms"));
     } else {
@@ -123,16 +133,16 @@ int main(int argc, char** argv) {
 
   std::printf("threads %d; GFLOP/s = 2*M*rows*cols / elapsed time per call (hot weights, quantization of x included)\n\n",
               threads);
-  std::printf("| type | rows x cols | target |");
+  std::printf("| type | layout | rows x cols | target |");
   for (int64_t M : Ms) std::printf(" M=%lld |", (long long)M);
-  std::printf("\n|---|---|---|");
+  std::printf("\n|---|---|---|---|");
   for (size_t i = 0; i < Ms.size(); ++i) std::printf("---|");
   std::printf("\n");
   for (const auto& tn : types) {
     const vq::GGMLType t = parse_type(tn);
     for (auto [rows, cols] : shapes) {
       if (cols % vq::ggml_block_elems(t) != 0) {
-        std::printf("| %s | %lld x %lld | (cols not a multiple of the block) |\n", tn.c_str(), (long long)rows,
+        std::printf("| %s | - | %lld x %lld | (cols not a multiple of the block) |\n", tn.c_str(), (long long)rows,
                     (long long)cols);
         continue;
       }
@@ -150,17 +160,32 @@ int main(int argc, char** argv) {
       const int64_t maxM = *std::max_element(Ms.begin(), Ms.end());
       std::vector<float> x(size_t(maxM * cols)), y(size_t(maxM * rows));  // x: [maxM, cols], y: [maxM, rows]
       for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 200) - 100) * 0.01f;
-      for (int64_t target : targets) {
-        if (target != 0) hwy::SetSupportedTargetsForTest(target);
-        const char* tname = target != 0 ? hwy::TargetName(target) : "best";
-        std::printf("| %s | %lld x %lld | %s |", tn.c_str(), (long long)rows, (long long)cols, tname);
-        for (int64_t M : Ms) {
-          const double s = seconds_per_call([&] { vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data()); }, min_ms);
-          std::printf(" %.1f |", 2.0 * double(M) * double(rows) * double(cols) / s / 1e9);
-          std::fflush(stdout);
+      std::vector<bool> packed_layouts;  // which layouts to time for this type
+      if (layout != "packed") packed_layouts.push_back(false);
+      if (layout != "plain" && vq::packable(t, cols)) packed_layouts.push_back(true);
+      vq::PackedWeight P;
+      if (vq::packable(t, cols)) P = vq::pack_weight(t, W.data(), rows, cols);
+      vq::ActivationBuffer ab;
+      for (bool packed : packed_layouts)
+        for (int64_t target : targets) {
+          if (target != 0) hwy::SetSupportedTargetsForTest(target);
+          const char* tname = target != 0 ? hwy::TargetName(target) : "best";
+          std::printf("| %s | %s | %lld x %lld | %s |", tn.c_str(), packed ? "packed" : "plain", (long long)rows,
+                      (long long)cols, tname);
+          for (int64_t M : Ms) {
+            const double s = seconds_per_call(
+                [&] {
+                  if (packed)
+                    vq::matmul_packed(P, ab.quantize(x.data(), M, cols), y.data());
+                  else
+                    vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data());
+                },
+                min_ms);
+            std::printf(" %.1f |", 2.0 * double(M) * double(rows) * double(cols) / s / 1e9);
+            std::fflush(stdout);
+          }
+          std::printf("\n");
         }
-        std::printf("\n");
-      }
       hwy::SetSupportedTargetsForTest(0);
     }
   }

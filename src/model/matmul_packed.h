@@ -13,6 +13,16 @@
 //   [1152, 1168)  fp16 d[r]; [1168, 1184) fp16 dmin[r] (the rows' own bits: exact)
 // Chunks are stored group after group, each group's super-blocks in column order. Weight
 // element (r, 32j + e) = (d[r] * sc[j][r]) * q - (dmin[r] * m[j][r]), as in the GGUF layout.
+//
+// Packed Q6_K ("q6_K x8"): the same grouping, chunks of kQ6KChunk bytes:
+//   [0, 1024)     low 4 bits of the 6-bit codes u (0..63), arranged as the Q4_K codes above
+//   [1024, 1536)  high 2 bits: 32-element block j, half h (0..1): 32 bytes at 1024 + 64j + 32h,
+//                 byte 4r + i = sum over p (0..3) of hi(32j + 16h + 4p + i) << 2p
+//   [1536, 1664)  int8 sc[k][r]: the scale of 16-element sub-block k (0..15) of row r
+//   [1664, 1680)  fp16 d[r]
+// Weight element (r, 16k + e) = (d[r] * sc[k][r]) * (u - 32), as in the GGUF layout. Q6_K x8
+// takes as many bytes as the GGUF rows, Q4_K x8 2.8% more (1184 per 8 x 144: the 6-bit scales
+// and mins in whole bytes), plus the padding rows.
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -23,15 +33,18 @@
 namespace vq {
 
 constexpr size_t kQ4KChunk = 1184;
+constexpr size_t kQ6KChunk = 1680;
 
 struct PackedWeight {
   GGMLType type = GGMLType::F32;  // the GGUF type it was packed from
   int64_t rows = 0, cols = 0;     // the weight's shape (rows before padding)
-  AlignedBuffer<uint8_t> data;    // data: [ceil(rows / 8), cols / 256, kQ4KChunk] bytes (q4_K x8)
+  AlignedBuffer<uint8_t> data;    // data: [ceil(rows / 8), cols / 256, chunk] bytes (chunk_bytes(type))
 };
 
-// Whether pack_weight supports type t at this column count (today: q4_K, cols % 256 == 0).
+// Whether pack_weight supports type t at this column count (q4_K, q6_K; cols % 256 == 0).
 bool packable(GGMLType t, int64_t cols);
+// Bytes of one chunk (8 rows x 256 columns) of the packed layout of t (0 when t has none).
+size_t chunk_bytes(GGMLType t);
 // Packs W [rows, cols] (GGUF layout, ggml_row_bytes(t, cols) per row); throws naming the type
 // or the shape when packable() is false.
 PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols);

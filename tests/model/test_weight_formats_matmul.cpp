@@ -317,43 +317,52 @@ void check_packed(GGMLType t, int64_t rows, int64_t cols, bool random_bits, cons
 
 }  // namespace
 
-TEST(PackedWeights, Q4KEveryTargetRowCounts1To17) {
+TEST(PackedWeights, EveryTargetRowCounts1To17) {
   std::vector<int64_t> Ms;
   for (int64_t M = 1; M <= 17; ++M) Ms.push_back(M);
-  check_packed(GGMLType::Q4_K, 13, 512, true, Ms);  // one full group of 8 and one of 5
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K})
+    check_packed(t, 13, 512, true, Ms);  // one full group of 8 and one of 5
 }
 
-TEST(PackedWeights, Q4KOddShapes) {
-  for (bool random_bits : {false, true}) {
-    check_packed(GGMLType::Q4_K, 1, 256, random_bits, {1, 2, 5});
-    check_packed(GGMLType::Q4_K, 8, 256, random_bits, {1, 4, 9});
-    check_packed(GGMLType::Q4_K, 37, 768, random_bits, {1, 3, 16});
-  }
+TEST(PackedWeights, OddShapes) {
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K})
+    for (bool random_bits : {false, true}) {
+      check_packed(t, 1, 256, random_bits, {1, 2, 5});
+      check_packed(t, 8, 256, random_bits, {1, 4, 9});
+      check_packed(t, 37, 768, random_bits, {1, 3, 16});
+    }
 }
 
 TEST(PackedWeights, PackedEqualsPlainProductWithinRounding) {
   const int64_t rows = 70, cols = 1024, M = 6;
-  const auto W = make_weights(GGMLType::Q4_K, rows, cols, false, 41);
-  const auto x = random_x(M * cols, 42);
-  vq::ActivationBuffer ab;
-  const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
-  std::vector<float> plain(static_cast<size_t>(M * rows)), packed(plain.size());
-  vq::matmul_q(GGMLType::Q4_K, W.data(), rows, cols, X, plain.data());
-  vq::matmul_packed(vq::pack_weight(GGMLType::Q4_K, W.data(), rows, cols), X, packed.data());
-  for (size_t i = 0; i < plain.size(); ++i)  // same integer sums; float order differs
-    EXPECT_NEAR(packed[i], plain[i], 1e-4 * (1.0 + std::fabs(plain[i]))) << i;
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) {
+    const auto W = make_weights(t, rows, cols, false, 41);
+    const auto x = random_x(M * cols, 42);
+    vq::ActivationBuffer ab;
+    const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
+    std::vector<float> plain(static_cast<size_t>(M * rows)), packed(plain.size());
+    vq::matmul_q(t, W.data(), rows, cols, X, plain.data());
+    const vq::PackedWeight P = vq::pack_weight(t, W.data(), rows, cols);
+    // Memory: q6_K x8 as many bytes as the GGUF rows, q4_K x8 1184 per 1152 (scales in bytes).
+    const size_t gguf = size_t((rows + 7) / 8 * 8) * vq::ggml_row_bytes(t, cols);
+    EXPECT_EQ(P.data.size(), t == GGMLType::Q6_K ? gguf : gguf / 1152 * 1184) << vq::ggml_type_name(t);
+    vq::matmul_packed(P, X, packed.data());
+    for (size_t i = 0; i < plain.size(); ++i)  // same integer sums; float order differs
+      EXPECT_NEAR(packed[i], plain[i], 1e-4 * (1.0 + std::fabs(plain[i]))) << vq::ggml_type_name(t) << " " << i;
+  }
 }
 
 TEST(PackedWeights, BadArgumentsThrow) {
   std::vector<uint8_t> W(4096);
-  EXPECT_FALSE(vq::packable(GGMLType::Q6_K, 256));
+  EXPECT_FALSE(vq::packable(GGMLType::Q5_K, 256));
+  EXPECT_TRUE(vq::packable(GGMLType::Q6_K, 256));
   EXPECT_FALSE(vq::packable(GGMLType::Q4_K, 300));
   EXPECT_TRUE(vq::packable(GGMLType::Q4_K, 512));
   try {
-    vq::pack_weight(GGMLType::Q6_K, W.data(), 2, 256);
+    vq::pack_weight(GGMLType::Q5_K, W.data(), 2, 256);
     FAIL() << "no throw";
   } catch (const vq::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q6_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("q5_K"), std::string::npos) << e.what();
   }
   EXPECT_THROW(vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 300), vq::Error);
   const auto P = vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 256);
