@@ -23,7 +23,7 @@ namespace vq {
 namespace {
 
 void matmul_w(const WeightMatrix& w, const float* x, int64_t m, float* y) {
-  matmul(w.type, w.data, w.rows, w.cols, x, m, y);
+  matmul_maybe_packed(w.packed.get(), w.type, w.data, w.rows, w.cols, x, m, y);
 }
 
 void add_bias(float* y, const std::vector<float>& b, int n) {
@@ -230,8 +230,10 @@ void Forward::project_shared(const float* x, int n, std::initializer_list<std::p
     return;
   }
   const QuantizedRows& xq = act_.quantize(x, n, cols);
-  if (n > 1 || outs.size() == 1) {
-    for (const auto& [w, y] : outs) matmul_q(w->type, w->data, w->rows, w->cols, xq, y);
+  bool any_packed = false;  // packed weights split their own rows in groups of 8 (one dispatch each)
+  for (const auto& [w, y] : outs) any_packed = any_packed || w->packed != nullptr;
+  if (n > 1 || outs.size() == 1 || any_packed) {
+    for (const auto& [w, y] : outs) matmul_maybe_packed(w->packed.get(), w->type, w->data, w->rows, w->cols, xq, y);
     return;
   }
   // One token: the weights' rows form one range split over the threads in a single dispatch

@@ -4,6 +4,12 @@
 //   dot(block) = a * d_x * sum(w * q_x) + b * s_x        (s_x = d_x * sum(q_x))
 // where sum(w * q_x) is exact in int32. The float
 // weights (f32, f16, bf16) use the float activations and fused multiply-adds.
+// AVX3_DL (Ice Lake / Zen 4 and later: AVX-512 VNNI) is compiled here too, for its int8 dot
+// product instruction (vpdpbusd); Highway leaves it out unless asked. Only this file's dispatch
+// table (and its test) includes it, so the other files keep their target set.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "model/matmul_kernels.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -91,15 +97,42 @@ using VF = hn::Vec<DF>;
 struct Decoded {
   __m256i w;   // 32 weight codes, u8 (or s8 for the signed types)
   float a, b;  // weight = a * code + b
-  __m256i sc;  // Q6_K only: int16 scales of the two 16-element halves, broadcast 8 lanes each
+  __m256i sc;  // Q6_K, Q3_K, Q2_K: int16 scales of the two 16-element halves, broadcast 8 lanes each
+  __m256i w2;  // Q2_K only: int16 mins of the two halves (weight = a * sc * code + a2 * min)
+  float a2;
 };
 
 HWY_INLINE Decoded Mk(__m256i w, float a, float b) {
   Decoded o;
-  o.w = w, o.a = a, o.b = b, o.sc = _mm256_setzero_si256();
+  o.w = w, o.a = a, o.b = b, o.sc = _mm256_setzero_si256(), o.w2 = o.sc, o.a2 = 0.0f;
   return o;
 }
 HWY_INLINE __m256i Ones16() { return _mm256_set1_epi16(1); }
+#if HWY_TARGET == HWY_AVX3_DL
+// acc + the sums over groups of 4 of u8 u times s8 s, in int32 lanes: AVX-512 VNNI's vpdpbusd on
+// 256-bit registers. Written as assembly with the EVEX encoding forced: Highway 1.0's AVX3_DL
+// target enables "avxvnni", with which the compiler may emit the VEX form (AVX-VNNI), an
+// instruction that Ice Lake and Zen 4 (AVX-512 VNNI, no AVX-VNNI) do not have.
+HWY_INLINE __m256i Dpbusd(__m256i acc, __m256i u, __m256i s) {
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
+#endif
+// sum over groups of 4 of u8 w times s8 x, as int32 lanes (no saturation in our ranges: every
+// caller keeps 2 * max|w| * 127 < 2^15). One vpdpbusd with VNNI, maddubs + madd without.
+HWY_INLINE __m256i DotU8S8(__m256i w, __m256i x) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return Dpbusd(_mm256_setzero_si256(), w, x);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), Ones16());
+#endif
+}
+// As DotU8S8 with the int32 lane sums of each 16-byte half multiplied by the int16 scale of that
+// half (sc: 8 equal int16 lanes per 128-bit half): maddubs then vpmaddwd against the scales,
+// on every target (with VNNI, vpdpbusd plus a 32-bit multiply would cost more).
+HWY_INLINE __m256i DotU8S8Scaled(__m256i w, __m256i x, __m256i sc) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc);
+}
 HWY_INLINE __m256i Nibbles(const uint8_t* qs) {  // 16 bytes -> low nibbles | high nibbles
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m128i m = _mm_set1_epi8(15);
@@ -159,13 +192,11 @@ struct DecQ8_0 {
     *b = _mm256_setzero_ps();
   }
   static HWY_INLINE __m256i Dot(const Decoded& w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.w), _mm256_sign_epi8(x, w.w)), Ones16());
+    return DotU8S8(_mm256_abs_epi8(w.w), _mm256_sign_epi8(x, w.w));
   }
 };
 struct DecU8 {  // shared Dot for the unsigned codes
-  static HWY_INLINE __m256i Dot(const Decoded& w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w.w, x), Ones16());
-  }
+  static HWY_INLINE __m256i Dot(const Decoded& w, __m256i x) { return DotU8S8(w.w, x); }
 };
 struct DecQ4_0 : DecU8 {
   static constexpr bool kOffset = true;
@@ -287,6 +318,8 @@ struct DecQ6_K {
     o.a = H2F(p + 208);
     o.b = 0.0f;
     o.sc = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+    o.w2 = _mm256_setzero_si256();
+    o.a2 = 0.0f;
     return o;
   }
   // Blocks b0..b0+7 form one super-block (b0 % 8 == 0): one d for all, no offset.
@@ -295,9 +328,91 @@ struct DecQ6_K {
     *b = _mm256_setzero_ps();
   }
   static HWY_INLINE __m256i Dot(const Decoded& w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w.w), _mm256_sign_epi8(x, w.w)), w.sc);
+    return DotU8S8Scaled(_mm256_abs_epi8(w.w), _mm256_sign_epi8(x, w.w), w.sc);
   }
 };
+// Q3_K: as Q6_K with codes -4..3 (low 2 bits in qs, the third in hmask) and 6-bit scales
+// (s - 32), decoded once per super-block.
+struct DecQ3_K {
+  static constexpr bool kOffset = false;
+  const uint8_t* row;
+  mutable int64_t cur = -1;
+  mutable int16_t sc[16];
+  HWY_INLINE void Begin(const uint8_t* r) {
+    row = r;
+    cur = -1;
+  }
+  HWY_INLINE Decoded Block(int64_t b) const {
+    const int64_t sb = b >> 3;
+    const uint8_t* p = row + sb * 110;
+    if (sb != cur) {
+      cur = sb;
+      for (int i = 0; i < 16; ++i) sc[i] = int16_t(blocks::q3k_scale(p + 96, i));
+    }
+    const int n = int((b >> 2) & 1), k = int(b & 3);
+    const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * n));
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+    const __m256i bit = _mm256_set1_epi8(static_cast<char>(1u << (4 * n + k)));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+    Decoded o;
+    o.w = _mm256_sub_epi8(lo, _mm256_andnot_si256(set, _mm256_set1_epi8(4)));  // -4..3
+    o.a = H2F(p + 108);
+    o.b = 0.0f;
+    o.sc = _mm256_set_m128i(_mm_set1_epi16(sc[8 * n + 2 * k + 1]), _mm_set1_epi16(sc[8 * n + 2 * k]));
+    o.w2 = _mm256_setzero_si256();
+    o.a2 = 0.0f;
+    return o;
+  }
+  HWY_INLINE void Scales8(int64_t b0, __m256* a, __m256* b) const {
+    *a = _mm256_set1_ps(H2F(row + (b0 >> 3) * 110 + 108));
+    *b = _mm256_setzero_ps();
+  }
+  static HWY_INLINE __m256i Dot(const Decoded& w, __m256i x) {
+    return DotU8S8Scaled(_mm256_abs_epi8(w.w), _mm256_sign_epi8(x, w.w), w.sc);
+  }
+};
+// Q2_K: codes 0..3 times the 4-bit scale of their 16-element half (Dot, times d) and the 4-bit
+// mins of the halves against the activation sums (Dot2, times -dmin). Scales8 returns d and
+// -dmin of the super-block.
+struct DecQ2_K {
+  static constexpr bool kOffset = false;
+  static constexpr bool kTwo = true;
+  const uint8_t* row;
+  HWY_INLINE void Begin(const uint8_t* r) { row = r; }
+  HWY_INLINE Decoded Block(int64_t b) const {
+    const uint8_t* p = row + (b >> 3) * 84;
+    const int n = int((b >> 2) & 1), k = int(b & 3);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * n));
+    const int s0 = p[8 * n + 2 * k], s1 = p[8 * n + 2 * k + 1];
+    Decoded o;
+    o.w = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+    o.sc = _mm256_set_m128i(_mm_set1_epi16(int16_t(s1 & 15)), _mm_set1_epi16(int16_t(s0 & 15)));
+    o.w2 = _mm256_set_m128i(_mm_set1_epi16(int16_t(s1 >> 4)), _mm_set1_epi16(int16_t(s0 >> 4)));
+    float d, dmin;
+    H2F2(p + 80, &d, &dmin);
+    o.a = d, o.b = 0.0f, o.a2 = -dmin;
+    return o;
+  }
+  HWY_INLINE void Scales8(int64_t b0, __m256* a, __m256* b) const {
+    float d, dmin;
+    H2F2(row + (b0 >> 3) * 84 + 80, &d, &dmin);
+    *a = _mm256_set1_ps(d);
+    *b = _mm256_set1_ps(-dmin);
+  }
+  static HWY_INLINE __m256i Dot(const Decoded& w, __m256i x) { return DotU8S8Scaled(w.w, x, w.sc); }
+  static HWY_INLINE __m256i Dot2(const Decoded& w, __m256i x) {
+    return DotU8S8Scaled(_mm256_set1_epi8(1), x, w.w2);
+  }
+};
+template <class Dec>
+constexpr bool HasTwo() {
+  if constexpr (requires { Dec::kTwo; }) {
+    return Dec::kTwo;
+  } else {
+    return false;
+  }
+}
 
 // Groups of 8 blocks: the 8 int32 block sums are reduced into one vector (lane k = block k) and
 // scaled with the 8 block scales at once, instead of a convert, a scale product, a broadcast and
@@ -332,8 +447,14 @@ HWY_INLINE void RowsG8(const uint8_t* W, size_t rb, int64_t r0, int64_t r1, cons
         for (int k = 0; k < 8; ++k)
           sums[k] = Dec::Dot(wd[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + (b0 + k) * 32)));
         const __m256 total = _mm256_cvtepi32_ps(Reduce8(sums));
-        acc[t] = _mm256_fmadd_ps(total, _mm256_mul_ps(a, _mm256_loadu_ps(xd[t] + b0)), acc[t]);
+        const __m256 dx = _mm256_loadu_ps(xd[t] + b0);
+        acc[t] = _mm256_fmadd_ps(total, _mm256_mul_ps(a, dx), acc[t]);
         if constexpr (Dec::kOffset) accb[t] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xs[t] + b0), accb[t]);
+        if constexpr (HasTwo<Dec>()) {  // b is the scale of the second code vector
+          for (int k = 0; k < 8; ++k)
+            sums[k] = Dec::Dot2(wd[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[t] + (b0 + k) * 32)));
+          accb[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Reduce8(sums)), _mm256_mul_ps(b, dx), accb[t]);
+        }
       }
     }
     float tail[MT] = {};
@@ -344,6 +465,10 @@ HWY_INLINE void RowsG8(const uint8_t* W, size_t rb, int64_t r0, int64_t r1, cons
         const VF si{_mm256_cvtepi32_ps(Dec::Dot(w, x))};
         tail[t] += hn::GetLane(hn::SumOfLanes(DF(), si)) * (w.a * xd[t][b]);
         if constexpr (Dec::kOffset) tail[t] += w.b * xs[t][b];
+        if constexpr (HasTwo<Dec>()) {
+          const VF s2{_mm256_cvtepi32_ps(Dec::Dot2(w, x))};
+          tail[t] += hn::GetLane(hn::SumOfLanes(DF(), s2)) * (w.a2 * xd[t][b]);
+        }
       }
     }
     for (int t = 0; t < MT; ++t)
@@ -380,6 +505,8 @@ void QuantRowsImpl(uint32_t type, const uint8_t* W, size_t rb, int64_t r0, int64
     case GGMLType::Q4_K: return RowsQ<DecQK<false>>(W, rb, r0, r1, X, y, ldy);
     case GGMLType::Q5_K: return RowsQ<DecQK<true>>(W, rb, r0, r1, X, y, ldy);
     case GGMLType::Q6_K: return RowsQ<DecQ6_K>(W, rb, r0, r1, X, y, ldy);
+    case GGMLType::Q3_K: return RowsQ<DecQ3_K>(W, rb, r0, r1, X, y, ldy);
+    case GGMLType::Q2_K: return RowsQ<DecQ2_K>(W, rb, r0, r1, X, y, ldy);
     default: return quant_rows_scalar(type, W, rb, r0, r1, X, y, ldy);
   }
 }

@@ -11,7 +11,7 @@ namespace vq {
 
 // x: [M, cols] f32 (cols % 32 == 0) -> q: [M, cols] int8, d, s: [M, cols/32] f32.
 void quantize_rows_kernel(const float* x, int64_t M, int64_t cols, int8_t* q, float* d, float* s);
-// Quantized weight types (q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K); W rows rb bytes apart.
+// Quantized weight types (q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K); W rows rb bytes apart.
 void quant_rows_kernel(uint32_t type, const uint8_t* W, size_t rb, int64_t r0, int64_t r1, const QuantizedRows& X,
                        float* y, int64_t ldy);
 // Float weight types (f32, f16, bf16); x: [M, cols] f32.

@@ -21,8 +21,11 @@ inline float h2f(const uint8_t* p) {
   return f16_to_f32(v);
 }
 
-// Block b (32 elements) of a weight row -> w[32], a, b.
-void decode_block(GGMLType t, const uint8_t* row, int64_t blk, int32_t* w, float* a, float* off) {
+// Block b (32 elements) of a weight row -> w[32], a, b, and for Q2_K a second code vector w2
+// with its scale a2: weight_i = a * w_i + a2 * w2_i + b (a2 = 0 for the other types).
+void decode_block(GGMLType t, const uint8_t* row, int64_t blk, int32_t* w, float* a, float* off, int32_t* w2,
+                  float* a2) {
+  *a2 = 0;
   switch (t) {
     case GGMLType::Q8_0: {
       const uint8_t* p = row + blk * 34;
@@ -80,6 +83,27 @@ void decode_block(GGMLType t, const uint8_t* row, int64_t blk, int32_t* w, float
       *a = h2f(p + 208), *off = 0;
       return;
     }
+    case GGMLType::Q3_K: {
+      const uint8_t* p = row + (blk >> 3) * 110;
+      const int n = int((blk >> 2) & 1), k = int(blk & 3);
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (p[32 + 32 * n + l] >> (2 * k)) & 3, hi = (p[l] >> (4 * n + k)) & 1;
+        w[l] = (lo - 4 * (1 - hi)) * blocks::q3k_scale(p + 96, 8 * n + 2 * k + l / 16);
+      }
+      *a = h2f(p + 108), *off = 0;
+      return;
+    }
+    case GGMLType::Q2_K: {
+      const uint8_t* p = row + (blk >> 3) * 84;
+      const int n = int((blk >> 2) & 1), k = int(blk & 3);
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t sc = p[8 * n + 2 * k + l / 16];
+        w[l] = ((p[16 + 32 * n + l] >> (2 * k)) & 3) * (sc & 15);
+        w2[l] = sc >> 4;
+      }
+      *a = h2f(p + 80), *off = 0, *a2 = -h2f(p + 82);
+      return;
+    }
     default:
       VQ_FAIL("weight type {} has no quantized product", ggml_type_name(t));
   }
@@ -104,18 +128,19 @@ void quantize_rows_scalar(const float* x, int64_t M, int64_t cols, int8_t* q, fl
 void quant_rows_scalar(uint32_t type, const uint8_t* W, size_t rb, int64_t r0, int64_t r1, const QuantizedRows& X,
                        float* y, int64_t ldy) {
   const int64_t nb = X.cols / 32;
-  int32_t w[32];
+  int32_t w[32], w2[32] = {};
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = W + size_t(r) * rb;
     for (int64_t m = 0; m < X.M; ++m) {
       float acc = 0, accb = 0;
       for (int64_t b = 0; b < nb; ++b) {
-        float a, off;
-        decode_block(GGMLType(type), row, b, w, &a, &off);
+        float a, off, a2;
+        decode_block(GGMLType(type), row, b, w, &a, &off, w2, &a2);
         const int8_t* xq = X.q + m * X.cols + b * 32;
-        int32_t dot = 0;
-        for (int i = 0; i < 32; ++i) dot += w[i] * xq[i];
+        int32_t dot = 0, dot2 = 0;
+        for (int i = 0; i < 32; ++i) dot += w[i] * xq[i], dot2 += w2[i] * xq[i];
         acc += float(dot) * (a * X.d[m * nb + b]);
+        if (a2 != 0.0f) acc += float(dot2) * (a2 * X.d[m * nb + b]);
         accb += off * X.s[m * nb + b];
       }
       y[m * ldy + r] = acc + accb;

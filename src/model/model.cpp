@@ -20,7 +20,8 @@ WeightMatrix matrix(const GGUFFile& g, const std::string& name, int64_t rows, in
            ggml_type_name(t->type));
   const size_t need = ggml_row_bytes(t->type, cols) * size_t(rows);
   VQ_CHECK(t->nbytes >= need, "{}: tensor '{}': {} bytes of data, expected {}", g.path(), name, t->nbytes, need);
-  return WeightMatrix{name, t->type, t->data, rows, cols};
+  return WeightMatrix{name, t->type, t->data, rows, cols,
+                      packable(t->type, cols) ? std::make_shared<PackedSlot>() : nullptr};
 }
 
 // A 1-D tensor of n elements decoded to float32 (norm weights and biases).

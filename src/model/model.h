@@ -10,6 +10,7 @@
 
 #include "core/buffer.h"
 #include "model/gguf.h"
+#include "model/matmul_packed.h"
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "model/weight_formats.h"
@@ -23,6 +24,9 @@ struct WeightMatrix {
   GGMLType type = GGMLType::F32;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
+  // Row-interleaved copy for the CPU products, made on first use (model/matmul_packed.h) and
+  // shared by the copies of this matrix; null when the type has no packed layout.
+  std::shared_ptr<PackedSlot> packed;
 };
 
 struct LayerWeights {

@@ -21,6 +21,15 @@
 //          low 4 bits  = ql[64n + l + 32(k & 1)] >> (4 (k >> 1)) & 15
 //          high 2 bits = (qh[32n + l] >> 2k) & 3
 //          x = (d * scales[8n + 2k + l/16]) * (q - 32)
+//   Q2_K (256 elems, 84 B): u8 scales[16] | u8 qs[64] | d | dmin
+//        16 sub-blocks of 16; scales[i] = sc | m << 4 (4 bits each) for sub-block i.
+//        element 128n + 32k + l (n 0..1, k 0..3, l 0..31): q = (qs[32n + l] >> 2k) & 3,
+//          i = 8n + 2k + l/16, x = (d * sc_i) * q - (dmin * m_i)
+//   Q3_K (256 elems, 110 B): u8 hmask[32] | u8 qs[64] | u8 scales[12] | d
+//        element 128n + 32k + l: low = (qs[32n + l] >> 2k) & 3, high = (hmask[l] >> (4n + k)) & 1,
+//          q = low - 4 * (1 - high) (-4..3), i = 8n + 2k + l/16, x = (d * (s_i - 32)) * q
+//        s_i 6-bit: low 4 bits = scales[i] & 15 (i < 8) or scales[i - 8] >> 4 (i >= 8),
+//          high 2 bits = (scales[8 + i % 4] >> 2 (i / 4)) & 3
 #include <cstdint>
 
 namespace vq::blocks {
@@ -36,6 +45,8 @@ struct BlockQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; };
 struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
 struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
 struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+struct BlockQ2_K { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; };
+struct BlockQ3_K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; };
 
 static_assert(sizeof(BlockQ8_0) == 34 && alignof(BlockQ8_0) == 2);
 static_assert(sizeof(BlockQ4_0) == 18);
@@ -45,6 +56,8 @@ static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
 
 // 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.
 inline void k_scale_min(const uint8_t* scales, int j, int* sc, int* m) {
@@ -55,6 +68,13 @@ inline void k_scale_min(const uint8_t* scales, int j, int* sc, int* m) {
     *sc = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4);
     *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
   }
+}
+
+// Signed scale (s_i - 32, in -32..31) of sub-block i (0..15) of a Q3_K super-block.
+inline int q3k_scale(const uint8_t* scales, int i) {
+  const int lo = i < 8 ? scales[i] & 15 : scales[i - 8] >> 4;
+  const int hi = (scales[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+  return (lo | hi << 4) - 32;
 }
 
 }  // namespace vq::blocks

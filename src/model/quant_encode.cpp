@@ -109,6 +109,71 @@ void q6_k(const float* x, uint8_t* b) {
       }
 }
 
+// Q2_K super-block: 16 sub-blocks of 16, each with a 4-bit scale (max - min)/3 and a 4-bit min
+// -min (min <= 0), relative to the super-block's d and dmin; q in 0..3.
+void q2_k(const float* x, uint8_t* b) {
+  float scale[16], mn[16];
+  float max_scale = 0, max_mn = 0;
+  for (int j = 0; j < 16; ++j) {
+    float lo = 0, hi = x[16 * j];
+    for (int l = 0; l < 16; ++l) lo = std::min(lo, x[16 * j + l]), hi = std::max(hi, x[16 * j + l]);
+    scale[j] = (hi - lo) / 3.0f;
+    mn[j] = -lo;
+    max_scale = std::max(max_scale, scale[j]);
+    max_mn = std::max(max_mn, mn[j]);
+  }
+  const uint16_t dh = f32_to_f16(max_scale / 15.0f), dminh = f32_to_f16(max_mn / 15.0f);
+  const float d = f16_to_f32(dh), dmin = f16_to_f32(dminh);
+  std::memset(b, 0, 84);
+  uint8_t q[256];
+  for (int j = 0; j < 16; ++j) {
+    const int sc = clampi(rnd(scale[j] * inv(d)), 0, 15), m = clampi(rnd(mn[j] * inv(dmin)), 0, 15);
+    b[j] = uint8_t(sc | m << 4);
+    const float ia = inv(d * float(sc)), off = dmin * float(m);
+    for (int l = 0; l < 16; ++l) q[16 * j + l] = uint8_t(clampi(rnd((x[16 * j + l] + off) * ia), 0, 3));
+  }
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) b[16 + 32 * n + l] |= uint8_t(q[128 * n + 32 * k + l] << (2 * k));
+  st16(b + 80, dh);
+  st16(b + 82, dminh);
+}
+
+// Q3_K super-block: 16 sub-blocks of 16 with 6-bit signed scales (-32..31) relative to d;
+// q in -4..3 stored as 2 low bits in qs and the third bit in hmask.
+void q3_k(const float* x, uint8_t* b) {
+  float scale[16];
+  float max_abs_scale = 0, max_scale = 0;
+  for (int j = 0; j < 16; ++j) {
+    scale[j] = signed_absmax(x + 16 * j, 16) / -4.0f;
+    if (std::fabs(scale[j]) > max_abs_scale) max_abs_scale = std::fabs(scale[j]), max_scale = scale[j];
+  }
+  const uint16_t dh = f32_to_f16(max_scale / -32.0f);
+  const float d = f16_to_f32(dh);
+  std::memset(b, 0, 110);
+  uint8_t* scales = b + 96;
+  uint8_t u[256];  // q + 4, 0..7
+  for (int j = 0; j < 16; ++j) {
+    const int sc = clampi(rnd(scale[j] * inv(d)), -32, 31);
+    const int s = sc + 32;
+    if (j < 8)
+      scales[j] |= uint8_t(s & 15);
+    else
+      scales[j - 8] |= uint8_t((s & 15) << 4);
+    scales[8 + (j & 3)] |= uint8_t((s >> 4) << (2 * (j >> 2)));
+    const float ia = inv(d * float(sc));
+    for (int l = 0; l < 16; ++l) u[16 * j + l] = uint8_t(clampi(rnd(x[16 * j + l] * ia), -4, 3) + 4);
+  }
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t v = u[128 * n + 32 * k + l];
+        b[32 + 32 * n + l] |= uint8_t((v & 3) << (2 * k));
+        b[l] |= uint8_t((v >> 2) << (4 * n + k));
+      }
+  st16(b + 108, dh);
+}
+
 }  // namespace
 
 void quantize_row(GGMLType t, const float* src, void* dst, int64_t n) {
@@ -132,6 +197,8 @@ void quantize_row(GGMLType t, const float* src, void* dst, int64_t n) {
       case GGMLType::Q4_K: q_k(x, p, 4); break;
       case GGMLType::Q5_K: q_k(x, p, 5); break;
       case GGMLType::Q6_K: q6_k(x, p); break;
+      case GGMLType::Q2_K: q2_k(x, p); break;
+      case GGMLType::Q3_K: q3_k(x, p); break;
       default: VQ_FAIL("weight type {} cannot be encoded", ggml_type_name(t));
     }
   }

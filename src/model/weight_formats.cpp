@@ -35,8 +35,8 @@ TypeInfo type_info(GGMLType t) {
     case 7: return {"q5_1", 32, 24, true};
     case 8: return {"q8_0", 32, 34, true};
     case 9: return {"q8_1", 32, 36, false};
-    case 10: return {"q2_K", 256, 84, false};
-    case 11: return {"q3_K", 256, 110, false};
+    case 10: return {"q2_K", 256, 84, true};
+    case 11: return {"q3_K", 256, 110, true};
     case 12: return {"q4_K", 256, 144, true};
     case 13: return {"q5_K", 256, 176, true};
     case 14: return {"q6_K", 256, 210, true};
@@ -130,6 +130,31 @@ void dq_q6_k(const uint8_t* b, float* y) {
     }
   }
 }
+void dq_q2_k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b;
+  const uint8_t* qs = b + 16;
+  const float d = ldh(b + 80), dmin = ldh(b + 82);
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const int i = 8 * n + 2 * k + l / 16;
+        const int q = (qs[32 * n + l] >> (2 * k)) & 3;
+        y[128 * n + 32 * k + l] = (d * float(scales[i] & 15)) * float(q) - dmin * float(scales[i] >> 4);
+      }
+}
+void dq_q3_k(const uint8_t* b, float* y) {
+  const uint8_t* hmask = b;
+  const uint8_t* qs = b + 32;
+  const uint8_t* scales = b + 96;
+  const float d = ldh(b + 108);
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const int i = 8 * n + 2 * k + l / 16;
+        const int lo = (qs[32 * n + l] >> (2 * k)) & 3, hi = (hmask[l] >> (4 * n + k)) & 1;
+        y[128 * n + 32 * k + l] = (d * float(blocks::q3k_scale(scales, i))) * float(lo - 4 * (1 - hi));
+      }
+}
 
 }  // namespace
 
@@ -180,6 +205,8 @@ int64_t find_non_finite(GGMLType t, const void* data, int64_t n) {
   switch (t) {
     case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: second = 2; break;
     case GGMLType::Q6_K: first = 208; break;
+    case GGMLType::Q2_K: first = 80, second = 82; break;
+    case GGMLType::Q3_K: first = 108; break;
     default: break;  // q8_0, q4_0, q5_0: d only
   }
   const TypeInfo ti = type_info(t);
@@ -212,6 +239,8 @@ void dequantize_row(GGMLType t, const void* src, float* dst, int64_t n) {
     case GGMLType::Q4_K: fn = dq_q4_k; break;
     case GGMLType::Q5_K: fn = dq_q5_k; break;
     case GGMLType::Q6_K: fn = dq_q6_k; break;
+    case GGMLType::Q2_K: fn = dq_q2_k; break;
+    case GGMLType::Q3_K: fn = dq_q3_k; break;
     default: VQ_FAIL("weight type {} is not supported", ggml_type_name(t));
   }
   for (int64_t b = 0; b < nb; ++b) fn(p + size_t(b) * ti.block_bytes, dst + b * ti.block_elems);

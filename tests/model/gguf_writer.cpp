@@ -192,6 +192,8 @@ std::vector<uint8_t> random_blocks(GGMLType t, int64_t n_elems, std::mt19937_64&
         set_h(p, ud(rng) * 0.1f), set_h(p + 2, ud(rng) * 0.1f);
         break;
       case GGMLType::Q6_K: set_h(p + 208, ud(rng) * 0.01f); break;
+      case GGMLType::Q2_K: set_h(p + 80, ud(rng) * 0.1f), set_h(p + 82, ud(rng) * 0.1f); break;
+      case GGMLType::Q3_K: set_h(p + 108, ud(rng) * 0.01f); break;
       default: break;
     }
   }
@@ -201,7 +203,8 @@ std::vector<uint8_t> random_blocks(GGMLType t, int64_t n_elems, std::mt19937_64&
 const std::vector<GGMLType>& supported_types() {
   static const std::vector<GGMLType> t = {GGMLType::F32,  GGMLType::F16,  GGMLType::BF16, GGMLType::Q8_0,
                                           GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1,
-                                          GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K};
+                                          GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K, GGMLType::Q2_K,
+                                          GGMLType::Q3_K};
   return t;
 }
 

@@ -49,6 +49,15 @@ std::vector<Variant> variants() {
   TinySpec g3f;
   g3f.arch = "gemma3", g3f.n_layers = 3, g3f.sliding_window = 5, g3f.swa_pattern = 2, g3f.wtype = vq::GGMLType::F32;
   v.push_back({"gemma3_window5_f32", g3f});
+  // q4_K and q6_K weights (widths multiples of 256): the products run on the packed (8-row
+  // interleaved) copies of model/matmul_packed.h, with 97 vocabulary rows (a partial group of 8)
+  // in the output.
+  TinySpec k4;
+  k4.n_embd = 256, k4.head_dim = 64, k4.n_ff = 512, k4.wtype = vq::GGMLType::Q4_K;
+  v.push_back({"llama_q4_K_packed", k4});
+  TinySpec k6 = k4;  // q6_K, tied output (97 rows through the packed product)
+  k6.wtype = vq::GGMLType::Q6_K, k6.tied = true;
+  v.push_back({"llama_tied_q6_K_packed", k6});
   return v;
 }
 

@@ -131,7 +131,7 @@ t::GGUFWriter sample_writer(uint32_t version = 3, uint32_t alignment = 0) {
     const int64_t cols = vq::ggml_block_elems(ty) == 256 ? 256 : 64;
     w.add_tensor_f32("w." + vq::ggml_type_name(ty), {cols, 3}, ty, t::random_weights(size_t(cols * 3), seed++, 0.1f));
   }
-  w.add_tensor("q2k", {256, 2}, GGMLType::Q2_K, std::vector<uint8_t>(2 * 84, 7));
+  w.add_tensor("iq4xs", {256, 2}, static_cast<GGMLType>(23), std::vector<uint8_t>(2 * 136, 7));  // IQ4_XS: not supported
   w.add_tensor_f32("norm", {8}, GGMLType::F32, t::random_weights(8, 99));
   w.add_tensor_f32("cube", {4, 3, 2}, GGMLType::F16, t::random_weights(24, 98));
   return w;
@@ -253,7 +253,7 @@ TEST(GGUFReader, TensorsRoundTripWithAlignment) {
       }
       EXPECT_EQ(f.tensor("cube").dims, (std::vector<int64_t>{4, 3, 2}));
       EXPECT_EQ(f.tensor("norm").nbytes, 32u);
-      EXPECT_EQ(f.tensor("q2k").nbytes, 2u * 84);
+      EXPECT_EQ(f.tensor("iq4xs").nbytes, 2u * 136);
     }
   }
 }
@@ -262,7 +262,7 @@ TEST(GGUFReader, UnsupportedTypesFailAtUseNamingTensorAndType) {
   auto k = parse_keep(sample_writer().bytes());
   const auto& f = *k.file;
   std::vector<float> buf(1024);
-  for (const char* name : {"q2k"}) {
+  for (const char* name : {"iq4xs"}) {
     const auto& ti = f.tensor(name);
     EXPECT_FALSE(vq::ggml_type_supported(ti.type));
     for (int which = 0; which < 3; ++which) {

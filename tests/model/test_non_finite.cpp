@@ -16,6 +16,8 @@ std::vector<size_t> scale_offsets(GGMLType t) {
   switch (t) {
     case GGMLType::Q4_1: case GGMLType::Q5_1: case GGMLType::Q4_K: case GGMLType::Q5_K: return {0, 2};
     case GGMLType::Q6_K: return {208};
+    case GGMLType::Q2_K: return {80, 82};
+    case GGMLType::Q3_K: return {108};
     default: return {0};
   }
 }

@@ -78,6 +78,24 @@ float spec_value(GGMLType t, const uint8_t* row, int64_t i) {
       const int8_t sc = int8_t(b[192 + e / 16]);  // one scale per 16 consecutive elements
       return (h(b + 208) * float(sc)) * float(lo + 16 * hi - 32);
     }
+    case GGMLType::Q2_K: {  // scales[16] | qs[64] | d | dmin; 2-bit q, 4-bit scale and min per 16
+      const int n = e / 128, k = (e % 128) / 32, l = e % 32;
+      const int q = (b[16 + 32 * n + l] >> (2 * k)) & 3;
+      const uint8_t sm = b[e / 16];
+      return (h(b + 80) * float(sm % 16)) * float(q) - h(b + 82) * float(sm / 16);
+    }
+    case GGMLType::Q3_K: {  // hmask[32] | qs[64] | scales[12] | d
+      const int n = e / 128, k = (e % 128) / 32, l = e % 32, i = e / 16;
+      const int lo2 = (b[32 + 32 * n + l] >> (2 * k)) & 3;
+      const bool high = (b[l] >> (4 * n + k)) & 1;
+      // 6-bit scales: the 16 low nibbles are the low then the high nibbles of bytes 0..7; the
+      // 2-bit tops of scale i sit in byte 8 + i % 4 at bit 2 * (i / 4).
+      const uint8_t* sb = b + 96;
+      const int low4 = (sb[i % 8] >> (4 * (i / 8))) & 15;
+      const int top2 = (sb[8 + i % 4] >> (2 * (i / 4))) & 3;
+      const int s = low4 + 16 * top2 - 32;
+      return (h(b + 108) * float(s)) * float(high ? lo2 : lo2 - 4);
+    }
     default: ADD_FAILURE() << "no reference for " << vq::ggml_type_name(t); return 0;
   }
 }
@@ -107,7 +125,8 @@ TEST(WeightFormats, TypeTable) {
                       {GGMLType::Q4_0, "q4_0", 32, 2 + 16}, {GGMLType::Q4_1, "q4_1", 32, 4 + 16},
                       {GGMLType::Q5_0, "q5_0", 32, 2 + 4 + 16}, {GGMLType::Q5_1, "q5_1", 32, 4 + 4 + 16},
                       {GGMLType::Q4_K, "q4_K", 256, 4 + 12 + 128}, {GGMLType::Q5_K, "q5_K", 256, 4 + 12 + 32 + 128},
-                      {GGMLType::Q6_K, "q6_K", 256, 128 + 64 + 16 + 2}};
+                      {GGMLType::Q6_K, "q6_K", 256, 128 + 64 + 16 + 2},
+                      {GGMLType::Q2_K, "q2_K", 256, 16 + 64 + 4}, {GGMLType::Q3_K, "q3_K", 256, 32 + 64 + 12 + 2}};
   for (const auto& r : rows) {
     EXPECT_EQ(vq::ggml_type_name(r.t), r.name);
     EXPECT_TRUE(vq::ggml_type_supported(r.t)) << r.name;
@@ -115,7 +134,7 @@ TEST(WeightFormats, TypeTable) {
     EXPECT_EQ(vq::ggml_block_bytes(r.t), r.bb) << r.name;
     EXPECT_EQ(vq::ggml_row_bytes(r.t, r.be * 3), 3 * r.bb) << r.name;
   }
-  EXPECT_FALSE(vq::ggml_type_supported(GGMLType::Q2_K));
+  EXPECT_FALSE(vq::ggml_type_supported(GGMLType::Q8_1));
   EXPECT_FALSE(vq::ggml_type_supported(GGMLType::Q8_K));
   EXPECT_EQ(vq::ggml_type_name(static_cast<GGMLType>(99)), "type(99)");
   EXPECT_FALSE(vq::ggml_type_supported(static_cast<GGMLType>(99)));
@@ -142,7 +161,8 @@ TEST(WeightFormats, DecodeQuantizedDataMatchesSpecAndApproximatesInput) {
   const Lim lims[] = {{GGMLType::F32, 0.0},   {GGMLType::F16, 1e-3},  {GGMLType::BF16, 5e-3},
                       {GGMLType::Q8_0, 0.01}, {GGMLType::Q4_0, 0.15}, {GGMLType::Q4_1, 0.12},
                       {GGMLType::Q5_0, 0.08}, {GGMLType::Q5_1, 0.06}, {GGMLType::Q4_K, 0.15},
-                      {GGMLType::Q5_K, 0.08}, {GGMLType::Q6_K, 0.04}};
+                      {GGMLType::Q5_K, 0.08}, {GGMLType::Q6_K, 0.04}, {GGMLType::Q3_K, 0.30},
+                      {GGMLType::Q2_K, 0.50}};
   for (const auto& lim : lims) {
     const int64_t n = 8 * 256;
     const auto x = vq::test::random_weights(size_t(n), 11, 0.05f);
@@ -182,12 +202,12 @@ TEST(WeightFormats, BadArgumentsThrow) {
   std::vector<float> out(256);
   EXPECT_THROW(vq::dequantize_row(GGMLType::Q4_1, buf.data(), out.data(), 33), vq::Error);
   try {
-    vq::dequantize_row(GGMLType::Q2_K, buf.data(), out.data(), 256);
+    vq::dequantize_row(static_cast<GGMLType>(23), buf.data(), out.data(), 256);  // IQ4_XS: not supported
     FAIL() << "no throw";
   } catch (const vq::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q2_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("iq4_xs"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(vq::quantize_row(GGMLType::Q3_K, out.data(), buf.data(), 256), vq::Error);
+  EXPECT_THROW(vq::quantize_row(GGMLType::Q8_K, out.data(), buf.data(), 256), vq::Error);
 }
 
 }  // namespace

@@ -10,8 +10,14 @@
 // rebuilds the quantized activations here (same rounding rule) and requires (2) alone, so any
 // error beyond fp32 rounding in the integer path is caught.
 #include <gtest/gtest.h>
+// Same target set as model/matmul_kernels.cpp (which adds AVX3_DL for its VNNI kernels), so the
+// loops over hwy::SupportedAndGeneratedTargets() below reach that target too.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1
+#endif
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -20,6 +26,7 @@
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/matmul_kernels.h"
+#include "model/matmul_packed.h"
 #include "model/weight_formats.h"
 
 namespace {
@@ -135,6 +142,51 @@ TEST(WeightMatmul, ThreadCountDoesNotChangeResults) {
   }
 }
 
+// Activation row counts 1..17 (the multi-row kernels take 1..4 rows at a time: every remainder,
+// and several full groups) and odd weight-row counts, on every compiled target, every type.
+TEST(WeightMatmul, RowCounts1To17OnEveryTarget) {
+  const int64_t rows = 13;
+  for (GGMLType t : vq::test::supported_types()) {
+    const int64_t cols = vq::ggml_block_elems(t) == 256 ? 768 : 96;  // 3 super-blocks / 3 blocks: a tail
+    const auto W = make_weights(t, rows, cols, true, uint64_t(t) + 100);
+    const auto x = random_x(17 * cols, 23);
+    // The x86 SIMD targets (AVX2, AVX-512, AVX-512 VNNI) run the same integer sums and the same
+    // float operations in the same order: their products must be bit-identical, so a model's
+    // logits do not depend on which of them the CPU gets.
+    std::vector<std::vector<float>> first_simd(18);  // [M] y of the first x86 SIMD target
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      const bool x86_simd = target == HWY_AVX2 || target == HWY_AVX3 || target == HWY_AVX3_DL;
+      for (int64_t M = 1; M <= 17; ++M) {
+        std::vector<float> y(static_cast<size_t>(M * rows), -1.0f);
+        vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data());
+        const std::string what =
+            vq::ggml_type_name(t) + " target " + hwy::TargetName(target) + " M=" + std::to_string(M);
+        check_product(t, W, rows, cols, x, M, y, what);
+        if (!x86_simd) continue;
+        auto& ref = first_simd[size_t(M)];
+        if (ref.empty())
+          ref = y;
+        else
+          EXPECT_EQ(y, ref) << what << ": differs from another x86 SIMD target";
+      }
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
+// The dispatch really reaches a SIMD kernel on this machine: at least one compiled target
+// besides the scalar ones (the x86 build compiles AVX2 and AVX-512, and AVX3_DL for VNNI).
+TEST(WeightMatmul, SimdTargetsAreCompiled) {
+  int simd = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets())
+    if (target != HWY_SCALAR && target != HWY_EMU128) ++simd;
+#if HWY_ARCH_X86
+  EXPECT_GE(simd, 1) << "no SIMD target compiled and supported";
+#endif
+  (void)simd;
+}
+
 // Every compiled SIMD target, and the portable scalar kernel, give the same products.
 TEST(WeightMatmul, AllTargetsAndScalarAgree) {
   const int64_t rows = 40, cols = 512, M = 5;
@@ -217,10 +269,10 @@ TEST(WeightMatmul, BadArgumentsThrow) {
   std::vector<uint8_t> W(4096);
   std::vector<float> x(512), y(512);
   try {
-    vq::matmul(GGMLType::Q2_K, W.data(), 1, 256, x.data(), 1, y.data());
+    vq::matmul(static_cast<GGMLType>(23), W.data(), 1, 256, x.data(), 1, y.data());  // IQ4_XS: not supported
     FAIL() << "no throw";
   } catch (const vq::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q2_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("iq4_xs"), std::string::npos) << e.what();
   }
   EXPECT_THROW(vq::matmul(static_cast<GGMLType>(77), W.data(), 1, 32, x.data(), 1, y.data()), vq::Error);
   EXPECT_THROW(vq::matmul(GGMLType::Q4_1, W.data(), 1, 48, x.data(), 1, y.data()), vq::Error);
@@ -233,3 +285,88 @@ TEST(WeightMatmul, BadArgumentsThrow) {
 }
 
 }  // namespace
+
+// ----- packed (row-interleaved) weights: model/matmul_packed.h
+
+namespace {
+
+// The packed product of W on every target, and the portable kernel, against the references of
+// check_product, for rows that fill 8-row groups exactly, partly (padding) or not at all.
+void check_packed(GGMLType t, int64_t rows, int64_t cols, bool random_bits, const std::vector<int64_t>& Ms) {
+  const auto W = make_weights(t, rows, cols, random_bits, uint64_t(rows * 7 + cols));
+  const vq::PackedWeight P = vq::pack_weight(t, W.data(), rows, cols);
+  const int64_t maxM = *std::max_element(Ms.begin(), Ms.end());
+  const auto x = random_x(maxM * cols, uint64_t(rows));
+  for (int64_t M : Ms) {
+    vq::ActivationBuffer ab;
+    const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
+    const std::string shape = vq::ggml_type_name(t) + (random_bits ? " random-bits " : " quantized ") +
+                              std::to_string(rows) + "x" + std::to_string(cols) + " M=" + std::to_string(M);
+    std::vector<float> ys(static_cast<size_t>(M * rows), -1.0f);
+    vq::packed_groups_scalar(P, 0, (rows + 7) / 8, X, ys.data(), rows);
+    check_product(t, W, rows, cols, x, M, ys, shape + " packed scalar");
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      std::vector<float> y(static_cast<size_t>(M * rows), -1.0f);
+      vq::matmul_packed(P, X, y.data());
+      check_product(t, W, rows, cols, x, M, y, shape + " packed target " + hwy::TargetName(target));
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+}
+
+}  // namespace
+
+TEST(PackedWeights, EveryTargetRowCounts1To17) {
+  std::vector<int64_t> Ms;
+  for (int64_t M = 1; M <= 17; ++M) Ms.push_back(M);
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K})
+    check_packed(t, 13, 512, true, Ms);  // one full group of 8 and one of 5
+}
+
+TEST(PackedWeights, OddShapes) {
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K})
+    for (bool random_bits : {false, true}) {
+      check_packed(t, 1, 256, random_bits, {1, 2, 5});
+      check_packed(t, 8, 256, random_bits, {1, 4, 9});
+      check_packed(t, 37, 768, random_bits, {1, 3, 16});
+    }
+}
+
+TEST(PackedWeights, PackedEqualsPlainProductWithinRounding) {
+  const int64_t rows = 70, cols = 1024, M = 6;
+  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) {
+    const auto W = make_weights(t, rows, cols, false, 41);
+    const auto x = random_x(M * cols, 42);
+    vq::ActivationBuffer ab;
+    const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
+    std::vector<float> plain(static_cast<size_t>(M * rows)), packed(plain.size());
+    vq::matmul_q(t, W.data(), rows, cols, X, plain.data());
+    const vq::PackedWeight P = vq::pack_weight(t, W.data(), rows, cols);
+    // Memory: q6_K x8 as many bytes as the GGUF rows, q4_K x8 1184 per 1152 (scales in bytes).
+    const size_t gguf = size_t((rows + 7) / 8 * 8) * vq::ggml_row_bytes(t, cols);
+    EXPECT_EQ(P.data.size(), t == GGMLType::Q6_K ? gguf : gguf / 1152 * 1184) << vq::ggml_type_name(t);
+    vq::matmul_packed(P, X, packed.data());
+    for (size_t i = 0; i < plain.size(); ++i)  // same integer sums; float order differs
+      EXPECT_NEAR(packed[i], plain[i], 1e-4 * (1.0 + std::fabs(plain[i]))) << vq::ggml_type_name(t) << " " << i;
+  }
+}
+
+TEST(PackedWeights, BadArgumentsThrow) {
+  std::vector<uint8_t> W(4096);
+  EXPECT_FALSE(vq::packable(GGMLType::Q5_K, 256));
+  EXPECT_TRUE(vq::packable(GGMLType::Q6_K, 256));
+  EXPECT_FALSE(vq::packable(GGMLType::Q4_K, 300));
+  EXPECT_TRUE(vq::packable(GGMLType::Q4_K, 512));
+  try {
+    vq::pack_weight(GGMLType::Q5_K, W.data(), 2, 256);
+    FAIL() << "no throw";
+  } catch (const vq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q5_K"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 300), vq::Error);
+  const auto P = vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 256);
+  std::vector<float> x(512), y(16);
+  vq::ActivationBuffer ab;
+  EXPECT_THROW(vq::matmul_packed(P, ab.quantize(x.data(), 1, 512), y.data()), vq::Error);  // 512 != 256 columns
+}

@@ -58,3 +58,29 @@ def test_encoder_and_decoder_match_llamacpp_reference(name, tmp_path):
     y = np.fromfile(dec, dtype=np.float32)
     y_ref = quants.dequantize(ref, TYPES[name]).reshape(-1).astype(np.float32)
     np.testing.assert_array_equal(y, y_ref)
+
+
+# K-quant super-blocks (256 elements): byte offsets of their fp16 scale fields (d, and dmin if any).
+K_TYPES = {"q2_K": (T.Q2_K, 84, (80, 82)), "q3_K": (T.Q3_K, 110, (108,)), "q4_K": (T.Q4_K, 144, (0, 2)),
+           "q5_K": (T.Q5_K, 176, (0, 2)), "q6_K": (T.Q6_K, 210, (208,))}
+
+
+@pytest.mark.parametrize("name", sorted(K_TYPES))
+def test_kquant_decoder_matches_gguf_py(name, tmp_path):
+    """Random K-quant blocks (every code, scale and mask bit random; finite fp16 scales) decoded
+    by vq::dequantize_row and by gguf-py's independent NumPy decoder must agree: this pins the
+    block layouts (quant_blocks.h) to the ones llama.cpp writes."""
+    exe = tool()
+    qtype, size, halves = K_TYPES[name]
+    rng = np.random.default_rng(size)
+    blocks = rng.integers(0, 256, size=(64, size), dtype=np.uint8)
+    for off in halves:
+        h = (rng.standard_normal(64) * 0.05).astype(np.float16)
+        blocks[:, off:off + 2] = h.view(np.uint8).reshape(64, 2)
+    src, dec = tmp_path / "x.bin", tmp_path / "y.f32"
+    blocks.tofile(src)
+    subprocess.run([exe, "decode", name, src, dec], check=True)
+    y = np.fromfile(dec, dtype=np.float32)
+    y_ref = quants.dequantize(blocks.reshape(-1), qtype).reshape(-1).astype(np.float32)
+    assert y.size == y_ref.size == 64 * 256
+    np.testing.assert_allclose(y, y_ref, rtol=1e-6, atol=1e-7)

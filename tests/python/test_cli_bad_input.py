@@ -88,13 +88,13 @@ def test_unsupported_architecture(tmp_path):
 
 def test_unsupported_weight_type(tmp_path):
     import gguf
-    p = tmp_path / "q2k.gguf"
-    # attn_q as Q2_K (84 bytes per 256 elements), a type this build does not multiply.
-    raw = np.random.default_rng(0).integers(0, 256, size=(256, 84), dtype=np.uint8)
+    p = tmp_path / "iq4xs.gguf"
+    # attn_q as IQ4_XS (136 bytes per 256 elements), a type this build does not multiply.
+    raw = np.random.default_rng(0).integers(0, 256, size=(256, 136), dtype=np.uint8)
     write_tiny(p, n_embd=256, n_heads=4, n_kv=2, head_dim=64,
-               replace={"blk.0.attn_q.weight": (raw, gguf.GGMLQuantizationType.Q2_K)})
+               replace={"blk.0.attn_q.weight": (raw, gguf.GGMLQuantizationType.IQ4_XS)})
     for rc, _, err in both_commands(p):
-        assert_one_clear_line(rc, err, "blk.0.attn_q.weight", "q2_K")
+        assert_one_clear_line(rc, err, "blk.0.attn_q.weight", "iq4_xs")
 
 
 def test_bad_kv_cache_spec_and_numbers(tmp_path):
