@@ -29,10 +29,13 @@ struct CalibTrainOptions {
   // Given, the smoothing factors are query-aware (codec/key_transform.h smoothing_from_energy);
   // empty, they come from the keys' absolute maxima alone (VecInfer's original rule).
   std::vector<std::vector<double>> query_energy;
+  // The model-level trainer (model/calibrate.h) fills query_energy from its recording when true.
+  bool query_aware = true;
   // For the model-level recorder (model/calibrate.h record_kv): keys and queries re-rotated to random
   // positions in [0, position_span). -1: the model's trained context, at most kMaxCalibPositionSpan;
-  // 0: the positions the calibration text ran at.
-  int64_t position_span = -1;
+  // 0 (the default): the positions the calibration text ran at. Measured (docs/QUALITY.md): a span
+  // far past the evaluated context costs quality there, so it is not the default.
+  int64_t position_span = 0;
   // Called after each finished (layer, head, K/V) job with (done, total); from worker threads,
   // serialised by the trainer.
   std::function<void(int, int)> progress;

@@ -155,7 +155,7 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
     v.push_back(rec.values[size_t(l)].data());
   }
   if (progress) opt.progress = [&](int d, int t) { progress("train", d, t); };
-  if (opt.query_energy.empty()) opt.query_energy = rec.query_energy;
+  if (opt.query_energy.empty() && opt.query_aware) opt.query_energy = rec.query_energy;
   return train_calibration(cfg, mc.n_kv_heads, mc.head_dim, k, v, rec.n_tokens, opt, model_name);
 }
 

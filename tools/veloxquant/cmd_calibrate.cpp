@@ -21,6 +21,8 @@ struct CalibrateOptions {
   std::string model, text, kv_cache = "vecinfer:d4b8", out, device = "cpu";
   int tokens = 4096, threads = 0, iters = 12;
   uint64_t seed = 1234;
+  std::string smoothing = "query";
+  int64_t position_span = 0;
 };
 
 void run_calibrate(const CalibrateOptions& o) {
@@ -40,6 +42,8 @@ void run_calibrate(const CalibrateOptions& o) {
   CalibTrainOptions opt;
   opt.kmeans_iters = o.iters;
   opt.seed = o.seed;
+  opt.query_aware = o.smoothing == "query";
+  opt.position_span = o.position_span;
   ProgressBar bar;
   const auto t0 = std::chrono::steady_clock::now();
   const Calibration c = calibrate_model(*model, text, o.tokens, cfg, opt, std::filesystem::path(path).filename().string(),
@@ -64,6 +68,15 @@ void add_calibrate(CLI::App& app) {
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   c->add_option("--iters", o->iters, "k-means iterations")->capture_default_str();
   c->add_option("--seed", o->seed, "k-means seed")->capture_default_str();
+  c->add_option("--smoothing", o->smoothing,
+                "Key smoothing: query (lambda = (Var k / E q^2)^(1/4), from the recorded queries) or key-max "
+                "(VecInfer's sqrt(max |k|))")
+      ->check(CLI::IsMember({"query", "key-max"}))
+      ->capture_default_str();
+  c->add_option("--position-span", o->position_span,
+                "Re-rotate the recorded keys/queries to random positions in [0, N) (0: as run; docs/QUALITY.md)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24))
+      ->capture_default_str();
   add_device_option(c, o->device);
   c->callback([o] { run_calibrate(*o); });
 }
