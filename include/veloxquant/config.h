@@ -10,8 +10,9 @@ namespace vq {
 
 struct Calibration;  // src/codec/calibration_file.h: smoothing factors + codebooks per layer
 
-// q4_0h: q4_0 blocks after a Walsh-Hadamard rotation of every key and value row (kvcache/hadamard_format.cpp).
-enum class KVMethod { fp16, fp32, q8_0, q4_0, kivi, vecinfer, q4_0h };
+// Each value is one registered method (src/kvcache/methods/, listed in methods/list.h). The
+// numbers are part of the KV identity of session files: append new methods, never reorder.
+enum class KVMethod { fp16, fp32, q8_0, q4_0, kivi, vecinfer, q4_0h, q5_0 };
 // auto: a GPU when one is present (and the CUDA backend is built), else the CPU, silently.
 // require: construction fails without a usable GPU. forbid: CPU only.
 enum class GpuKernels { auto_select, require, forbid };

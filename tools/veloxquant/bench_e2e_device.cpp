@@ -20,6 +20,7 @@
 
 #include "bench_e2e_device.h"
 #include "core/atomic_file.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
@@ -198,7 +199,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
             }
             // VQ_PROFILE_STEP=1: the first timed step of the first row is the region a profiler
             // started with --profile-from-start off records (ncu: one decode step's kernels).
-            const bool prof = i == a.warmup && !profiled && std::getenv("VQ_PROFILE_STEP") != nullptr;
+            const bool prof = i == a.warmup && !profiled && !env_or_empty("VQ_PROFILE_STEP").empty();
             if (prof) cuda::profiler_range(true);
             const auto t0 = Clock::now();
             fwd.step(entries.data(), B);
