@@ -69,7 +69,8 @@ std::string kv_cache_spec_syntax() {
     s += m->help();
     for (const std::string& e : m->examples()) examples += "  " + e;
   }
-  s += "  any method:          gpu=auto|require|forbid  (CUDA kernels; default auto)\n";
+  s += "  any method:          gpu=auto|require|forbid  (require: fail without a usable CUDA device; default auto;\n"
+       "                       where the KV pool lives is --device)\n";
   s += "  examples:" + examples;
   return s;
 }
