@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
+#include "kvcache/kv_method.h"
 #include "kvcache/kv_store_device.h"
 #include "model/device_model.h"
 #include "model/forward_device.h"
@@ -133,7 +134,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
   for (const std::string& kvs : a.kv_caches) {
     const KVCacheConfig cfg = parse_kv_cache_spec(kvs);
     KVSpec spec{cfg, nullptr};
-    if (cfg.method == KVMethod::vecinfer)
+    if (kv_method(cfg.method).needs_calibration())
       spec.calibration = std::make_shared<const Calibration>(random_calibration(cfg, L, H, D, 5));
     for (int ctx : a.ctxs) {
       const size_t headroom = size_t(3) << 30;  // activations, cuBLAS, attention workspaces
