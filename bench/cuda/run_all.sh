@@ -43,8 +43,8 @@ rc=0
 if has tests; then
   "$TEST_OPS" --gtest_filter='*cuda*:*Cuda*' --gtest_brief=1 2>&1 | tee "$OUT/tests.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-  # The GPU-routed VecInfer cache (use_gpu_kernels) against the CPU cache, plus the CPU cache tests.
-  "$TEST_KV" --gtest_filter='VecInferGpu.*:VecInfer.*:-VecInfer.CalibrationFileRoundTrip' --gtest_brief=1 2>&1 | tee "$OUT/tests_kvcache.log" | tail -8
+  # The device pool (KVDevice::cuda) against the CPU store, plus the CPU cache tests.
+  "$TEST_KV" --gtest_filter='DeviceStore.*:VecInfer.*:-VecInfer.CalibrationFileRoundTrip' --gtest_brief=1 2>&1 | tee "$OUT/tests_kvcache.log" | tail -8
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 if has sanitize; then
@@ -56,7 +56,7 @@ if has sanitize; then
     echo "compute-sanitizer $tool: exit $s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)"
     [ $s -eq 0 ] || rc=1
   done
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$TEST_KV" --gtest_filter='VecInferGpu.*' --gtest_brief=1 \
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$TEST_KV" --gtest_filter='DeviceStore.*' --gtest_brief=1 \
     > "$OUT/sanitize_memcheck_kvcache.log" 2>&1
   s=$?
   echo "compute-sanitizer memcheck (GPU cache): exit $s; $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_memcheck_kvcache.log" | tail -1)"

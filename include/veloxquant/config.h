@@ -10,10 +10,13 @@ namespace vq {
 
 struct Calibration;  // src/codec/calibration_file.h: smoothing factors + codebooks per layer
 
-// q4_0h: q4_0 blocks after a Walsh-Hadamard rotation of every key and value row (kvcache/hadamard_format.cpp).
-enum class KVMethod { fp16, fp32, q8_0, q4_0, kivi, vecinfer, q4_0h };
-// auto: a GPU when one is present (and the CUDA backend is built), else the CPU, silently.
-// require: construction fails without a usable GPU. forbid: CPU only.
+// Each value is one registered method (src/kvcache/methods/, listed in methods/list.h). The
+// numbers are part of the KV identity of session files: append new methods, never reorder.
+enum class KVMethod { fp16, fp32, q8_0, q4_0, kivi, vecinfer, q4_0h, q5_0 };
+// The spec's gpu= option. require: making the spec fails without a usable CUDA device; auto and
+// forbid: no check. Where the KV blocks live is chosen by the engine's device (KVDevice, the CLI's
+// --device); standalone per-layer caches (KVSpec::make_cache) run on the CPU since the per-layer
+// GPU cache was retired (issue 19).
 enum class GpuKernels { auto_select, require, forbid };
 // shared: one codebook for every sub-space of a head; per_subspace: one per sub-space.
 enum class CodebookGranularity { shared, per_subspace };

@@ -1,14 +1,14 @@
 #pragma once
 // KVSpec: a KV cache method ready to run, i.e. a validated KVCacheConfig plus, for VecInfer, its
-// calibration. Made from a spec string:
-//   "fp16", "fp32", "q8_0", "q4_0", "kivi2", "kivi4", "vecinfer:d4b8" (2 bits/element),
-//   "vecinfer:d8b12" (1.5), "vecinfer:d8b8" (1), "vecinfer:k=d4b8,v=d8b8"; options after a comma:
-//   r=N (fp16 residual window), sink=N (fp16 attention sinks), g=N (KIVI group),
-//   gran=shared|per_subspace, gpu=auto|require|forbid. Case-insensitive.
+// calibration. Made from a spec string: kv_cache_methods() lists the registered methods' presets
+// ("fp16", "q8_0", "kivi2", "vecinfer:d4b8", ...), kv_cache_spec_help() the whole syntax
+// (options after ':' or ',', e.g. r=N fp16 residual window, g=N KIVI group). Case-insensitive; a
+// method alone is its default preset; an empty option list or an unknown option is an error.
 // Every error (bad spec, missing or unreadable calibration) is a vq::Error thrown here, before
 // any model work. An immutable, cheaply copied handle.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "veloxquant/calibration.h"
 #include "veloxquant/config.h"
@@ -22,6 +22,10 @@ class Model;
 // Parses a spec string into a config without loading anything (vecinfer's calibration is not
 // looked for); throws vq::Error naming the part at fault.
 KVCacheConfig parse_kv_cache_config(const std::string& spec);
+// The presets of every registered KV method, in registration order (the library's method list).
+std::vector<std::string> kv_cache_methods();
+// The spec syntax, several lines (what `veloxquant generate --help` prints).
+std::string kv_cache_spec_help();
 
 class KVSpec {
  public:

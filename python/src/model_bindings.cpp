@@ -90,11 +90,16 @@ static nb::class_<Model> bind_model_class(nb::module_& m) {
 }
 
 static void bind_spec(nb::module_& m) {
-  nb::class_<KVSpec>(m, "KVSpec",
-                     "A KV cache method ready to run: 'fp16', 'fp32', 'q8_0', 'q4_0', 'kivi2', 'kivi4', "
-                     "'vecinfer:d4b8' (2 bits/element), 'vecinfer:d8b12', 'vecinfer:d8b8', 'vecinfer:k=d4b8,v=d8b8'; "
-                     "options after a comma: r=N (fp16 residual window), sink=N, g=N (KIVI group), "
-                     "gran=shared|per_subspace, gpu=auto|require|forbid. VecInfer needs a calibration.")
+  // The method list comes from the library's KV method registry (kv_cache_methods()).
+  static const std::string doc = [] {
+    std::string d = "A KV cache method ready to run, from a spec string: ";
+    const std::vector<std::string> methods = veloxquant::kv_cache_methods();
+    for (size_t i = 0; i < methods.size(); ++i) d += (i ? ", '" : "'") + methods[i] + "'";
+    return d + ". VecInfer needs a calibration. The syntax: veloxquant.kv_cache_spec_help().";
+  }();
+  m.def("kv_cache_methods", &veloxquant::kv_cache_methods, "The presets of every registered KV cache method.");
+  m.def("kv_cache_spec_help", &veloxquant::kv_cache_spec_help, "The KV cache spec syntax (several lines).");
+  nb::class_<KVSpec>(m, "KVSpec", doc.c_str())
       .def(
           "__init__",
           [](KVSpec* self, const std::string& spec, std::optional<std::string> calibration_file) {

@@ -165,3 +165,15 @@ def test_model_load_errors_name_the_file(tmp_path):
     (tmp_path / "junk.gguf").write_bytes(b"GGUF" + b"\0" * 60)
     with pytest.raises(vq.Error, match="junk.gguf"):
         vq.Model.load(str(tmp_path / "junk.gguf"))
+
+
+def test_kv_method_list_comes_from_the_registry():
+    """The package's method list and spec help are the library's KV method registry."""
+    methods = vq.kv_cache_methods()
+    for m in ("fp16", "q8_0", "q4_0h", "q5_0", "kivi2", "vecinfer:d4b8"):
+        assert m in methods
+    assert "q5_0" in vq.KVSpec.__doc__
+    assert "vecinfer alone = vecinfer:d4b8" in vq.kv_cache_spec_help()
+    assert vq.KVSpec("q5_0").nominal_bits_per_element == 5.5
+    with pytest.raises(vq.Error, match="nothing after"):
+        vq.KVSpec("vecinfer:")

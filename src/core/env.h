@@ -1,10 +1,15 @@
 #pragma once
-// Environment variables read by the library and tools: the cache folder's, and the default-on
-// switches that turn a GPU path off for comparisons (VQ_PDL=0, VQ_ATTN_FORK=0, VQ_GEMV_F16=0,
-// VQ_PREFILL_KERNEL=0; docs/CUDA_NOTES.md), and the variant choices measured against each other
-// (VQ_PREFILL_WARPS=4|8, VQ_PREFILL_KEYS=32|64).
+// Environment variables: every one the library and tools read is declared once in env_vars()
+// (env.cpp) with its values, default and effect; docs/ENVIRONMENT.md is generated from that table
+// (env_doc_markdown(); tests/core/test_env.cpp fails when the doc is stale, and a test checks
+// that every variable named in src/ and tools/ is declared).
+//
+// GPU tuning knobs live in one options struct, GpuTuning, whose zero / automatic defaults leave
+// the choice to the kernel dispatchers; the VQ_* variables only override it, read once at first
+// use (never in a hot path).
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace vq {
 
@@ -15,5 +20,34 @@ bool env_switched_off(const char* name);
 // A variant choice: unset or empty gives `unset`, one of `allowed` gives that value; anything else
 // throws vq::Error naming the variable, its value and the allowed ones.
 int env_choice(const char* name, std::initializer_list<int> allowed, int unset);
+
+// One declared variable. values: what it may hold; fallback: what unset means.
+struct EnvVar {
+  const char* name;
+  const char* values;
+  const char* fallback;
+  const char* read_by;  // the file that reads it
+  const char* effect;
+};
+const std::vector<EnvVar>& env_vars();
+// The declaration of a variable (throws naming it when it is not declared).
+const EnvVar& env_var(const char* name);
+// docs/ENVIRONMENT.md: the table of env_vars().
+std::string env_doc_markdown();
+
+// GPU tuning: defaults let the dispatcher choose; every field has one VQ_* override.
+struct GpuTuning {
+  bool pdl = true;             // VQ_PDL: programmatic dependent launch between kernels of a step
+  bool attn_fork = true;       // VQ_ATTN_FORK: a coded layer's dense kernel on a second stream
+  bool gemv_f16 = true;        // VQ_GEMV_F16: fp16 GEMV for projections of up to 4 rows
+  bool prefill_kernel = true;  // VQ_PREFILL_KERNEL: the tiled prefill attention kernel
+  int prefill_warps = 0;       // VQ_PREFILL_WARPS: warps per prefill tile, 0 = the dispatcher's choice
+  int prefill_keys = 0;        // VQ_PREFILL_KEYS: keys per prefill pass, 0 = the dispatcher's choice
+  bool coded_gather_mma = false;  // VQ_CODED_ATTN_KERNEL=gather_mma: force the gather-mma split kernel
+};
+// The defaults with the environment's overrides, read now (throws naming a bad value).
+GpuTuning read_gpu_tuning();
+// read_gpu_tuning() once per process.
+const GpuTuning& gpu_tuning();
 
 }  // namespace vq

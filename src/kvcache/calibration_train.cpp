@@ -10,13 +10,14 @@
 #include "codec/product_quantizer.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kvcache/kv_method.h"
 
 namespace vq {
 
 Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std::vector<const float*>& k,
                               const std::vector<const float*>& v, int64_t n, const CalibTrainOptions& opt,
                               const std::string& model) {
-  VQ_CHECK(cfg.method == KVMethod::vecinfer, "calibrate: kv cache {} has no codebooks to train (use vecinfer:...)",
+  VQ_CHECK(kv_method(cfg.method).needs_calibration(), "calibrate: kv cache {} has no codebooks to train (use vecinfer:...)",
            cfg.name());
   cfg.validate(D);
   VQ_CHECK(k.size() == v.size() && !k.empty(), "calibrate: {} key and {} value layers", k.size(), v.size());
@@ -109,7 +110,7 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
 }
 
 Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int H, int D, uint64_t seed, float scale) {
-  VQ_CHECK(cfg.method == KVMethod::vecinfer, "random calibration: kv cache {} has no codebooks", cfg.name());
+  VQ_CHECK(kv_method(cfg.method).needs_calibration(), "random calibration: kv cache {} has no codebooks", cfg.name());
   cfg.validate(D);
   Calibration c;
   c.n_layers = n_layers;

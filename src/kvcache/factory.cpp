@@ -4,8 +4,8 @@
 
 #include "core/error.h"
 #include "codec/calibration_file.h"
+#include "kvcache/kv_method.h"
 #include "kvcache/pooled_cache.h"
-#include "kvcache/vecinfer_gpu.h"
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
 #endif
@@ -19,8 +19,10 @@ std::string calibration_howto(const KVCacheConfig& c) {
       c.name(), c.name());
 }
 
-// use_gpu_kernels: require fails here (construction) without a usable device. The GPU attention
-// path is the CUDA helper's; until a cache routes to it, auto and forbid both run on the CPU.
+// use_gpu_kernels: require fails here (construction) without a usable device. Standalone caches
+// run on the CPU; the GPU design is the device pool (KVStoreOptions::device = KVDevice::cuda),
+// which the engine chooses (--device cuda). The former per-layer GPU cache (vecinfer_gpu.cpp)
+// was retired for it.
 static void check_gpu_switch(const KVCacheConfig& c) {
   if (c.use_gpu_kernels != GpuKernels::require) return;
 #ifdef VQ_HAVE_CUDA
@@ -42,7 +44,7 @@ KVSpec make_kv_spec(const KVCacheConfig& config, const std::string& calib_path) 
   config.validate();
   check_gpu_switch(config);
   KVSpec spec{config, config.calibration};
-  if (config.method == KVMethod::vecinfer && !spec.calibration) {
+  if (kv_method(config.method).needs_calibration() && !spec.calibration) {
     const std::string path = !calib_path.empty() ? calib_path : config.calibration_file;
     VQ_CHECK(!path.empty(), "{}", calibration_howto(config));
     spec.calibration = std::make_shared<const Calibration>(load_calibration(path));
@@ -54,10 +56,6 @@ KVCacheFactory make_kv_cache_factory(const KVSpec& spec) {
   return [spec](int layer, const KVGeometry& g) -> std::unique_ptr<KVCache> {
     check_geometry(g, (spec.name() + " cache").c_str());
     spec.config.validate(g.head_dim);
-    if (spec.config.method == KVMethod::vecinfer) {
-      // GPU-resident cache when allowed and a GPU is present (use_gpu_kernels routing).
-      if (auto gpu = make_vecinfer_gpu_cache(g, spec.config, spec.calibration, layer)) return gpu;
-    }
     return std::make_unique<PooledCache>(g, spec, layer);
   };
 }

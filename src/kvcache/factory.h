@@ -18,8 +18,8 @@ KVCacheConfig parse_kv_cache_spec(const std::string& spec);
 // calib_path (non-empty) or config.calibration_file; without any it throws saying how to make one.
 KVSpec make_kv_spec(const KVCacheConfig& config, const std::string& calib_path = "");
 
-// Standalone caches, one per layer (PooledCache over a private one-sequence store; VecInfer on
-// the GPU where use_gpu_kernels allows and a device is present). Errors are thrown here.
+// Standalone caches, one per layer (PooledCache over a private one-sequence CPU store). Errors
+// are thrown here.
 KVCacheFactory make_kv_cache_factory(const KVCacheConfig& config, const std::string& calib_path = "");
 KVCacheFactory make_kv_cache_factory(const KVSpec& spec);
 

@@ -27,6 +27,10 @@ class QueryPrep {
   virtual ~QueryPrep() = default;
 };
 
+// Whether the fp16 value at p is finite (its exponent is not all ones): block_finite's check of a
+// stored scale or minimum.
+inline bool f16_finite_at(const uint8_t* p) { return ((uint16_t(p[1]) << 8 | p[0]) & 0x7c00u) != 0x7c00u; }
+
 class CodedFormat {
  public:
   CodedFormat(const KVGeometry& g, int block_tokens) : geo_(g), B_(block_tokens) {}

@@ -11,19 +11,14 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
+#include "kvcache/kv_method.h"
 #include "kvcache/kv_store_device.h"
 #include "ops/cpu/attention.h"
 #include "ops/online_softmax.h"
 
 namespace vq {
 
-int default_block_tokens(const KVCacheConfig& c) {
-  if (c.method != KVMethod::kivi) return 32;
-  // KIVI key groups must not straddle blocks; the dense kernel wants multiples of 16.
-  int b = std::lcm(16, std::max(1, c.kivi_group));
-  while (b < 32) b *= 2;
-  return b;
-}
+int default_block_tokens(const KVCacheConfig& c) { return kv_method(c.method).default_block_tokens(c); }
 
 SeqKV& SeqKV::operator=(SeqKV&& o) noexcept {
   if (this != &o) {
@@ -53,7 +48,7 @@ KVStore::KVStore(const KVGeometry& g, int n_layers, const KVSpec& spec, const KV
     : geo_(g),
       spec_(spec),
       B_(opt.block_tokens > 0 ? opt.block_tokens : default_block_tokens(spec.config)),
-      dense_f32_(spec.config.method == KVMethod::fp32),
+      dense_f32_(kv_method(spec.config.method).dense_f32()),
       pool_(opt.budget_bytes, opt.device),
       calib_offset_(opt.calib_layer_offset) {
   VQ_CHECK(g.n_kv_heads >= 1, "kv store: n_kv_heads = {} must be >= 1", g.n_kv_heads);
@@ -64,7 +59,7 @@ KVStore::KVStore(const KVGeometry& g, int n_layers, const KVSpec& spec, const KV
   VQ_CHECK(B_ >= 16 && B_ <= 4096 && B_ % 16 == 0, "kv store: block_tokens = {} must be a multiple of 16 in 16..4096",
            B_);
   spec_.config.validate(g.head_dim);
-  if (spec_.config.method == KVMethod::vecinfer && spec_.calibration && opt.whole_model)
+  if (kv_method(spec_.config.method).needs_calibration() && spec_.calibration && opt.whole_model)
     VQ_CHECK(spec_.calibration->n_layers == n_layers, "kv store: the calibration has {} layers, the model {}",
              spec_.calibration->n_layers, n_layers);
   const size_t es = dense_f32_ ? 4 : 2;
@@ -72,7 +67,9 @@ KVStore::KVStore(const KVGeometry& g, int n_layers, const KVSpec& spec, const KV
   dense_arena_ = pool_.add_arena(dense_block_bytes_, dense_f32_ ? "fp32" : "fp16");
   std::map<size_t, int> coded_arena_of;  // block bytes -> arena
   const KVCacheConfig& c = spec_.config;
-  const bool windowed = c.method == KVMethod::kivi || c.method == KVMethod::vecinfer;
+  const KVMethodDef& method = kv_method(c.method);
+  const bool windowed = method.windowed();
+  const int sinks = method.sink_tokens(c);
   for (int l = 0; l < n_layers; ++l) {
     Layer L;
     L.format = make_coded_format(c, spec_.calibration.get(), l + opt.calib_layer_offset, g, B_);
@@ -85,7 +82,7 @@ KVStore::KVStore(const KVGeometry& g, int n_layers, const KVSpec& spec, const KV
     }
     L.residual = windowed ? c.residual_length : 0;
     // Sinks are kept as whole blocks (the first ceil(sink_tokens / B) blocks stay fp16).
-    L.sink_end = (c.method == KVMethod::vecinfer && c.sink_tokens > 0) ? (int64_t(c.sink_tokens) + B_ - 1) / B_ * B_ : 0;
+    L.sink_end = sinks > 0 ? (int64_t(sinks) + B_ - 1) / B_ * B_ : 0;
     if (size_t(l) < opt.sliding_window.size()) {
       VQ_CHECK(opt.sliding_window[size_t(l)] >= 0, "kv store: layer {} sliding window {} must be >= 0", l,
                opt.sliding_window[size_t(l)]);

@@ -13,6 +13,7 @@
 #include "codec/calibration_file.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "kvcache/kv_method.h"
 
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
@@ -30,25 +31,19 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
   return "this build has no CUDA backend";
 #else
   const KVCacheConfig& c = spec.config;
-  if (c.method != KVMethod::fp16 && c.method != KVMethod::vecinfer)
-    return fmt::format("the {} KV cache has no device kernels: --device cuda runs fp16 and vecinfer:* (any preset with "
-                       "sub_dim 4, 8 or 16); q8_0, q4_0, kivi2, kivi4 and fp32 run with --device cpu",
-                       c.name());
+  const KVMethodDef& method = kv_method(c.method);
+  if (!method.has_device_format())
+    return fmt::format("the {} KV cache has no device kernels: --device cuda runs {} (registered methods with a "
+                       "device format); the others run with --device cpu",
+                       c.name(), kv_device_method_names());
   const int D = g.head_dim;
   if (D != 64 && D != 128 && D != 256)
     return fmt::format("head_dim {}: the device attention takes head_dim 64, 128 or 256", D);
   if (g.n_kv_heads < 1 || g.n_heads % g.n_kv_heads != 0 || g.n_heads / g.n_kv_heads > 16)
     return fmt::format("{} query heads per KV head: the device attention takes 1..16", g.n_heads / std::max(1, g.n_kv_heads));
-  if (B < 32 || (B & (B - 1)) != 0 || (c.method == KVMethod::vecinfer && B != 32))
-    return fmt::format("blocks of {} tokens: the device pool takes a power of two >= 32 (32 for vecinfer)", B);
-  if (c.method == KVMethod::vecinfer) {
-    for (const PQPreset* p : {&c.key, &c.value}) {
-      const int d = p->sub_dim;
-      if (!((d == 4 || d == 8 || d == 16) && (D / 8) % d == 0))
-        return fmt::format("{}: sub_dim {} with head_dim {} (the device kernels take 4, 8 or 16 dividing head_dim/8)",
-                           c.name(), d, D);
-    }
-  }
+  if (B < 32 || (B & (B - 1)) != 0)
+    return fmt::format("blocks of {} tokens: the device pool takes a power of two >= 32", B);
+  if (std::string why = method.device_unsupported(c, g, B); !why.empty()) return why;
   if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
   return "";
 #endif
@@ -86,22 +81,15 @@ void KVStoreDevice::release_table(SeqKV&) {}
 #else
 
 namespace {
-// VQ_CODED_ATTN_KERNEL=gather_mma: the gather-mma split kernel for every coded layer (benchmarks
-// compare it with the automatic choice in one run); unset or anything else: automatic.
+// GpuTuning::coded_gather_mma (VQ_CODED_ATTN_KERNEL=gather_mma): the gather-mma split kernel for
+// every coded layer (benchmarks compare it with the automatic choice in one run).
 cuda::PQAttnKernel coded_kernel_override() {
-  static const cuda::PQAttnKernel k = [] {
-    return env_or_empty("VQ_CODED_ATTN_KERNEL") == "gather_mma" ? cuda::PQAttnKernel::gather_mma
-                                                                  : cuda::PQAttnKernel::automatic;
-  }();
-  return k;
+  return gpu_tuning().coded_gather_mma ? cuda::PQAttnKernel::gather_mma : cuda::PQAttnKernel::automatic;
 }
-// VQ_ATTN_FORK=0: the dense split kernel of a coded layer on the main stream after the coded
-// kernel (for comparisons); else on a second stream beside the query transform and the coded
-// kernel (a graph branch).
-bool attn_fork_enabled() {
-  static const bool on = !env_switched_off("VQ_ATTN_FORK");
-  return on;
-}
+// GpuTuning::attn_fork off (VQ_ATTN_FORK=0): the dense split kernel of a coded layer on the main
+// stream after the coded kernel (for comparisons); else on a second stream beside the query
+// transform and the coded kernel (a graph branch).
+bool attn_fork_enabled() { return gpu_tuning().attn_fork; }
 }  // namespace
 
 namespace {
@@ -353,8 +341,7 @@ namespace {
 // (VQ_PREFILL_KERNEL=0: the decode kernels for every row, for comparison).
 constexpr int kPrefillMinRows = 16;
 bool prefill_kernel_enabled() {
-  static const bool on = !env_switched_off("VQ_PREFILL_KERNEL");
-  return on;
+  return gpu_tuning().prefill_kernel;
 }
 }  // namespace
 

@@ -1,5 +1,7 @@
 #include "kvcache/pooled_cache.h"
 
+#include "kvcache/kv_method.h"
+
 #include "core/error.h"
 
 namespace vq {
@@ -25,8 +27,7 @@ void PooledCache::attend(const float* q, int n_q, float scale, float* out) const
 }
 
 int64_t PooledCache::coded_tokens() const {
-  const KVMethod m = store_->spec().config.method;
-  if (m == KVMethod::q8_0 || m == KVMethod::q4_0 || m == KVMethod::q4_0h) return size();  // direct: every token coded
+  if (kv_method(store_->spec().config.method).direct()) return size();  // direct: every token coded
   return store_->blocks_held(seq_, 0, true) * store_->block_tokens();
 }
 

@@ -1,5 +1,7 @@
 #include "kvcache/seq_file.h"
 
+#include "kvcache/kv_method.h"
+
 #include <cstring>
 #include <array>
 
@@ -74,8 +76,9 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
   const size_t es = dbytes / (2 * size_t(g.n_kv_heads) * size_t(g.head_dim) * size_t(B));
   std::vector<uint8_t> tmp(dbytes);
   const KVMethod method = kv.spec().config.method;
-  // q4_0h: q4_0 blocks of rotated rows, the same layout (its partial blocks held stale pool memory on disk).
-  const bool per_token = method == KVMethod::q8_0 || method == KVMethod::q4_0 || method == KVMethod::q4_0h;
+  // Methods written per token (q8_0, q4_0, q4_0h, q5_0): blocks [2 (K, V)][H][B][row]; their partial
+  // blocks' unused slots hold stale pool memory, zeroed on disk.
+  const bool per_token = kv_method(method).direct();
   for (int l = 0; l < kv.n_layers(); ++l) {
     const size_t cbytes = kv.coded_block_bytes(l);
     const int64_t nb = kv.n_blocks(s, l);

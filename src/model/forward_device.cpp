@@ -50,8 +50,7 @@ using cuda::ElemType;
 enum class Path { gemm, gemv_quant, gemv_f16 };
 
 bool gemv_f16_enabled() {
-  static const bool on = !env_switched_off("VQ_GEMV_F16");
-  return on;
+  return gpu_tuning().gemv_f16;
 }
 
 Path path_of(const DeviceMatrix& m, int rows) {

@@ -3,10 +3,12 @@
 
 #include <veloxquant/veloxquant.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace vx = veloxquant;
@@ -48,6 +50,22 @@ TEST(ApiCodec, CopiesAreIndependentAndEncodeTheSame) {
   EXPECT_EQ(ya, yc);
   std::vector<uint16_t> bad(size_t(a.n_sub()), 64);  // 2^6: out of range
   EXPECT_THROW(a.decode_codes(bad.data(), 1, ya.data()), vx::Error);
+}
+
+// The library's method list and spec help come from its KV method registry: every listed preset
+// parses through the one parser, and the help names each method.
+TEST(ApiSpec, MethodListAndHelpComeFromTheRegistry) {
+  const std::vector<std::string> methods = vx::kv_cache_methods();
+  const std::string help = vx::kv_cache_spec_help();
+  for (const char* m : {"fp16", "q8_0", "q4_0h", "q5_0", "kivi2", "vecinfer:d4b8"})
+    EXPECT_NE(std::find(methods.begin(), methods.end(), m), methods.end()) << m;
+  for (const std::string& m : methods) {
+    EXPECT_EQ(vx::parse_kv_cache_config(m).name(), m) << "a listed preset is its own canonical name";
+    EXPECT_NE(help.find(m.substr(0, m.find(':'))), std::string::npos) << m;
+  }
+  EXPECT_THROW(vx::parse_kv_cache_config("vecinfer:"), vx::Error);
+  EXPECT_THROW(vx::parse_kv_cache_config("vecinfer:k=d4b8"), vx::Error);
+  EXPECT_EQ(vx::parse_kv_cache_config("vecinfer").name(), "vecinfer:d4b8");
 }
 
 TEST(ApiSpec, ParsesAndRefusesBeforeAnyWork) {

@@ -226,6 +226,10 @@ def test_missing_calibration_file(tiny, tmp_path):
     ("kivi2,g=0", "kivi_group: 0"),
     ("vecinfer:d4b8,sink=99999", "sink_tokens: 99999"),
     ("vecinfer:x4b8", "d<sub_dim>b<bits>"),
+    # Shorthands (issue 26): an empty option list, one preset side alone, an unknown key.
+    ("vecinfer:", "nothing after ':'"),
+    ("vecinfer:k=d4b8", "k= given without v="),
+    ("vecinfer:k=d4b8,zz=1", "unknown option 'zz=1'"),
 ])
 def test_bad_cache_spec_before_the_model(spec, needle):
     expect_refused(["generate", "-m", NO_MODEL, *IDS, "--kv-cache", spec], needle)

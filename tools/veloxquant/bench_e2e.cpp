@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
+#include "kvcache/kv_method.h"
 #include "model/calibrate.h"
 #include "model/session.h"
 
@@ -126,7 +127,7 @@ void run_e2e(const E2EArgs& a) {
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
   for (const KVCacheConfig& cfg : configs) {
-    const std::string calib = resolve_calibration(*model, path, is_default, cfg, cfg.method == KVMethod::vecinfer ? a.calib : "");
+    const std::string calib = resolve_calibration(*model, path, is_default, cfg, kv_method(cfg.method).needs_calibration() ? a.calib : "");
     const KVSpec spec = make_kv_spec(cfg, calib);
     for (int ctx : ctxs) {
       auto store = make_kv_store(*model, spec, kv_budget_bytes(a.kv_budget_mib));

@@ -20,9 +20,11 @@
 
 #include "bench_e2e_device.h"
 #include "core/atomic_file.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
+#include "kvcache/kv_method.h"
 #include "kvcache/kv_store_device.h"
 #include "model/device_model.h"
 #include "model/forward_device.h"
@@ -132,7 +134,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
   for (const std::string& kvs : a.kv_caches) {
     const KVCacheConfig cfg = parse_kv_cache_spec(kvs);
     KVSpec spec{cfg, nullptr};
-    if (cfg.method == KVMethod::vecinfer)
+    if (kv_method(cfg.method).needs_calibration())
       spec.calibration = std::make_shared<const Calibration>(random_calibration(cfg, L, H, D, 5));
     for (int ctx : a.ctxs) {
       const size_t headroom = size_t(3) << 30;  // activations, cuBLAS, attention workspaces
@@ -198,7 +200,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
             }
             // VQ_PROFILE_STEP=1: the first timed step of the first row is the region a profiler
             // started with --profile-from-start off records (ncu: one decode step's kernels).
-            const bool prof = i == a.warmup && !profiled && std::getenv("VQ_PROFILE_STEP") != nullptr;
+            const bool prof = i == a.warmup && !profiled && !env_or_empty("VQ_PROFILE_STEP").empty();
             if (prof) cuda::profiler_range(true);
             const auto t0 = Clock::now();
             fwd.step(entries.data(), B);

@@ -13,12 +13,13 @@
 #include "codec/calibration_check.h"
 #include "core/error.h"
 #include "core/text_escape.h"
+#include "kvcache/kv_method.h"
 #include "kvcache/kv_store.h"
 
 namespace vq::cli {
 
 void check_cache_flags(const KVCacheConfig& cfg, const std::string& calib_flag) {
-  VQ_CHECK(calib_flag.empty() || cfg.method == KVMethod::vecinfer,
+  VQ_CHECK(calib_flag.empty() || kv_method(cfg.method).needs_calibration(),
            "--calib: the kv cache {} uses no calibration (only vecinfer does)", cfg.name());
 }
 
@@ -33,7 +34,7 @@ void check_cache_fits_model(const KVCacheConfig& cfg, const Model& model, const 
 
 KVSpec make_checked_spec(KVCacheConfig cfg, const Model& model, const std::string& calib_path, bool auto_calib,
                          const std::string& model_path) {
-  if (cfg.method == KVMethod::vecinfer && !calib_path.empty()) {
+  if (kv_method(cfg.method).needs_calibration() && !calib_path.empty()) {
     auto calib = std::make_shared<const Calibration>(load_calibration(calib_path));
     if (auto_calib)
       cfg.granularity = calib->granularity == Granularity::shared ? CodebookGranularity::shared

@@ -1,5 +1,6 @@
 #pragma once
-// Shared by the commands that hold a KV pool: the --kv-budget default and the memory summary.
+// Shared by the commands that hold a KV pool: the --kv-budget default, the memory summary and
+// the --kv-cache help (from the KV method registry, kvcache/kv_method.h).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kvcache/kv_method.h"
 
 namespace vq::cli {
 
@@ -30,6 +32,14 @@ inline size_t kv_budget_bytes(double mib) {
   if (mib > 0) return size_t(mib * 1048576.0);
   const size_t avail = mem_available_bytes();
   return avail ? size_t(double(avail) * kDefaultKVShare) : (size_t(1) << 30);
+}
+
+// "KV cache spec: fp16, fp32, q8_0, ... (syntax below)": every registered method's presets.
+inline std::string kv_cache_option_help() {
+  std::string s = "KV cache spec: ";
+  const auto presets = kv_method_presets();
+  for (size_t i = 0; i < presets.size(); ++i) s += (i ? ", " : "") + presets[i];
+  return s + " (syntax below)";
 }
 
 inline std::string mb(size_t bytes) { return fmt::format("{:.2f} MB", double(bytes) / 1e6); }

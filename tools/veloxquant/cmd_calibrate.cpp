@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
+#include "kvcache/kv_method.h"
 #include "model/calibrate.h"
 
 namespace vq::cli {
@@ -31,7 +32,7 @@ void run_calibrate(const CalibrateOptions& o) {
   VQ_CHECK(o.tokens >= 16 && o.tokens <= (1 << 24), "--tokens: {} must be in 16..16777216", o.tokens);
   set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
   const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
-  VQ_CHECK(cfg.method == KVMethod::vecinfer, "--kv-cache: {} has no codebooks to calibrate (use vecinfer:d4b8, ...)",
+  VQ_CHECK(kv_method(cfg.method).needs_calibration(), "--kv-cache: {} has no codebooks to calibrate (use vecinfer:d4b8, ...)",
            cfg.name());
   const std::string text = read_text_file(o.text);
   const std::string path = model_path_or_default(o.model);

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
+#include "kvcache/kv_method.h"
 #include "model/calibrate.h"
 #include "model/eval_suite.h"
 
@@ -34,9 +35,6 @@ const char* const kDefaultTexts[] = {
 };
 // The retrieval distractor: long (~35k tokens), also held out.
 const char* const kDefaultFiller = "/usr/share/doc/python3/html/_sources/howto/logging-cookbook.rst.txt";
-// Every shipped method.
-const char* const kDefaultMethods[] = {"fp16",  "q8_0",          "q4_0",           "q4_0h",        "kivi4",
-                                       "kivi2", "vecinfer:d4b8", "vecinfer:d8b12", "vecinfer:d8b8"};
 
 struct EvalCliOptions {
   std::string model, out, prompts_out, filler = kDefaultFiller;
@@ -102,7 +100,7 @@ void run_eval_cmd(const EvalCliOptions& o) {
     calib_of[parse_kv_cache_spec(c.substr(0, eq)).name()] = c.substr(eq + 1);
   }
   std::vector<std::string> specs = o.kv;
-  if (specs.empty()) specs.assign(std::begin(kDefaultMethods), std::end(kDefaultMethods));
+  if (specs.empty()) specs = kv_method_presets(/*evaluated_only=*/true);  // every registered method's presets
   std::vector<KVSpec> methods;
   ProgressBar bar;
   for (const std::string& s : specs) {

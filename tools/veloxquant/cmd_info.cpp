@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "kvcache/factory.h"
+#include "kvcache/kv_method.h"
 #include "model/chat_template.h"
 #include "model/model.h"
 
@@ -79,15 +80,9 @@ void run_info(const InfoOptions& o) {
   const double elems_per_token = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim;
   std::printf("KV cache per 1k tokens (nominal bits/element; compressed caches add a %s window):\n",
               "recent-token fp16");
-  for (const char* spec : {"fp32", "fp16", "q8_0", "q4_0", "q4_0h", "kivi4", "kivi2", "vecinfer:d4b8", "vecinfer:d8b12",
-                           "vecinfer:k=d4b8,v=d8b8"}) {
-    double bits = 0.0;
-    try {
-      bits = parse_kv_cache_spec(spec).nominal_bits_per_element();
-    } catch (const Error&) {
-      continue;  // a method this build does not know
-    }
-    std::printf("  %-24s %8.2f MB  (%5.2f bits/element)\n", spec, 1000.0 * elems_per_token * bits / 8.0 / 1e6, bits);
+  for (const std::string& spec : kv_method_presets()) {  // every registered method's presets
+    const double bits = parse_kv_cache_spec(spec).nominal_bits_per_element();
+    std::printf("  %-24s %8.2f MB  (%5.2f bits/element)\n", spec.c_str(), 1000.0 * elems_per_token * bits / 8.0 / 1e6, bits);
   }
 }
 

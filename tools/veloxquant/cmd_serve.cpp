@@ -27,6 +27,7 @@
 #include "kvcache/factory.h"
 #include "kvcache/kv_identity.h"
 #include "kvcache/seq_file_format.h"
+#include "kvcache/spec_syntax.h"
 #include "model/calibrate.h"
 #include "model/model.h"
 #include "server/server.h"
@@ -223,7 +224,8 @@ void add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, streaming, sessions)");
   c->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct, fetched on first use)");
-  c->add_option("--kv-cache", o->kv_cache, "KV cache: fp16, q8_0, q4_0, kivi2, kivi4, vecinfer:d4b8, ...")->capture_default_str();
+  c->add_option("--kv-cache", o->kv_cache, cli::kv_cache_option_help())->capture_default_str();
+  c->footer(kv_cache_spec_syntax());
   c->add_option("--calib", o->calib, "Calibration file for vecinfer (from `veloxquant calibrate`)");
   c->add_option("--kv-budget", o->kv_budget_mib, "KV pool budget in MiB (0: half of the available memory)")->capture_default_str();
   c->add_option("--parallel", o->parallel, "Sequences running at once")->capture_default_str();

@@ -496,14 +496,15 @@ void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
   VQ_CUDA_LAUNCHED("prefill_kernel");
 }
 
-// Variant (CUDA_NOTES.md section 10): warps per tile W (VQ_PREFILL_WARPS=4 or 8) and pool blocks
-// per pass NB (VQ_PREFILL_KEYS=32 or 64 keys). Read once, so that tiles and launches agree.
+// Variant (CUDA_NOTES.md section 10): warps per tile W and pool blocks per pass NB, chosen here
+// (8 warps for coded layers, 4 for dense; 64 keys) unless GpuTuning (VQ_PREFILL_WARPS=4|8,
+// VQ_PREFILL_KEYS=32|64) overrides them. Read once, so that tiles and launches agree.
 int prefill_warps(bool coded) {
-  static const int w = env_choice("VQ_PREFILL_WARPS", {4, 8}, 0);
+  const int w = gpu_tuning().prefill_warps;
   return w ? w : coded ? 8 : 4;
 }
 int prefill_blocks_per_pass() {
-  static const int nb = env_choice("VQ_PREFILL_KEYS", {32, 64}, 64) / kB;
+  static const int nb = (gpu_tuning().prefill_keys ? gpu_tuning().prefill_keys : 64) / kB;
   return nb;
 }
 

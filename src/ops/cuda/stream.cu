@@ -11,7 +11,7 @@
 namespace vq::cuda {
 
 bool pdl_enabled() {
-  static const bool on = !env_switched_off("VQ_PDL");
+  static const bool on = gpu_tuning().pdl;
   return on;
 }
 

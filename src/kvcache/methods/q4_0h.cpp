@@ -4,13 +4,14 @@
 // longer has to cover an outlier; q.k is unchanged (q is rotated too) and the values' rotation is
 // undone on the attention output (H is symmetric and its own inverse). Direct format: each token
 // is coded on append, no fp16 window (as q4_0). 4.5 bits per element.
-// The block and the attention kernel are q4_0's (kv_format.cpp): this format wraps that one and
+// The block and the attention kernel are q4_0's (methods/scalar.cpp): this format wraps that one and
 // rotates what goes in (keys, values, queries) and what comes out (the output).
 #include <vector>
 
 #include "codec/key_transform.h"
 #include "core/error.h"
 #include "kvcache/kv_format.h"
+#include "kvcache/kv_method.h"
 
 namespace vq {
 namespace {
@@ -69,6 +70,32 @@ std::unique_ptr<CodedFormat> make_hadamard_q4_format(const KVGeometry& g, int bl
   q4.method = KVMethod::q4_0;
   return std::make_unique<HadamardFormat>(g, block_tokens, make_coded_format(q4, nullptr, 0, g, block_tokens),
                                           "q4_0h");
+}
+
+namespace {
+class Q40hMethod final : public KVMethodDef {
+ public:
+  KVMethod id() const override { return KVMethod::q4_0h; }
+  std::string name() const override { return "q4_0h"; }
+  std::string help() const override {
+    return "  q4_0h                q4_0 after a Walsh-Hadamard rotation of every key and value row (4.5 bits); no options\n";
+  }
+  double bits_per_element(const KVCacheConfig&) const override { return 4.5; }  // q4_0 blocks of the rotated rows
+  bool direct() const override { return true; }
+  void validate(const KVCacheConfig&, int hd) const override {
+    if (hd > 0)
+      VQ_CHECK(hd % 32 == 0, "kv_cache.method: {} needs head_dim divisible by its block of 32 (head_dim {})", name(), hd);
+  }
+  std::unique_ptr<CodedFormat> make_format(const KVCacheConfig&, const Calibration*, int, const KVGeometry& g,
+                                           int block_tokens) const override {
+    return make_hadamard_q4_format(g, block_tokens);
+  }
+};
+}  // namespace
+
+const KVMethodDef& q4_0h_method() {
+  static const Q40hMethod m;
+  return m;
 }
 
 }  // namespace vq

@@ -1,0 +1,93 @@
+// The environment registry (core/env.h): every variable the code reads is declared, the doc
+// table docs/ENVIRONMENT.md is generated from the declarations, and GpuTuning takes the
+// dispatcher's defaults unless a declared variable overrides them (bad values refused).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "common/error_of.h"
+#include "core/env.h"
+
+namespace fs = std::filesystem;
+
+namespace vq {
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+TEST(EnvRegistry, DocIsCurrent) {
+  const fs::path doc = fs::path(VQ_SOURCE_DIR) / "docs" / "ENVIRONMENT.md";
+  const std::string want = env_doc_markdown();
+  if (read_text(doc) != want) {
+    const fs::path fresh = fs::path(VQ_BINARY_DIR) / "ENVIRONMENT.md";
+    std::ofstream(fresh, std::ios::binary) << want;
+    FAIL() << doc << " is stale: the declarations in src/core/env.cpp changed. Regenerate it: cp " << fresh << " "
+           << doc;
+  }
+}
+
+// Scans src/ and tools/ for the names passed to getenv / env_or_empty / env_choice /
+// env_switched_off / env_var: each must be declared (no switch without its documentation).
+TEST(EnvRegistry, EveryVariableReadIsDeclared) {
+  const std::regex call(R"((getenv|env_or_empty|env_choice|env_switched_off|env_var|env_switch)\(\s*"([A-Za-z_0-9]+)\")");
+  std::set<std::string> declared;
+  for (const EnvVar& v : env_vars()) EXPECT_TRUE(declared.insert(v.name).second) << v.name << " declared twice";
+  int found = 0;
+  for (const char* dir : {"src", "tools"})
+    for (const auto& e : fs::recursive_directory_iterator(fs::path(VQ_SOURCE_DIR) / dir)) {
+      const std::string ext = e.path().extension().string();
+      if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h" && ext != ".cu" && ext != ".cuh")) continue;
+      const std::string text = read_text(e.path());
+      for (std::sregex_iterator it(text.begin(), text.end(), call), end; it != end; ++it) {
+        ++found;
+        EXPECT_TRUE(declared.count((*it)[2].str())) << (*it)[2].str() << " read in " << e.path() << " is not declared";
+      }
+    }
+  EXPECT_GE(found, 10);
+  EXPECT_NE(test::error_of([] { env_var("VQ_NOT_DECLARED"); }).find("VQ_NOT_DECLARED is not declared"),
+            std::string::npos);
+}
+
+// Unset: the defaults, which leave the choices to the dispatchers (0 / on). Each variable
+// overrides its field; a value outside the declared ones is one error naming the variable.
+TEST(EnvRegistry, GpuTuningDefaultsAndOverrides) {
+  const char* names[] = {"VQ_PDL", "VQ_ATTN_FORK", "VQ_GEMV_F16", "VQ_PREFILL_KERNEL", "VQ_PREFILL_WARPS",
+                         "VQ_PREFILL_KEYS", "VQ_CODED_ATTN_KERNEL"};
+  for (const char* n : names) unsetenv(n);
+  GpuTuning t = read_gpu_tuning();
+  EXPECT_TRUE(t.pdl && t.attn_fork && t.gemv_f16 && t.prefill_kernel);
+  EXPECT_EQ(t.prefill_warps, 0);
+  EXPECT_EQ(t.prefill_keys, 0);
+  EXPECT_FALSE(t.coded_gather_mma);
+  setenv("VQ_PDL", "0", 1);
+  setenv("VQ_PREFILL_WARPS", "8", 1);
+  setenv("VQ_PREFILL_KEYS", "32", 1);
+  setenv("VQ_CODED_ATTN_KERNEL", "gather_mma", 1);
+  t = read_gpu_tuning();
+  EXPECT_FALSE(t.pdl);
+  EXPECT_TRUE(t.attn_fork);
+  EXPECT_EQ(t.prefill_warps, 8);
+  EXPECT_EQ(t.prefill_keys, 32);
+  EXPECT_TRUE(t.coded_gather_mma);
+  for (auto [name, bad] : {std::pair{"VQ_PDL", "off"}, {"VQ_PREFILL_WARPS", "6"}, {"VQ_CODED_ATTN_KERNEL", "fast"}}) {
+    setenv(name, bad, 1);
+    const std::string e = test::error_of([] { read_gpu_tuning(); });
+    EXPECT_NE(e.find(std::string(name) + "=" + bad), std::string::npos) << e;
+    unsetenv(name);
+  }
+  for (const char* n : names) unsetenv(n);
+}
+
+}  // namespace
+}  // namespace vq
