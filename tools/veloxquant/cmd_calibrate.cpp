@@ -60,7 +60,7 @@ void run_calibrate(const CalibrateOptions& o) {
 void add_calibrate(CLI::App& app) {
   auto o = std::make_shared<CalibrateOptions>();
   auto* c = app.add_subcommand("calibrate", "Train VecInfer codebooks on a model's real keys/values");
-  c->add_option("-m,--model", o->model, kModelHelp);
+  c->add_option("-m,--model", o->model, model_help());
   c->add_option("--text", o->text, "Calibration text (.txt, .gz, .html; at most 256 MiB)")->required();
   c->add_option("--tokens", o->tokens, "Tokens of the text to use")->capture_default_str();
   c->add_option("--kv-cache", o->kv_cache, "VecInfer preset, e.g. vecinfer:d4b8, vecinfer:k=d4b8,v=d8b8")

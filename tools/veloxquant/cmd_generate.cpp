@@ -424,7 +424,7 @@ void run_generate(const GenerateOptions& o) {
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* c = app.add_subcommand("generate", "Generate text from a GGUF model (default: SmolLM2-135M-Instruct)");
-  c->add_option("-m,--model", o->model, kModelHelp);
+  c->add_option("-m,--model", o->model, model_help());
   c->add_option("-p,--prompt", o->prompts, "Prompt text (repeat for several sequences)");
   c->add_option("--prompts-file", o->prompts_file, "Several prompts, one per line (at most 16 MiB; one sequence each)");
   c->add_option("--parallel", o->parallel,

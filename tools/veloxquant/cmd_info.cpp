@@ -92,7 +92,7 @@ void add_info(CLI::App& app) {
   auto o = std::make_shared<InfoOptions>();
   CLI::App* c = app.add_subcommand("info", "Describe a GGUF model: architecture, geometry, tensor types, KV-cache size");
   c->add_option("model", o->model, "GGUF model file or known model name (default: smollm2-135m)");
-  c->add_option("-m,--model", o->model, kModelHelp);
+  c->add_option("-m,--model", o->model, model_help());
   c->add_flag("--default-model-path", o->default_path, "Print the default model's path (fetching it when absent)");
   c->callback([o] { run_info(*o); });
 }

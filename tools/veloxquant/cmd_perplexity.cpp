@@ -94,7 +94,7 @@ void run_perplexity(const PplOptions& o) {
 void add_perplexity(CLI::App& app) {
   auto o = std::make_shared<PplOptions>();
   auto* c = app.add_subcommand("perplexity", "Perplexity, KL and top-1 agreement vs fp16 with a KV cache");
-  c->add_option("-m,--model", o->model, kModelHelp);
+  c->add_option("-m,--model", o->model, model_help());
   c->add_option("--text", o->text, "Evaluation text (.txt, .gz, .html; at most 256 MiB)")->required();
   c->add_option("--kv-cache", o->kv_cache, "KV cache spec (syntax below)")->capture_default_str();
   c->footer(kv_cache_spec_syntax());
