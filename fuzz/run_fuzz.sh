@@ -4,7 +4,8 @@
 # Targets: gguf (the GGUF reader, fuzz/fuzz_gguf.cpp), calibration (the calibration-file
 # reader, fuzz/fuzz_calibration.cpp), session (the session-file reader, fuzz/fuzz_session.cpp) and
 # http (the server's request-head parser, fuzz/fuzz_http.cpp).
-# The short runs in the test suite: --seconds 25 each.
+# The short runs in the test suite: --seconds 25 (gguf, calibration) or 10 (session, http); the
+# labelled long ones (ctest -L fuzz_long, not in scripts/test.sh): 300.
 # Longer runs: docs/FUZZING.md. New inputs found are kept in OUT/corpus (gguf) or
 # OUT/corpus_calibration (the seed corpora in fuzz/ are only read); a crash leaves OUT/crash-*
 # and a non-zero exit.

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${VQ_JOBS:-$(nproc)}
 scripts/build.sh release
-ctest --test-dir build/release --output-on-failure -j "$jobs"
+ctest --test-dir build/release --output-on-failure -j "$jobs" -LE fuzz_long
 if [ "${VQ_TEST_PIP:-0}" = 1 ]; then
   CMAKE_BUILD_PARALLEL_LEVEL=$jobs scripts/test_pip.sh
 fi
