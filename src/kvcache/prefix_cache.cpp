@@ -31,6 +31,7 @@ const PrefixCache::Node* PrefixCache::child(uint64_t parent_key, uint64_t key, c
 
 PrefixCache::Hit PrefixCache::lookup(const int32_t* tokens, int64_t n_tokens, int64_t max_n) {
   ++stats_.lookups;
+  stats_.lookup_tokens += n_tokens;
   const Hit best = find(tokens, n_tokens, max_n);
   if (best.point >= 0) {
     points_.at(best.point).last_used = ++clock_;

@@ -28,6 +28,7 @@ namespace vq {
 
 struct PrefixCacheStats {
   int64_t lookups = 0, hits = 0, hit_tokens = 0;  // hit_tokens: prompt tokens not recomputed
+  int64_t lookup_tokens = 0;                       // prompt tokens of every lookup (vLLM's queried tokens)
   int64_t inserted = 0, evicted = 0;
   int64_t points = 0, pinned = 0, nodes = 0;
 };

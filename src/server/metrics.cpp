@@ -60,6 +60,38 @@ std::string Metrics::render(const EngineStats& es) const {
   o += fmt::format("vq_time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {}\n", ttft_n_);
   o += fmt::format("vq_time_to_first_token_seconds_sum {:.6f}\nvq_time_to_first_token_seconds_count {}\n", ttft_sum_,
                    ttft_n_);
+  // The same state under vLLM's metric names (labelled model_name, as vLLM labels them), for the
+  // routers and autoscalers that read those (issue 24): queue and batch, KV usage as a fraction,
+  // prefix-cache queried / hit prompt tokens, token counters and the TTFT histogram.
+  std::string label = "model_name=\"";
+  for (char c : model_name_) {
+    if (c == '"' || c == '\\') label += '\\';
+    if (c == '\n') { label += "\\n"; continue; }
+    label += c;
+  }
+  label += "\"";
+  auto vllm = [&](const char* name, const char* type, const char* help, const std::string& value) {
+    metric(name, type, help);
+    o += fmt::format("{}{{{}}} {}\n", name, label, value);
+  };
+  const double usage = es.pool_budget_bytes > 0 ? double(es.pool_used_bytes) / double(es.pool_budget_bytes) : 0.0;
+  vllm("vllm:num_requests_running", "gauge", "Number of requests in the running batch", fmt::format("{}", es.running));
+  vllm("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed", fmt::format("{}", es.waiting));
+  vllm("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage: 1 means 100 percent of the pool's budget",
+       fmt::format("{:.6f}", usage));
+  vllm("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache",
+       fmt::format("{}", es.prefix.lookup_tokens));
+  vllm("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache",
+       fmt::format("{}", es.prefix.hit_tokens));
+  vllm("vllm:prompt_tokens_total", "counter", "Prompt tokens of finished requests", fmt::format("{}", prompt_tokens_.load()));
+  vllm("vllm:generation_tokens_total", "counter", "Generated tokens of finished requests",
+       fmt::format("{}", generated_tokens_.load()));
+  metric("vllm:time_to_first_token_seconds", "histogram", "Time to first token in seconds");
+  for (size_t i = 0; i < kTtftBuckets.size(); ++i)
+    o += fmt::format("vllm:time_to_first_token_seconds_bucket{{le=\"{}\",{}}} {}\n", kTtftBuckets[i], label, ttft_counts_[i]);
+  o += fmt::format("vllm:time_to_first_token_seconds_bucket{{le=\"+Inf\",{}}} {}\n", label, ttft_n_);
+  o += fmt::format("vllm:time_to_first_token_seconds_sum{{{}}} {:.6f}\nvllm:time_to_first_token_seconds_count{{{}}} {}\n",
+                   label, ttft_sum_, label, ttft_n_);
   return o;
 }
 

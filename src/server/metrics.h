@@ -18,6 +18,8 @@ class Metrics {
   void count_tokens(int64_t prompt, int64_t generated);
   void observe_ttft(double seconds);
   void set_in_flight(int64_t n) { in_flight_ = n; }
+  // The model_name label of the vLLM-named series (set once, before serving).
+  void set_model_name(std::string name) { model_name_ = std::move(name); }
   std::string render(const EngineStats& es) const;
 
   // Upper bounds (seconds) of the time-to-first-token histogram's buckets.
@@ -31,6 +33,7 @@ class Metrics {
   int64_t ttft_n_ = 0;
   double ttft_sum_ = 0;
   std::atomic<int64_t> prompt_tokens_{0}, generated_tokens_{0}, in_flight_{0};
+  std::string model_name_;
 };
 
 }  // namespace vq

@@ -100,6 +100,7 @@ struct HttpServer::Impl {
   int n_ctx = 0;
 
   Impl(Engine& e, Runner& r, Metrics& m, const ServerOptions& o) : engine(e), runner(r), metrics(m), opt(o) {
+    metrics.set_model_name(opt.model_name);
     n_ctx = e.options().n_ctx;
     max_fit_tokens = fit_tokens();
     svr = make_http();

@@ -285,6 +285,17 @@ def test_metrics_present(server):
     assert server.metric("vq_kv_pool_budget_bytes") == 256 * 1048576
     assert server.metric("vq_generated_tokens_total") >= 4
     assert server.metric("vq_time_to_first_token_seconds_count") >= 1
+    # The same state under vLLM's names, labelled with the model (what routers and autoscalers read).
+    for name in ["vllm:num_requests_running{model_name=", "vllm:num_requests_waiting{model_name=",
+                 "vllm:kv_cache_usage_perc{model_name=", "vllm:prefix_cache_queries_total{model_name=",
+                 "vllm:prefix_cache_hits_total{model_name=", "vllm:generation_tokens_total{model_name=",
+                 "vllm:time_to_first_token_seconds_count{model_name="]:
+        assert name in text, name
+    vals = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("vllm:") and "_bucket" not in line}
+    assert 0 <= vals["vllm:kv_cache_usage_perc"] <= 1
+    assert vals["vllm:generation_tokens_total"] == server.metric("vq_generated_tokens_total")
+    assert vals["vllm:prefix_cache_queries_total"] >= vals["vllm:prefix_cache_hits_total"] >= 0
 
 
 def test_load_32_clients_200_requests(server):
