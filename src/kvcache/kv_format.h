@@ -30,6 +30,12 @@ class QueryPrep {
 // Whether the fp16 value at p is finite (its exponent is not all ones): block_finite's check of a
 // stored scale or minimum.
 inline bool f16_finite_at(const uint8_t* p) { return ((uint16_t(p[1]) << 8 | p[0]) & 0x7c00u) != 0x7c00u; }
+// Whether the count fp16 values at p, p + stride, p + 2 * stride, ... are all finite.
+inline bool f16_all_finite(const uint8_t* p, size_t count, size_t stride = 2) {
+  for (size_t i = 0; i < count; ++i)
+    if (!f16_finite_at(p + i * stride)) return false;
+  return true;
+}
 
 class CodedFormat {
  public:

@@ -56,11 +56,9 @@ class KiviFormat final : public CodedFormat {
   bool block_finite(const uint8_t* block) const override {
     const int H = geo_.n_kv_heads, D = geo_.head_dim;
     for (size_t g = 0; g < size_t(H) * size_t(B_ / G_); ++g)  // scale D | min D of each key group
-      for (int c = 0; c < 2 * D; ++c)
-        if (!f16_finite_at(block + g * kgroup_bytes() + size_t(c) * 2)) return false;
+      if (!f16_all_finite(block + g * kgroup_bytes(), size_t(2 * D))) return false;
     for (size_t t = 0; t < size_t(H) * size_t(B_); ++t)  // (scale, min) per channel group of each value
-      for (int c = 0; c < 2 * (D / G_); ++c)
-        if (!f16_finite_at(block + keys_bytes() + t * vtoken_bytes() + size_t(c) * 2)) return false;
+      if (!f16_all_finite(block + keys_bytes() + t * vtoken_bytes(), size_t(2 * (D / G_)))) return false;
     return true;
   }
 

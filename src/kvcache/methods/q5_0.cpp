@@ -69,10 +69,7 @@ class Q50Format final : public CodedFormat {
   size_t row_bytes() const { return size_t(geo_.head_dim / kQK) * kBlock; }
   size_t block_bytes() const override { return 2 * size_t(geo_.n_kv_heads) * B_ * row_bytes(); }
   bool block_finite(const uint8_t* block) const override {
-    // Every 32-value block starts with its fp16 scale d.
-    for (size_t i = 0; i < block_bytes() / kBlock; ++i)
-      if (!f16_finite_at(block + i * kBlock)) return false;
-    return true;
+    return f16_all_finite(block, block_bytes() / kBlock, kBlock);  // each 32-value block starts with its scale
   }
   const uint8_t* row(const uint8_t* block, int kind, int h, int slot) const {
     return block + ((size_t(kind) * geo_.n_kv_heads + size_t(h)) * B_ + size_t(slot)) * row_bytes();

@@ -22,11 +22,7 @@ class ScalarBlockFormat final : public CodedFormat {
   size_t row_bytes() const { return size_t(geo_.head_dim / 32) * qblock_; }
   size_t block_bytes() const override { return 2 * size_t(geo_.n_kv_heads) * B_ * row_bytes(); }
   bool block_finite(const uint8_t* block) const override {
-    // Every 32-value block starts with its fp16 scale d.
-    const size_t n = block_bytes() / qblock_;
-    for (size_t i = 0; i < n; ++i)
-      if (!f16_finite_at(block + i * qblock_)) return false;
-    return true;
+    return f16_all_finite(block, block_bytes() / qblock_, qblock_);  // each 32-value block starts with its scale
   }
   uint8_t* row(uint8_t* block, int kind, int h, int slot) const {
     return block + ((size_t(kind) * geo_.n_kv_heads + size_t(h)) * B_ + size_t(slot)) * row_bytes();
