@@ -20,8 +20,9 @@
 namespace vq {
 
 // Tag of the first-use calibration recipe, part of the cached file's name. -r2: sinks left out of
-// training (CalibTrainOptions::skip_tokens); -r3: query-aware smoothing (issue 18).
-static constexpr const char* kCalibRecipe = "-r3";
+// training (CalibTrainOptions::skip_tokens); -r3: query-aware smoothing (issue 18); -r4: 8192
+// tokens instead of 2048 (kFirstUseCalibTokens).
+static constexpr const char* kCalibRecipe = "-r4";
 // Tokens per calibration sequence (see calibrate_model).
 static constexpr int kCalibSegment = 2048;
 
@@ -178,8 +179,8 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
 
 KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg) {
   KVCacheConfig c = cfg;
-  // ~2048 tokens keep first use under a minute on 2 cores; 12-bit books then share one codebook
-  // per head (4096 entries need more points than 2048 tokens give per sub-space).
+  // 12-bit books share one codebook per head: 4096 entries need more points than the first-use
+  // tokens give per sub-space.
   if (std::max(cfg.key.bits, cfg.value.bits) > 11) c.granularity = CodebookGranularity::shared;
   return c;
 }

@@ -20,7 +20,7 @@ namespace {
 
 struct CalibrateOptions {
   std::string model, text, kv_cache = "vecinfer:d4b8", out, device = "cpu";
-  int tokens = 4096, threads = 0, iters = 12;
+  int tokens = 8192, threads = 0, iters = 12;
   uint64_t seed = 1234;
   std::string smoothing = "query";
   int64_t position_span = 0;
