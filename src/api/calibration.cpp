@@ -5,7 +5,7 @@
 #include "api/impl.h"
 #include "core/error.h"
 #include "kvcache/calibration_train.h"
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 #include "veloxquant/calibration.h"
 
 namespace veloxquant {

@@ -4,7 +4,7 @@
 #include "kvcache/factory.h"
 #include "kvcache/kv_method.h"
 #include "kvcache/spec_syntax.h"
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 
 namespace veloxquant {
 

@@ -3,7 +3,7 @@
 
 #include "api/impl.h"
 #include "core/error.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 #include "model/known_models.h"
 
 namespace veloxquant {

@@ -3,7 +3,7 @@
 
 #include "api/impl.h"
 #include "core/error.h"
-#include "model/perplexity.h"
+#include "eval/perplexity.h"
 #include "model/session.h"
 #include "veloxquant/perplexity.h"
 

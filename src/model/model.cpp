@@ -3,6 +3,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "model/text_gguf.h"
 
 namespace vq {
 namespace {
@@ -78,7 +79,7 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   }
   m->inv_freqs_ = vq::rope_inv_freqs(c, g);
   if (c.n_sliding_layers() > 0) m->inv_freqs_swa_ = vq::rope_inv_freqs(c, g, true);
-  if (g.has("tokenizer.ggml.model")) m->tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(g));
+  if (g.has("tokenizer.ggml.model")) m->tokenizer_ = std::make_unique<Tokenizer>(tokenizer_from_gguf(g));
   return m;
 }
 

@@ -12,7 +12,7 @@
 #include "model/gguf.h"
 #include "model/matmul_packed.h"
 #include "model/model_config.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/weight_formats.h"
 #include "veloxquant/kv_cache.h"
 

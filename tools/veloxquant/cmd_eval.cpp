@@ -1,6 +1,6 @@
 // veloxquant eval: the quality table of several KV caches on one model (perplexity, KL and top-1
 // agreement vs fp16 on held-out texts at several context lengths) and the long-context retrieval
-// test (pass key at several depths), written as one JSON document (model/eval_suite.h).
+// test (pass key at several depths), written as one JSON document (eval/eval_suite.h).
 // bench/eval.sh adds llama.cpp's own KV types to the same document and draws the figures.
 #include <nlohmann/json.hpp>
 
@@ -20,8 +20,8 @@
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_method.h"
-#include "model/calibrate.h"
-#include "model/eval_suite.h"
+#include "eval/calibrate.h"
+#include "eval/eval_suite.h"
 
 namespace vq::cli {
 namespace {

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_method.h"
-#include "model/chat_template.h"
+#include "model/text_gguf.h"
 #include "model/model.h"
 
 namespace vq::cli {

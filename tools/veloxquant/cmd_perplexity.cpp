@@ -13,8 +13,8 @@
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
 #include "kvcache/spec_syntax.h"
-#include "model/calibrate.h"
-#include "model/perplexity.h"
+#include "eval/calibrate.h"
+#include "eval/perplexity.h"
 
 namespace vq::cli {
 namespace {

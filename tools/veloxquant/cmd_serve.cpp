@@ -28,7 +28,7 @@
 #include "kvcache/kv_identity.h"
 #include "kvcache/seq_file_format.h"
 #include "kvcache/spec_syntax.h"
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 #include "model/model.h"
 #include "server/server.h"
 

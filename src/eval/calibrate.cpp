@@ -1,4 +1,4 @@
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 
 #include <sys/stat.h>
 
