@@ -29,6 +29,10 @@ struct ChatMessage {
 
 class Tokenizer;
 
+// A text corpus: ".gz" files through `gzip -dc`, HTML tags stripped from ".html" files, at most
+// 256 MiB; throws naming the path when it cannot be read.
+std::string read_text_file(const std::string& path);
+
 class Model {
  public:
   // Maps the file, reads the configuration and checks every tensor; throws vq::Error naming the
@@ -42,7 +46,12 @@ class Model {
   static bool default_present();
 
   const ModelInfo& info() const;
-  bool is_default() const;           // loaded by load_default()
+  // Loaded by load_default(), or a known model's file where the CLI fetches it (<cache>/models/):
+  // the models whose VecInfer calibration is made on first use (KVSpec::for_model).
+  bool is_default() const;
+  // Every weight finite (the float values and the block scales of every tensor); throws naming the
+  // file, the tensor and the element. One pass over the file, which the first forward reads anyway.
+  void check_weights_finite() const;
   bool has_tokenizer() const;
   Tokenizer tokenizer() const;       // throws when the GGUF has no tokenizer metadata
 

@@ -1,9 +1,11 @@
 // veloxquant::Model and Tokenizer over vq::Model / vq::Tokenizer (src/model).
+#include <filesystem>
 #include <memory>
 
 #include "api/impl.h"
 #include "core/error.h"
 #include "text/chat_template.h"
+#include "eval/calibrate.h"
 #include "model/known_models.h"
 
 namespace veloxquant {
@@ -29,7 +31,16 @@ static Model load_model(const std::string& path, bool is_default) {
   return ApiAccess::make_model(std::move(impl));
 }
 
-Model Model::load(const std::string& path) { return load_model(path, false); }
+static bool is_known_model_file(const std::string& path) {
+  std::error_code ec;
+  for (const vq::KnownModel& k : vq::known_models()) {
+    const std::string loc = vq::model_location(k);
+    if (path == loc || (std::filesystem::exists(loc, ec) && std::filesystem::equivalent(path, loc, ec))) return true;
+  }
+  return false;
+}
+
+Model Model::load(const std::string& path) { return load_model(path, is_known_model_file(path)); }
 Model Model::load_default() {
   // The library does not download: the CLI and scripts/setup.sh fetch the default model.
   const std::string path = vq::default_model_location();
@@ -42,6 +53,9 @@ bool Model::default_present() { return vq::default_model_present(); }
 
 const ModelInfo& Model::info() const { return impl_->info; }
 bool Model::is_default() const { return impl_->is_default; }
+void Model::check_weights_finite() const { impl_->model->check_weights_finite(); }
+
+std::string read_text_file(const std::string& path) { return vq::read_text_file(path); }
 bool Model::has_tokenizer() const { return impl_->model->has_tokenizer(); }
 Tokenizer Model::tokenizer() const {
   (void)impl_->model->tokenizer();  // throws now, naming the file, when there is none

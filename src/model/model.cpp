@@ -100,4 +100,13 @@ size_t Model::weight_bytes() const {
   return b;
 }
 
+void Model::check_weights_finite() const {
+  for (const GGUFTensorInfo& t : gguf_->tensors()) {
+    if (!ggml_type_supported(t.type) || t.dims.empty()) continue;  // unused, or refused where used
+    const int64_t at = find_non_finite(t.type, t.data, t.numel());
+    VQ_CHECK(at < 0, "{}: tensor '{}' ({}) holds a NaN or inf {} at element {}", gguf_->path(), t.name,
+             ggml_type_name(t.type), ggml_block_elems(t.type) == 1 ? "value" : "block scale", at);
+  }
+}
+
 }  // namespace vq

@@ -160,3 +160,81 @@ TEST(ApiModel, EngineCallbacksSessionAndSampler) {
   EXPECT_THROW(vx::Engine(model, spec, {size_t(-1), 0}), vx::Error);
   EXPECT_THROW(engine.submit(vx::Request{}), vx::Error);  // empty prompt
 }
+
+// The device through the public API (the CLI's --device): names, auto, and cuda refused with the
+// reason where there is no usable device.
+TEST(ApiRuntime, DeviceChoice) {
+  EXPECT_EQ(vx::parse_device("cpu"), vx::Device::cpu);
+  EXPECT_STREQ(vx::device_name(vx::Device::cpu), "cpu");
+  EXPECT_STREQ(vx::device_name(vx::Device::cuda), "cuda");
+  try {
+    vx::parse_device("gpu");
+    ADD_FAILURE() << "device 'gpu' accepted";
+  } catch (const vx::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be cpu, cuda or auto"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(vx::parse_device("auto") == vx::Device::cuda, vx::cuda_available());
+  if (vx::cuda_available()) {
+    EXPECT_EQ(vx::parse_device("cuda"), vx::Device::cuda);
+    EXPECT_EQ(vx::cuda_unavailable_reason(), "");
+    EXPECT_NE(vx::cuda_device_description(), "");
+  } else {
+    const std::string why = vx::cuda_unavailable_reason();
+    EXPECT_NE(why, "");
+    EXPECT_EQ(vx::cuda_device_description(), "");
+    try {
+      vx::parse_device("cuda");
+      ADD_FAILURE() << "cuda accepted without a usable device";
+    } catch (const vx::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ApiSpec, KnowsWhichMethodsNeedACalibration) {
+  EXPECT_TRUE(vx::kv_cache_needs_calibration(vx::parse_kv_cache_config("vecinfer:d4b8")));
+  for (const char* m : {"fp16", "q8_0", "kivi2"}) EXPECT_FALSE(vx::kv_cache_needs_calibration(vx::parse_kv_cache_config(m))) << m;
+}
+
+TEST(ApiCalibration, OutputCheckedBeforeAnyWork) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "vq_api_check_output";
+  std::filesystem::create_directories(dir);
+  EXPECT_NO_THROW(vx::Calibration::check_output((dir / "c.vqcal").string()));
+  try {
+    vx::Calibration::check_output((dir / "missing" / "c.vqcal").string(), "-o");
+    ADD_FAILURE() << "a missing folder accepted";
+  } catch (const vx::Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("-o '", 0), 0u) << e.what();
+  }
+  EXPECT_THROW(vx::Calibration::check_output(dir.string()), vx::Error);  // a directory
+  std::filesystem::remove_all(dir);
+}
+
+// What the CLI's perplexity and calibrate take from the API: a known model's file loaded by path
+// counts as a known model (first-use calibration), every weight is checked finite, a session or
+// perplexity on an absent device is refused, and the one spec path refuses a calibration file that
+// is not there, naming it.
+TEST(ApiModel, DeviceWeightsAndTheOneSpecPath) {
+  if (!have_default_model()) GTEST_SKIP() << "default model absent (scripts/setup.sh fetches it)";
+  const vx::Model model = vx::Model::load(vx::Model::default_path());
+  EXPECT_TRUE(model.is_default());
+  EXPECT_NO_THROW(model.check_weights_finite());
+  const vx::KVSpec spec = vx::KVSpec::for_model(model, vx::parse_kv_cache_config("q8_0"));
+  EXPECT_EQ(spec.name(), "q8_0");
+  try {
+    vx::KVSpec::for_model(model, "vecinfer:d4b8", "/nonexistent/calib.vqcal");
+    ADD_FAILURE() << "a missing calibration file accepted";
+  } catch (const vx::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/calib.vqcal"), std::string::npos) << e.what();
+  }
+  if (!vx::cuda_available()) {
+    vx::SessionOptions so;
+    so.n_ctx = 64;
+    so.device = vx::Device::cuda;
+    EXPECT_THROW(vx::Session(model, spec, so), vx::Error);
+    vx::PerplexityOptions po;
+    po.device = vx::Device::cuda;
+    const std::vector<int32_t> ids = model.tokenizer().encode("a b c d");
+    EXPECT_THROW(vx::perplexity(model, ids, spec, nullptr, po), vx::Error);
+  }
+}

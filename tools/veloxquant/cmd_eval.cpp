@@ -89,9 +89,9 @@ void run_eval_cmd(const EvalCliOptions& o) {
     std::erase_if(contexts, [&](int c) { return c > trained; });
     if (contexts.empty()) contexts.push_back(int(trained));
   }
-  for (int c : contexts) check_trained_context(c, *model, o.allow_longer_context, fmt::format("-c {}", c));
+  for (int c : contexts) check_trained_context(c, model->config().n_ctx_train, o.allow_longer_context, fmt::format("-c {}", c));
   for (int c : o.retrieval_contexts)
-    check_trained_context(c, *model, o.allow_longer_context, fmt::format("--retrieval-ctx {}", c));
+    check_trained_context(c, model->config().n_ctx_train, o.allow_longer_context, fmt::format("--retrieval-ctx {}", c));
   // --calib SPEC=FILE: split at the last '=' (specs contain '=' themselves).
   std::map<std::string, std::string> calib_of;
   for (const std::string& c : o.calib) {
@@ -106,10 +106,8 @@ void run_eval_cmd(const EvalCliOptions& o) {
   for (const std::string& s : specs) {
     const KVCacheConfig cfg = parse_kv_cache_spec(s);
     auto it = calib_of.find(cfg.name());
-    const std::string calib =
-        resolve_calibration(*model, path, is_default, cfg, it == calib_of.end() ? "" : it->second,
-                            [&](const char* st, int d, int t) { bar.update(st, d, t); });
-    methods.push_back(make_checked_spec(cfg, *model, calib, it == calib_of.end(), path));
+    methods.push_back(model_kv_spec(*model, path, is_default, cfg, it == calib_of.end() ? "" : it->second,
+                                    [&](const char* st, int d, int t) { bar.update(st, d, t); }));
   }
   const KVSpec reference = make_kv_spec(parse_kv_cache_spec("fp16"));
 
