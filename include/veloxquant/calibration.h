@@ -57,11 +57,9 @@ class Calibration {
   static Calibration from_model(const Model& model, const std::string& text, int max_tokens,
                                 const KVCacheConfig& cfg, const CalibrationOptions& opt = {},
                                 const CalibrationProgress& progress = {});
-  // Throws now, "<what> '<path>': <problem>", when save(path) could not write there (before minutes
-  // of training): an empty path, a directory, a missing or read-only folder.
-  static void check_output(const std::string& path, const std::string& what = "calibration output");
 
-  // Written to a temporary name and renamed: a failed save leaves no partial file.
+  // Written to a temporary name and renamed: a failed save leaves no partial file. Check the path
+  // before a long from_model with check_output_path (files.h).
   void save(const std::string& path) const;
 
   int n_layers() const;

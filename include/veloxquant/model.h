@@ -29,10 +29,6 @@ struct ChatMessage {
 
 class Tokenizer;
 
-// A text corpus: ".gz" files through `gzip -dc`, HTML tags stripped from ".html" files, at most
-// 256 MiB; throws naming the path when it cannot be read.
-std::string read_text_file(const std::string& path);
-
 class Model {
  public:
   // Maps the file, reads the configuration and checks every tensor; throws vq::Error naming the

@@ -13,7 +13,8 @@ void set_num_threads(int n);  // n >= 1
 int num_threads();
 bool cuda_available();        // this build has the CUDA backend and a usable device is present
 std::string cuda_unavailable_reason();  // why cuda_available() is false ("" when it is true)
-std::string cuda_device_description();  // "NVIDIA H200, 139 GiB, sm_90", or "" without a usable device
+std::string cuda_device_description();
+std::string cpu_description();          // the CPU's model name (/proc/cpuinfo), or "" when unknown  // "NVIDIA H200, 139 GiB, sm_90", or "" without a usable device
 
 // Where a model runs and its KV pool lives (SessionOptions, EngineOptions, PerplexityOptions,
 // CalibrationOptions). cuda needs cuda_available(); constructing with it otherwise throws.

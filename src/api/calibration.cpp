@@ -3,7 +3,6 @@
 #include <filesystem>
 
 #include "api/impl.h"
-#include "core/atomic_file.h"
 #include "core/error.h"
 #include "kvcache/calibration_train.h"
 #include "eval/calibrate.h"
@@ -54,7 +53,6 @@ Calibration Calibration::from_model(const Model& model, const std::string& text,
 }
 
 void Calibration::save(const std::string& path) const { vq::save_calibration(path, *data_); }
-void Calibration::check_output(const std::string& path, const std::string& what) { vq::check_output_path(path, what); }
 
 int Calibration::n_layers() const { return data_->n_layers; }
 int Calibration::n_kv_heads() const { return data_->n_kv_heads; }

@@ -5,7 +5,6 @@
 #include "api/impl.h"
 #include "core/error.h"
 #include "text/chat_template.h"
-#include "eval/calibrate.h"
 #include "model/known_models.h"
 
 namespace veloxquant {
@@ -54,8 +53,6 @@ bool Model::default_present() { return vq::default_model_present(); }
 const ModelInfo& Model::info() const { return impl_->info; }
 bool Model::is_default() const { return impl_->is_default; }
 void Model::check_weights_finite() const { impl_->model->check_weights_finite(); }
-
-std::string read_text_file(const std::string& path) { return vq::read_text_file(path); }
 bool Model::has_tokenizer() const { return impl_->model->has_tokenizer(); }
 Tokenizer Model::tokenizer() const {
   (void)impl_->model->tokenizer();  // throws now, naming the file, when there is none

@@ -1,5 +1,6 @@
 // Library-wide settings: version, thread pool, CUDA availability.
 #include "api/impl.h"
+#include "core/cpu_info.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "veloxquant/runtime.h"
@@ -40,6 +41,8 @@ std::string cuda_device_description() {
   return "";
 #endif
 }
+
+std::string cpu_description() { return vq::cpu_model_name(); }
 
 const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
 

@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <string>
 
-#include "core/error.h"
+#include <fmt/format.h>
+
 #include "model/known_models.h"
 #include "model_fetch/model_fetch.h"
+#include "veloxquant/status.h"
 
 namespace vq::cli {
 
@@ -30,8 +32,8 @@ inline std::string model_path_or_default(const std::string& m, bool* is_default 
   const KnownModel* k = m.empty() ? &default_model() : find_known_model(m);
   if (is_default) *is_default = k != nullptr;
   if (k == nullptr) {
-    VQ_CHECK(m.find('/') != std::string::npos || m.find('.') != std::string::npos,
-             "-m {}: no such file, and not a known model name ({})", m, known_model_names());
+    if (m.find('/') == std::string::npos && m.find('.') == std::string::npos)
+      throw veloxquant::Error(fmt::format("-m {}: no such file, and not a known model name ({})", m, known_model_names()));
     return m;
   }
   if (!model_present(*k))

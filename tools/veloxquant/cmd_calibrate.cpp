@@ -11,6 +11,7 @@
 #include "cli_model.h"
 #include "commands.h"
 #include "veloxquant/calibration.h"
+#include "veloxquant/files.h"
 #include "veloxquant/kv_spec.h"
 #include "veloxquant/model.h"
 #include "veloxquant/runtime.h"
@@ -28,7 +29,7 @@ struct CalibrateOptions {
 
 void run_calibrate(const CalibrateOptions& o) {
   namespace vx = veloxquant;
-  vx::Calibration::check_output(o.out, "-o");  // before minutes of calibration
+  vx::check_output_path(o.out, "-o");  // before minutes of calibration
   if (!(o.iters >= 1 && o.iters <= 1000)) throw vx::Error(fmt::format("--iters: {} must be in 1..1000", o.iters));
   if (!(o.tokens >= 16 && o.tokens <= (1 << 24)))
     throw vx::Error(fmt::format("--tokens: {} must be in 16..16777216", o.tokens));

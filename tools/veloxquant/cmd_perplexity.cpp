@@ -12,6 +12,7 @@
 #include "cli_device.h"
 #include "cli_model.h"
 #include "commands.h"
+#include "veloxquant/files.h"
 #include "veloxquant/kv_spec.h"
 #include "veloxquant/model.h"
 #include "veloxquant/perplexity.h"
