@@ -1,5 +1,5 @@
 // veloxquant::Calibration over the calibration file and trainer (src/codec, src/kvcache,
-// src/model/calibrate).
+// src/eval/calibrate).
 #include <filesystem>
 
 #include "api/impl.h"
