@@ -34,13 +34,12 @@ KVSpec KVSpec::from_config(const KVCacheConfig& config, const std::string& calib
 
 bool kv_cache_needs_calibration(const KVCacheConfig& config) { return vq::kv_method(config.method).needs_calibration(); }
 
-KVSpec KVSpec::for_model(const Model& model, const std::string& spec, const std::string& calibration_file,
-                         const CalibrationProgress& progress, bool* made) {
-  return for_model(model, vq::parse_kv_cache_spec(spec), calibration_file, progress, made);
+KVSpec KVSpec::for_model(const Model& model, const std::string& spec, const std::string& calibration_file) {
+  return for_model_config(model, vq::parse_kv_cache_spec(spec), calibration_file);
 }
 
-KVSpec KVSpec::for_model(const Model& model, const KVCacheConfig& config, const std::string& calibration_file,
-                         const CalibrationProgress& progress, bool* made) {
+KVSpec KVSpec::for_model_config(const Model& model, const KVCacheConfig& config, const std::string& calibration_file,
+                                const CalibrationProgress& progress, bool* made) {
   const Model::Impl& m = ApiAccess::model_impl(model);
   config.validate(m.info.head_dim);
   KVSpec out = ApiAccess::make_spec(

@@ -219,7 +219,7 @@ TEST(ApiModel, DeviceWeightsAndTheOneSpecPath) {
   const vx::Model model = vx::Model::load(vx::Model::default_path());
   EXPECT_TRUE(model.is_default());
   EXPECT_NO_THROW(model.check_weights_finite());
-  const vx::KVSpec spec = vx::KVSpec::for_model(model, vx::parse_kv_cache_config("q8_0"));
+  const vx::KVSpec spec = vx::KVSpec::for_model_config(model, vx::parse_kv_cache_config("q8_0"));
   EXPECT_EQ(spec.name(), "q8_0");
   try {
     vx::KVSpec::for_model(model, "vecinfer:d4b8", "/nonexistent/calib.vqcal");

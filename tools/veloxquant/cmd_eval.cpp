@@ -109,7 +109,7 @@ void run_eval_cmd(const EvalCliOptions& o) {
   for (const std::string& s : specs) {
     const KVCacheConfig cfg = vx::parse_kv_cache_config(s);
     auto it = calib_of.find(cfg.name());
-    methods.push_back(vx::KVSpec::for_model(model, cfg, it == calib_of.end() ? "" : it->second,
+    methods.push_back(vx::KVSpec::for_model_config(model, cfg, it == calib_of.end() ? "" : it->second,
                                             [&](const char* st, int d, int t) { bar.update(st, d, t); }));
   }
   const vx::KVSpec reference = vx::KVSpec::parse("fp16");

@@ -49,7 +49,7 @@ void run_perplexity(const PplOptions& o) {
   if (o.ctx_given) check_trained_context(n_ctx, trained, o.allow_longer_context, "-c");
   ProgressBar bar;
   bool made = false;
-  const vx::KVSpec method = vx::KVSpec::for_model(
+  const vx::KVSpec method = vx::KVSpec::for_model_config(
       model, cfg, o.calib, [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
   if (made) std::fprintf(stderr, "perplexity: made the first-use calibration of %s\n", method.name().c_str());
   const vx::KVSpec reference = vx::KVSpec::parse("fp16");
