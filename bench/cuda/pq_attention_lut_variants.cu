@@ -78,7 +78,7 @@ __device__ __forceinline__ float warp_max(float x) {
 //   v3b: lut [NS/16][256][16] float4 (entry (c, s) = 4 heads in fp32)
 //   v4:  lut [256][32] uint2 (entry (c, s) = 4 heads as two half2; rows of 256 B, NS = 16 uses half a row)
 // NWT: warps per block. 16 = v4 (128 registers); 24 = v5 (80 registers: value codes loaded in their
-// own iteration, value centroids gathered per sub-space; docs/CUDA_NOTES.md v5).
+// own iteration, value centroids gathered per sub-space; docs/CUDA_NOTES.md section 3a, v5).
 template <int NS, int D, bool H16, int NWT>
 __global__ void __launch_bounds__(32 * NWT, 1) lut_split_kernel(LutParams p) {
   constexpr int kNW = NWT;

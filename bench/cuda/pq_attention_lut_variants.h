@@ -8,9 +8,9 @@
 
 namespace vq::cuda::bench_variants {
 
-// v3b: fp32 LUT (16-byte entries), 16 warps (docs/CUDA_NOTES.md section 3, "v3").
+// v3b: fp32 LUT (16-byte entries), 16 warps (docs/CUDA_NOTES.md section 3a, "v3b").
 void launch_v3b(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part, cudaStream_t st);
-// v5: the v4 loop with 20 warps of 96 registers (docs/CUDA_NOTES.md, "v5").
+// v5: the v4 loop with 20 warps of 96 registers (docs/CUDA_NOTES.md section 3a, "v5").
 void launch_v5(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part, cudaStream_t st);
 
 }  // namespace vq::cuda::bench_variants

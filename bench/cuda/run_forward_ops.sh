@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run of the forward-pass ops (CUDA helper 6; docs/CUDA_NOTES.md section 6): build check of
+# Device run of the forward-pass ops (CUDA helper 6; docs/CUDA_NOTES.md section 8): build check of
 # every CUDA source with the machine's nvcc, all GPU tests of tests/ops, compute-sanitizer memcheck
 # and racecheck on a small subset, bench_llm_ops and the attention kernel variants. The lent H200
 # has nvcc, cmake and the CUDA libraries (cuBLAS from /usr/local/cuda) but not fmt / Highway /

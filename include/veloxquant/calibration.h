@@ -5,11 +5,13 @@
 // `veloxquant calibrate`. File format: src/codec/calibration_file.h (versioned, checksummed).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "veloxquant/config.h"
+#include "veloxquant/runtime.h"
 #include "veloxquant/status.h"
 
 namespace vq {
@@ -29,7 +31,16 @@ struct CalibrationOptions {
   // sinks in fp16 and never encodes them.
   int segment_tokens = 0;
   int skip_tokens = 4;
+  // from_model only. query_aware: smoothing factors from the recorded queries' energy as well as the
+  // keys (docs/QUALITY.md); false: VecInfer's sqrt(max |k|). position_span > 0: the recorded keys and
+  // queries re-rotated to random positions in [0, position_span) (0: the positions they ran at).
+  bool query_aware = true;
+  int64_t position_span = 0;
+  Device device = Device::cpu;  // where the model runs while recording
 };
+
+// Progress of a long calibration: (stage, done, total); stage is "prefill" or "train".
+using CalibrationProgress = std::function<void(const char* stage, int done, int total)>;
 
 class Calibration {
  public:
@@ -44,9 +55,11 @@ class Calibration {
   // Runs the model over the first max_tokens tokens of text (fp16 cache), records every layer's
   // keys and values and trains on them (segment_tokens 0 here means 2048-token sequences).
   static Calibration from_model(const Model& model, const std::string& text, int max_tokens,
-                                const KVCacheConfig& cfg, const CalibrationOptions& opt = {});
+                                const KVCacheConfig& cfg, const CalibrationOptions& opt = {},
+                                const CalibrationProgress& progress = {});
 
-  // Written to a temporary name and renamed: a failed save leaves no partial file.
+  // Written to a temporary name and renamed: a failed save leaves no partial file. Check the path
+  // before a long from_model with check_output_path (files.h).
   void save(const std::string& path) const;
 
   int n_layers() const;

@@ -29,6 +29,7 @@ struct EngineOptions {
   int max_sequences = 16;               // running at once
   int max_step_tokens = 512;            // rows per step: decode tokens + prefill chunk tokens
   int n_ctx = 0;                        // positions per sequence (0: the model's training context)
+  Device device = Device::cpu;          // where the steps run and the pool lives (runtime.h)
 };
 
 struct SequenceResult {

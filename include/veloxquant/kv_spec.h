@@ -26,6 +26,8 @@ KVCacheConfig parse_kv_cache_config(const std::string& spec);
 std::vector<std::string> kv_cache_methods();
 // The spec syntax, several lines (what `veloxquant generate --help` prints).
 std::string kv_cache_spec_help();
+// Whether the config's method runs on trained codebooks (a Calibration): vecinfer.
+bool kv_cache_needs_calibration(const KVCacheConfig& config);
 
 class KVSpec {
  public:
@@ -34,11 +36,17 @@ class KVSpec {
   static KVSpec parse(const std::string& spec, const std::string& calibration_file = "");
   static KVSpec parse(const std::string& spec, const Calibration& calibration);
   static KVSpec from_config(const KVCacheConfig& config, const std::string& calibration_file = "");
-  // For a model: as parse(), except that VecInfer on the default model (Model::load_default)
-  // without a calibration file uses the cached first-use calibration, training it now (about a
-  // minute on 2 cores, from the Jargon File of the Debian package jargon-text) when absent.
-  // The calibration is checked against the model's geometry.
+  // For a model: as parse(), except that VecInfer on a known model (Model::is_default) without a
+  // calibration file uses the cached first-use calibration, training it now (about a minute on 2
+  // cores, from the Jargon File of the Debian package jargon-text) when absent. The calibration is checked against the spec and the model's
+  // geometry, and a calibration_file must record this model; errors name the file. The CLI and
+  // the server take their specs from the same function (src/eval/calibrate.h model_kv_spec).
   static KVSpec for_model(const Model& model, const std::string& spec, const std::string& calibration_file = "");
+  // The same from a parsed config, reporting a first-use calibration's progress and setting *made
+  // when it trained one now.
+  static KVSpec for_model_config(const Model& model, const KVCacheConfig& config,
+                                 const std::string& calibration_file = "", const CalibrationProgress& progress = {},
+                                 bool* made = nullptr);
 
   const KVCacheConfig& config() const;
   std::string name() const;  // canonical spec string, e.g. "vecinfer:d4b8"

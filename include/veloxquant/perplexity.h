@@ -6,6 +6,7 @@
 
 #include "veloxquant/kv_spec.h"
 #include "veloxquant/model.h"
+#include "veloxquant/runtime.h"
 #include "veloxquant/session.h"
 
 namespace veloxquant {
@@ -14,6 +15,7 @@ struct PerplexityOptions {
   int n_ctx = 2048;     // tokens per window (each window starts from an empty cache)
   int chunk = 32;       // tokens per forward call: later chunks attend to earlier ones through the cache
   int max_windows = 1;
+  Device device = Device::cpu;  // where the model runs and the caches live (runtime.h)
 };
 
 struct PerplexityResult {

@@ -9,6 +9,7 @@
 
 #include "veloxquant/kv_spec.h"
 #include "veloxquant/model.h"
+#include "veloxquant/runtime.h"
 
 namespace veloxquant {
 
@@ -27,6 +28,7 @@ struct SessionOptions {
   int n_ctx = 0;                            // positions the session holds (0: the model's training context)
   int max_chunk = 512;                      // tokens per step of a long forward()
   size_t kv_budget_bytes = size_t(-1);      // the KV pool's budget; exceeding it throws
+  Device device = Device::cpu;              // where the forward runs and the pool lives (runtime.h)
 };
 
 class Session {

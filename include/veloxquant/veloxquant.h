@@ -5,6 +5,8 @@
 #include "veloxquant/codec.h"
 #include "veloxquant/config.h"
 #include "veloxquant/engine.h"
+#include "veloxquant/eval.h"
+#include "veloxquant/files.h"
 #include "veloxquant/generate.h"
 #include "veloxquant/kv_cache.h"
 #include "veloxquant/kv_spec.h"

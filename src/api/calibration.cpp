@@ -1,11 +1,11 @@
 // veloxquant::Calibration over the calibration file and trainer (src/codec, src/kvcache,
-// src/model/calibrate).
+// src/eval/calibrate).
 #include <filesystem>
 
 #include "api/impl.h"
 #include "core/error.h"
 #include "kvcache/calibration_train.h"
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 #include "veloxquant/calibration.h"
 
 namespace veloxquant {
@@ -17,6 +17,8 @@ static vq::CalibTrainOptions train_options(const CalibrationOptions& o) {
   t.max_points_per_centroid = o.max_points_per_centroid;
   t.segment_tokens = o.segment_tokens;
   t.skip_tokens = o.skip_tokens;
+  t.query_aware = o.query_aware;
+  t.position_span = o.position_span;
   return t;
 }
 
@@ -42,11 +44,12 @@ Calibration Calibration::train(const KVCacheConfig& cfg, int n_kv_heads, int hea
 }
 
 Calibration Calibration::from_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
-                                    const CalibrationOptions& opt) {
+                                    const CalibrationOptions& opt, const CalibrationProgress& progress) {
   VQ_CHECK(cfg.method == KVMethod::vecinfer, "calibration: the config is {}, not a vecinfer cache", cfg.name());
   const Model::Impl& m = ApiAccess::model_impl(model);
   const std::string name = std::filesystem::path(m.info.path).filename().string();
-  return make_handle(vq::calibrate_model(*m.model, text, max_tokens, cfg, train_options(opt), name));
+  return make_handle(
+      vq::calibrate_model(*m.model, text, max_tokens, cfg, train_options(opt), name, progress, to_internal(opt.device)));
 }
 
 void Calibration::save(const std::string& path) const { vq::save_calibration(path, *data_); }

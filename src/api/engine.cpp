@@ -30,6 +30,7 @@ static vq::EngineOptions engine_options(const Model& model, const KVSpec& spec, 
   e.max_sequences = o.max_sequences;
   e.max_step_tokens = o.max_step_tokens;
   e.n_ctx = o.n_ctx > 0 ? o.n_ctx : default_n_ctx(model);
+  e.device = to_internal(o.device);
   return e;
 }
 

@@ -12,6 +12,7 @@
 #include "veloxquant/kv_spec.h"
 #include "veloxquant/model.h"
 #include "veloxquant/sampling.h"
+#include "veloxquant/runtime.h"
 #include "veloxquant/session.h"
 
 namespace veloxquant {
@@ -40,6 +41,8 @@ struct ApiAccess {
 };
 
 vq::SamplerParams to_internal(const SamplingParams& p);
+// Device::cuda without a usable device throws, naming the reason.
+vq::KVDevice to_internal(Device d);
 vq::Granularity to_internal(CodebookGranularity g);
 CodebookGranularity to_public(vq::Granularity g);
 // A model's calibration must match its layers and KV heads: checked when a spec meets a model.

@@ -4,7 +4,7 @@
 #include "kvcache/factory.h"
 #include "kvcache/kv_method.h"
 #include "kvcache/spec_syntax.h"
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 
 namespace veloxquant {
 
@@ -32,11 +32,18 @@ KVSpec KVSpec::from_config(const KVCacheConfig& config, const std::string& calib
   return ApiAccess::make_spec(vq::make_kv_spec(config, calibration_file));
 }
 
+bool kv_cache_needs_calibration(const KVCacheConfig& config) { return vq::kv_method(config.method).needs_calibration(); }
+
 KVSpec KVSpec::for_model(const Model& model, const std::string& spec, const std::string& calibration_file) {
-  const KVCacheConfig c = vq::parse_kv_cache_spec(spec);
+  return for_model_config(model, vq::parse_kv_cache_spec(spec), calibration_file);
+}
+
+KVSpec KVSpec::for_model_config(const Model& model, const KVCacheConfig& config, const std::string& calibration_file,
+                                const CalibrationProgress& progress, bool* made) {
   const Model::Impl& m = ApiAccess::model_impl(model);
-  const std::string calib = vq::resolve_calibration(*m.model, m.info.path, m.is_default, c, calibration_file);
-  KVSpec out = ApiAccess::make_spec(vq::make_kv_spec(c, calib));
+  config.validate(m.info.head_dim);
+  KVSpec out = ApiAccess::make_spec(
+      vq::model_kv_spec(*m.model, m.info.path, m.is_default, config, calibration_file, progress, made));
   check_spec_fits(out, model);
   return out;
 }

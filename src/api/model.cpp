@@ -1,9 +1,10 @@
 // veloxquant::Model and Tokenizer over vq::Model / vq::Tokenizer (src/model).
+#include <filesystem>
 #include <memory>
 
 #include "api/impl.h"
 #include "core/error.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 #include "model/known_models.h"
 
 namespace veloxquant {
@@ -26,10 +27,41 @@ static Model load_model(const std::string& path, bool is_default) {
   i.n_vocab = c.n_vocab;
   i.n_ctx_train = c.n_ctx_train;
   i.weight_bytes = impl->model->weight_bytes();
+  const vq::GGUFFile& g = impl->model->gguf();
+  i.gguf_version = g.version();
+  i.n_tensors = g.tensors().size();
+  i.tensor_types = impl->model->tensor_type_counts();
+  i.qkv_bias = c.qkv_bias;
+  i.qk_norm = c.qk_norm;
+  i.post_norms = c.post_norms;
+  i.tied_embeddings = c.tied_embeddings;
+  i.attn_scale = c.attn_scale;
+  i.embd_scale = c.embd_scale;
+  i.norm_eps = c.norm_eps;
+  i.ffn_activation = vq::ffn_activation_name(c.ffn_act);
+  i.rope_layout = vq::rope_layout_name(c.rope_layout);
+  i.rope_scaling = vq::rope_scaling_name(c.rope_scaling);
+  i.rope_theta = c.rope_theta;
+  i.rope_theta_swa = c.rope_theta_swa;
+  i.rope_factor = c.rope_factor;
+  i.n_rot = c.n_rot;
+  i.rope_freqs_tensor = g.find_tensor("rope_freqs.weight") != nullptr;
+  i.sliding_window = c.sliding_window;
+  i.sliding_pattern = c.sliding_pattern;
+  for (int l = 0; !c.layer_sliding.empty() && l < c.n_layers; ++l) i.sliding_layers.push_back(c.is_sliding(l));
   return ApiAccess::make_model(std::move(impl));
 }
 
-Model Model::load(const std::string& path) { return load_model(path, false); }
+static bool is_known_model_file(const std::string& path) {
+  std::error_code ec;
+  for (const vq::KnownModel& k : vq::known_models()) {
+    const std::string loc = vq::model_location(k);
+    if (path == loc || (std::filesystem::exists(loc, ec) && std::filesystem::equivalent(path, loc, ec))) return true;
+  }
+  return false;
+}
+
+Model Model::load(const std::string& path) { return load_model(path, is_known_model_file(path)); }
 Model Model::load_default() {
   // The library does not download: the CLI and scripts/setup.sh fetch the default model.
   const std::string path = vq::default_model_location();
@@ -42,6 +74,7 @@ bool Model::default_present() { return vq::default_model_present(); }
 
 const ModelInfo& Model::info() const { return impl_->info; }
 bool Model::is_default() const { return impl_->is_default; }
+void Model::check_weights_finite() const { impl_->model->check_weights_finite(); }
 bool Model::has_tokenizer() const { return impl_->model->has_tokenizer(); }
 Tokenizer Model::tokenizer() const {
   (void)impl_->model->tokenizer();  // throws now, naming the file, when there is none
@@ -73,7 +106,11 @@ std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messa
 }
 
 std::string Tokenizer::chat_format() const {
-  return vq::chat_format_name(vq::detect_chat_format(ApiAccess::tokenizer(*this).chat_template()));
+  const vq::Tokenizer& t = ApiAccess::tokenizer(*this);
+  return vq::chat_format_name(vq::detect_chat_format(
+      vq::chat_template_or_vocab_marker(t.chat_template(), t.find_token(vq::kGemmaTurnMarker) >= 0)));
 }
+std::string Tokenizer::kind() const { return ApiAccess::tokenizer(*this).model(); }
+std::string Tokenizer::pre_tokenizer() const { return ApiAccess::tokenizer(*this).pre(); }
 
 }  // namespace veloxquant

@@ -3,7 +3,7 @@
 
 #include "api/impl.h"
 #include "core/error.h"
-#include "model/perplexity.h"
+#include "eval/perplexity.h"
 #include "model/session.h"
 #include "veloxquant/perplexity.h"
 
@@ -57,7 +57,7 @@ Session::Session(const Model& model, const KVSpec& spec, const SessionOptions& o
     // new Impl{...}: the internal session is built in place (it cannot move).
     : impl_(new Impl{model, spec,
                      vq::Session(ApiAccess::model(model), ApiAccess::spec(spec), checked_ctx(model, spec, opt),
-                                 opt.max_chunk, opt.kv_budget_bytes)}) {}
+                                 opt.max_chunk, opt.kv_budget_bytes, to_internal(opt.device))}) {}
 Session::~Session() = default;
 Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;
@@ -86,6 +86,7 @@ PerplexityResult perplexity(const Model& model, std::span<const int32_t> tokens,
   o.n_ctx = opt.n_ctx;
   o.chunk = opt.chunk;
   o.max_windows = opt.max_windows;
+  o.device = to_internal(opt.device);
   const vq::PerplexityResult r =
       vq::evaluate_perplexity(ApiAccess::model(model), std::vector<int32_t>(tokens.begin(), tokens.end()),
                               ApiAccess::spec(method), reference ? &ApiAccess::spec(*reference) : nullptr, o);

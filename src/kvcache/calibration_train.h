@@ -1,6 +1,6 @@
 #pragma once
 // Trains VecInfer calibration (smoothing factors + key/value codebooks per layer and KV head)
-// from collected keys and values. The model-level driver (model/calibrate.h) collects them.
+// from collected keys and values. The model-level driver (eval/calibrate.h) collects them.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -29,9 +29,9 @@ struct CalibTrainOptions {
   // Given, the smoothing factors are query-aware (codec/key_transform.h smoothing_from_energy);
   // empty, they come from the keys' absolute maxima alone (VecInfer's original rule).
   std::vector<std::vector<double>> query_energy;
-  // The model-level trainer (model/calibrate.h) fills query_energy from its recording when true.
+  // The model-level trainer (eval/calibrate.h) fills query_energy from its recording when true.
   bool query_aware = true;
-  // For the model-level recorder (model/calibrate.h record_kv): keys and queries re-rotated to random
+  // For the model-level recorder (eval/calibrate.h record_kv): keys and queries re-rotated to random
   // positions in [0, position_span). -1: the model's trained context, at most kMaxCalibPositionSpan;
   // 0 (the default): the positions the calibration text ran at. Measured (docs/QUALITY.md): a span
   // far past the evaluated context costs quality there, so it is not the default.

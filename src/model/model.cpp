@@ -3,6 +3,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "model/text_gguf.h"
 
 namespace vq {
 namespace {
@@ -78,7 +79,7 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   }
   m->inv_freqs_ = vq::rope_inv_freqs(c, g);
   if (c.n_sliding_layers() > 0) m->inv_freqs_swa_ = vq::rope_inv_freqs(c, g, true);
-  if (g.has("tokenizer.ggml.model")) m->tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(g));
+  if (g.has("tokenizer.ggml.model")) m->tokenizer_ = std::make_unique<Tokenizer>(tokenizer_from_gguf(g));
   return m;
 }
 
@@ -97,6 +98,15 @@ size_t Model::weight_bytes() const {
   size_t b = 0;
   for (const auto& t : gguf_->tensors()) b += t.nbytes;
   return b;
+}
+
+void Model::check_weights_finite() const {
+  for (const GGUFTensorInfo& t : gguf_->tensors()) {
+    if (!ggml_type_supported(t.type) || t.dims.empty()) continue;  // unused, or refused where used
+    const int64_t at = find_non_finite(t.type, t.data, t.numel());
+    VQ_CHECK(at < 0, "{}: tensor '{}' ({}) holds a NaN or inf {} at element {}", gguf_->path(), t.name,
+             ggml_type_name(t.type), ggml_block_elems(t.type) == 1 ? "value" : "block scale", at);
+  }
 }
 
 }  // namespace vq

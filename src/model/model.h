@@ -12,7 +12,7 @@
 #include "model/gguf.h"
 #include "model/matmul_packed.h"
 #include "model/model_config.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/weight_formats.h"
 #include "veloxquant/kv_cache.h"
 
@@ -66,6 +66,11 @@ class Model {
   // Per-type tensor counts, e.g. {"q4_1": 210, "f32": 61, ...}.
   std::vector<std::pair<std::string, int>> tensor_type_counts() const;
   size_t weight_bytes() const;  // bytes of all tensor data
+  // Every weight finite (find_non_finite over every supported tensor: the float values and the
+  // block scales); throws naming the file, the tensor and the element. A NaN weight otherwise
+  // yields garbage, and the attention's softmax can hide it from the logits. One pass over the
+  // float tensors and a few bytes per quantized block, which the first forward pass reads anyway.
+  void check_weights_finite() const;
 
  private:
   Model() = default;

@@ -7,9 +7,9 @@
 #include <cctype>
 #include <set>
 
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace vq {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace vq {
 

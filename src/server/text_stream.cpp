@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace vq {
 namespace {

@@ -160,3 +160,112 @@ TEST(ApiModel, EngineCallbacksSessionAndSampler) {
   EXPECT_THROW(vx::Engine(model, spec, {size_t(-1), 0}), vx::Error);
   EXPECT_THROW(engine.submit(vx::Request{}), vx::Error);  // empty prompt
 }
+
+// The device through the public API (the CLI's --device): names, auto, and cuda refused with the
+// reason where there is no usable device.
+TEST(ApiRuntime, DeviceChoice) {
+  EXPECT_EQ(vx::parse_device("cpu"), vx::Device::cpu);
+  EXPECT_STREQ(vx::device_name(vx::Device::cpu), "cpu");
+  EXPECT_STREQ(vx::device_name(vx::Device::cuda), "cuda");
+  try {
+    vx::parse_device("gpu");
+    ADD_FAILURE() << "device 'gpu' accepted";
+  } catch (const vx::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be cpu, cuda or auto"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(vx::parse_device("auto") == vx::Device::cuda, vx::cuda_available());
+  if (vx::cuda_available()) {
+    EXPECT_EQ(vx::parse_device("cuda"), vx::Device::cuda);
+    EXPECT_EQ(vx::cuda_unavailable_reason(), "");
+    EXPECT_NE(vx::cuda_device_description(), "");
+  } else {
+    const std::string why = vx::cuda_unavailable_reason();
+    EXPECT_NE(why, "");
+    EXPECT_EQ(vx::cuda_device_description(), "");
+    try {
+      vx::parse_device("cuda");
+      ADD_FAILURE() << "cuda accepted without a usable device";
+    } catch (const vx::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ApiSpec, KnowsWhichMethodsNeedACalibration) {
+  EXPECT_TRUE(vx::kv_cache_needs_calibration(vx::parse_kv_cache_config("vecinfer:d4b8")));
+  for (const char* m : {"fp16", "q8_0", "kivi2"}) EXPECT_FALSE(vx::kv_cache_needs_calibration(vx::parse_kv_cache_config(m))) << m;
+}
+
+TEST(ApiFiles, OutputCheckedBeforeAnyWork) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "vq_api_check_output";
+  std::filesystem::create_directories(dir);
+  EXPECT_NO_THROW(vx::check_output_path((dir / "c.vqcal").string(), "out"));
+  try {
+    vx::check_output_path((dir / "missing" / "c.vqcal").string(), "-o");
+    ADD_FAILURE() << "a missing folder accepted";
+  } catch (const vx::Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("-o '", 0), 0u) << e.what();
+  }
+  EXPECT_THROW(vx::check_output_path(dir.string(), "out"), vx::Error);  // a directory
+  std::filesystem::remove_all(dir);
+}
+
+// What the CLI's perplexity and calibrate take from the API: a known model's file loaded by path
+// counts as a known model (first-use calibration), every weight is checked finite, a session or
+// perplexity on an absent device is refused, and the one spec path refuses a calibration file that
+// is not there, naming it.
+TEST(ApiModel, DeviceWeightsAndTheOneSpecPath) {
+  if (!have_default_model()) GTEST_SKIP() << "default model absent (scripts/setup.sh fetches it)";
+  const vx::Model model = vx::Model::load(vx::Model::default_path());
+  EXPECT_TRUE(model.is_default());
+  EXPECT_NO_THROW(model.check_weights_finite());
+  const vx::KVSpec spec = vx::KVSpec::for_model_config(model, vx::parse_kv_cache_config("q8_0"));
+  EXPECT_EQ(spec.name(), "q8_0");
+  try {
+    vx::KVSpec::for_model(model, "vecinfer:d4b8", "/nonexistent/calib.vqcal");
+    ADD_FAILURE() << "a missing calibration file accepted";
+  } catch (const vx::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/calib.vqcal"), std::string::npos) << e.what();
+  }
+  if (!vx::cuda_available()) {
+    vx::SessionOptions so;
+    so.n_ctx = 64;
+    so.device = vx::Device::cuda;
+    EXPECT_THROW(vx::Session(model, spec, so), vx::Error);
+    vx::PerplexityOptions po;
+    po.device = vx::Device::cuda;
+    const std::vector<int32_t> ids = model.tokenizer().encode("a b c d");
+    EXPECT_THROW(vx::perplexity(model, ids, spec, nullptr, po), vx::Error);
+  }
+}
+
+// The eval suite through the public API (what `veloxquant eval` runs): quality rows for each
+// method and context, the reference agreeing with itself exactly, and the JSON document.
+TEST(ApiEval, QualityRowsAndTheReport) {
+  if (!have_default_model()) GTEST_SKIP() << "default model absent (scripts/setup.sh fetches it)";
+  const vx::Model model = vx::Model::load_default();
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "The quick brown fox jumps over the lazy dog number " + std::to_string(i) + ". ";
+  vx::EvalOptions opt;
+  opt.contexts = {64};
+  const std::vector<vx::EvalText> texts{{"fox", "fox.txt", text}};
+  const vx::KVSpec fp16 = vx::KVSpec::parse("fp16");
+  const vx::EvalReport r =
+      vx::run_eval(model, {fp16, vx::KVSpec::for_model(model, "q8_0")}, fp16, texts, "", opt);
+  ASSERT_EQ(r.quality.size(), 2u);
+  EXPECT_TRUE(r.retrieval.empty());
+  EXPECT_EQ(r.reference, "fp16");
+  EXPECT_EQ(r.quality[0].kv_cache, "fp16");
+  EXPECT_EQ(r.quality[0].kl, 0.0);
+  EXPECT_EQ(r.quality[0].top1, 1.0);
+  EXPECT_EQ(r.quality[1].kv_cache, "q8_0");
+  EXPECT_EQ(r.quality[1].tokens_scored, 63);
+  EXPECT_GT(r.quality[1].perplexity, 1.0);
+  EXPECT_NEAR(r.quality[1].bits_per_element, 8.5, 1e-9);
+  const std::string json = vx::eval_report_json(r, opt, texts, R"({"command": "api_test"})", false);
+  EXPECT_NE(json.find("veloxquant-eval-1"), std::string::npos);
+  EXPECT_NE(json.find("\"api_test\""), std::string::npos);
+  EXPECT_THROW(vx::eval_report_json(r, opt, texts, "[1, 2]", false), vx::Error);
+  const std::vector<std::string> evaluated = vx::kv_cache_evaluated_methods();
+  EXPECT_NE(std::find(evaluated.begin(), evaluated.end(), "q8_0"), evaluated.end());
+}

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 #include "model_fetch/model_fetch.h"
 #include "model/model.h"
 

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "kvcache/factory.h"
-#include "model/perplexity.h"
+#include "eval/perplexity.h"
 #include "model_fixture.h"
 
 using namespace vq;

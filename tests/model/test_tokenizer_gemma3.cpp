@@ -8,9 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "model/text_gguf.h"
+#include "text/tokenizer.h"
 #include "model_fetch/model_fetch.h"
 
 namespace vq {
@@ -28,7 +29,7 @@ std::string gemma3_path() {
 TEST(TokenizerGemma3, MatchesLlamaCppOnPiecesSpecialsAndBytes) {
   VQ_REQUIRE_GEMMA3(path);
   GGUFFile g(path);
-  const Tokenizer t = Tokenizer::from_gguf(g);
+  const Tokenizer t = tokenizer_from_gguf(g);
   EXPECT_EQ(t.n_vocab(), 262144);
   EXPECT_EQ(t.bos(), 2);
   EXPECT_EQ(t.eos(), 1);
@@ -59,7 +60,7 @@ TEST(TokenizerGemma3, TemplateLessGgufGetsTheGemmaChatFormat) {
   EXPECT_EQ(detect_chat_format(model_chat_template(g)), ChatFormat::Gemma);
   const std::string want = "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n";
   EXPECT_EQ(apply_chat_template(g, {{"user", "Hi"}}, true), want);
-  EXPECT_EQ(apply_chat_template(Tokenizer::from_gguf(g), {{"user", "Hi"}}, true), want);
+  EXPECT_EQ(apply_chat_template(tokenizer_from_gguf(g), {{"user", "Hi"}}, true), want);
 }
 
 }  // namespace

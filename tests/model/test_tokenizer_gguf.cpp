@@ -1,4 +1,4 @@
-// Tokenizer::from_gguf: a tiny SentencePiece vocabulary written with the test GGUF writer, bad
+// tokenizer_from_gguf: a tiny SentencePiece vocabulary written with the test GGUF writer, bad
 // tokenizer metadata, and the real SmolLM2 GGUF (round trips on real text, special tokens, every
 // vocabulary entry re-encodes to itself, chat template). The id-level comparison with an
 // independent implementation is tests/python/test_tokenizer_reference.py.
@@ -11,10 +11,11 @@
 #include <iterator>
 
 #include "core/error.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 #include "model/gguf.h"
+#include "model/text_gguf.h"
 #include "model/gguf_writer.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace vq {
 namespace {
@@ -51,7 +52,7 @@ std::vector<uint8_t> spm_gguf(bool with_model = true, int64_t bos = 1) {
 TEST(TokenizerGGUF, FromMetadata) {
   const auto bytes = spm_gguf();
   auto g = GGUFFile::from_memory(bytes.data(), bytes.size(), "tiny.gguf");
-  const Tokenizer t = Tokenizer::from_gguf(*g);
+  const Tokenizer t = tokenizer_from_gguf(*g);
   EXPECT_EQ(t.model(), "llama");
   EXPECT_EQ(t.n_vocab(), 3 + 256 + 6);
   EXPECT_EQ(t.bos(), 1);
@@ -69,7 +70,7 @@ TEST(TokenizerGGUF, BadMetadataNamesTheKey) {
   auto expect_error = [](const std::vector<uint8_t>& bytes, const char* key) {
     auto g = GGUFFile::from_memory(bytes.data(), bytes.size(), "bad.gguf");
     try {
-      Tokenizer::from_gguf(*g);
+      tokenizer_from_gguf(*g);
       ADD_FAILURE() << "expected an error naming " << key;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
@@ -95,7 +96,7 @@ TEST(TokenizerSmolLM2, RoundTripsRealTextAndSpecials) {
   const std::string path = smollm2_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "SmolLM2 GGUF not found at " << path << " (scripts/setup.sh fetches it)";
   GGUFFile g(path);
-  const Tokenizer t = Tokenizer::from_gguf(g);
+  const Tokenizer t = tokenizer_from_gguf(g);
   EXPECT_EQ(t.model(), "gpt2");
   EXPECT_EQ(t.pre(), "smollm");
   EXPECT_EQ(t.n_vocab(), 49152);
@@ -134,7 +135,7 @@ TEST(TokenizerSmolLM2, EveryNormalTokenReencodesToItself) {
   const std::string path = smollm2_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "SmolLM2 GGUF not found at " << path;
   GGUFFile g(path);
-  const Tokenizer t = Tokenizer::from_gguf(g);
+  const Tokenizer t = tokenizer_from_gguf(g);
   // A token's bytes, encoded alone, must decode back to the same bytes (and usually be the token
   // itself; BPE may legitimately pick another split for a few, so only the bytes are required).
   int same = 0, normal = 0;

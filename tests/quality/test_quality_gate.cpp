@@ -4,7 +4,7 @@
 // the fp16 cache, perplexity ratio to it and top-1 agreement with it. A change that makes a method
 // measurably worse (a codec, a kernel, the store's window rule, the calibration recipe) fails here
 // even when every unit test still passes. VecInfer's calibrations are trained in-process with the
-// first-use recipe (model/calibrate.h), so the gate measures what a user gets.
+// first-use recipe (eval/calibrate.h), so the gate measures what a user gets.
 // Run alone: ctest -L quality. 3 minutes of CPU time with 2 threads (so ~1.5-2 minutes wall on 2
 // idle cores, not measured idle); on the loaded 2-core dev machine 4.1 to 8.6 min wall at load 4 to 8
 // (k-means of the three VecInfer presets' calibrations is two thirds of it).
@@ -17,8 +17,8 @@
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
 #include "kvcache/model_fixture.h"
-#include "model/calibrate.h"
-#include "model/perplexity.h"
+#include "eval/calibrate.h"
+#include "eval/perplexity.h"
 
 using namespace vq;
 

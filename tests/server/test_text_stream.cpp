@@ -9,7 +9,7 @@
 
 #include "model_fetch/model_fetch.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "server/text_stream.h"
 
 using namespace vq;

@@ -14,8 +14,9 @@
 
 #include "core/error.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_pretok.h"
+#include "model/text_gguf.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_pretok.h"
 
 namespace {
 
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
     }
     if (model.empty() || input.empty()) throw vq::Error("usage: vq_tokenize [options] MODEL.gguf FILE");
     vq::GGUFFile g(model);
-    vq::TokenizerData d = vq::Tokenizer::data_from_gguf(g);
+    vq::TokenizerData d = vq::tokenizer_data_from_gguf(g);
     if (!pre.empty()) d.pre = pre;
     const vq::Tokenizer tok(d);
     const std::string text = read_all(input);

@@ -26,7 +26,7 @@
 #include "core/thread_pool.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_method.h"
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 #include "model/session.h"
 
 namespace vq::cli {

@@ -10,56 +10,23 @@
 #include <cstring>
 #include <filesystem>
 
-#include "codec/calibration_check.h"
 #include "core/error.h"
 #include "core/text_escape.h"
-#include "kvcache/kv_method.h"
 #include "kvcache/kv_store.h"
+#include "veloxquant/kv_spec.h"
 
 namespace vq::cli {
 
 void check_cache_flags(const KVCacheConfig& cfg, const std::string& calib_flag) {
-  VQ_CHECK(calib_flag.empty() || kv_method(cfg.method).needs_calibration(),
+  VQ_CHECK(calib_flag.empty() || veloxquant::kv_cache_needs_calibration(cfg),
            "--calib: the kv cache {} uses no calibration (only vecinfer does)", cfg.name());
 }
 
-void check_cache_fits_model(const KVCacheConfig& cfg, const Model& model, const std::string& model_path) {
+void check_cache_fits_model(const KVCacheConfig& cfg, int head_dim, const std::string& model_path) {
   try {
-    cfg.validate(model.config().head_dim);
+    cfg.validate(head_dim);
   } catch (const Error& e) {
-    VQ_FAIL("--kv-cache {} does not fit {} (head_dim {}): {}", cfg.name(), model_path, model.config().head_dim,
-            e.what());
-  }
-}
-
-KVSpec make_checked_spec(KVCacheConfig cfg, const Model& model, const std::string& calib_path, bool auto_calib,
-                         const std::string& model_path) {
-  if (kv_method(cfg.method).needs_calibration() && !calib_path.empty()) {
-    auto calib = std::make_shared<const Calibration>(load_calibration(calib_path));
-    if (auto_calib)
-      cfg.granularity = calib->granularity == Granularity::shared ? CodebookGranularity::shared
-                                                                  : CodebookGranularity::per_subspace;
-    try {
-      check_calibration_matches(*calib, cfg, model.kv_geometry(), model.config().n_layers);
-      // A file the user named must be this model's; the first-use one is found by the model's
-      // SHA-256 already (model/calibrate.h), whatever the file is called now.
-      if (!auto_calib)
-        check_calibration_model(*calib, std::filesystem::path(model_path).filename().string(), model.config().name);
-    } catch (const Error& e) {
-      VQ_FAIL("{}: {}", calib_path, e.what());
-    }
-    cfg.calibration = std::move(calib);
-    return make_kv_spec(cfg);
-  }
-  return make_kv_spec(cfg, calib_path);
-}
-
-void check_weights_finite(const Model& model, const std::string& model_path) {
-  for (const GGUFTensorInfo& t : model.gguf().tensors()) {
-    if (!ggml_type_supported(t.type) || t.dims.empty()) continue;  // unused, or refused where used
-    const int64_t at = find_non_finite(t.type, t.data, t.numel());
-    VQ_CHECK(at < 0, "{}: tensor '{}' ({}) holds a NaN or inf {} at element {}", model_path, t.name,
-             ggml_type_name(t.type), ggml_block_elems(t.type) == 1 ? "value" : "block scale", at);
+    VQ_FAIL("--kv-cache {} does not fit {} (head_dim {}): {}", cfg.name(), model_path, head_dim, e.what());
   }
 }
 
@@ -71,10 +38,10 @@ void check_logits_finite(const float* logits, int n_vocab, int64_t pos) {
              logits[i], i, pos);
 }
 
-void check_trained_context(int64_t n, const Model& model, bool allow_longer, const std::string& what) {
+void check_trained_context(int64_t n, int64_t n_ctx_train, bool allow_longer, const std::string& what) {
   VQ_CHECK(n <= kMaxContextTokens, "{}: {} tokens is more than the {} tokens of context this build runs", what, n,
            kMaxContextTokens);
-  const int64_t trained = model.config().n_ctx_train;
+  const int64_t trained = n_ctx_train;
   if (trained <= 0 || n <= trained) return;
   VQ_CHECK(allow_longer,
            "{}: {} tokens, past the model's trained context of {} tokens (give --allow-longer-context to run past "

@@ -1,12 +1,15 @@
 #pragma once
 // Checks the subcommands run before any expensive work, so that a bad option or input fails in
 // one line at once rather than after minutes (docs/RELIABILITY.md lists the cases).
-#include <memory>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
-#include "codec/calibration_file.h"
-#include "kvcache/factory.h"
-#include "model/model.h"
+#include "veloxquant/config.h"
+
+namespace vq {
+class KVStore;
+}
 
 namespace vq::cli {
 
@@ -14,22 +17,11 @@ namespace vq::cli {
 void check_cache_flags(const KVCacheConfig& cfg, const std::string& calib_flag);
 
 // What depends on the model's geometry (head_dim divisibility, the Hadamard block), right after
-// the model is mapped and before any calibration or generation.
-void check_cache_fits_model(const KVCacheConfig& cfg, const Model& model, const std::string& model_path);
-
-// The KV spec; for VecInfer it loads the calibration file once and checks it against the spec
-// and the model (check_calibration_matches) before any session exists. When the file is the
-// automatic first-use calibration (auto_calib), the spec's default granularity yields to the
-// file's: that recipe picks shared codebooks for 12-bit presets.
-// A --calib file given by the user must also record this model (check_calibration_model).
-KVSpec make_checked_spec(KVCacheConfig cfg, const Model& model, const std::string& calib_path, bool auto_calib,
-                         const std::string& model_path);
-
-// Every weight finite (find_non_finite over every supported tensor: the float values and the
-// block scales), before generation: a NaN weight otherwise yields garbage with exit 0, and the
-// attention's softmax can hide it from the logits. Costs one pass over the float tensors and a
-// few bytes per quantized block, which the first forward pass reads anyway.
-void check_weights_finite(const Model& model, const std::string& model_path);
+// the model is mapped and before any calibration or generation. (The KV spec itself, with its
+// calibration checked against the model, comes from one place: veloxquant::KVSpec::for_model, or
+// for the commands still on the internals eval/calibrate.h model_kv_spec, which it calls. Every
+// weight finite: Model::check_weights_finite.)
+void check_cache_fits_model(const KVCacheConfig& cfg, int head_dim, const std::string& model_path);
 
 // Logits [n_vocab] after position pos must be finite: NaN or inf weights (which the loader does
 // not scan, that would read every weight) or an overflowing cache otherwise sample garbage
@@ -42,7 +34,8 @@ constexpr int64_t kMaxContextTokens = int64_t(1) << 24;
 // n tokens of context (what: "-c", "the prompt", ...) against the model's trained context: past
 // it, an error unless allow_longer (--allow-longer-context), then one warning on stderr; past
 // kMaxContextTokens always an error. A model that records no trained context is not checked.
-void check_trained_context(int64_t n, const Model& model, bool allow_longer, const std::string& what);
+// n_ctx_train: the model's (ModelConfig / ModelInfo::n_ctx_train).
+void check_trained_context(int64_t n, int64_t n_ctx_train, bool allow_longer, const std::string& what);
 
 // The KV budget (from --kv-budget MIB, 0: the default share) must hold at least one block of
 // every form in every layer of the store's spec, or nothing can run: refused naming the flag.

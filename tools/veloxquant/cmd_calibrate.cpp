@@ -1,19 +1,20 @@
 // veloxquant calibrate: trains VecInfer smoothing factors and codebooks on a model's real keys
-// and values over a text, and writes the calibration file.
+// and values over a text, and writes the calibration file. On the public API alone (include/veloxquant).
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <thread>
 
 #include "cli_checks.h"
-#include "cli_model.h"
 #include "cli_device.h"
+#include "cli_model.h"
 #include "commands.h"
-#include "core/atomic_file.h"
-#include "core/error.h"
-#include "core/thread_pool.h"
-#include "kvcache/factory.h"
-#include "kvcache/kv_method.h"
-#include "model/calibrate.h"
+#include "veloxquant/calibration.h"
+#include "veloxquant/files.h"
+#include "veloxquant/kv_spec.h"
+#include "veloxquant/model.h"
+#include "veloxquant/runtime.h"
 
 namespace vq::cli {
 namespace {
@@ -27,31 +28,33 @@ struct CalibrateOptions {
 };
 
 void run_calibrate(const CalibrateOptions& o) {
-  check_output_path(o.out, "-o");  // before minutes of calibration
-  VQ_CHECK(o.iters >= 1 && o.iters <= 1000, "--iters: {} must be in 1..1000", o.iters);
-  VQ_CHECK(o.tokens >= 16 && o.tokens <= (1 << 24), "--tokens: {} must be in 16..16777216", o.tokens);
-  set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
-  const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
-  VQ_CHECK(kv_method(cfg.method).needs_calibration(), "--kv-cache: {} has no codebooks to calibrate (use vecinfer:d4b8, ...)",
-           cfg.name());
-  const std::string text = read_text_file(o.text);
+  namespace vx = veloxquant;
+  vx::check_output_path(o.out, "-o");  // before minutes of calibration
+  if (!(o.iters >= 1 && o.iters <= 1000)) throw vx::Error(fmt::format("--iters: {} must be in 1..1000", o.iters));
+  if (!(o.tokens >= 16 && o.tokens <= (1 << 24)))
+    throw vx::Error(fmt::format("--tokens: {} must be in 16..16777216", o.tokens));
+  vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  const KVCacheConfig cfg = vx::parse_kv_cache_config(o.kv_cache);
+  if (!vx::kv_cache_needs_calibration(cfg))
+    throw vx::Error(fmt::format("--kv-cache: {} has no codebooks to calibrate (use vecinfer:d4b8, ...)", cfg.name()));
+  const std::string text = vx::read_text_file(o.text);
   const std::string path = model_path_or_default(o.model);
-  const auto model = Model::load(path);
-  check_cache_fits_model(cfg, *model, path);
-  check_weights_finite(*model, path);
-  const KVDevice device = resolve_device(o.device);
-  CalibTrainOptions opt;
+  const vx::Model model = vx::Model::load(path);
+  check_cache_fits_model(cfg, model.info().head_dim, path);
+  model.check_weights_finite();
+  vx::CalibrationOptions opt;
   opt.kmeans_iters = o.iters;
   opt.seed = o.seed;
   opt.query_aware = o.smoothing == "query";
   opt.position_span = o.position_span;
+  opt.device = resolve_device(o.device);
   ProgressBar bar;
   const auto t0 = std::chrono::steady_clock::now();
-  const Calibration c = calibrate_model(*model, text, o.tokens, cfg, opt, std::filesystem::path(path).filename().string(),
-                                        [&](const char* stage, int d, int t) { bar.update(stage, d, t); }, device);
-  save_calibration(o.out, c);
+  const vx::Calibration c = vx::Calibration::from_model(
+      model, text, o.tokens, cfg, opt, [&](const char* stage, int d, int t) { bar.update(stage, d, t); });
+  c.save(o.out);
   std::fprintf(stderr, "calibrate: %s, %llu tokens, %d layers x %d KV heads, %.1f s -> %s\n", cfg.name().c_str(),
-               (unsigned long long)c.n_calib_tokens, c.n_layers, c.n_kv_heads,
+               (unsigned long long)c.n_calib_tokens(), c.n_layers(), c.n_kv_heads(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), o.out.c_str());
 }
 

@@ -1,9 +1,12 @@
 // veloxquant eval: the quality table of several KV caches on one model (perplexity, KL and top-1
 // agreement vs fp16 on held-out texts at several context lengths) and the long-context retrieval
-// test (pass key at several depths), written as one JSON document (model/eval_suite.h).
+// test (pass key at several depths), written as one JSON document (veloxquant/eval.h). On the
+// public API alone (include/veloxquant).
 // bench/eval.sh adds llama.cpp's own KV types to the same document and draws the figures.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -14,14 +17,11 @@
 #include "cli_checks.h"
 #include "cli_model.h"
 #include "commands.h"
-#include "core/atomic_file.h"
-#include "core/cpu_info.h"
-#include "core/error.h"
-#include "core/thread_pool.h"
-#include "kvcache/factory.h"
-#include "kvcache/kv_method.h"
-#include "model/calibrate.h"
-#include "model/eval_suite.h"
+#include "veloxquant/eval.h"
+#include "veloxquant/files.h"
+#include "veloxquant/kv_spec.h"
+#include "veloxquant/model.h"
+#include "veloxquant/runtime.h"
 
 namespace vq::cli {
 namespace {
@@ -72,89 +72,86 @@ std::string iso_now() {
 }
 
 void run_eval_cmd(const EvalCliOptions& o) {
-  set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  namespace vx = veloxquant;
+  vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
   // Outputs are checked before minutes of evaluation.
-  if (!o.out.empty() && o.out != "-") check_output_path(o.out, "-o");
-  if (!o.prompts_out.empty()) check_output_path(o.prompts_out, "--save-inputs");
-  for (int c : o.contexts) VQ_CHECK(c >= 2 && c <= kMaxContextTokens, "-c: {} must be in 2..{}", c, kMaxContextTokens);
+  if (!o.out.empty() && o.out != "-") vx::check_output_path(o.out, "-o");
+  if (!o.prompts_out.empty()) vx::check_output_path(o.prompts_out, "--save-inputs");
+  for (int c : o.contexts)
+    if (!(c >= 2 && c <= kMaxContextTokens)) throw vx::Error(fmt::format("-c: {} must be in 2..{}", c, kMaxContextTokens));
   for (int c : o.retrieval_contexts)
-    VQ_CHECK(c >= 2 && c <= kMaxContextTokens, "--retrieval-ctx: {} must be in 2..{}", c, kMaxContextTokens);
-  bool is_default = false;
-  const std::string path = model_path_or_default(o.model, &is_default);
-  const auto model = Model::load(path);
+    if (!(c >= 2 && c <= kMaxContextTokens))
+      throw vx::Error(fmt::format("--retrieval-ctx: {} must be in 2..{}", c, kMaxContextTokens));
+  const std::string path = model_path_or_default(o.model);
+  const vx::Model model = vx::Model::load(path);
+  const vx::ModelInfo& mi = model.info();
   // Contexts asked for are checked against the trained one; the default ones stop at it.
   std::vector<int> contexts = o.contexts;
-  const int64_t trained = model->config().n_ctx_train;
+  const int64_t trained = mi.n_ctx_train;
   if (!o.contexts_given && trained > 0) {
     std::erase_if(contexts, [&](int c) { return c > trained; });
     if (contexts.empty()) contexts.push_back(int(trained));
   }
-  for (int c : contexts) check_trained_context(c, *model, o.allow_longer_context, fmt::format("-c {}", c));
+  for (int c : contexts) check_trained_context(c, trained, o.allow_longer_context, fmt::format("-c {}", c));
   for (int c : o.retrieval_contexts)
-    check_trained_context(c, *model, o.allow_longer_context, fmt::format("--retrieval-ctx {}", c));
+    check_trained_context(c, trained, o.allow_longer_context, fmt::format("--retrieval-ctx {}", c));
   // --calib SPEC=FILE: split at the last '=' (specs contain '=' themselves).
   std::map<std::string, std::string> calib_of;
   for (const std::string& c : o.calib) {
     const size_t eq = c.rfind('=');
-    VQ_CHECK(eq != std::string::npos && eq > 0, "--calib '{}': expected SPEC=FILE", c);
-    calib_of[parse_kv_cache_spec(c.substr(0, eq)).name()] = c.substr(eq + 1);
+    if (eq == std::string::npos || eq == 0) throw vx::Error(fmt::format("--calib '{}': expected SPEC=FILE", c));
+    calib_of[vx::parse_kv_cache_config(c.substr(0, eq)).name()] = c.substr(eq + 1);
   }
   std::vector<std::string> specs = o.kv;
-  if (specs.empty()) specs = kv_method_presets(/*evaluated_only=*/true);  // every registered method's presets
-  std::vector<KVSpec> methods;
+  if (specs.empty()) specs = vx::kv_cache_evaluated_methods();  // every registered method's evaluated presets
+  std::vector<vx::KVSpec> methods;
   ProgressBar bar;
   for (const std::string& s : specs) {
-    const KVCacheConfig cfg = parse_kv_cache_spec(s);
+    const KVCacheConfig cfg = vx::parse_kv_cache_config(s);
     auto it = calib_of.find(cfg.name());
-    const std::string calib =
-        resolve_calibration(*model, path, is_default, cfg, it == calib_of.end() ? "" : it->second,
-                            [&](const char* st, int d, int t) { bar.update(st, d, t); });
-    methods.push_back(make_checked_spec(cfg, *model, calib, it == calib_of.end(), path));
+    methods.push_back(vx::KVSpec::for_model_config(model, cfg, it == calib_of.end() ? "" : it->second,
+                                            [&](const char* st, int d, int t) { bar.update(st, d, t); }));
   }
-  const KVSpec reference = make_kv_spec(parse_kv_cache_spec("fp16"));
+  const vx::KVSpec reference = vx::KVSpec::parse("fp16");
 
-  EvalOptions opt;
+  vx::EvalOptions opt;
   opt.chunk = o.chunk;
   opt.trials = o.trials;
   opt.depths = o.depths;
   opt.contexts = o.no_quality ? std::vector<int>{} : contexts;
   if (!o.no_retrieval)
-    opt.retrieval_contexts = !o.retrieval_contexts.empty()
-                                 ? o.retrieval_contexts
-                                 : default_retrieval_contexts(model->config().n_ctx_train, o.max_retrieval_ctx);
-  std::vector<EvalText> texts;
+    opt.retrieval_contexts = !o.retrieval_contexts.empty() ? o.retrieval_contexts
+                                                           : default_retrieval_contexts(trained, o.max_retrieval_ctx);
+  std::vector<vx::EvalText> texts;
   std::vector<std::string> text_paths = o.texts;
   if (text_paths.empty()) text_paths.assign(std::begin(kDefaultTexts), std::end(kDefaultTexts));
   if (!opt.contexts.empty())
-    for (const std::string& p : text_paths) texts.push_back({stem(p), p, read_text_file(p)});
-  const std::string filler = opt.retrieval_contexts.empty() ? std::string() : read_text_file(o.filler);
+    for (const std::string& p : text_paths) texts.push_back({stem(p), p, vx::read_text_file(p)});
+  const std::string filler = opt.retrieval_contexts.empty() ? std::string() : vx::read_text_file(o.filler);
 
-  const auto report = run_eval(*model, methods, reference, texts, filler, opt, [](const std::string& what, int d, int t) {
-    std::fprintf(stderr, "eval: [%d/%d] %s\n", d, t, what.c_str());
-  });
+  const vx::EvalReport report =
+      vx::run_eval(model, methods, reference, texts, filler, opt, [](const std::string& what, int d, int t) {
+        std::fprintf(stderr, "eval: [%d/%d] %s\n", d, t, what.c_str());
+      });
 
-  const ModelConfig& mc = model->config();
-  nlohmann::json meta = {
+  const nlohmann::json meta = {
       {"model",
        {{"path", path},
         {"file", std::filesystem::path(path).filename().string()},
-        {"name", mc.name},
-        {"arch", mc.arch},
-        {"n_layers", mc.n_layers},
-        {"n_kv_heads", mc.n_kv_heads},
-        {"head_dim", mc.head_dim},
-        {"n_ctx_train", mc.n_ctx_train}}},
+        {"name", mi.name},
+        {"arch", mi.arch},
+        {"n_layers", mi.n_layers},
+        {"n_kv_heads", mi.n_kv_heads},
+        {"head_dim", mi.head_dim},
+        {"n_ctx_train", mi.n_ctx_train}}},
       {"date", iso_now()},
-      {"machine", {{"cpu", cpu_model_name()}, {"threads", num_threads()}}},
+      {"machine", {{"cpu", vx::cpu_description()}, {"threads", vx::num_threads()}}},
       {"command", o.command},
       {"retrieval_text", opt.retrieval_contexts.empty() ? "" : o.filler}};
-  const std::string doc = eval_to_json(report, opt, texts, meta, false).dump(1) + "\n";
+  const std::string doc = vx::eval_report_json(report, opt, texts, meta.dump(), false) + "\n";
   if (o.out.empty() || o.out == "-") std::fputs(doc.c_str(), stdout);
-  else write_file_atomic(o.out, doc.data(), doc.size());
-  if (!o.prompts_out.empty()) {
-    const std::string pd = eval_to_json(report, opt, texts, meta, true).dump() + "\n";
-    write_file_atomic(o.prompts_out, pd.data(), pd.size());
-  }
+  else vx::write_file_atomic(o.out, doc);
+  if (!o.prompts_out.empty()) vx::write_file_atomic(o.prompts_out, vx::eval_report_json(report, opt, texts, meta.dump(), true) + "\n");
   std::fprintf(stderr, "eval: %zu quality rows, %zu retrieval rows in %.0f s%s%s\n", report.quality.size(),
                report.retrieval.size(), report.seconds, o.out.empty() ? "" : " -> ", o.out.c_str());
 }

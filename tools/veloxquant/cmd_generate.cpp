@@ -16,6 +16,7 @@
 #include "cli_checks.h"
 #include "cli_model.h"
 #include "cli_device.h"
+#include "cli_device_pool.h"
 #include "commands.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -27,8 +28,8 @@
 #include "kvcache/factory.h"
 #include "kvcache/seq_file.h"
 #include "kvcache/spec_syntax.h"
-#include "model/calibrate.h"
-#include "model/chat_template.h"
+#include "eval/calibrate.h"
+#include "model/text_gguf.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "model/session.h"
@@ -142,7 +143,7 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
                   const std::vector<std::string>& texts) {
   const ModelConfig& cfg = model.config();
   EngineOptions eo;
-  eo.device = resolve_device(o.device);
+  eo.device = kv_device(resolve_device(o.device));
   eo.kv_budget_bytes = eo.device == KVDevice::cuda ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(model))
                                                    : kv_budget_bytes(o.kv_budget_mib);
   eo.max_sequences = o.parallel;
@@ -166,7 +167,7 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
   for (int i = 0; i < n_seq; ++i) {  // every prompt checked before any runs
     prompts[size_t(i)] = o.prompt_ids.empty() ? encode_prompt(model, o, texts[size_t(texts.size() == 1 ? 0 : i)])
                                               : parse_ids(o.prompt_ids);
-    check_trained_context(int64_t(prompts[size_t(i)].size()) + o.n_predict, model, o.allow_longer_context,
+    check_trained_context(int64_t(prompts[size_t(i)].size()) + o.n_predict, model.config().n_ctx_train, o.allow_longer_context,
                           fmt::format("sequence {}: its prompt of {} tokens and -n {}", i, prompts[size_t(i)].size(),
                                       o.n_predict));
   }
@@ -274,16 +275,15 @@ void run_generate(const GenerateOptions& o) {
   const std::string path = model_path_or_default(o.model, &known_model);
   const auto model = Model::load(path);
   const ModelConfig& cfg = model->config();
-  check_cache_fits_model(kv_config, *model, path);
-  check_weights_finite(*model, path);
-  if (o.n_ctx > 0) check_trained_context(o.n_ctx, *model, o.allow_longer_context, "-c");
+  check_cache_fits_model(kv_config, model->config().head_dim, path);
+  model->check_weights_finite();
+  if (o.n_ctx > 0) check_trained_context(o.n_ctx, model->config().n_ctx_train, o.allow_longer_context, "-c");
   // vecinfer: --calib, else (default model) the first-use calibration from the Jargon File.
-  const std::string calib = resolve_calibration(*model, path, known_model, kv_config, o.calib,
-                                                [](const char* stage, int d, int t) {
-                                                  std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
-                                                  if (d == t) std::fprintf(stderr, "\n");
-                                                });
-  const KVSpec spec = make_checked_spec(kv_config, *model, calib, o.calib.empty(), path);
+  const KVSpec spec = model_kv_spec(*model, path, known_model, kv_config, o.calib,
+                                  [](const char* stage, int d, int t) {
+                                    std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
+                                    if (d == t) std::fprintf(stderr, "\n");
+                                  });
   if (parallel) {
     if (texts.empty()) texts.push_back("");  // --prompt-ids
     run_parallel(o, *model, path, spec, texts);
@@ -298,12 +298,12 @@ void run_generate(const GenerateOptions& o) {
   // --load-session: the context holds the session's tokens too (their count is in the file).
   const int64_t trained_or_4k = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096;
   if (o.n_ctx == 0 && !loading)  // the context is the prompt and -n: both within the trained one
-    check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), *model, o.allow_longer_context,
+    check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), model->config().n_ctx_train, o.allow_longer_context,
                           fmt::format("the prompt of {} tokens and -n {}", ids.size(), o.n_predict));
   const int n_ctx = o.n_ctx > 0 ? o.n_ctx
                     : loading   ? int(std::max<int64_t>(trained_or_4k, int64_t(ids.size()) + std::max(o.n_predict, 1)))
                                 : int(ids.size()) + std::max(o.n_predict, 1);
-  const KVDevice device = resolve_device(o.device);
+  const KVDevice device = kv_device(resolve_device(o.device));
   VQ_CHECK(device == KVDevice::cpu || (o.save_session.empty() && !loading),
            "--save-session/--load-session: session files are read and written from the CPU's KV pool; "
            "run with --device cpu");
@@ -322,7 +322,7 @@ void run_generate(const GenerateOptions& o) {
     VQ_CHECK(int64_t(ids.size()) > n_kv, "{}: the session's tokens are all in its KV; give -p to continue it",
              o.load_session);
     if (o.n_ctx == 0)
-      check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), *model, o.allow_longer_context,
+      check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), model->config().n_ctx_train, o.allow_longer_context,
                             fmt::format("the session's and the prompt's {} tokens and -n {}", ids.size(),
                                         o.n_predict));
   }

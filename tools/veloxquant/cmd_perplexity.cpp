@@ -1,20 +1,22 @@
 // veloxquant perplexity: the quality harness. Perplexity of a text with a KV cache, and the KL
-// divergence / top-1 agreement of its next-token distributions against the fp16 cache's.
+// divergence / top-1 agreement of its next-token distributions against the fp16 cache's. On the
+// public API alone (include/veloxquant), like a program using the library.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
 #include "cli_checks.h"
-#include "cli_model.h"
 #include "cli_device.h"
+#include "cli_model.h"
 #include "commands.h"
-#include "core/error.h"
-#include "core/thread_pool.h"
-#include "kvcache/factory.h"
-#include "kvcache/spec_syntax.h"
-#include "model/calibrate.h"
-#include "model/perplexity.h"
+#include "veloxquant/files.h"
+#include "veloxquant/kv_spec.h"
+#include "veloxquant/model.h"
+#include "veloxquant/perplexity.h"
+#include "veloxquant/runtime.h"
 
 namespace vq::cli {
 namespace {
@@ -27,47 +29,48 @@ struct PplOptions {
 };
 
 void run_perplexity(const PplOptions& o) {
-  set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
-  VQ_CHECK(o.n_ctx >= 2 && o.n_ctx <= kMaxContextTokens, "-c: {} must be >= 2 and at most {}", o.n_ctx,
-           kMaxContextTokens);
-  VQ_CHECK(o.chunk >= 1, "--chunk: {} must be >= 1", o.chunk);
-  VQ_CHECK(o.windows >= 1, "--windows: {} must be >= 1", o.windows);
-  const KVCacheConfig cfg = parse_kv_cache_spec(o.kv_cache);
+  namespace vx = veloxquant;
+  vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  if (!(o.n_ctx >= 2 && o.n_ctx <= kMaxContextTokens))
+    throw vx::Error(fmt::format("-c: {} must be >= 2 and at most {}", o.n_ctx, kMaxContextTokens));
+  if (o.chunk < 1) throw vx::Error(fmt::format("--chunk: {} must be >= 1", o.chunk));
+  if (o.windows < 1) throw vx::Error(fmt::format("--windows: {} must be >= 1", o.windows));
+  const KVCacheConfig cfg = vx::parse_kv_cache_config(o.kv_cache);
   check_cache_flags(cfg, o.calib);
-  const std::string text = read_text_file(o.text);
-  bool is_default = false;
-  const std::string path = model_path_or_default(o.model, &is_default);
-  const auto model = Model::load(path);
-  check_cache_fits_model(cfg, *model, path);
-  check_weights_finite(*model, path);
+  const std::string text = vx::read_text_file(o.text);
+  const std::string path = model_path_or_default(o.model);
+  const vx::Model model = vx::Model::load(path);
+  const vx::ModelInfo& info = model.info();
+  check_cache_fits_model(cfg, info.head_dim, path);
+  model.check_weights_finite();
   // -c given is checked against the trained context; the default stops at it.
-  const int64_t trained = model->config().n_ctx_train;
+  const int64_t trained = info.n_ctx_train;
   const int n_ctx = !o.ctx_given && trained > 1 ? int(std::min<int64_t>(o.n_ctx, trained)) : o.n_ctx;
-  if (o.ctx_given) check_trained_context(n_ctx, *model, o.allow_longer_context, "-c");
+  if (o.ctx_given) check_trained_context(n_ctx, trained, o.allow_longer_context, "-c");
   ProgressBar bar;
   bool made = false;
-  const std::string calib = resolve_calibration(*model, path, is_default, cfg, o.calib,
-                                                [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
-  if (made) std::fprintf(stderr, "perplexity: made the default calibration %s\n", calib.c_str());
-  const KVSpec method = make_checked_spec(cfg, *model, calib, o.calib.empty(), path);
-  const KVSpec reference = make_kv_spec(parse_kv_cache_spec("fp16"));
-  const std::vector<int32_t> ids = model->tokenizer().encode(text, model->tokenizer().add_bos_default());
-  PerplexityOptions po;
+  const vx::KVSpec method = vx::KVSpec::for_model_config(
+      model, cfg, o.calib, [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
+  if (made) std::fprintf(stderr, "perplexity: made the first-use calibration of %s\n", method.name().c_str());
+  const vx::KVSpec reference = vx::KVSpec::parse("fp16");
+  const vx::Tokenizer tok = model.tokenizer();
+  const std::vector<int32_t> ids = tok.encode(text);
+  vx::PerplexityOptions po;
   po.n_ctx = n_ctx;
   po.chunk = o.chunk;
   po.max_windows = o.windows;
   po.device = resolve_device(o.device);
-  const PerplexityResult r = evaluate_perplexity(*model, ids, method, o.no_reference ? nullptr : &reference, po);
-  VQ_CHECK(std::isfinite(r.perplexity) && (o.no_reference || std::isfinite(r.kl)),
-           "perplexity {} / KL {}: the model produced non-finite logits (its weights or the KV cache hold NaN or inf "
-           "values)", r.perplexity, r.kl);
+  const vx::PerplexityResult r = vx::perplexity(model, ids, method, o.no_reference ? nullptr : &reference, po);
+  if (!(std::isfinite(r.perplexity) && (o.no_reference || std::isfinite(r.kl))))
+    throw vx::Error(fmt::format("perplexity {} / KL {}: the model produced non-finite logits (its weights or the KV "
+                                "cache hold NaN or inf values)", r.perplexity, r.kl));
   if (o.json) {
     nlohmann::json j = {{"model", path},          {"text", o.text},        {"kv_cache", cfg.name()},
                         {"n_ctx", n_ctx},         {"chunk", o.chunk},      {"tokens_scored", r.n_scored},
                         {"perplexity", r.perplexity}, {"nll", r.nll},      {"seconds", r.seconds},
-                        {"kv_bytes", r.kv_bytes}, {"kv_allocated_bytes", r.kv_allocated_bytes},
-                        {"kv_fp16_bytes", r.kv_fp16_bytes},
-                        {"bits_per_element", r.bits_per_element}};
+                        {"kv_bytes", r.memory.token_bytes}, {"kv_allocated_bytes", r.memory.allocated_bytes},
+                        {"kv_fp16_bytes", r.memory.fp16_bytes},
+                        {"bits_per_element", r.memory.bits_per_element()}};
     if (!o.no_reference) {
       j["kl_vs_fp16"] = r.kl;
       j["top1_agreement_vs_fp16"] = r.top1;
@@ -84,7 +87,8 @@ void run_perplexity(const PplOptions& o) {
       std::printf("top-1 agree   %.2f%%\n", 100.0 * r.top1);
     }
     std::printf("KV cache      %.2f MB for the tokens (fp16 %.2f MB, %.2f bits/element), %.2f MB allocated\n",
-                r.kv_bytes / 1e6, r.kv_fp16_bytes / 1e6, r.bits_per_element, r.kv_allocated_bytes / 1e6);
+                r.memory.token_bytes / 1e6, r.memory.fp16_bytes / 1e6, r.memory.bits_per_element(),
+                r.memory.allocated_bytes / 1e6);
     std::printf("time          %.1f s\n", r.seconds);
   }
 }
@@ -97,7 +101,7 @@ void add_perplexity(CLI::App& app) {
   c->add_option("-m,--model", o->model, model_help());
   c->add_option("--text", o->text, "Evaluation text (.txt, .gz, .html; at most 256 MiB)")->required();
   c->add_option("--kv-cache", o->kv_cache, "KV cache spec (syntax below)")->capture_default_str();
-  c->footer(kv_cache_spec_syntax());
+  c->footer(veloxquant::kv_cache_spec_help());
   c->add_option("--calib", o->calib, "Calibration file for vecinfer");
   add_device_option(c, o->device);
   CLI::Option* ctx = c->add_option("-c,--ctx-size", o->n_ctx,

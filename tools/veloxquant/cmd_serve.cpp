@@ -18,6 +18,7 @@
 
 #include "cli_checks.h"
 #include "cli_device.h"
+#include "cli_device_pool.h"
 #include "cli_kv.h"
 #include "cli_model.h"
 #include "commands.h"
@@ -28,7 +29,7 @@
 #include "kvcache/kv_identity.h"
 #include "kvcache/seq_file_format.h"
 #include "kvcache/spec_syntax.h"
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 #include "model/model.h"
 #include "server/server.h"
 
@@ -142,17 +143,16 @@ void run_serve(const ServeOptions& o) {
   const std::string path = model_path_or_default(o.model, &is_default);
   const auto model = Model::load(path);
   VQ_CHECK(model->has_tokenizer(), "{}: the model has no tokenizer metadata; the server needs one", path);
-  check_cache_fits_model(kv_config, *model, path);
-  check_weights_finite(*model, path);
-  if (o.n_ctx > 0) check_trained_context(o.n_ctx, *model, o.allow_longer_context, "-c");
-  const std::string calib = resolve_calibration(*model, path, is_default, kv_config, o.calib,
-                                                [](const char* stage, int d, int t) {
-                                                  std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
-                                                  if (d == t) std::fprintf(stderr, "\n");
-                                                });
-  const KVSpec spec = make_checked_spec(kv_config, *model, calib, o.calib.empty(), path);
+  check_cache_fits_model(kv_config, model->config().head_dim, path);
+  model->check_weights_finite();
+  if (o.n_ctx > 0) check_trained_context(o.n_ctx, model->config().n_ctx_train, o.allow_longer_context, "-c");
+  const KVSpec spec = model_kv_spec(*model, path, is_default, kv_config, o.calib,
+                                  [](const char* stage, int d, int t) {
+                                    std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
+                                    if (d == t) std::fprintf(stderr, "\n");
+                                  });
   EngineOptions eo;
-  eo.device = resolve_device(o.device);
+  eo.device = kv_device(resolve_device(o.device));
   eo.kv_budget_bytes = eo.device == KVDevice::cuda
                            ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(*model))
                            : kv_budget_bytes(o.kv_budget_mib);

@@ -83,14 +83,14 @@ void gemv_device(const GemvParams& p, void* stream = nullptr);
 
 // Whether the quantized product (with its activation quantization) beat the fp16 cuBLAS product
 // (gemm_cuda.h) for this type and activation row count on the H200's large projections
-// (docs/CUDA_NOTES.md section 6): q8_0 and q4_1 for m <= 4, q4_K for m <= 2. Take the quantized
+// (docs/CUDA_NOTES.md section 8): q8_0 and q4_1 for m <= 4, q4_K for m <= 2. Take the quantized
 // path where true, the fp16 copy otherwise (prefill, larger batches).
 bool gemv_preferred(uint32_t type, int m);
 
 // ---- fp16 weights (fp16 models, or the fp16 copy of any model) for 1..4 activation rows ----
 // y[i, r] (+)= sum_k x[i, k] W[r, k], x in f32, fp32 accumulation. A warp owns 2 weight rows and
 // streams them with 16-byte loads (decode is bound by the weight bytes; cuBLAS reaches ~3.1 TB/s
-// at m = 1 on the H200, docs/CUDA_NOTES.md section 6). cols: a multiple of 8.
+// at m = 1 on the H200, docs/CUDA_NOTES.md section 8). cols: a multiple of 8.
 constexpr int kGemvF16MaxRows = 4;
 struct GemvF16Params {
   const void* w = nullptr;     // [rows, cols] fp16, row-major, 16-byte aligned rows

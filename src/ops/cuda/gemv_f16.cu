@@ -19,7 +19,7 @@ namespace {
 // layers as one graph with PDL): one row per warp with 16 column steps in flight per lane (256
 // bytes), 4-warp blocks, loads that skip L1 and 4 steps prefetched into L2 before the wait
 // streamed the chain at 90% of the copy rate, against 84% for the previous 2-rows x 4-steps
-// 8-warp kernel (docs/CUDA_NOTES.md section 9).
+// 8-warp kernel (docs/CUDA_NOTES.md section 8).
 constexpr int kWarpsPerBlock = 4;
 constexpr int kSteps = 16;     // 16-byte column steps in flight per lane
 constexpr int kPrefetch = 4;   // steps per row prefetched into L2 before pdl_wait

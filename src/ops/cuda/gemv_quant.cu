@@ -458,7 +458,7 @@ void gemv_device(const GemvParams& p, void* stream) {
   VQ_CUDA_LAUNCHED("gemv");
 }
 
-// Run 9 (docs/CUDA_NOTES.md section 6): counting the activation-quantization launch, the quantized
+// Run 9 (docs/CUDA_NOTES.md section 8): counting the activation-quantization launch, the quantized
 // product beat fp16 cuBLAS on the large Llama / Falcon projections for q8_0 and q4_1 up to 4 rows
 // (geomean 1.16-1.62x) and for q4_K up to 2 rows (1.09-1.34x), and lost at 8 rows (0.72-0.93x),
 // where the dp4a inner loop, not memory, is the bound.

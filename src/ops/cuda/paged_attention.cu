@@ -9,6 +9,7 @@
 
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
+#include "ops/cuda/mma_ptx.cuh"
 #include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/paged_split.cuh"
 #include "ops/cuda/pdl.cuh"
@@ -36,45 +37,7 @@ struct DenseParams {
   float* part;   // [rows, n_kv_heads, tiles8, splits][2*8 + 8*D]
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared, asynchronously; valid == false fills the 16 bytes with zeros (reads nothing).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid = true) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// (a, b) as fp16 pairs hi + lo with hi + lo = (a, b) to ~22 bits: two products carry fp32-like
-// precision through fp16 tensor cores.
-__device__ __forceinline__ void split_half2(float a, float b, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(a, b);
-  const float2 f = __half22float2(h);
-  const __half2 l = __floats2half2_rn(a - f.x, b - f.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-}
+using namespace ptx;  // smem_u32, cp_async*, ldsm_x4(_t), mma16816, split_half2 (mma_ptx.cuh)
 
 // Shared-memory layout of the dense split kernel, in halves: the query tile (hi and lo parts,
 // 16 rows of D + 8: padded), then per warp ST stages of one key tile (channel-major [D][KN]) and
@@ -353,7 +316,7 @@ struct MergeParams {
 // by log-sum-exp, normalised. A row with no keys gets zeros. Two passes over the partials (their
 // max, then the weighted sums) whose loads do not depend on each other: unrolled, many are in
 // flight at once. (One online pass made a chain of dependent L2 round trips, one per partial:
-// 38 us for the 132 partials of an fp16 layer at B=1, 4K; docs/CUDA_NOTES.md section 9.)
+// 38 us for the 132 partials of an fp16 layer at B=1, 4K; docs/CUDA_NOTES.md section 5.)
 __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
   pdl_wait();  // launched with PDL (pdl.cuh)
   pdl_trigger();
@@ -413,7 +376,7 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
 
 // The dense split kernel's variants (tile tokens, warps, shared-memory budget for the stages).
 // Variant 0 is the one the dispatch picks. The losers of the sweep (16-token tiles with 4 or 8
-// warps, 2 warps with 6 stages, 2 stages with two blocks per SM: docs/CUDA_NOTES.md section 11)
+// warps, 2 warps with 6 stages, 2 stages with two blocks per SM: docs/CUDA_NOTES.md section 4)
 // are in git history; a new candidate goes here and is timed with bench_paged_attention --variants.
 struct DenseVariant {
   int kn, warps, budget;

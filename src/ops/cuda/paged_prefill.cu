@@ -19,13 +19,14 @@
 // accumulators as A. Online softmax in base 2 per row. Which form of a block a row reads follows
 // the window rule per row (paged_ranges): a block a row reads as codes is masked in its dense pass
 // and vice versa. One pass of 32 keys (VQ_PREFILL_KEYS=32) where two do not fit in shared memory
-// (D=256 with coded layers). Variants and their times: docs/CUDA_NOTES.md section 10.
+// (D=256 with coded layers). Variants and their times: docs/CUDA_NOTES.md section 6.
 #include <cuda_fp16.h>
 
 #include <cmath>
 
 #include "core/env.h"
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/mma_ptx.cuh"
 #include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
@@ -62,38 +63,8 @@ struct PrefillParams {
   int64_t out_stride;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// 16 bytes global -> shared, asynchronously; valid == false fills the 16 bytes with zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid = true) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
-  const __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
+using namespace ptx;  // smem_u32, cp_async*, ldsm_x4(_t), mma16816, pack_half2 (mma_ptx.cuh)
+
 __device__ __forceinline__ uint32_t code_of(const uint8_t* row, int i, int bits) {
   if (bits == 8) return row[i];
   const int bit = i * bits;
@@ -328,7 +299,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   for (int st = 0; cj >= 0; st ^= 1) {
     const int64_t j = cj;
     const int form = cform;
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // pass j's data in stage st; everyone done with stage st ^ 1 (and the queries written)
     __half* ks = kst(st);
     __half* vs = vst(st);
@@ -496,7 +467,7 @@ void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
   VQ_CUDA_LAUNCHED("prefill_kernel");
 }
 
-// Variant (CUDA_NOTES.md section 10): warps per tile W and pool blocks per pass NB, chosen here
+// Variant (CUDA_NOTES.md section 6): warps per tile W and pool blocks per pass NB, chosen here
 // (8 warps for coded layers, 4 for dense; 64 keys) unless GpuTuning (VQ_PREFILL_WARPS=4|8,
 // VQ_PREFILL_KEYS=32|64) overrides them. Read once, so that tiles and launches agree.
 int prefill_warps(bool coded) {

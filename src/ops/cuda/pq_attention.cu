@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/mma_ptx.cuh"
 #include "ops/cuda/device.h"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_cuda.h"
@@ -49,9 +50,9 @@ struct SplitParams {
   int64_t keys_bytes;  // n_kv_heads * block_tokens * kcb: where a block's values start
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using ptx::smem_u32;  // mma_ptx.cuh
+// This kernel's cp.async wrappers take a byte count (partial rows zero-filled) and no memory
+// clobber: each wait is followed by the __syncwarp / __syncthreads that orders the shared reads.
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
@@ -62,14 +63,7 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+using ptx::mma16816;  // mma_ptx.cuh
 
 // Code `i` of a packed row in shared memory (any width 1..16; bytes fast path).
 __device__ __forceinline__ uint32_t code_at(const uint8_t* row, int i, int bits) {

@@ -1,5 +1,5 @@
 // Tensor-core nearest-centroid encoder (pq.h: pq_encode_mma_device). Design, floor and
-// measurements: docs/CUDA_NOTES.md section 1, "v3 tensor cores".
+// measurements: docs/CUDA_NOTES.md section 1, "Tensor-core encoder".
 //
 // Distances as a matrix product: d(x, c) - |x|^2 = |c|^2 - 2 x.c. A warp takes tiles of 16
 // sub-vectors (the rows of an mma.m16n8k16 A operand) against the whole codebook in n-tiles of 8
@@ -12,7 +12,7 @@
 // The codebook is staged once per block in shared memory as fp16 -2c and fp32 |c|^2 (persistent
 // grid); per n-tile a lane reads its B fragment (one conflict-free LDS.32) and, for sub_dim 8, its
 // accumulator quad of |c|^2 (one broadcast LDS.128): ~2 wavefronts per 16x8 tile against ~9 ALU
-// instructions of argmin (measurements and SASS counts: docs/CUDA_NOTES.md section 1, v3a-v3c). (All
+// instructions of argmin (measurements and SASS counts: docs/CUDA_NOTES.md section 1, variants v3a-v3e). (All
 // fragments in registers made ptxas hoist every n-tile's mma and spill: 128 registers, 268 B.)
 // Argmin: the centroid index is spliced into the low 8 mantissa bits of each distance (LOP3)
 // and a running fminf keeps the best (FMNMX): 2 ALU ops per (sub-vector, centroid) pair, and

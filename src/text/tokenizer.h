@@ -1,6 +1,6 @@
 #pragma once
-// Tokenizers of llama-family GGUF models, built from the GGUF metadata (tokenizer.ggml.*) or from
-// plain data (TokenizerData):
+// Tokenizers of llama-family models, built from plain data (TokenizerData; from a GGUF file's
+// tokenizer.ggml.* metadata: model/text_gguf.h):
 //   - "gpt2":  byte-level BPE (bytes mapped to printable code points, merges applied by rank) after a
 //              model-specific pre-tokenizer split (gpt2 default, "llama-bpe"/Llama 3, "qwen2",
 //              "smollm"), implemented as hand-written scanners (tokenizer_pretok.cpp).
@@ -15,8 +15,6 @@
 #include <vector>
 
 namespace vq {
-
-class GGUFFile;
 
 // Token types as stored in tokenizer.ggml.token_type (SentencePiece numbering).
 enum class TokenType : int32_t {
@@ -44,9 +42,6 @@ class Tokenizer {
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
-
-  static Tokenizer from_gguf(const GGUFFile& gguf);
-  static TokenizerData data_from_gguf(const GGUFFile& gguf);
 
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special = true) const;
   // special = false: control/unknown/unused tokens contribute nothing; true: their text.

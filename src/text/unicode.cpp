@@ -1,4 +1,4 @@
-#include "model/unicode.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <array>

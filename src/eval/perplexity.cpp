@@ -1,4 +1,4 @@
-#include "model/perplexity.h"
+#include "eval/perplexity.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,11 +1,13 @@
-// Tokenizer::from_gguf: the tokenizer.ggml.* metadata keys into TokenizerData.
+// The tokenizer.ggml.* metadata keys into TokenizerData; the chat template from the metadata.
+#include "model/text_gguf.h"
+
+#include <algorithm>
+
 #include "core/error.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
 
 namespace vq {
 
-TokenizerData Tokenizer::data_from_gguf(const GGUFFile& g) {
+TokenizerData tokenizer_data_from_gguf(const GGUFFile& g) {
   TokenizerData d;
   VQ_CHECK(g.has("tokenizer.ggml.model"), "{}: no tokenizer (metadata key tokenizer.ggml.model is missing)", g.path());
   d.model = g.get_string("tokenizer.ggml.model");
@@ -43,13 +45,33 @@ TokenizerData Tokenizer::data_from_gguf(const GGUFFile& g) {
   return d;
 }
 
-Tokenizer Tokenizer::from_gguf(const GGUFFile& g) {
+Tokenizer tokenizer_from_gguf(const GGUFFile& g) {
   try {
-    return Tokenizer(data_from_gguf(g));
+    return Tokenizer(tokenizer_data_from_gguf(g));
   } catch (const Error& e) {
     if (std::string(e.what()).rfind(g.path(), 0) == 0) throw;
     VQ_FAIL("{}: {}", g.path(), e.what());
   }
+}
+
+std::string model_chat_template(const GGUFFile& gguf) {
+  const std::string src = gguf.get_string_or("tokenizer.chat_template", "");
+  if (!src.empty() || !gguf.has("tokenizer.ggml.tokens")) return src;
+  const auto tokens = gguf.get_string_array("tokenizer.ggml.tokens");
+  return chat_template_or_vocab_marker(src, std::find(tokens.begin(), tokens.end(), kGemmaTurnMarker) != tokens.end());
+}
+
+std::string apply_chat_template(const GGUFFile& gguf, const std::vector<ChatMessage>& msgs, bool add_generation_prompt) {
+  const std::string src = model_chat_template(gguf);
+  std::string bos, eos;
+  if (gguf.has("tokenizer.ggml.tokens")) {
+    const auto tokens = gguf.get_string_array("tokenizer.ggml.tokens");
+    const int64_t b = gguf.get_int_or("tokenizer.ggml.bos_token_id", -1);
+    const int64_t e = gguf.get_int_or("tokenizer.ggml.eos_token_id", -1);
+    if (b >= 0 && b < static_cast<int64_t>(tokens.size())) bos = tokens[static_cast<size_t>(b)];
+    if (e >= 0 && e < static_cast<int64_t>(tokens.size())) eos = tokens[static_cast<size_t>(e)];
+  }
+  return format_chat(parse_chat_template(src, bos, eos), msgs, add_generation_prompt);
 }
 
 }  // namespace vq

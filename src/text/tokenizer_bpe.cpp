@@ -3,8 +3,8 @@
 // ties) until no listed merge applies.
 #include <queue>
 
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "text/tokenizer_impl.h"
+#include "text/unicode.h"
 
 namespace vq {
 

@@ -1,4 +1,4 @@
-#include "model/passkey.h"
+#include "eval/passkey.h"
 
 #include <algorithm>
 #include <cctype>

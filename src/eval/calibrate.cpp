@@ -1,4 +1,4 @@
-#include "model/calibrate.h"
+#include "eval/calibrate.h"
 
 #include <sys/stat.h>
 
@@ -9,10 +9,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "codec/calibration_check.h"
 #include "core/cache_dir.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "kvcache/factory.h"
+#include "kvcache/kv_method.h"
 #include "model/layers.h"
 #include "model/session.h"
 #include "core/sha256.h"
@@ -228,6 +230,28 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
   save_calibration(path, cal);
   if (made) *made = true;
   return path;
+}
+
+KVSpec model_kv_spec(const Model& model, const std::string& model_path, bool is_known_model, KVCacheConfig cfg,
+                     const std::string& calib_file, const CalibProgress& progress, bool* made) {
+  const std::string path = resolve_calibration(model, model_path, is_known_model, cfg, calib_file, progress, made);
+  if (!kv_method(cfg.method).needs_calibration() || path.empty()) return make_kv_spec(cfg, path);
+  const bool automatic = calib_file.empty();
+  auto calib = std::make_shared<const Calibration>(load_calibration(path));
+  if (automatic)
+    cfg.granularity = calib->granularity == Granularity::shared ? CodebookGranularity::shared
+                                                                : CodebookGranularity::per_subspace;
+  try {
+    check_calibration_matches(*calib, cfg, model.kv_geometry(), model.config().n_layers);
+    // A file the caller named must be this model's; the first-use one is found by the model's
+    // SHA-256 already, whatever the file is called now.
+    if (!automatic)
+      check_calibration_model(*calib, std::filesystem::path(model_path).filename().string(), model.config().name);
+  } catch (const Error& e) {
+    VQ_FAIL("{}: {}", path, e.what());
+  }
+  cfg.calibration = std::move(calib);
+  return make_kv_spec(cfg);
 }
 
 }  // namespace vq

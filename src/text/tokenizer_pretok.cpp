@@ -1,6 +1,6 @@
-#include "model/tokenizer_pretok.h"
+#include "text/tokenizer_pretok.h"
 
-#include "model/unicode.h"
+#include "text/unicode.h"
 
 namespace vq::detail {
 

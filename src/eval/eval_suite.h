@@ -2,7 +2,7 @@
 // The evaluation suite behind `veloxquant eval`: for a list of KV caches on one model, the quality
 // of next-token predictions on several texts at several context lengths (perplexity, KL and top-1
 // agreement against the reference cache, fp16), and long-context retrieval (a pass key hidden at
-// several depths of a distractor text, model/passkey.h) scored against the key and against the
+// several depths of a distractor text, eval/passkey.h) scored against the key and against the
 // reference cache's own answer. The report goes to one JSON document (eval_to_json).
 #include <cstdint>
 #include <functional>

@@ -5,8 +5,8 @@
 // bytes' <0xXX> tokens (or the unknown token when the vocabulary has no byte tokens).
 #include <queue>
 
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "text/tokenizer_impl.h"
+#include "text/unicode.h"
 
 namespace vq {
 

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "core/error.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_impl.h"
-#include "model/tokenizer_pretok.h"
-#include "model/unicode.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_impl.h"
+#include "text/tokenizer_pretok.h"
+#include "text/unicode.h"
 
 namespace vq {
 namespace {

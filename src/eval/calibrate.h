@@ -10,6 +10,7 @@
 
 #include "codec/calibration_file.h"
 #include "kvcache/calibration_train.h"
+#include "kvcache/factory.h"
 #include "kvcache/kv_pool.h"
 #include "model/model.h"
 #include "veloxquant/config.h"
@@ -77,5 +78,15 @@ std::string default_calibration_path(const std::string& model_path, const KVCach
 std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,
                                 const KVCacheConfig& cfg, const std::string& calib_flag,
                                 const CalibProgress& progress = {}, bool* made = nullptr);
+
+// The KV spec a model runs with, assembled in one place for the CLI, the server and the public API
+// (veloxquant::KVSpec::for_model): cfg and, for VecInfer, its calibration: calib_file when given,
+// else resolve_calibration's (the first-use one of a known model, made now when absent). A
+// calibration file is loaded once and checked against the spec and the model's geometry; a file the
+// caller named must also record this model (check_calibration_model), while for the automatic one
+// the spec's default granularity yields to the file's (that recipe picks shared codebooks for
+// 12-bit presets). Errors about the file name it. cfg must fit the model (validate(head_dim)).
+KVSpec model_kv_spec(const Model& model, const std::string& model_path, bool is_known_model, KVCacheConfig cfg,
+                     const std::string& calib_file, const CalibProgress& progress = {}, bool* made = nullptr);
 
 }  // namespace vq

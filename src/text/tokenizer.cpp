@@ -1,11 +1,11 @@
 // Tokenizer construction, special-token partition of the input, decode and accessors.
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 
 #include "core/error.h"
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "text/tokenizer_impl.h"
+#include "text/unicode.h"
 
 namespace vq {
 

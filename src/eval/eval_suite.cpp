@@ -1,11 +1,11 @@
-#include "model/eval_suite.h"
+#include "eval/eval_suite.h"
 
 #include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
-#include "model/passkey.h"
-#include "model/perplexity.h"
+#include "eval/passkey.h"
+#include "eval/perplexity.h"
 
 namespace vq {
 

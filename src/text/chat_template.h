@@ -21,7 +21,6 @@
 
 namespace vq {
 
-class GGUFFile;
 class Tokenizer;
 
 struct ChatMessage {
@@ -38,18 +37,18 @@ struct ChatTemplate {
 };
 
 ChatFormat detect_chat_format(const std::string& template_source);
-// The model's template source, or for a template-less GGUF whose vocabulary has <start_of_turn>,
-// that marker (so detection gives Gemma).
-std::string model_chat_template(const GGUFFile& gguf);
+// The template source to detect: `source`, or for an empty one when the vocabulary has
+// <start_of_turn> (a template-less Gemma file), that marker (so detection gives Gemma).
+std::string chat_template_or_vocab_marker(const std::string& source, bool vocab_has_start_of_turn);
+inline constexpr const char* kGemmaTurnMarker = "<start_of_turn>";
 const char* chat_format_name(ChatFormat f);
 ChatTemplate parse_chat_template(const std::string& template_source, const std::string& bos_text = "<s>",
                                  const std::string& eos_text = "</s>");
 std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& messages, bool add_generation_prompt);
 
-// From the model: tokenizer.chat_template and the BOS/EOS token texts.
+// From the tokenizer: its chat_template and the BOS/EOS token texts (from a GGUF file's metadata
+// without a tokenizer: model/text_gguf.h).
 std::string apply_chat_template(const Tokenizer& tok, const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt);
-std::string apply_chat_template(const GGUFFile& gguf, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt);
 
 }  // namespace vq

@@ -1,9 +1,8 @@
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 #include <algorithm>
 
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace vq {
 
@@ -130,37 +129,14 @@ std::string format_chat(const ChatTemplate& t, const std::vector<ChatMessage>& m
   return out;
 }
 
-namespace {
-constexpr const char* kGemmaTurn = "<start_of_turn>";
-std::string template_or_vocab_marker(const std::string& src, bool vocab_has_turn) {
-  return src.empty() && vocab_has_turn ? std::string(kGemmaTurn) : src;
-}
-}  // namespace
-
-std::string model_chat_template(const GGUFFile& gguf) {
-  const std::string src = gguf.get_string_or("tokenizer.chat_template", "");
-  if (!src.empty() || !gguf.has("tokenizer.ggml.tokens")) return src;
-  const auto tokens = gguf.get_string_array("tokenizer.ggml.tokens");
-  return template_or_vocab_marker(src, std::find(tokens.begin(), tokens.end(), kGemmaTurn) != tokens.end());
+std::string chat_template_or_vocab_marker(const std::string& src, bool vocab_has_turn) {
+  return src.empty() && vocab_has_turn ? std::string(kGemmaTurnMarker) : src;
 }
 
 std::string apply_chat_template(const Tokenizer& tok, const std::vector<ChatMessage>& msgs, bool add_generation_prompt) {
   const std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : std::string();
   const std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : std::string();
-  const std::string src = template_or_vocab_marker(tok.chat_template(), tok.find_token(kGemmaTurn) >= 0);
-  return format_chat(parse_chat_template(src, bos, eos), msgs, add_generation_prompt);
-}
-
-std::string apply_chat_template(const GGUFFile& gguf, const std::vector<ChatMessage>& msgs, bool add_generation_prompt) {
-  const std::string src = model_chat_template(gguf);
-  std::string bos, eos;
-  if (gguf.has("tokenizer.ggml.tokens")) {
-    const auto tokens = gguf.get_string_array("tokenizer.ggml.tokens");
-    const int64_t b = gguf.get_int_or("tokenizer.ggml.bos_token_id", -1);
-    const int64_t e = gguf.get_int_or("tokenizer.ggml.eos_token_id", -1);
-    if (b >= 0 && b < static_cast<int64_t>(tokens.size())) bos = tokens[static_cast<size_t>(b)];
-    if (e >= 0 && e < static_cast<int64_t>(tokens.size())) eos = tokens[static_cast<size_t>(e)];
-  }
+  const std::string src = chat_template_or_vocab_marker(tok.chat_template(), tok.find_token(kGemmaTurnMarker) >= 0);
   return format_chat(parse_chat_template(src, bos, eos), msgs, add_generation_prompt);
 }
 

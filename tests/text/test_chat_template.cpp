@@ -2,7 +2,7 @@
 // format (expected strings written from the formats' Jinja templates).
 #include <gtest/gtest.h>
 
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 
 namespace vq {
 namespace {

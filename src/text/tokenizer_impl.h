@@ -7,8 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/tokenizer.h"
-#include "model/tokenizer_pretok.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_pretok.h"
 
 namespace vq {
 
