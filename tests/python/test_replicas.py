@@ -125,3 +125,17 @@ def test_script_up_route_kill_a_replica_down(tmp_path):
         assert down.returncode == 0, down.stderr
     for f in ("router", "replica-1", "redis"):
         assert not (run / f"{f}.pid").exists(), f"{f} left behind"
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--kv-events", "foo"], "--kv-events: 'foo' is not a ZMQ endpoint"),
+    (["--kv-events-replay", "tcp://127.0.0.1:5"], "--kv-events-replay needs --kv-events"),
+    (["--kv-events", "tcp://*:5", "--no-prefix-cache"], "--no-prefix-cache has none"),
+    (["--prefix-store", "http://x"], "--prefix-store: 'http://x' is not redis://HOST[:PORT]"),
+    (["--prefix-store", "redis://h:99999"], "the port must be in 1..65535"),
+    (["--prefix-store", "redis://u:p@h:1"], "no user, password or database"),
+])
+def test_bad_replica_flags_refused_before_the_model(args, msg):
+    r = subprocess.run([VQ_BIN, "serve", "-m", "/nonexistent.gguf", *args], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and msg in r.stderr, r.stderr
+    assert "nonexistent" not in r.stderr, "refused before the model is looked at"
