@@ -61,10 +61,18 @@ down() {
   echo "replicas.sh: stopped (logs in $dir)"
 }
 
+http_ok() {  # URL answers 2xx (curl, else Python)
+  if command -v curl >/dev/null; then
+    curl -sf -o /dev/null "$1"
+  else
+    "$PY" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" "$1" 2>/dev/null
+  fi
+}
+
 wait_http() {  # URL PID NAME: until URL answers 200, or the process died / 120 s passed
   local url=$1 pid=$2 name=$3
   for _ in $(seq 1200); do
-    if curl -sf -o /dev/null "$url"; then return 0; fi
+    if http_ok "$url"; then return 0; fi
     kill -0 "$pid" 2>/dev/null || { echo "replicas.sh: $name exited; its log: $dir/$name.log" >&2; tail -5 "$dir/$name.log" >&2; return 1; }
     sleep 0.1
   done
@@ -91,13 +99,17 @@ up() {
     redis-server --port "$rport" --bind 127.0.0.1 --dir "$dir" --save "" --appendonly no \
       --maxmemory 2gb --maxmemory-policy allkeys-lru >"$dir/redis.log" 2>&1 &
     echo $! >"$dir/redis.pid"
-    for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
+    for _ in $(seq 100); do
+      if command -v redis-cli >/dev/null; then redis-cli -p "$rport" ping >/dev/null 2>&1 && break
+      else (exec 3<>"/dev/tcp/127.0.0.1/$rport") 2>/dev/null && break; fi
+      sleep 0.05
+    done
     store_flags=(--prefix-store "redis://127.0.0.1:$rport")
   fi
   local urls=() i
   for ((i = 0; i < n; i++)); do
     local p=$((port + 1 + i)) pin=() ev=()
-    if command -v taskset >/dev/null && [ $(( (i + 1) * threads )) -le "$cores" ]; then
+    if command -v taskset >/dev/null && taskset -c 0 true 2>/dev/null && [ $(( (i + 1) * threads )) -le "$cores" ]; then
       pin=(taskset -c "$((i * threads))-$(((i + 1) * threads - 1))")
     fi
     [ "$kv_events" = 1 ] && ev=(--kv-events "ipc://$dir/kv-$i.pub" --kv-events-replay "ipc://$dir/kv-$i.replay")
