@@ -187,7 +187,10 @@ void Engine::cache_points(const BatchEntry& e, Seq& s) {
   const int64_t n = s.fed();
   if (n % kv_->block_tokens() != 0) return;
   const PrefixCache::Inserted p = cache_->insert(s.tokens.data(), n, s.kv);
-  if (e.n > 1 && p.created && opt_.on_prefill_point) opt_.on_prefill_point(s.tokens.data(), n, s.kv);
+  // Written through only at the cuts (where the cached chain ends, the prompt's last full block):
+  // the points another replica can start from; plain chunk ends would resend the prefix each time.
+  if (e.n > 1 && p.created && opt_.on_prefill_point && std::find(s.cuts.begin(), s.cuts.end(), n) != s.cuts.end())
+    opt_.on_prefill_point(s.tokens.data(), n, s.kv);
   if (e.n > 1 || !p.created) return;  // prefill points stay (LRU)
   // Decoding: keep only the latest point of this sequence; its end is cached when it finishes.
   if (s.rolling_point >= 0) cache_->erase(s.rolling_point);

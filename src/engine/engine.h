@@ -53,8 +53,9 @@ struct EngineOptions {
   bool prefix_cache = false;  // cache prefixes' KV for later requests (see above)
   uint64_t kv_identity = 0;   // root of the prefix cache's hash chains (kv_identity.h)
   KVDevice device = KVDevice::cpu;  // where the pool lives and the steps run
-  // With the prefix cache: called (engine thread) with each new block-aligned point cached at the
-  // end of a prefill chunk, tokens[0, n) its tokens (the shared prefix store writes it through).
+  // With the prefix cache: called (engine thread) with each new point cached at a prefill cut (the
+  // end of the cached chain the prompt extends, the prompt's last full block), tokens[0, n) its
+  // tokens (the shared prefix store writes it through).
   std::function<void(const int32_t* tokens, int64_t n, const SeqKV& s)> on_prefill_point;
 };
 
