@@ -10,7 +10,7 @@ SUDO=""
 pkgs=(build-essential cmake ninja-build pkg-config git unzip ca-certificates
       libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
       libxxhash-dev clang libclang-rt-dev python3 python3-venv python3-pip python3-dev
-      jargon-text python3-doc)
+      jargon-text python3-doc libzmq3-dev libmsgpack-cxx-dev libhiredis-dev redis-server)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -25,7 +25,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, gguf, tokenizers, pytest, nanobind, scikit_build_core, openai" 2>/dev/null; then
+if ! .venv/bin/python -c "import numpy, gguf, tokenizers, pytest, nanobind, scikit_build_core, openai, zmq, msgpack, sglang_router" 2>/dev/null; then
   echo "setup: installing Python test dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -r scripts/requirements-test.txt

@@ -142,8 +142,33 @@ void Engine::admit() {
   }
 }
 
+void Engine::adopt_stored_prefix(Seq& s) {
+  const std::shared_ptr<const StoredPrefix> sp = std::move(s.req.stored_prefix);
+  const int64_t len = int64_t(s.tokens.size()), B = kv_->block_tokens(), n = sp->parsed.n_kv;
+  if (n <= 0 || n % B != 0 || n > len - 1 || int64_t(sp->parsed.tokens.size()) != n ||
+      !std::equal(sp->parsed.tokens.begin(), sp->parsed.tokens.end(), s.tokens.begin())) {
+    ++stats_.store_not_adopted;  // not a block-aligned point of this prompt
+    return;
+  }
+  if (cache_->find(s.tokens.data(), len, len - 1).n >= n) return;  // the local cache has as much
+  for (;;) {
+    try {
+      LoadedSequence l = adopt_parsed_sequence(sp->parsed, *kv_, sp->expect);
+      cache_->insert(s.tokens.data(), n, l.seq);
+      kv_->release(l.seq);
+      ++stats_.store_adopted;
+      stats_.store_adopted_tokens += n;
+      return;
+    } catch (const KVPoolExhausted&) {
+      if (!cache_->evict_one()) break;  // cached prefixes make room, as for a prefill
+    }
+  }
+  ++stats_.store_not_adopted;
+}
+
 void Engine::attach_cached_prefix(Seq& s) {
   const int64_t len = int64_t(s.tokens.size()), B = kv_->block_tokens();
+  if (s.req.stored_prefix) adopt_stored_prefix(s);
   const PrefixCache::Hit h = cache_->lookup(s.tokens.data(), len, len - 1);  // it feeds >= 1 token itself
   if (h.seq) {
     try {
@@ -162,6 +187,10 @@ void Engine::cache_points(const BatchEntry& e, Seq& s) {
   const int64_t n = s.fed();
   if (n % kv_->block_tokens() != 0) return;
   const PrefixCache::Inserted p = cache_->insert(s.tokens.data(), n, s.kv);
+  // Written through only at the cuts (where the cached chain ends, the prompt's last full block):
+  // the points another replica can start from; plain chunk ends would resend the prefix each time.
+  if (e.n > 1 && p.created && opt_.on_prefill_point && std::find(s.cuts.begin(), s.cuts.end(), n) != s.cuts.end())
+    opt_.on_prefill_point(s.tokens.data(), n, s.kv);
   if (e.n > 1 || !p.created) return;  // prefill points stay (LRU)
   // Decoding: keep only the latest point of this sequence; its end is cached when it finishes.
   if (s.rolling_point >= 0) cache_->erase(s.rolling_point);

@@ -36,6 +36,7 @@
 
 #include "kvcache/kv_store.h"
 #include "kvcache/prefix_cache.h"
+#include "kvcache/seq_file.h"
 #include "model/sampler.h"
 #include "model/session.h"
 
@@ -52,6 +53,10 @@ struct EngineOptions {
   bool prefix_cache = false;  // cache prefixes' KV for later requests (see above)
   uint64_t kv_identity = 0;   // root of the prefix cache's hash chains (kv_identity.h)
   KVDevice device = KVDevice::cpu;  // where the pool lives and the steps run
+  // With the prefix cache: called (engine thread) with each new point cached at a prefill cut (the
+  // end of the cached chain the prompt extends, the prompt's last full block), tokens[0, n) its
+  // tokens (the shared prefix store writes it through).
+  std::function<void(const int32_t* tokens, int64_t n, const SeqKV& s)> on_prefill_point;
 };
 
 // What a sequence ended with (passed to Request::on_finish).
@@ -78,6 +83,10 @@ struct Request {
   // Optional: the logits [n_vocab] the next token is sampled from, just before its on_token (the
   // server's logprobs); valid during this call and that on_token.
   std::function<void(int64_t id, const float* logits, int n_vocab)> on_logits;
+  // Optional (prefix cache on): a point fetched from the shared prefix store for this prompt
+  // (checked already: identity, content hash, finite values). At admission, when it covers more
+  // of the prompt than the local cache, its blocks are copied into the pool and cached as a point.
+  std::shared_ptr<const StoredPrefix> stored_prefix;
 };
 
 struct EngineStats {
@@ -89,6 +98,9 @@ struct EngineStats {
   int running = 0, waiting = 0;
   // Copied at the end of each step, so that other threads can read them (server metrics).
   PrefixCacheStats prefix;
+  // Points of the shared prefix store taken into the pool / their tokens / ones not taken (the
+  // pool had no room, or their tokens were not the prompt's).
+  int64_t store_adopted = 0, store_adopted_tokens = 0, store_not_adopted = 0;
   size_t pool_used_bytes = 0, pool_budget_bytes = 0;
 };
 
@@ -119,6 +131,7 @@ class Engine {
   bool fork_children(Seq& parent);
   void preempt(Seq& s);
   void attach_cached_prefix(Seq& s);
+  void adopt_stored_prefix(Seq& s);  // s.req.stored_prefix into the prefix cache, when it helps
   void cache_points(const BatchEntry& e, Seq& s);
   void publish_stats();  // copies what other threads may read into stats_
 

@@ -13,11 +13,16 @@ PrefixCache::PrefixCache(KVStore& kv, uint64_t identity) : kv_(kv), B_(kv.block_
   nodes_[root_] = Node{};
 }
 
-PrefixCache::~PrefixCache() { clear(); }
-
-uint64_t PrefixCache::child_key(uint64_t parent, const int32_t* block) const {
-  return XXH64(block, size_t(B_) * sizeof(int32_t), parent);
+PrefixCache::~PrefixCache() {
+  listener_ = nullptr;  // going away is not a clear to report
+  clear();
 }
+
+uint64_t PrefixCache::chain_key(uint64_t parent, const int32_t* block, int block_tokens) {
+  return XXH64(block, size_t(block_tokens) * sizeof(int32_t), parent);
+}
+
+uint64_t PrefixCache::child_key(uint64_t parent, const int32_t* block) const { return chain_key(parent, block, B_); }
 
 const PrefixCache::Node* PrefixCache::child(uint64_t parent_key, uint64_t key, const int32_t* block) const {
   auto it = nodes_.find(key);
@@ -72,6 +77,17 @@ PrefixCache::Inserted PrefixCache::insert(const int32_t* tokens, int64_t n, cons
   if (n <= 0 || s.size() < n) return r;
   uint64_t key = root_;
   const int64_t depth = n / B_;
+  // Nodes made here, reported (one stored event) before anything below may prune them.
+  uint64_t first_parent = 0;
+  std::vector<uint64_t> made;
+  auto report = [&] {
+    if (!listener_ || made.empty()) return;
+    const auto& first = nodes_.at(made.front());
+    const int32_t* t0 = tokens + (first.depth - 1) * B_;
+    listener_->blocks_stored(first_parent, first_parent == root_, made,
+                             std::vector<int32_t>(t0, t0 + int64_t(made.size()) * B_), B_);
+    made.clear();
+  };
   for (int64_t m = 0; m < depth; ++m) {
     const int32_t* block = tokens + m * B_;
     const uint64_t k = child_key(key, block);
@@ -83,12 +99,16 @@ PrefixCache::Inserted PrefixCache::insert(const int32_t* tokens, int64_t n, cons
       c.tokens.assign(block, block + B_);
       nodes_.emplace(k, std::move(c));
       ++nodes_.at(key).children;
+      if (made.empty()) first_parent = key;
+      made.push_back(k);
     } else if (!child(key, k, block)) {
+      report();
       prune(key);  // a collision: nodes made above stay only while useful
       return r;
     }
     key = k;
   }
+  report();
   Node& node = nodes_.at(key);
   const int32_t* tail = tokens + depth * B_;
   for (int64_t pid : node.points) {
@@ -120,14 +140,17 @@ PrefixCache::Inserted PrefixCache::insert(const int32_t* tokens, int64_t n, cons
 }
 
 void PrefixCache::prune(uint64_t key) {
+  std::vector<uint64_t> removed;
   while (key != root_) {
     auto it = nodes_.find(key);
-    if (it == nodes_.end() || !it->second.points.empty() || it->second.children > 0) return;
+    if (it == nodes_.end() || !it->second.points.empty() || it->second.children > 0) break;
     const uint64_t parent = it->second.parent;
     nodes_.erase(it);
     --nodes_.at(parent).children;
+    removed.push_back(key);
     key = parent;
   }
+  if (listener_ && !removed.empty()) listener_->blocks_removed(removed);
 }
 
 bool PrefixCache::erase(int64_t point) {
@@ -169,6 +192,7 @@ bool PrefixCache::evict_one() {
 }
 
 void PrefixCache::clear() {
+  if (listener_ && nodes_.size() > 1) listener_->all_cleared();
   points_.clear();
   nodes_.clear();
   nodes_[root_] = Node{};

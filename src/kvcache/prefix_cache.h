@@ -26,6 +26,20 @@
 
 namespace vq {
 
+// What happens to the hash chain's nodes (full blocks), for observers such as the server's KV
+// events (vLLM's BlockStored / BlockRemoved / AllBlocksCleared) and its shared prefix store.
+// Called on the cache's thread, inside insert / erase / evict_one / clear.
+class PrefixCacheListener {
+ public:
+  virtual ~PrefixCacheListener() = default;
+  // New nodes keys[i] (in chain order), the first a child of `parent` (parent_is_root: the first
+  // block of a prompt); tokens: their blocks' tokens, block_tokens each, concatenated.
+  virtual void blocks_stored(uint64_t parent, bool parent_is_root, const std::vector<uint64_t>& keys,
+                             const std::vector<int32_t>& tokens, int block_tokens) = 0;
+  virtual void blocks_removed(const std::vector<uint64_t>& keys) = 0;
+  virtual void all_cleared() = 0;
+};
+
 struct PrefixCacheStats {
   int64_t lookups = 0, hits = 0, hit_tokens = 0;  // hit_tokens: prompt tokens not recomputed
   int64_t lookup_tokens = 0;                       // prompt tokens of every lookup (vLLM's queried tokens)
@@ -68,6 +82,11 @@ class PrefixCache {
 
   PrefixCacheStats stats() const;
   int block_tokens() const { return B_; }
+  // Observer of node changes (nullptr: none); not owned, must outlive its registration.
+  void set_listener(PrefixCacheListener* l) { listener_ = l; }
+  // The key of the node covering one more block under `parent` (the root's key is the KV identity),
+  // as the cache computes it: XXH64 of the block's block_tokens token ids seeded with the parent.
+  static uint64_t chain_key(uint64_t parent, const int32_t* block, int block_tokens);
 
  private:
   struct Node {
@@ -98,6 +117,7 @@ class PrefixCache {
   int64_t next_point_ = 0;
   uint64_t clock_ = 0;
   PrefixCacheStats stats_;
+  PrefixCacheListener* listener_ = nullptr;
 };
 
 }  // namespace vq

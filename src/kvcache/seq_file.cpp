@@ -43,8 +43,8 @@ void zero_scalar_tail(uint8_t* blk, int H, int B, size_t block_bytes, int r) {
 
 }  // namespace
 
-void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
-                   const KVIdentity& id) {
+std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
+                                     const KVIdentity& id, bool seal, const std::string& path) {
   VQ_CHECK(kv.device_kind() == KVDevice::cpu, "{}: session files are read and written from a KV pool on the cpu; "
            "this one lives on the device", path);
   const int64_t n = s.size();
@@ -111,14 +111,24 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
   }
   const uint64_t total = w.buf.size() + kSessionDigestBytes;
   std::memcpy(w.buf.data() + 16, &total, 8);
-  Sha256 sha;
-  sha.update(w.buf.data(), w.buf.size());
-  const std::array<uint8_t, 32> digest = sha.finish();
-  w.put_bytes(digest.data(), digest.size());
-  write_file_atomic(path, w.buf.data(), w.buf.size());
+  if (seal) seal_sequence_bytes(w.buf);
+  return std::move(w.buf);
 }
 
-static SessionExpect session_expect(const KVStore& kv, const KVIdentity& id) {
+void seal_sequence_bytes(std::vector<uint8_t>& bytes) {
+  Sha256 sha;
+  sha.update(bytes.data(), bytes.size());
+  const std::array<uint8_t, 32> digest = sha.finish();
+  bytes.insert(bytes.end(), digest.begin(), digest.end());
+}
+
+void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
+                   const KVIdentity& id) {
+  const std::vector<uint8_t> bytes = encode_sequence(kv, s, tokens, id, true, path);
+  write_file_atomic(path, bytes.data(), bytes.size());
+}
+
+SessionExpect session_expect(const KVStore& kv, const KVIdentity& id) {
   SessionExpect e;
   e.id = id;
   e.n_layers = uint32_t(kv.n_layers());
@@ -139,6 +149,10 @@ LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdent
   const SessionExpect e = session_expect(kv, id);
   const std::vector<uint8_t> data = read_session_file(path, e);
   ParsedSession p = parse_session(data.data(), data.size(), path, e);
+  return adopt_parsed_sequence(std::move(p), kv, e);
+}
+
+LoadedSequence adopt_parsed_sequence(ParsedSession p, KVStore& kv, const SessionExpect& e) {
   LoadedSequence out;
   out.n_kv = p.n_kv;
   out.tokens = std::move(p.tokens);

@@ -36,6 +36,16 @@ namespace vq {
 void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
                    const KVIdentity& id);
 
+// The same bytes in memory (the shared prefix store's entries, issue 24). seal = false leaves out
+// the trailing SHA-256 (seal_sequence_bytes adds it later, off the engine's thread); `path` only
+// names the sequence in messages.
+std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
+                                     const KVIdentity& id, bool seal = true, const std::string& path = "sequence");
+void seal_sequence_bytes(std::vector<uint8_t>& bytes);
+// What kv reads: identity, geometry, block sizes, its budget, its coded blocks' finite check (which
+// reads only the spec: the result may be used from another thread while kv lives).
+SessionExpect session_expect(const KVStore& kv, const KVIdentity& id);
+
 struct LoadedSequence {
   SeqKV seq;                    // a sequence of kv holding n_kv tokens
   std::vector<int32_t> tokens;  // [n_tokens]: the first n_kv are in seq
@@ -44,5 +54,17 @@ struct LoadedSequence {
 // Reads a file written by save_sequence into new blocks of kv. Throws SessionFileError for a file
 // refused as above, KVPoolExhausted (having taken nothing) when the pool cannot hold its blocks.
 LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdentity& id);
+// Copies parsed bytes (parse_session against e = session_expect(kv, ...); the bytes must still be
+// alive) into new blocks of kv. KVPoolExhausted (having taken nothing) when the pool is full.
+LoadedSequence adopt_parsed_sequence(ParsedSession p, KVStore& kv, const SessionExpect& e);
+
+// A sequence's bytes checked by parse_session, kept with their block views (the shared prefix
+// store's fetched entries, handed from an HTTP thread to the engine's).
+struct StoredPrefix {
+  std::vector<uint8_t> bytes;
+  ParsedSession parsed;  // views into bytes
+  SessionExpect expect;
+  uint64_t key = 0;      // the store's chain key
+};
 
 }  // namespace vq

@@ -136,6 +136,14 @@ void check_defaults(const json& body) {
   must("tool_choice", [](const json& x) { return x == "none"; }, "(tool calls)");
   must("response_format", [](const json& x) { return x.is_object() && x.value("type", "") == "text"; },
        "other than {\"type\": \"text\"}");
+  // SGLang's fields, as its router sends them: what this server does anyway is accepted, the rest
+  // refused. Reasoning separation needs a reasoning parser (SGLang's too): a no-op either way here.
+  must("no_stop_trim", [](const json& x) { return x == false; }, "= true");
+  must("skip_special_tokens", [](const json& x) { return x == true; }, "= false");
+  must("return_hidden_states", [](const json& x) { return x == false; }, "= true");
+  must("continue_final_message", [](const json& x) { return x == false; }, "= true");
+  must("separate_reasoning", [](const json& x) { return x.is_boolean(); }, "(not a boolean)");
+  must("stream_reasoning", [](const json& x) { return x.is_boolean(); }, "(not a boolean)");
 }
 
 }  // namespace
@@ -160,9 +168,12 @@ GenParams parse_generation(const json& body, bool chat, const Model& model, cons
   static const std::set<std::string> common = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "stream",
       "stream_options", "n", "best_of", "echo", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
-      "top_logprobs", "user", "suffix", "ignore_eos", "session", "return_token_ids", "metadata", "store"};
+      "top_logprobs", "user", "suffix", "ignore_eos", "session", "return_token_ids", "metadata", "store",
+      // SGLang's router (sglang-router, issue 24) forwards these with every request, at its defaults.
+      "no_stop_trim", "skip_special_tokens", "return_hidden_states"};
   static const std::set<std::string> chat_only = {"messages", "max_completion_tokens", "tools", "tool_choice",
-                                                  "response_format", "parallel_tool_calls"};
+                                                  "response_format", "parallel_tool_calls",
+                                                  "continue_final_message", "separate_reasoning", "stream_reasoning"};
   for (const auto& [k, v] : body.items()) {
     const bool ok = common.count(k) || (chat ? chat_only.count(k) : k == "prompt");
     if (!ok) bad(k, "unknown field '" + k + "'");

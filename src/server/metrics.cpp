@@ -48,6 +48,12 @@ std::string Metrics::render(const EngineStats& es) const {
   one("vq_prefix_cache_hit_tokens_total", "counter", "Prompt tokens taken from the cache instead of computed", fmt::format("{}", es.prefix.hit_tokens));
   one("vq_prefix_cache_evictions_total", "counter", "Cached prefixes dropped for room", fmt::format("{}", es.prefix.evicted));
   one("vq_prefix_cache_points", "gauge", "Cached prefixes (pinned sessions included)", fmt::format("{}", es.prefix.points));
+  one("vq_prefix_store_adopted_total", "counter", "Points of the shared prefix store taken into the pool",
+      fmt::format("{}", es.store_adopted));
+  one("vq_prefix_store_adopted_tokens_total", "counter", "Prompt tokens taken from the shared prefix store",
+      fmt::format("{}", es.store_adopted_tokens));
+  one("vq_prefix_store_not_adopted_total", "counter",
+      "Fetched points not taken (no room in the pool, or not this prompt's)", fmt::format("{}", es.store_not_adopted));
   one("vq_engine_steps_total", "counter", "Engine steps", fmt::format("{}", es.steps));
   one("vq_engine_step_seconds_total", "counter", "Time in engine steps", fmt::format("{:.6f}", es.step_seconds));
   one("vq_engine_last_step_seconds", "gauge", "Duration of the last engine step", fmt::format("{:.6f}", es.last_step_ms / 1e3));
@@ -92,6 +98,7 @@ std::string Metrics::render(const EngineStats& es) const {
   o += fmt::format("vllm:time_to_first_token_seconds_bucket{{le=\"+Inf\",{}}} {}\n", label, ttft_n_);
   o += fmt::format("vllm:time_to_first_token_seconds_sum{{{}}} {:.6f}\nvllm:time_to_first_token_seconds_count{{{}}} {}\n",
                    label, ttft_sum_, label, ttft_n_);
+  if (extra_) o += extra_();
   return o;
 }
 

@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -21,6 +22,8 @@ class Metrics {
   // The model_name label of the vLLM-named series (set once, before serving).
   void set_model_name(std::string name) { model_name_ = std::move(name); }
   std::string render(const EngineStats& es) const;
+  // More Prometheus text appended to render()'s (the shared prefix store's series); set before serving.
+  void set_extra(std::function<std::string()> f) { extra_ = std::move(f); }
 
   // Upper bounds (seconds) of the time-to-first-token histogram's buckets.
   static constexpr std::array<double, 12> kTtftBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -34,6 +37,7 @@ class Metrics {
   double ttft_sum_ = 0;
   std::atomic<int64_t> prompt_tokens_{0}, generated_tokens_{0}, in_flight_{0};
   std::string model_name_;
+  std::function<std::string()> extra_;
 };
 
 }  // namespace vq

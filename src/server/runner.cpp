@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kvcache/seq_file.h"
+#include "server/prefix_store.h"
 
 namespace vq {
 
@@ -62,6 +63,7 @@ std::shared_ptr<Channel> Runner::submit(GenParams p, Channel::Clock::time_point 
   r.sampling = p.sampling;
   r.max_new_tokens = p.max_tokens;
   r.ignore_eos = p.ignore_eos;
+  if (store_) r.stored_prefix = store_->fetch(r.prompt);  // nullptr on a miss or a store that is down
   Channel* ch = c.get();
   const int n_vocab = engine_.model().config().n_vocab;
   if (p.logprobs >= 0) r.on_logits = [ch](int64_t, const float* logits, int) { ch->logits = logits; };

@@ -70,6 +70,9 @@ class Runner {
   void delete_session(const std::string& name);
   std::vector<SessionInfo> sessions();
   const KVIdentity& identity() const { return identity_; }
+  // The shared prefix store (nullptr: none), asked for each prompt on the submitting thread before
+  // it goes to the engine; set before serving.
+  void set_prefix_store(class PrefixStore* store) { store_ = store; }
   const std::string& session_dir() const { return session_dir_; }
 
  private:
@@ -86,6 +89,7 @@ class Runner {
 
   Engine& engine_;
   Metrics& metrics_;
+  class PrefixStore* store_ = nullptr;
   KVIdentity identity_;
   std::string session_dir_;
   int max_sessions_;

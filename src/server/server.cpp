@@ -79,7 +79,8 @@ int64_t unix_now() {
 
 // Metrics label of a path: its route, without ids.
 std::string endpoint_of(const std::string& path) {
-  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/model_info",
+                        "/get_model_info", "/server_info", "/get_server_info"})
     if (path == p) return p;
   if (path.rfind("/v1/sessions", 0) == 0) return "/v1/sessions";
   return "other";
@@ -372,6 +373,24 @@ struct HttpServer::Impl {
       if (!method_is("GET")) return;
       const json m = {{"id", opt.model_name}, {"object", "model"}, {"created", unix_now()}, {"owned_by", "veloxquant"}};
       r.set_content(dump({{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    } else if (path == "/model_info" || path == "/get_model_info") {
+      // What SGLang's router asks a worker at registration (issue 24), in SGLang's field names.
+      if (!method_is("GET")) return;
+      r.set_content(dump({{"model_path", opt.model_name}, {"is_generation", true}, {"has_image_understanding", false},
+                          {"has_audio_understanding", false}}),
+                    "application/json");
+    } else if (path == "/server_info" || path == "/get_server_info") {
+      if (!method_is("GET")) return;
+      const EngineStats es = engine.stats();
+      r.set_content(dump({{"served_model_name", opt.model_name},
+                          {"dp_size", 1},
+                          {"tp_size", 1},
+                          {"context_length", n_ctx},
+                          {"max_running_requests", engine.options().max_sequences},
+                          {"kv_pool_budget_bytes", es.pool_budget_bytes},
+                          {"kv_pool_used_bytes", es.pool_used_bytes},
+                          {"engine", "veloxquant"}}),
+                    "application/json");
     } else if (path == "/health") {
       if (!method_is("GET")) return;
       r.status = draining ? 503 : 200;

@@ -4,7 +4,10 @@
 // (max_n, chain matching, pruning) holds.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <map>
+#include <string>
 
 #include "engine/engine.h"
 #include "engine_fixture.h"
@@ -147,4 +150,56 @@ TEST(PrefixCache, LookupPinningAndPruning) {
   f = SeqKV();
   s.reset();
   EXPECT_EQ(s.store().pool().used_bytes(), 0u) << "the cache holds nothing once its points are gone";
+}
+
+// The listener (the server's KV events and shared store) sees every node the chain gains and loses,
+// in chain order, with their blocks' tokens and the keys chain_key computes; clear is one event.
+TEST(PrefixCache, ListenerSeesNodesStoredRemovedAndCleared) {
+  struct Log : PrefixCacheListener {
+    std::vector<std::string> ev;
+    std::vector<uint64_t> stored, removed;
+    std::vector<int32_t> tokens;
+    uint64_t first_parent = 0;
+    void blocks_stored(uint64_t parent, bool root, const std::vector<uint64_t>& keys, const std::vector<int32_t>& t,
+                       int B) override {
+      ev.push_back(fmt::format("stored {} root={} B={}", keys.size(), root, B));
+      if (stored.empty()) first_parent = parent;
+      stored.insert(stored.end(), keys.begin(), keys.end());
+      tokens.insert(tokens.end(), t.begin(), t.end());
+    }
+    void blocks_removed(const std::vector<uint64_t>& keys) override {
+      ev.push_back(fmt::format("removed {}", keys.size()));
+      removed.insert(removed.end(), keys.begin(), keys.end());
+    }
+    void all_cleared() override { ev.push_back("cleared"); }
+  } log;
+  Tiny& t = Tiny::get();
+  const int V = t.model->config().n_vocab;
+  Session s(*t.model, t.spec("kivi2,r=32"), 200);
+  PrefixCache cache(s.store(), 1234);
+  cache.set_listener(&log);
+  const auto toks = random_tokens(100, V, 701);
+  s.forward(toks.data(), 64, nullptr);
+  const auto p64 = cache.insert(toks.data(), 64, s.sequence());
+  s.forward(toks.data() + 64, 32, nullptr);
+  const auto p96 = cache.insert(toks.data(), 96, s.sequence());
+  ASSERT_TRUE(p64.created && p96.created);
+  ASSERT_EQ(log.ev, (std::vector<std::string>{"stored 2 root=true B=32", "stored 1 root=false B=32"}));
+  EXPECT_EQ(log.first_parent, 1234u) << "the chain is rooted at the identity";
+  EXPECT_EQ(log.tokens, std::vector<int32_t>(toks.begin(), toks.begin() + 96));
+  uint64_t k = 1234;
+  for (int m = 0; m < 3; ++m) {
+    k = PrefixCache::chain_key(k, toks.data() + m * 32, 32);
+    EXPECT_EQ(log.stored[size_t(m)], k) << "block " << m;
+  }
+  EXPECT_FALSE(cache.insert(toks.data(), 64, s.sequence()).created);
+  EXPECT_EQ(log.ev.size(), 2u) << "an existing point adds no node";
+  cache.erase(p96.point);
+  ASSERT_EQ(log.ev.back(), "removed 1") << "only block 3 goes: p64 still needs blocks 1 and 2";
+  EXPECT_EQ(log.removed, std::vector<uint64_t>{log.stored[2]});
+  cache.clear();
+  EXPECT_EQ(log.ev.back(), "cleared");
+  cache.clear();
+  EXPECT_EQ(log.ev.size(), 4u) << "clearing an empty cache says nothing";
+  s.reset();
 }

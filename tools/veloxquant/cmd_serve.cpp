@@ -31,6 +31,8 @@
 #include "kvcache/spec_syntax.h"
 #include "eval/calibrate.h"
 #include "model/model.h"
+#include "server/kv_events.h"
+#include "server/prefix_store.h"
 #include "server/server.h"
 
 namespace vq::cli {
@@ -43,6 +45,9 @@ struct ServeOptions {
   int port = 8080, parallel = 8, batch = 512, n_ctx = 0, threads = 0, max_queue = 64, max_sessions = 64;
   double kv_budget_mib = 0, max_body_mib = 4, grace_s = 30;
   bool no_prefix_cache = false;
+  std::string kv_events, kv_events_replay, kv_events_topic;  // issue 24: vLLM-format KV events
+  int kv_events_buffer = 10000;
+  std::string prefix_store;  // redis://HOST:PORT: the shared compressed prefix store
   bool allow_longer_context = false;  // -c past the model's trained context
   bool session_dir_given = false;     // --session-dir on the command line (the default may be absent)
 };
@@ -123,6 +128,19 @@ void run_serve(const ServeOptions& o) {
   VQ_CHECK(o.kv_budget_mib >= 0 && std::isfinite(o.kv_budget_mib), "--kv-budget: {} MiB must be >= 0",
            o.kv_budget_mib);
   if (!o.no_prefix_cache) check_session_dir(o.session_dir, o.session_dir_given);
+  if (!o.kv_events.empty()) {
+    VQ_CHECK(!o.no_prefix_cache, "--kv-events: the events are the prefix cache's blocks; --no-prefix-cache has none");
+    check_kv_events_endpoint(o.kv_events, "--kv-events");
+    VQ_CHECK(o.kv_events_buffer >= 1 && o.kv_events_buffer <= 10000000, "--kv-events-buffer: {} must be in 1..10000000",
+             o.kv_events_buffer);
+  }
+  VQ_CHECK(o.kv_events_replay.empty() || !o.kv_events.empty(), "--kv-events-replay needs --kv-events");
+  PrefixStoreOptions store_opt;
+  if (!o.prefix_store.empty()) {
+    VQ_CHECK(!o.no_prefix_cache, "--prefix-store: the store holds the prefix cache's points; --no-prefix-cache has none");
+    parse_prefix_store_url(o.prefix_store, store_opt, "--prefix-store");
+  }
+  if (!o.kv_events_replay.empty()) check_kv_events_endpoint(o.kv_events_replay, "--kv-events-replay");
   // Signals go to the signal thread only: block them before any thread starts.
   sigset_t set;
   sigemptyset(&set);
@@ -170,8 +188,37 @@ void run_serve(const ServeOptions& o) {
   const KVIdentity identity = kv_identity(*probe, path);
   probe.reset();
   eo.kv_identity = identity.combined();
+  // The shared prefix store writes new prefill points through (engine thread); it is made after
+  // the engine (it needs its pool's shape), so the hook reaches it through this pointer.
+  std::unique_ptr<PrefixStore> store;
+  PrefixStore* store_ptr = nullptr;
+  const bool with_store = !o.prefix_store.empty() && prefix_cache;
+  if (with_store)
+    eo.on_prefill_point = [&store_ptr](const int32_t* tokens, int64_t n, const SeqKV& s) {
+      if (store_ptr) store_ptr->offer(tokens, n, s);
+    };
   Engine engine(*model, spec, eo);
   Metrics metrics;
+  // Observers of the prefix cache's blocks (engine thread), declared after the engine and before
+  // the runner: they outlive every step and go before the engine's cache.
+  std::unique_ptr<KVEventPublisher> kv_events;
+  PrefixCacheFanout prefix_listeners;
+  if (!o.kv_events.empty() && engine.prefix_cache()) {
+    KVEventsOptions ko;
+    ko.endpoint = o.kv_events;
+    ko.replay_endpoint = o.kv_events_replay;
+    ko.topic = o.kv_events_topic;
+    ko.buffer_batches = o.kv_events_buffer;
+    kv_events = std::make_unique<KVEventPublisher>(ko);
+    prefix_listeners.add(kv_events.get());
+  }
+  if (with_store && engine.prefix_cache()) {
+    store = std::make_unique<PrefixStore>(store_opt, engine.kv(), identity);
+    store_ptr = store.get();
+    prefix_listeners.add(store_ptr);
+    metrics.set_extra([&store] { return store->render_metrics(); });
+  }
+  if (!prefix_listeners.empty()) engine.prefix_cache()->set_listener(&prefix_listeners);
   // Temporary files of saves a killed server left behind (their process is gone) go now.
   if (prefix_cache) {
     const int stale = remove_stale_session_temps(o.session_dir);
@@ -179,6 +226,7 @@ void run_serve(const ServeOptions& o) {
       std::fprintf(stderr, "veloxquant serve: removed %d temporary files of interrupted session saves\n", stale);
   }
   Runner runner(engine, metrics, identity, o.session_dir, o.max_sessions);
+  runner.set_prefix_store(store_ptr);
   ServerOptions so;
   so.host = o.host;
   so.port = o.port;
@@ -211,6 +259,12 @@ void run_serve(const ServeOptions& o) {
                  "*** --api-key-file FILE (or --api-key KEY, or VQ_API_KEY) or listen on 127.0.0.1.\n\n",
                  o.host.c_str(), port);
   if (!api_key.empty()) std::fprintf(stderr, "veloxquant serve: API key required (all endpoints but /health)\n");
+  if (store)
+    std::fprintf(stderr, "veloxquant serve: shared prefix store redis://%s:%d (write-through of prefill points)\n",
+                 store_opt.host.c_str(), store_opt.port);
+  if (kv_events)
+    std::fprintf(stderr, "veloxquant serve: KV events on %s%s%s\n", o.kv_events.c_str(),
+                 o.kv_events_replay.empty() ? "" : ", replay on ", o.kv_events_replay.c_str());
   std::fflush(stderr);
   server.run();
   pthread_kill(signals.native_handle(), SIGUSR1);
@@ -255,6 +309,17 @@ void add_serve(CLI::App& app) {
   c->add_option("--body-timeout", o->body_timeout_s, "Seconds a request's whole body may take")->capture_default_str();
   add_device_option(c, o->device);
   c->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not cache prompt prefixes (nor keep sessions)");
+  c->add_option("--kv-events", o->kv_events,
+                "Publish the prefix cache's block events in vLLM's format (ZMQ PUB of msgpack KVEventBatch) on this "
+                "endpoint: tcp://*:5557 binds, tcp://HOST:PORT connects (as vLLM)");
+  c->add_option("--kv-events-replay", o->kv_events_replay,
+                "Bind a ROUTER socket answering replay requests (8-byte big-endian start sequence) here, e.g. "
+                "tcp://127.0.0.1:5558");
+  c->add_option("--kv-events-topic", o->kv_events_topic, "Topic frame of each KV event message (default: empty)");
+  c->add_option("--kv-events-buffer", o->kv_events_buffer, "Event batches kept for replay")->capture_default_str();
+  c->add_option("--prefix-store", o->prefix_store,
+                "Shared compressed prefix store, redis://HOST:PORT: prefill points written through, fetched on a local "
+                "miss (checked; a store that is down means local caching only)");
   c->callback([o, session_dir] {
     o->session_dir_given = session_dir->count() > 0;
     run_serve(*o);
