@@ -52,7 +52,8 @@ def make_model(args):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
     if args.gguf:
         d, f = os.path.split(args.gguf)
-        m = AutoModelForCausalLM.from_pretrained(d or ".", gguf_file=f, dtype=torch.float16)
+        m = AutoModelForCausalLM.from_pretrained(d or ".", gguf_file=f,
+                                                 dtype=torch.float16 if DEV == "cuda" else torch.float32)
         return m.to(DEV).eval()
     cfg = LlamaConfig(max_position_embeddings=131072, **GEOMETRIES[args.geometry])
     torch.manual_seed(0)
@@ -158,9 +159,10 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
 
 
 @torch.no_grad()
-def kl_case(model, vqt, method, ids, calib, ref=None):
-    """Teacher-forced decode over ids[0, n0:] after a prefill of n0 tokens; log-probs per step."""
-    n0 = min(256, ids.shape[1] // 2)
+def kl_case(model, vqt, method, ids, calib, ref=None, n0=1):
+    """Log-probs of positions n0-1 .. n-2: a prefill of n0 tokens, then teacher-forced decode (every
+    cache, HF's quantized ones too, then reads what it stored; n0 = 1 scores the positions that
+    `veloxquant perplexity` scores in one window)."""
     cache = make_cache(method, model, vqt, calib) if method != "static" else None
     out = model(ids[:, :n0], past_key_values=cache, use_cache=True, logits_to_keep=1)
     lps = [torch.log_softmax(out.logits[:, -1].float(), -1)]
@@ -194,6 +196,7 @@ def main():
     ap.add_argument("--calib", default="", help="VecInfer calibration (default: random codebooks, speed only)")
     ap.add_argument("--kl-text", default="", help="token ids file (one int per whitespace) or text (with --gguf)")
     ap.add_argument("--kl-tokens", type=int, default=1024)
+    ap.add_argument("--kl-prefill", type=int, default=1, help="tokens prefilled before the teacher-forced decode")
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--compile", action="store_true", help="torch.compile the static-cache decode")
     ap.add_argument("--out", default="")
@@ -217,7 +220,7 @@ def main():
         spec = [m[3:] for m in args.methods.split(",") if "vecinfer" in m][0]
         calib = vqt.random_calibration(spec, c.num_hidden_layers, c.num_key_value_heads, hd, "/tmp/bench_random.vqcal")
     rows = []
-    for ctx in [int(x) for x in args.ctx.split(",")]:
+    for ctx in [int(x) for x in args.ctx.split(",") if x and x != "none"]:
         for B in [int(x) for x in args.batch.split(",")]:
             for method in args.methods.split(","):
                 if time.time() > deadline:
@@ -245,12 +248,12 @@ def main():
             tok = AutoTokenizer.from_pretrained(d or ".", gguf_file=f)
             ids = tok(txt, return_tensors="pt").input_ids
         ids = ids[:, :args.kl_tokens].to(DEV)
-        ref, _ = kl_case(model, vqt, "fp16", ids, calib)
+        ref, _ = kl_case(model, vqt, "fp16", ids, calib, n0=args.kl_prefill)
         for method in args.methods.split(","):
             if method in ("fp16", "static") or time.time() > deadline:
                 continue
             try:
-                _, kl = kl_case(model, vqt, method, ids, calib, ref)
+                _, kl = kl_case(model, vqt, method, ids, calib, ref, n0=args.kl_prefill)
                 r = {"method": method, "kl_vs_fp16": round(kl, 5), "kl_tokens": int(ids.shape[1])}
             except Exception as e:  # noqa: BLE001
                 r = {"method": method, "kl_error": f"{type(e).__name__}: {e}"[:300]}
