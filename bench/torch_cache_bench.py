@@ -81,7 +81,7 @@ def make_cache(name, model, vqt, calib):
                               axis_key=0 if backend == "quanto" else 1, axis_value=0 if backend == "quanto" else 1)
     if name.startswith("vq:"):
         spec = name[3:]
-        return vqt.cache(model, spec, calib=calib if "vecinfer" in spec else None)
+        return vqt.cache(model, spec, calib=calib if "vecinfer" in spec else None, gguf_channel_order=GGUF_ORDER)
     raise ValueError(name)
 
 
@@ -92,6 +92,7 @@ def kv_fp16_bytes(model, tokens):
 
 
 DEV = "cuda"
+GGUF_ORDER = False  # --gguf-channel-order
 
 
 def sync():
@@ -164,6 +165,10 @@ def kl_case(model, vqt, method, ids, calib, ref=None, n0=1):
     cache, HF's quantized ones too, then reads what it stored; n0 = 1 scores the positions that
     `veloxquant perplexity` scores in one window)."""
     cache = make_cache(method, model, vqt, calib) if method != "static" else None
+    if n0 <= 0:  # one forward over the text: exact for fp16 and veloxquant (their prefill reads what they store)
+        out = model(ids, past_key_values=cache, use_cache=True)
+        lp = torch.log_softmax(out.logits[0, :-1].float(), -1)
+        return lp, (None if ref is None else (ref.exp() * (ref - lp)).sum(-1).mean().item())
     out = model(ids[:, :n0], past_key_values=cache, use_cache=True, logits_to_keep=1)
     lps = [torch.log_softmax(out.logits[:, -1].float(), -1)]
     for t in range(n0, ids.shape[1] - 1):
@@ -196,16 +201,20 @@ def main():
     ap.add_argument("--calib", default="", help="VecInfer calibration (default: random codebooks, speed only)")
     ap.add_argument("--kl-text", default="", help="token ids file (one int per whitespace) or text (with --gguf)")
     ap.add_argument("--kl-tokens", type=int, default=1024)
-    ap.add_argument("--kl-prefill", type=int, default=1, help="tokens prefilled before the teacher-forced decode")
+    ap.add_argument("--kl-prefill", type=int, default=1, help="tokens prefilled before the teacher-forced decode; 0: one forward over the whole text (exact only for "
+                         "fp16 and veloxquant caches, whose prefill reads what they store; not for HF's quantized ones)")
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--compile", action="store_true", help="torch.compile the static-cache decode")
     ap.add_argument("--out", default="")
     ap.add_argument("--case-s", type=float, default=120, help="a case running longer is stopped (SIGALRM)")
     ap.add_argument("--chunk", type=int, default=4096, help="prefill chunk (tokens per row per forward)")
+    ap.add_argument("--gguf-channel-order", action="store_true",
+                    help="--calib was written by `veloxquant calibrate` on a llama-family GGUF (veloxquant.torch.cache)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke test of the script")
     args = ap.parse_args()
-    global DEV
+    global DEV, GGUF_ORDER
     DEV = args.device
+    GGUF_ORDER = args.gguf_channel_order
     deadline = time.time() + args.budget_s
     vqt = load_vqt()
     name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"

@@ -195,3 +195,15 @@ def test_calibration_file_loads(calib_file):
     vq = pytest.importorskip("veloxquant._veloxquant", reason="the nanobind module is not built here")
     c = vq.Calibration.load(calib_file)
     assert c.n_layers == 1 and c.n_kv_heads == 2 and c.head_dim == 64
+
+
+def test_gguf_channel_order():
+    """transformers' order -> llama.cpp's interleaved one (gguf[2j + a] = hf[a * D/2 + j]), applied
+    to q and k alike, so an fp16 cache in that order still matches DynamicCache."""
+    x = torch.arange(8.0).view(1, 1, 8)
+    assert vqt._to_gguf_order(x).flatten().tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    m = sdpa(tiny("llama", "cpu"))
+    ids = torch.randint(0, 320, (2, 40))
+    ref = _logits(m, ids, DynamicCache(config=m.config))
+    got = _logits(m, ids, vqt.cache(m, "fp16", gguf_channel_order=True))
+    assert (got - ref).abs().max().item() < 2e-3 * max(1.0, ref.abs().max().item())
