@@ -38,7 +38,7 @@ if spec.startswith("vecinfer"):
     if not os.path.exists(calib):  # any text of the model's domain; more tokens, better codebooks
         vqt.calibrate(model, tok, open(__file__).read() * 8, spec, calib, max_tokens=2048)
 
-inputs = tok(["Why is the sky blue?", "Write a haiku about the sea."], return_tensors="pt", padding=True).to(device)
+inputs = tok(["The sky is blue because", "Write a haiku about the sea."], return_tensors="pt", padding=True).to(device)
 
 # The two-line change: a VeloxQuant cache instead of the default one.
 cache = vqt.cache(model, spec, calib=calib)

@@ -45,7 +45,7 @@ def calib_file():
     tok = _Tok()
     d = tempfile.mkdtemp()
     path = vqt.calibrate(m, tok, " ".join(str(i % 300) for i in range(4096)), "vecinfer:d4b8",
-                         os.path.join(d, "t.vqcal"), max_tokens=2048, segment_tokens=1024)
+                         os.path.join(d, "t.vqcal"), max_tokens=2048, segment_tokens=1024, model_name="tiny.gguf")
     return path
 
 
@@ -195,6 +195,7 @@ def test_calibration_file_loads(calib_file):
     vq = pytest.importorskip("veloxquant._veloxquant", reason="the nanobind module is not built here")
     c = vq.Calibration.load(calib_file)
     assert c.n_layers == 1 and c.n_kv_heads == 2 and c.head_dim == 64
+    assert c.key_preset == "d4b8" and c.n_calib_tokens == 2048 and c.model_name == "tiny.gguf"
 
 
 def test_gguf_channel_order():

@@ -484,14 +484,16 @@ class _Recorder:
 
 @torch.no_grad()
 def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_tokens=8192, segment_tokens=2048,
-              skip_tokens=4, gguf_channel_order=False) -> str:
+              skip_tokens=4, gguf_channel_order=False, model_name=None) -> str:
     """Records every layer's post-RoPE keys, values and query energies while the model runs
     ``texts`` (a string or a list of strings, joined by blank lines; at most max_tokens tokens, run
     as independent sequences of segment_tokens) and trains and writes a VecInfer calibration file
     for ``spec`` exactly as ``veloxquant calibrate`` does (query-aware smoothing, the first
     skip_tokens of each sequence left out). Returns the file's path (default: <spec>.vqcal).
     gguf_channel_order=True (a llama/mistral model loaded from a GGUF): the file is written in the
-    GGUF's channel order, for the CLI on that GGUF and for cache(..., gguf_channel_order=True)."""
+    GGUF's channel order, for the CLI on that GGUF and for cache(..., gguf_channel_order=True).
+    model_name: the name the file records (the CLI accepts a file whose name is the GGUF's file
+    name, its stem or its general.name); default: the last part of the model's name_or_path."""
     global _recorder
     if isinstance(texts, str):
         texts = [texts]
@@ -524,7 +526,8 @@ def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_toke
     qp = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in qe])
     if path is None:
         path = spec.replace(":", "_").replace(",", "_").replace("=", "") + ".vqcal"
-    name = getattr(model.config, "_name_or_path", "") or model.config.model_type
+    name = model_name or os.path.basename(str(getattr(model.config, "_name_or_path", "")).rstrip("/")) \
+        or model.config.model_type
     _check(_lib.vqt_train_calibration(spec.encode(), n_layers, n_kv, head_dim, ctypes.cast(kp, ctypes.c_void_p),
                                       ctypes.cast(vp, ctypes.c_void_p), n, min(segment_tokens, n), skip_tokens,
                                       ctypes.cast(qp, ctypes.c_void_p), str(name).encode(), str(path).encode()))
