@@ -27,8 +27,12 @@ def tiny(kind="llama", device="cpu", layers=2, seed=0):
                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
     if kind == "llama":
         m = LlamaForCausalLM(LlamaConfig(head_dim=64, **common))
-    else:
+    elif kind == "qwen2":
         m = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif kind == "qwen3":  # q/k RMSNorm before RoPE
+        m = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=64, **common))
+    else:  # mistral with a 48-token sliding window: the pool's per-layer window rule
+        m = transformers.MistralForCausalLM(transformers.MistralConfig(head_dim=64, sliding_window=48, **common))
     dtype = torch.float16 if device == "cuda" else torch.float32
     return m.to(device=device, dtype=dtype).eval()
 
@@ -74,7 +78,7 @@ def _logits(m, ids, cache, steps=4, mask=None):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
 def test_fp16_matches_dynamic_cache(device, kind):
     _gpu_or_skip(device)
     m = sdpa(tiny(kind, device))
