@@ -345,42 +345,52 @@ inline float h2f(const uint8_t* p) { return f16_to_f32(ld16(p)); }
 bool is_five(GGMLType t) { return t == GGMLType::Q5_0 || t == GGMLType::Q5_1; }
 bool has_min(GGMLType t) { return t == GGMLType::Q4_1 || t == GGMLType::Q5_1; }
 
-// Code of element e (0..31) of a GGUF block of a 32-element type (quant_blocks.h): 0..15 (q4),
+// The codes of one GGUF block of a 32-element type (quant_blocks.h) into q[32]: 0..15 (q4),
 // 0..31 (q5), -128..127 (q8_0).
-int code32(GGMLType t, const uint8_t* blk, int e) {
-  if (t == GGMLType::Q8_0) return int8_t(blk[2 + e]);
+void codes32(GGMLType t, const uint8_t* blk, int* q) {
+  if (t == GGMLType::Q8_0) {
+    for (int e = 0; e < 32; ++e) q[e] = int8_t(blk[2 + e]);
+    return;
+  }
   const int hdr = t == GGMLType::Q4_0 ? 2 : t == GGMLType::Q4_1 ? 4 : t == GGMLType::Q5_0 ? 6 : 8;
   const uint8_t* qs = blk + hdr;
-  int q = e < 16 ? qs[e] & 15 : qs[e - 16] >> 4;
+  for (int i = 0; i < 16; ++i) q[i] = qs[i] & 15, q[i + 16] = qs[i] >> 4;
   if (is_five(t)) {
     uint32_t qh;
     std::memcpy(&qh, blk + hdr - 4, 4);
-    q |= int((qh >> e) & 1) << 4;
+    for (int e = 0; e < 32; ++e) q[e] |= int((qh >> e) & 1) << 4;
   }
-  return q;
 }
-// Code (0..31) of element e (0..255) of a GGUF Q4_K (kFive false) or Q5_K super-block.
-int codek(const uint8_t* blk, int e, bool five) {
-  const int g = e / 64, l = e % 32, half = (e % 64) / 32;
-  const uint8_t byte = blk[(five ? 48 : 16) + 32 * g + l];
-  int q = half ? byte >> 4 : byte & 15;
-  if (five) q |= ((blk[16 + l] >> (2 * g + half)) & 1) << 4;
-  return q;
+// The codes (0..31) of a GGUF Q4_K (five false) or Q5_K super-block into q[256].
+void codesk(const uint8_t* blk, bool five, int* q) {
+  const uint8_t* qs = blk + (five ? 48 : 16);
+  for (int g = 0; g < 4; ++g)
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t byte = qs[32 * g + l];
+      q[64 * g + l] = byte & 15;
+      q[64 * g + 32 + l] = byte >> 4;
+      if (five) {
+        q[64 * g + l] |= ((blk[16 + l] >> (2 * g)) & 1) << 4;
+        q[64 * g + 32 + l] |= ((blk[16 + l] >> (2 * g + 1)) & 1) << 4;
+      }
+    }
 }
-// 6-bit code u (0..63) of element e (0..255) of a GGUF Q6_K super-block (quant_blocks.h).
-int q6k_code(const uint8_t* blk, int e) {
-  const int n = e / 128, k = (e % 128) / 32, l = e % 32;
-  const int lo = (blk[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
-  const int hi = (blk[128 + 32 * n + l] >> (2 * k)) & 3;
-  return lo | hi << 4;
+// The 6-bit codes u (0..63) of a GGUF Q6_K super-block (quant_blocks.h) into q[256].
+void codes6k(const uint8_t* blk, int* q) {
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (blk[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
+        const int hi = (blk[128 + 32 * n + l] >> (2 * k)) & 3;
+        q[128 * n + 32 * k + l] = lo | hi << 4;
+      }
 }
 
-// codes4 (and hi5) of one 32-element block of row r, from code(e) (e 0..31), at C (and H).
-template <class Code>
-void put_codes4(Code code, int r, uint8_t* C, uint8_t* H) {
+// codes4 (and hi5 when H is not null) of one 32-element block q[32] of row r, at C (and H).
+void put_codes4(const int* q, int r, uint8_t* C, uint8_t* H) {
   for (int c = 0; c < 4; ++c)
     for (int i = 0; i < 4; ++i) {
-      const int a = code(8 * c + i), b = code(8 * c + 4 + i);
+      const int a = q[8 * c + i], b = q[8 * c + 4 + i];
       C[32 * c + 4 * r + i] = uint8_t((a & 15) | (b & 15) << 4);
       if (H) H[4 * r + i] = uint8_t(H[4 * r + i] | ((a >> 4) & 1) << (2 * c) | ((b >> 4) & 1) << (2 * c + 1));
     }
@@ -393,7 +403,9 @@ void pack_32_chunk(GGMLType t, const uint8_t* blk, int r, uint8_t* C) {
     return;
   }
   const bool five = is_five(t);
-  put_codes4([&](int e) { return code32(t, blk, e); }, r, C, five ? C + 128 : nullptr);
+  int q[32];
+  codes32(t, blk, q);
+  put_codes4(q, r, C, five ? C + 128 : nullptr);
   const size_t dof = five ? 160 : 128;
   std::memcpy(C + dof + 2 * r, blk, 2);
   if (has_min(t)) std::memcpy(C + dof + 16 + 2 * r, blk + 2, 2);
@@ -402,27 +414,31 @@ void pack_32_chunk(GGMLType t, const uint8_t* blk, int r, uint8_t* C) {
 void pack_q4k_chunk(const uint8_t* blk, int r, uint8_t* C, bool five) {
   std::memcpy(C + 1152 + 2 * r, blk, 2);      // d
   std::memcpy(C + 1168 + 2 * r, blk + 2, 2);  // dmin
+  int q[256];
+  codesk(blk, five, q);
   for (int j = 0; j < 8; ++j) {
     int sc, m;
     blocks::k_scale_min(blk + 4, j, &sc, &m);
     C[1024 + 8 * j + r] = uint8_t(sc);
     C[1088 + 8 * j + r] = uint8_t(m);
-    put_codes4([&](int e) { return codek(blk, 32 * j + e, five); }, r, C + 128 * j, five ? C + 1184 + 32 * j : nullptr);
+    put_codes4(q + 32 * j, r, C + 128 * j, five ? C + 1184 + 32 * j : nullptr);
   }
 }
 
 void pack_q6k_chunk(const uint8_t* blk, int r, uint8_t* C) {
   std::memcpy(C + 1664 + 2 * r, blk + 208, 2);  // d
   for (int k = 0; k < 16; ++k) C[1536 + 8 * k + r] = blk[192 + k];
+  int q[256];
+  codes6k(blk, q);
   for (int j = 0; j < 8; ++j) {
+    const int* qj = q + 32 * j;
     for (int c = 0; c < 4; ++c)
       for (int i = 0; i < 4; ++i)
-        C[128 * j + 32 * c + 4 * r + i] =
-            uint8_t((q6k_code(blk, 32 * j + 8 * c + i) & 15) | (q6k_code(blk, 32 * j + 8 * c + 4 + i) & 15) << 4);
+        C[128 * j + 32 * c + 4 * r + i] = uint8_t((qj[8 * c + i] & 15) | (qj[8 * c + 4 + i] & 15) << 4);
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 4; ++i) {
         int v = 0;
-        for (int p = 0; p < 4; ++p) v |= (q6k_code(blk, 32 * j + 16 * h + 4 * p + i) >> 4) << (2 * p);
+        for (int p = 0; p < 4; ++p) v |= (qj[16 * h + 4 * p + i] >> 4) << (2 * p);
         C[1024 + 64 * j + 32 * h + 4 * r + i] = uint8_t(v);
       }
   }
