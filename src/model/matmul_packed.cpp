@@ -54,10 +54,14 @@ HWY_INLINE __m256 H8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(
 HWY_INLINE __m256 U8x8ToFloat(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
-// 16 in the bytes of hb whose bit `bit` is set (the fifth bit of a 5-bit code), else 0.
+// 16 in the bytes of hb whose bit `bit` (0..7) is set (the fifth bit of a 5-bit code), else 0:
+// one 16-bit shift that brings the bit to position 4 of its byte, then a mask. (Bit 4 of a byte
+// only receives bits of the same byte: a left shift by s <= 4 moves bit 4 - s there, a right
+// shift by s <= 3 bit 4 + s <= 7.)
 HWY_INLINE __m256i Fifth(__m256i hb, int bit) {
-  const __m256i b = _mm256_set1_epi8(static_cast<char>(1u << bit));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, b), b), _mm256_set1_epi8(16));
+  const __m256i m16 = _mm256_set1_epi8(16);
+  if (bit <= 4) return _mm256_and_si256(_mm256_sll_epi16(hb, _mm_cvtsi32_si128(4 - bit)), m16);
+  return _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(bit - 4)), m16);
 }
 
 // Tiles: MT activation rows m0.., units [u0, u1) of one group G; io[2t], io[2t + 1]: the
