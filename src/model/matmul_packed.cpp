@@ -402,7 +402,7 @@ void put_codes4(const int* q, int r, uint8_t* C, uint8_t* H) {
 
 void pack_32_chunk(GGMLType t, const uint8_t* blk, int r, uint8_t* C) {
   if (t == GGMLType::Q8_0) {
-    for (int e = 0; e < 32; ++e) C[32 * (e / 4) + 4 * r + e % 4] = blk[2 + e];
+    for (int k = 0; k < 8; ++k) std::memcpy(C + 32 * k + 4 * r, blk + 2 + 4 * k, 4);
     std::memcpy(C + 256 + 2 * r, blk, 2);
     return;
   }
