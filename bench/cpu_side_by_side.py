@@ -48,6 +48,18 @@ def prompt_ids(llm, n):
     return ids[:n]
 
 
+def trained_context(llm):
+    """The model's trained context from its GGUF metadata ({arch}.context_length)."""
+    md = getattr(llm, "metadata", None) or {}
+    n = md.get(f"{md.get('general.architecture', '')}.context_length")
+    if n:
+        return int(n)
+    try:
+        return int(llm.n_ctx_train())
+    except AttributeError:
+        return 1 << 30  # unknown: run every context
+
+
 def parse_config(c):
     """'f16' / 'f16+fa' / 'q8_0+fa' -> (kv type, flash attention)."""
     kv, _, fa = c.partition("+")
@@ -140,7 +152,7 @@ def main():
     rows = []
     for name, path in models:
         probe = llama_cpp.Llama(model_path=path, n_ctx=64, vocab_only=True, verbose=False)
-        n_train = probe.n_ctx_train()
+        n_train = trained_context(probe)
         for ctx in map(int, a.contexts.split()):
             if ctx + a.decode + 8 > n_train:
                 print(f"{name} ctx {ctx}: past the model's trained context ({n_train}); skipped", flush=True)
