@@ -5,6 +5,9 @@
 # (Q4_K_M, when present), at contexts 512, 4096 and 16384 (those within each model's trained
 # context), 1 and 2 threads; llama.cpp at its fastest KV type / flash-attention setting per row.
 # Prints a Markdown table (for docs/BENCHMARKS.md). Not a test; run it on a quiet machine.
+# Long: every row prefills its context once per llama.cpp setting and once per KV cache of ours
+# (Qwen2.5-Coder-1.5B at 16384 tokens is minutes per prefill on 2 cores); narrow it with
+# --contexts, --llama-configs (e.g. f16+fa,q8_0+fa) or --models for a first look.
 #   bench/cpu_side_by_side.sh [--bin path/to/veloxquant] [--models "name=path.gguf,..."]
 #                             [--threads "1 2"] [--contexts "512 4096 16384"] [--decode 32] [--reps 1]
 #                             [--ours-kv fp16,vecinfer:d4b8] [--llama-configs f16,f16+fa,q8_0+fa,q4_0+fa]
