@@ -4,13 +4,16 @@
 // (2 * M * rows * cols per call) per type, shape, row count and dispatch target, as a
 // Markdown table. M = 1 is decode, 2..16 batched decode, 64 and more prefill.
 //
-//   bench_weight_types [--types all|q4_K,q6_K,...] [--M 1,2,4,8,16,64,512] [--threads 1]
+//   bench_weight_types [--types all|q4_K,q6_K,...] [--M 1,2,4,8,16,64,512] [--threads 1[,2,4,8,16]]
 //                      [--shapes 1536x1536,8960x1536,1536x8960] [--targets best|all] [--min-ms 200]
 //                      [--layout both|plain|packed]
 //
 // --layout: "plain" multiplies the GGUF layout (vq::matmul), "packed" the row-interleaved copy
-// of model/matmul_packed.h (the forward's path for the types that have one: q4_K), "both"
+// of model/matmul_packed.h (the forward's path for the types that have one), "both"
 // prints a row for each where a packed layout exists.
+//
+// --threads with a list repeats every row at each thread count (a thread sweep; each row
+// then says its thread count).
 //
 // Shapes are rows x cols (output x input); the defaults are Qwen2.5-Coder-1.5B's q/o,
 // gate/up and down projections. --targets all repeats every row on each Highway target this
@@ -93,7 +96,7 @@ int main(int argc, char** argv) {
                                     "q2_K", "q3_K", "q5_K", "f16",  "bf16", "f32"};
   std::vector<int64_t> Ms = {1, 2, 4, 8, 16, 64, 512};
   std::vector<std::pair<int64_t, int64_t>> shapes = {{1536, 1536}, {8960, 1536}, {1536, 8960}};
-  int threads = 1;
+  std::vector<int64_t> thread_counts = {1};
   bool all_targets = false;
   std::string layout = "both";
   double min_ms = 200;
@@ -107,7 +110,8 @@ int main(int argc, char** argv) {
       Ms.clear();
       for (const auto& s : split(v)) Ms.push_back(parse_int(s, "--M"));
     } else if (a == "--threads") {
-      threads = int(parse_int(v, "--threads"));
+      thread_counts.clear();
+      for (const auto& s : split(v)) thread_counts.push_back(parse_int(s, "--threads"));
     } else if (a == "--shapes") {
       shapes.clear();
       for (const auto& s : split(v)) {
@@ -127,15 +131,13 @@ int main(int argc, char** argv) {
       usage("unknown option " + a);
     }
   }
-  vq::set_num_threads(threads);
   std::vector<int64_t> targets = {0};  // 0: the normal dispatch (best target)
   if (all_targets) targets = hwy::SupportedAndGeneratedTargets();
 
-  std::printf("threads %d; GFLOP/s = 2*M*rows*cols / elapsed time per call (hot weights, quantization of x included)\n\n",
-              threads);
-  std::printf("| type | layout | rows x cols | target |");
+  std::printf("GFLOP/s = 2*M*rows*cols / elapsed time per call (hot weights, quantization of x included)\n\n");
+  std::printf("| type | layout | rows x cols | target | threads |");
   for (int64_t M : Ms) std::printf(" M=%lld |", (long long)M);
-  std::printf("\n|---|---|---|---|");
+  std::printf("\n|---|---|---|---|---|");
   for (size_t i = 0; i < Ms.size(); ++i) std::printf("---|");
   std::printf("\n");
   for (const auto& tn : types) {
@@ -167,25 +169,27 @@ int main(int argc, char** argv) {
       if (vq::packable(t, cols)) P = vq::pack_weight(t, W.data(), rows, cols);
       vq::ActivationBuffer ab;
       for (bool packed : packed_layouts)
-        for (int64_t target : targets) {
-          if (target != 0) hwy::SetSupportedTargetsForTest(target);
-          const char* tname = target != 0 ? hwy::TargetName(target) : "best";
-          std::printf("| %s | %s | %lld x %lld | %s |", tn.c_str(), packed ? "packed" : "plain", (long long)rows,
-                      (long long)cols, tname);
-          for (int64_t M : Ms) {
-            const double s = seconds_per_call(
-                [&] {
-                  if (packed)
-                    vq::matmul_packed(P, ab.quantize(x.data(), M, cols), y.data());
-                  else
-                    vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data());
-                },
-                min_ms);
-            std::printf(" %.1f |", 2.0 * double(M) * double(rows) * double(cols) / s / 1e9);
-            std::fflush(stdout);
+        for (int64_t target : targets)
+          for (int64_t threads : thread_counts) {
+            vq::set_num_threads(int(threads));
+            if (target != 0) hwy::SetSupportedTargetsForTest(target);
+            const char* tname = target != 0 ? hwy::TargetName(target) : "best";
+            std::printf("| %s | %s | %lld x %lld | %s | %lld |", tn.c_str(), packed ? "packed" : "plain", (long long)rows,
+                        (long long)cols, tname, (long long)threads);
+            for (int64_t M : Ms) {
+              const double s = seconds_per_call(
+                  [&] {
+                    if (packed)
+                      vq::matmul_packed(P, ab.quantize(x.data(), M, cols), y.data());
+                    else
+                      vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data());
+                  },
+                  min_ms);
+              std::printf(" %.1f |", 2.0 * double(M) * double(rows) * double(cols) / s / 1e9);
+              std::fflush(stdout);
+            }
+            std::printf("\n");
           }
-          std::printf("\n");
-        }
       hwy::SetSupportedTargetsForTest(0);
     }
   }

@@ -17,6 +17,9 @@ namespace vq {
 
 namespace {
 thread_local bool tl_inside_pool = false;
+// generation_ holds (job number << kPartsBits) | the job's part count.
+constexpr int kPartsBits = 16;
+constexpr uint64_t kPartsMask = (uint64_t(1) << kPartsBits) - 1;
 // How long an idle worker (or the caller waiting for workers) spins before sleeping.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
@@ -102,7 +105,11 @@ void ThreadPool::worker(int index, uint64_t seen) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
-    run_part(index);  // every worker takes part in every job (an empty range when not needed)
+    // Only the first `parts` threads take part (the caller is part 0); the others neither run
+    // nor count down, so a small job does not wait for every worker to notice it (a sleeping
+    // worker takes 10-20 us to wake). parts comes from the same word as the generation: a
+    // worker that is late for this job cannot pick up the next job's count.
+    if (index < int(seen & kPartsMask)) run_part(index);
   }
 }
 
@@ -123,8 +130,9 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t,
     job_n_ = n;
     job_chunk_ = (n + parts - 1) / parts;
     error_ = nullptr;
-    pending_.store(n_threads, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+    pending_.store(parts, std::memory_order_relaxed);
+    const uint64_t gen = (generation_.load(std::memory_order_relaxed) >> kPartsBits) + 1;
+    generation_.store(gen << kPartsBits | uint64_t(parts), std::memory_order_release);
   }
   if (sleepers_.load() > 0) cv_work_.notify_all();
   tl_inside_pool = true;

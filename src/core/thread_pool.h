@@ -57,7 +57,8 @@ class ThreadPool {
   // by workers after they see the new generation (acquire).
   const std::function<void(size_t, size_t, int)>* job_ = nullptr;
   size_t job_n_ = 0, job_chunk_ = 0;
-  std::atomic<int> pending_{0};
+  std::atomic<int> pending_{0};  // parts of the current job not finished yet
+  // (job number << 16) | the number of parts of the job (threads 0..parts-1 take part).
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> sleepers_{0};
   std::atomic<bool> stop_{false};

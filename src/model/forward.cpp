@@ -230,8 +230,19 @@ void Forward::project_shared(const float* x, int n, std::initializer_list<std::p
     return;
   }
   const QuantizedRows& xq = act_.quantize(x, n, cols);
-  bool any_packed = false;  // packed weights split their own rows in groups of 8 (one dispatch each)
-  for (const auto& [w, y] : outs) any_packed = any_packed || w->packed != nullptr;
+  bool all_packed = true, any_packed = false;
+  for (const auto& [w, y] : outs) {
+    all_packed = all_packed && w->packed != nullptr;
+    any_packed = any_packed || w->packed != nullptr;
+  }
+  if (all_packed && outs.size() > 1) {  // the groups of 8 rows of all of them in one dispatch
+    PackedJob jobs[4];
+    VQ_CHECK(outs.size() <= 4, "project_shared: {} products (at most 4)", outs.size());
+    int nj = 0;
+    for (const auto& [w, y] : outs) jobs[nj++] = {&packed_weight(*w->packed, w->type, w->data, w->rows, w->cols), y};
+    matmul_packed_multi(jobs, nj, xq);
+    return;
+  }
   if (n > 1 || outs.size() == 1 || any_packed) {
     for (const auto& [w, y] : outs) matmul_maybe_packed(w->packed.get(), w->type, w->data, w->rows, w->cols, xq, y);
     return;

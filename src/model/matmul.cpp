@@ -58,7 +58,17 @@ const QuantizedRows& ActivationBuffer::quantize(const float* x, int64_t M, int64
   rows_.d = st_->d.data();
   rows_.s = st_->s.data();
   rows_.x = x;
-  if (n) quantize_rows_kernel(x, M, cols, rows_.q, rows_.d, rows_.s);
+  if (n == 0) return rows_;
+  // Prefill: rows in parallel (on 16 threads a serial quantization would take ~15% of a layer's
+  // products); a few rows stay on the calling thread (a wake-up costs more).
+  const size_t grain = std::max<size_t>(1, size_t(64 * 1024) / size_t(cols));
+  parallel_for(
+      size_t(M),
+      [&](size_t m0, size_t m1, int) {
+        quantize_rows_kernel(x + int64_t(m0) * cols, int64_t(m1 - m0), cols, rows_.q + int64_t(m0) * cols,
+                             rows_.d + int64_t(m0) * (cols / 32), rows_.s + int64_t(m0) * (cols / 32));
+      },
+      grain);
   return rows_;
 }
 

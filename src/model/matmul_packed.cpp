@@ -1,11 +1,12 @@
-// Products on row-interleaved (packed) weights; the layout is documented in matmul_packed.h.
-// Per group of 8 weight rows and 32-element sub-block: the 4-bit codes of the 8 rows are 4
-// vectors of 32 bytes, each 32-bit lane one row's 4 (low nibbles) or 4 more (high nibbles)
-// consecutive codes; the matching 4 activation bytes are broadcast to all lanes, so u8 x s8
-// dot products (vpmaddubsw + vpmaddwd, or one AVX-512 VNNI vpdpbusd) leave row r's partial sum
-// in lane r. The sub-block scale d * sc (and min dmin * m) of the 8 rows is one float vector,
-// the activation block's d_x (and s_x) a broadcast: 8 outputs per FMA, no horizontal sums.
-// Up to 4 activation rows share each decoded weight vector.
+// Products on row-interleaved (packed) weights; the layouts are documented in matmul_packed.h.
+// Per group of 8 weight rows and 32-element block: the codes of the 8 rows are 8 vectors of
+// 32 bytes, each 32-bit lane one row's 4 consecutive codes; the matching 4 activation bytes are
+// broadcast to all lanes, so u8 x s8 dot products (vpmaddubsw + vpmaddwd, or one AVX-512 VNNI
+// vpdpbusd) leave row r's partial sum in lane r. The block scale of the 8 rows (d, or d * sc
+// for the K-quants) is one float vector, the activation block's d_x a broadcast: 8 outputs per
+// FMA, no horizontal sums; the offsets (mins, -8 d, ...) meet s_x = d_x * sum(q_x) likewise.
+// Register tiles of up to 4 activation rows share each decoded weight vector; see the header
+// for how tiles, column steps and activation panels are ordered for 1..16 rows and prefill.
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL 1  // the VNNI target, as in model/matmul_kernels.cpp
 #endif
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "core/fp16.h"
@@ -47,31 +49,105 @@ HWY_INLINE __m256i Bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+HWY_INLINE __m256i Load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+HWY_INLINE __m256 H8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 HWY_INLINE __m256 U8x8ToFloat(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
+// 16 in the bytes of hb whose bit `bit` (0..7) is set (the fifth bit of a 5-bit code), else 0:
+// one 16-bit shift that brings the bit to position 4 of its byte, then a mask. (Bit 4 of a byte
+// only receives bits of the same byte: a left shift by s <= 4 moves bit 4 - s there, a right
+// shift by s <= 3 bit 4 + s <= 7.)
+HWY_INLINE __m256i Fifth(__m256i hb, int bit) {
+  const __m256i m16 = _mm256_set1_epi8(16);
+  if (bit <= 4) return _mm256_and_si256(_mm256_sll_epi16(hb, _mm_cvtsi32_si128(4 - bit)), m16);
+  return _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(bit - 4)), m16);
+}
 
-// Rows [row0, row0 + 8) (those below `rows`) of y for activation rows m0..m0+MT-1, from the
-// chunks of one group G (nsb super-blocks).
-template <int MT>
-HWY_INLINE void GroupQ4K(const uint8_t* G, int64_t nsb, const QuantizedRows& X, int64_t m0, int64_t row0,
-                         int64_t rows, float* y, int64_t ldy) {
+// Tiles: MT activation rows m0.., units [u0, u1) of one group G; io[2t], io[2t + 1]: the
+// running sums (scaled dot products, offsets) of row m0 + t, read and written back.
+enum class K32 { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 };
+
+template <K32 K>
+constexpr size_t Chunk32() {
+  return K == K32::Q4_0 ? 144 : K == K32::Q4_1 ? 160 : K == K32::Q5_0 ? 176 : K == K32::Q5_1 ? 192 : 272;
+}
+
+template <K32 K, int MT>
+HWY_INLINE void Tile32(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io) {
+  constexpr bool kFive = K == K32::Q5_0 || K == K32::Q5_1;
+  constexpr bool kMin = K == K32::Q4_1 || K == K32::Q5_1;
+  constexpr bool kOffset = K != K32::Q8_0;
+  constexpr size_t kD = K == K32::Q8_0 ? 256 : kFive ? 160 : 128;  // offset of d[8]
   const int64_t nb = X.cols / 32;
   __m256 acc[MT], accm[MT];
-  for (int t = 0; t < MT; ++t) acc[t] = _mm256_setzero_ps(), accm[t] = _mm256_setzero_ps();
+  for (int t = 0; t < MT; ++t) acc[t] = io[2 * t], accm[t] = io[2 * t + 1];
   const __m256i m15 = _mm256_set1_epi8(15);
-  for (int64_t s = 0; s < nsb; ++s) {
-    const uint8_t* C = G + s * int64_t(kQ4KChunk);
-    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(C + 1152)));
-    const __m256 dm8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(C + 1168)));
+  for (int64_t u = u0; u < u1; ++u) {
+    const uint8_t* C = G + u * int64_t(Chunk32<K>());
+    __m256i w[8];  // vector k: elements 4k..4k+3 of the 8 rows
+    if constexpr (K == K32::Q8_0) {
+      for (int k = 0; k < 8; ++k) w[k] = Load32(C + 32 * k);
+    } else {
+      const __m256i hb = kFive ? Load32(C + 128) : _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = Load32(C + 32 * c);
+        w[2 * c] = _mm256_and_si256(v, m15);
+        w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
+        if constexpr (kFive) {
+          w[2 * c] = _mm256_or_si256(w[2 * c], Fifth(hb, 2 * c));
+          w[2 * c + 1] = _mm256_or_si256(w[2 * c + 1], Fifth(hb, 2 * c + 1));
+        }
+      }
+    }
+    const __m256 a8 = H8(C + kD);
+    __m256 b8 = _mm256_setzero_ps();
+    if constexpr (kMin) b8 = H8(C + kD + 16);
+    if constexpr (K == K32::Q4_0) b8 = _mm256_mul_ps(a8, _mm256_set1_ps(-8.0f));
+    if constexpr (K == K32::Q5_0) b8 = _mm256_mul_ps(a8, _mm256_set1_ps(-16.0f));
+    __m256i aw[8];  // Q8_0: |w| (u8), the signs go onto the activations
+    if constexpr (K == K32::Q8_0)
+      for (int k = 0; k < 8; ++k) aw[k] = _mm256_abs_epi8(w[k]);
+    for (int t = 0; t < MT; ++t) {
+      const int8_t* xb = X.q + (m0 + t) * X.cols + 32 * u;
+      __m256i sum = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        if constexpr (K == K32::Q8_0)
+          sum = AccDot(sum, aw[k], _mm256_sign_epi8(Bcast4(xb + 4 * k), w[k]));
+        else
+          sum = AccDot(sum, w[k], Bcast4(xb + 4 * k));
+      }
+      const int64_t bi = (m0 + t) * nb + u;
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(a8, _mm256_set1_ps(X.d[bi])), acc[t]);
+      if constexpr (kOffset) accm[t] = _mm256_fmadd_ps(b8, _mm256_set1_ps(X.s[bi]), accm[t]);
+    }
+  }
+  for (int t = 0; t < MT; ++t) io[2 * t] = acc[t], io[2 * t + 1] = accm[t];
+}
+
+template <bool kFive, int MT>
+HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io) {
+  constexpr int64_t kChunk = kFive ? int64_t(kQ5KChunk) : int64_t(kQ4KChunk);
+  const int64_t nb = X.cols / 32;
+  __m256 acc[MT], accm[MT];
+  for (int t = 0; t < MT; ++t) acc[t] = io[2 * t], accm[t] = io[2 * t + 1];
+  const __m256i m15 = _mm256_set1_epi8(15);
+  for (int64_t s = u0; s < u1; ++s) {
+    const uint8_t* C = G + s * kChunk;
+    const __m256 d8 = H8(C + 1152), dm8 = H8(C + 1168);
     for (int j = 0; j < 8; ++j) {
       const __m256 a8 = _mm256_mul_ps(d8, U8x8ToFloat(C + 1024 + 8 * j));
       const __m256 b8 = _mm256_mul_ps(dm8, U8x8ToFloat(C + 1088 + 8 * j));
       __m256i lo[4], hi[4];
+      const __m256i hb = kFive ? Load32(C + 1184 + 32 * j) : _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(C + 128 * j + 32 * c));
+        const __m256i v = Load32(C + 128 * j + 32 * c);
         lo[c] = _mm256_and_si256(v, m15);
         hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
+        if constexpr (kFive) {
+          lo[c] = _mm256_or_si256(lo[c], Fifth(hb, 2 * c));
+          hi[c] = _mm256_or_si256(hi[c], Fifth(hb, 2 * c + 1));
+        }
       }
       for (int t = 0; t < MT; ++t) {
         const int8_t* xb = X.q + (m0 + t) * X.cols + s * 256 + 32 * j;
@@ -86,26 +162,20 @@ HWY_INLINE void GroupQ4K(const uint8_t* G, int64_t nsb, const QuantizedRows& X, 
       }
     }
   }
-  const int64_t nr = std::min<int64_t>(8, rows - row0);
-  for (int t = 0; t < MT; ++t) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, _mm256_add_ps(acc[t], accm[t]));
-    for (int64_t r = 0; r < nr; ++r) y[(m0 + t) * ldy + row0 + r] = out[r];
-  }
+  for (int t = 0; t < MT; ++t) io[2 * t] = acc[t], io[2 * t + 1] = accm[t];
 }
 
 // Q6_K: signed codes w = u - 32 (|w| <= 32) meet the activations as |w| and sign(x, w); the
 // two 16-element halves of each 32-element block keep separate sums (their scales differ).
 template <int MT>
-HWY_INLINE void GroupQ6K(const uint8_t* G, int64_t nsb, const QuantizedRows& X, int64_t m0, int64_t row0,
-                         int64_t rows, float* y, int64_t ldy) {
+HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io) {
   const int64_t nb = X.cols / 32;
   __m256 acc[MT];
-  for (int t = 0; t < MT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int t = 0; t < MT; ++t) acc[t] = io[2 * t];
   const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
-  for (int64_t s = 0; s < nsb; ++s) {
+  for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * int64_t(kQ6KChunk);
-    const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(C + 1664)));
+    const __m256 d8 = H8(C + 1664);
     for (int j = 0; j < 8; ++j) {
       const __m256 a0 = _mm256_mul_ps(
           d8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(C + 1536 + 16 * j)))));
@@ -113,8 +183,8 @@ HWY_INLINE void GroupQ6K(const uint8_t* G, int64_t nsb, const QuantizedRows& X, 
           d8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(C + 1544 + 16 * j)))));
       __m256i w[8];  // w[2c]: elements 8c + 0..3 of each row, w[2c + 1]: 8c + 4..7; signed
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(C + 128 * j + 32 * c));
-        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(C + 1024 + 64 * j + 32 * (c >> 1)));
+        const __m256i v = Load32(C + 128 * j + 32 * c);
+        const __m256i hb = Load32(C + 1024 + 64 * j + 32 * (c >> 1));
         const int sh = 4 * (c & 1);
         const __m256i hlo = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(sh)), m3);
         const __m256i hhi = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(sh + 2)), m3);
@@ -139,36 +209,113 @@ HWY_INLINE void GroupQ6K(const uint8_t* G, int64_t nsb, const QuantizedRows& X, 
       }
     }
   }
-  const int64_t nr = std::min<int64_t>(8, rows - row0);
-  for (int t = 0; t < MT; ++t) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, acc[t]);
-    for (int64_t r = 0; r < nr; ++r) y[(m0 + t) * ldy + row0 + r] = out[r];
+  for (int t = 0; t < MT; ++t) io[2 * t] = acc[t];
+}
+
+// The formats: chunk bytes, units per column step (256 columns) and the tile for 1..4 rows.
+template <K32 K>
+struct Fmt32 {
+  static constexpr int64_t kChunk = int64_t(Chunk32<K>()), kStep = 8;
+  template <int MT>
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
+                              __m256* io) {
+    Tile32<K, MT>(G, u0, u1, X, m0, io);
+  }
+};
+template <bool kFive>
+struct FmtQ4K {
+  static constexpr int64_t kChunk = kFive ? int64_t(kQ5KChunk) : int64_t(kQ4KChunk), kStep = 1;
+  template <int MT>
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
+                              __m256* io) {
+    TileQ4K<kFive, MT>(G, u0, u1, X, m0, io);
+  }
+};
+struct FmtQ6K {
+  static constexpr int64_t kChunk = int64_t(kQ6KChunk), kStep = 1;
+  template <int MT>
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
+                              __m256* io) {
+    TileQ6K<MT>(G, u0, u1, X, m0, io);
+  }
+};
+
+template <class F>
+HWY_INLINE void TileN(int64_t mt, const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
+                      __m256* io) {
+  switch (mt) {
+    case 4: return F::template Tile<4>(G, u0, u1, X, m0, io);
+    case 3: return F::template Tile<3>(G, u0, u1, X, m0, io);
+    case 2: return F::template Tile<2>(G, u0, u1, X, m0, io);
+    default: return F::template Tile<1>(G, u0, u1, X, m0, io);
   }
 }
 
-#define VQ_PACKED_GROUPS(KERNEL, CHUNK)                                                  \
-  for (int64_t g = g0; g < g1; ++g) {                                                    \
-    const uint8_t* G = P.data.data() + size_t(g * nsb) * (CHUNK);                        \
-    int64_t m = 0;                                                                       \
-    for (; m + 4 <= X.M; m += 4) KERNEL<4>(G, nsb, X, m, 8 * g, P.rows, y, ldy);         \
-    switch (X.M - m) {                                                                   \
-      case 3: KERNEL<3>(G, nsb, X, m, 8 * g, P.rows, y, ldy); break;                     \
-      case 2: KERNEL<2>(G, nsb, X, m, 8 * g, P.rows, y, ldy); break;                     \
-      case 1: KERNEL<1>(G, nsb, X, m, 8 * g, P.rows, y, ldy); break;                     \
-      default: break;                                                                    \
-    }                                                                                    \
+// y rows m0..m0+n-1, outputs 8g.. (those below `rows`) from the sums io.
+HWY_INLINE void StoreRows(const __m256* io, int64_t n, int64_t m0, int64_t g, int64_t rows, float* y, int64_t ldy) {
+  const int64_t nr = std::min<int64_t>(8, rows - 8 * g);
+  for (int64_t t = 0; t < n; ++t) {
+    alignas(32) float out[8];
+    _mm256_store_ps(out, _mm256_add_ps(io[2 * t], io[2 * t + 1]));
+    float* yr = y + (m0 + t) * ldy + 8 * g;
+    if (nr == 8)
+      std::memcpy(yr, out, sizeof out);
+    else
+      for (int64_t r = 0; r < nr; ++r) yr[r] = out[r];
   }
+}
+
+template <class F>
+void Groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy) {
+  const int64_t nu = P.cols / unit_cols(P.type), M = X.M;
+  const uint8_t* base = P.data.data();
+  __m256 io[2 * kPackedDecodeRows];
+  if (M <= kPackedDecodeRows) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* G = base + g * nu * F::kChunk;
+      for (int64_t i = 0; i < 2 * M; ++i) io[i] = _mm256_setzero_ps();
+      if (M <= 4) {
+        TileN<F>(M, G, 0, nu, X, 0, io);
+      } else {
+        // Batched decode: a step of the group's columns is read from memory once, then from L1
+        // by each 4-row tile.
+        for (int64_t u0 = 0; u0 < nu; u0 += F::kStep) {
+          const int64_t u1 = std::min(nu, u0 + F::kStep);
+          for (int64_t m0 = 0; m0 < M; m0 += 4) TileN<F>(std::min<int64_t>(4, M - m0), G, u0, u1, X, m0, io + 2 * m0);
+        }
+      }
+      StoreRows(io, M, 0, g, P.rows, y, ldy);
+    }
+    return;
+  }
+  // Prefill: panels of activation rows, each against the groups of this part in turn.
+  for (int64_t p0 = 0; p0 < M; p0 += kPackedPanelRows) {
+    const int64_t p1 = std::min(M, p0 + kPackedPanelRows);
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* G = base + g * nu * F::kChunk;
+      for (int64_t m0 = p0; m0 < p1; m0 += 4) {
+        const int64_t mt = std::min<int64_t>(4, p1 - m0);
+        for (int64_t i = 0; i < 2 * mt; ++i) io[i] = _mm256_setzero_ps();
+        TileN<F>(mt, G, 0, nu, X, m0, io);
+        StoreRows(io, mt, m0, g, P.rows, y, ldy);
+      }
+    }
+  }
+}
 
 void PackedGroupsImpl(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy) {
-  const int64_t nsb = P.cols / 256;
-  if (P.type == GGMLType::Q6_K) {
-    VQ_PACKED_GROUPS(GroupQ6K, kQ6KChunk)
-  } else {
-    VQ_PACKED_GROUPS(GroupQ4K, kQ4KChunk)
+  switch (P.type) {
+    case GGMLType::Q4_0: return Groups<Fmt32<K32::Q4_0>>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q4_1: return Groups<Fmt32<K32::Q4_1>>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q5_0: return Groups<Fmt32<K32::Q5_0>>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q5_1: return Groups<Fmt32<K32::Q5_1>>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q8_0: return Groups<Fmt32<K32::Q8_0>>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q4_K: return Groups<FmtQ4K<false>>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q5_K: return Groups<FmtQ4K<true>>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q6_K: return Groups<FmtQ6K>(P, g0, g1, X, y, ldy);
+    default: return packed_groups_scalar(P, g0, g1, X, y, ldy);
   }
 }
-#undef VQ_PACKED_GROUPS
 
 #else  // other targets (NEON, SVE, SSE4, scalar, ...): the portable kernel
 
@@ -197,148 +344,255 @@ inline uint16_t ld16(const uint8_t* p) {
   std::memcpy(&v, p, 2);
   return v;
 }
-// Code of element e (0..255) of a GGUF Q4_K super-block (quant_blocks.h).
-inline int q4k_code(const uint8_t* blk, int e) {
-  const uint8_t byte = blk[16 + 32 * (e / 64) + e % 32];
-  return (e % 64) < 32 ? byte & 15 : byte >> 4;
-}
-// 6-bit code u (0..63) of element e (0..255) of a GGUF Q6_K super-block (quant_blocks.h).
-inline int q6k_code(const uint8_t* blk, int e) {
-  const int n = e / 128, k = (e % 128) / 32, l = e % 32;
-  const int lo = (blk[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
-  const int hi = (blk[128 + 32 * n + l] >> (2 * k)) & 3;
-  return lo | hi << 4;
-}
+inline float h2f(const uint8_t* p) { return f16_to_f32(ld16(p)); }
 
-void pack_q6k_chunk(const uint8_t* blk, int r, uint8_t* C) {
-  std::memcpy(C + 1664 + 2 * r, blk + 208, 2);  // d
-  for (int k = 0; k < 16; ++k) C[1536 + 8 * k + r] = blk[192 + k];
-  for (int j = 0; j < 8; ++j) {
-    for (int c = 0; c < 4; ++c)
-      for (int i = 0; i < 4; ++i)
-        C[128 * j + 32 * c + 4 * r + i] =
-            uint8_t((q6k_code(blk, 32 * j + 8 * c + i) & 15) | (q6k_code(blk, 32 * j + 8 * c + 4 + i) & 15) << 4);
-    for (int h = 0; h < 2; ++h)
-      for (int i = 0; i < 4; ++i) {
-        int v = 0;
-        for (int p = 0; p < 4; ++p) v |= (q6k_code(blk, 32 * j + 16 * h + 4 * p + i) >> 4) << (2 * p);
-        C[1024 + 64 * j + 32 * h + 4 * r + i] = uint8_t(v);
-      }
+bool is_five(GGMLType t) { return t == GGMLType::Q5_0 || t == GGMLType::Q5_1; }
+bool has_min(GGMLType t) { return t == GGMLType::Q4_1 || t == GGMLType::Q5_1; }
+
+// The codes of one GGUF block of a 32-element type (quant_blocks.h) into q[32]: 0..15 (q4),
+// 0..31 (q5), -128..127 (q8_0).
+void codes32(GGMLType t, const uint8_t* blk, int* q) {
+  if (t == GGMLType::Q8_0) {
+    for (int e = 0; e < 32; ++e) q[e] = int8_t(blk[2 + e]);
+    return;
+  }
+  const int hdr = t == GGMLType::Q4_0 ? 2 : t == GGMLType::Q4_1 ? 4 : t == GGMLType::Q5_0 ? 6 : 8;
+  const uint8_t* qs = blk + hdr;
+  for (int i = 0; i < 16; ++i) q[i] = qs[i] & 15, q[i + 16] = qs[i] >> 4;
+  if (is_five(t)) {
+    uint32_t qh;
+    std::memcpy(&qh, blk + hdr - 4, 4);
+    for (int e = 0; e < 32; ++e) q[e] |= int((qh >> e) & 1) << 4;
   }
 }
+// The codes (0..31) of a GGUF Q4_K (five false) or Q5_K super-block into q[256].
+void codesk(const uint8_t* blk, bool five, int* q) {
+  const uint8_t* qs = blk + (five ? 48 : 16);
+  for (int g = 0; g < 4; ++g)
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t byte = qs[32 * g + l];
+      q[64 * g + l] = byte & 15;
+      q[64 * g + 32 + l] = byte >> 4;
+      if (five) {
+        q[64 * g + l] |= ((blk[16 + l] >> (2 * g)) & 1) << 4;
+        q[64 * g + 32 + l] |= ((blk[16 + l] >> (2 * g + 1)) & 1) << 4;
+      }
+    }
+}
+// The 6-bit codes u (0..63) of a GGUF Q6_K super-block (quant_blocks.h) into q[256].
+void codes6k(const uint8_t* blk, int* q) {
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (blk[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
+        const int hi = (blk[128 + 32 * n + l] >> (2 * k)) & 3;
+        q[128 * n + 32 * k + l] = lo | hi << 4;
+      }
+}
 
-void pack_q4k_chunk(const uint8_t* blk, int r, uint8_t* C) {
+// codes4 (and hi5 when H is not null) of one 32-element block q[32] of row r, at C (and H).
+void put_codes4(const int* q, int r, uint8_t* C, uint8_t* H) {
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < 4; ++i) {
+      const int a = q[8 * c + i], b = q[8 * c + 4 + i];
+      C[32 * c + 4 * r + i] = uint8_t((a & 15) | (b & 15) << 4);
+      if (H) H[4 * r + i] = uint8_t(H[4 * r + i] | ((a >> 4) & 1) << (2 * c) | ((b >> 4) & 1) << (2 * c + 1));
+    }
+}
+
+void pack_32_chunk(GGMLType t, const uint8_t* blk, int r, uint8_t* C) {
+  if (t == GGMLType::Q8_0) {
+    for (int k = 0; k < 8; ++k) std::memcpy(C + 32 * k + 4 * r, blk + 2 + 4 * k, 4);
+    std::memcpy(C + 256 + 2 * r, blk, 2);
+    return;
+  }
+  const bool five = is_five(t);
+  int q[32];
+  codes32(t, blk, q);
+  put_codes4(q, r, C, five ? C + 128 : nullptr);
+  const size_t dof = five ? 160 : 128;
+  std::memcpy(C + dof + 2 * r, blk, 2);
+  if (has_min(t)) std::memcpy(C + dof + 16 + 2 * r, blk + 2, 2);
+}
+
+void pack_q4k_chunk(const uint8_t* blk, int r, uint8_t* C, bool five) {
   std::memcpy(C + 1152 + 2 * r, blk, 2);      // d
   std::memcpy(C + 1168 + 2 * r, blk + 2, 2);  // dmin
+  int q[256];
+  codesk(blk, five, q);
   for (int j = 0; j < 8; ++j) {
     int sc, m;
     blocks::k_scale_min(blk + 4, j, &sc, &m);
     C[1024 + 8 * j + r] = uint8_t(sc);
     C[1088 + 8 * j + r] = uint8_t(m);
+    put_codes4(q + 32 * j, r, C + 128 * j, five ? C + 1184 + 32 * j : nullptr);
+  }
+}
+
+void pack_q6k_chunk(const uint8_t* blk, int r, uint8_t* C) {
+  std::memcpy(C + 1664 + 2 * r, blk + 208, 2);  // d
+  for (int k = 0; k < 16; ++k) C[1536 + 8 * k + r] = blk[192 + k];
+  int q[256];
+  codes6k(blk, q);
+  for (int j = 0; j < 8; ++j) {
+    const int* qj = q + 32 * j;
     for (int c = 0; c < 4; ++c)
       for (int i = 0; i < 4; ++i)
-        C[128 * j + 32 * c + 4 * r + i] =
-            uint8_t(q4k_code(blk, 32 * j + 8 * c + i) | q4k_code(blk, 32 * j + 8 * c + 4 + i) << 4);
+        C[128 * j + 32 * c + 4 * r + i] = uint8_t((qj[8 * c + i] & 15) | (qj[8 * c + 4 + i] & 15) << 4);
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 4; ++i) {
+        int v = 0;
+        for (int p = 0; p < 4; ++p) v |= (qj[16 * h + 4 * p + i] >> 4) << (2 * p);
+        C[1024 + 64 * j + 32 * h + 4 * r + i] = uint8_t(v);
+      }
+  }
+}
+
+// Block j (0..unit/32 - 1) of row r of a packed chunk C: codes w[32], scales a[0] (elements
+// 0..15) and a[1] (16..31), offset b: weight = a * w + b (a[0] == a[1] but for q6_K).
+void unpack_block(GGMLType t, const uint8_t* C, int r, int j, int* w, float* a, float* b) {
+  auto codes4 = [&](const uint8_t* V, const uint8_t* H) {
+    for (int e = 0; e < 32; ++e) {
+      const int c = e / 8, i = e % 4, hn = (e % 8) / 4;
+      w[e] = (V[32 * c + 4 * r + i] >> (4 * hn)) & 15;
+      if (H) w[e] |= ((H[4 * r + i] >> (2 * c + hn)) & 1) << 4;
+    }
+  };
+  *b = 0;
+  switch (t) {
+    case GGMLType::Q8_0:
+      for (int e = 0; e < 32; ++e) w[e] = int8_t(C[32 * (e / 4) + 4 * r + e % 4]);
+      a[0] = a[1] = h2f(C + 256 + 2 * r);
+      return;
+    case GGMLType::Q4_0:
+    case GGMLType::Q4_1:
+    case GGMLType::Q5_0:
+    case GGMLType::Q5_1: {
+      const bool five = is_five(t);
+      codes4(C, five ? C + 128 : nullptr);
+      const size_t dof = five ? 160 : 128;
+      a[0] = a[1] = h2f(C + dof + 2 * r);
+      *b = has_min(t) ? h2f(C + dof + 16 + 2 * r) : a[0] * (five ? -16.0f : -8.0f);
+      return;
+    }
+    case GGMLType::Q4_K:
+    case GGMLType::Q5_K: {
+      const bool five = t == GGMLType::Q5_K;
+      codes4(C + 128 * j, five ? C + 1184 + 32 * j : nullptr);
+      a[0] = a[1] = h2f(C + 1152 + 2 * r) * float(C[1024 + 8 * j + r]);
+      *b = -(h2f(C + 1168 + 2 * r) * float(C[1088 + 8 * j + r]));
+      return;
+    }
+    case GGMLType::Q6_K: {
+      for (int e = 0; e < 32; ++e) {
+        const int c = e / 8, i = e % 4, hn = (e % 8) / 4;
+        const int lo = (C[128 * j + 32 * c + 4 * r + i] >> (4 * hn)) & 15;
+        const int h = e / 16, p = (e % 16) / 4;
+        const int hi = (C[1024 + 64 * j + 32 * h + 4 * r + i] >> (2 * p)) & 3;
+        w[e] = (lo | hi << 4) - 32;
+      }
+      const float d = h2f(C + 1664 + 2 * r);
+      for (int h = 0; h < 2; ++h) a[h] = d * float(int8_t(C[1536 + 8 * (2 * j + h) + r]));
+      return;
+    }
+    default: VQ_FAIL("packed weights: no packed layout for {}", ggml_type_name(t));
   }
 }
 
 }  // namespace
 
-// Same sums as the SIMD kernel: int32 sub-block dot products, then (d * sc) * d_x and
-// (dmin * m) * s_x in float.
+// Same sums as the SIMD kernels: int32 block dot products, then a * d_x and b * s_x in float.
 void packed_groups_scalar(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y,
                           int64_t ldy) {
-  const int64_t nsb = P.cols / 256, nb = X.cols / 32;
-  if (P.type == GGMLType::Q6_K) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const uint8_t* G = P.data.data() + size_t(g * nsb) * kQ6KChunk;
-      for (int r = 0; r < 8 && 8 * g + r < P.rows; ++r)
-        for (int64_t m = 0; m < X.M; ++m) {
-          float acc = 0;
-          for (int64_t s = 0; s < nsb; ++s) {
-            const uint8_t* C = G + s * int64_t(kQ6KChunk);
-            const float d = f16_to_f32(ld16(C + 1664 + 2 * r));
-            for (int j = 0; j < 8; ++j) {
-              const int8_t* xb = X.q + m * X.cols + s * 256 + 32 * j;
-              int32_t sum[2] = {0, 0};
-              for (int e = 0; e < 32; ++e) {
-                const int c = e / 8, i = e % 4, hi_nib = (e % 8) / 4;
-                const int lo = (C[128 * j + 32 * c + 4 * r + i] >> (4 * hi_nib)) & 15;
-                const int h = e / 16, p = (e % 16) / 4;
-                const int hi = (C[1024 + 64 * j + 32 * h + 4 * r + i] >> (2 * p)) & 3;
-                sum[h] += ((lo | hi << 4) - 32) * xb[e];
-              }
-              const float dx = X.d[m * nb + 8 * s + j];
-              for (int h = 0; h < 2; ++h)
-                acc += float(sum[h]) * ((d * float(int8_t(C[1536 + 8 * (2 * j + h) + r]))) * dx);
-            }
-          }
-          y[m * ldy + 8 * g + r] = acc;
-        }
-    }
-    return;
-  }
+  const int64_t uc = unit_cols(P.type), nu = P.cols / uc, nb = X.cols / 32, bpu = uc / 32;
+  const size_t chunk = chunk_bytes(P.type);
+  const bool halves = P.type == GGMLType::Q6_K;
+  int w[32];
   for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* G = P.data.data() + size_t(g * nsb) * kQ4KChunk;
-    for (int r = 0; r < 8 && 8 * g + r < P.rows; ++r) {
+    const uint8_t* G = P.data.data() + size_t(g * nu) * chunk;
+    for (int r = 0; r < 8 && 8 * g + r < P.rows; ++r)
       for (int64_t m = 0; m < X.M; ++m) {
         float acc = 0, accm = 0;
-        for (int64_t s = 0; s < nsb; ++s) {
-          const uint8_t* C = G + s * int64_t(kQ4KChunk);
-          const float d = f16_to_f32(ld16(C + 1152 + 2 * r)), dmin = f16_to_f32(ld16(C + 1168 + 2 * r));
-          for (int j = 0; j < 8; ++j) {
-            const int8_t* xb = X.q + m * X.cols + s * 256 + 32 * j;
-            int32_t sum = 0;
-            for (int c = 0; c < 4; ++c)
-              for (int i = 0; i < 4; ++i) {
-                const uint8_t byte = C[128 * j + 32 * c + 4 * r + i];
-                sum += (byte & 15) * xb[8 * c + i] + (byte >> 4) * xb[8 * c + 4 + i];
-              }
-            const int64_t bi = m * nb + 8 * s + j;
-            acc += float(sum) * ((d * float(C[1024 + 8 * j + r])) * X.d[bi]);
-            accm -= (dmin * float(C[1088 + 8 * j + r])) * X.s[bi];
+        for (int64_t u = 0; u < nu; ++u)
+          for (int j = 0; j < bpu; ++j) {
+            float a[2], b;
+            unpack_block(P.type, G + size_t(u) * chunk, r, j, w, a, &b);
+            const int8_t* xb = X.q + m * X.cols + u * uc + 32 * j;
+            int32_t sum[2] = {0, 0};
+            for (int e = 0; e < 32; ++e) sum[e / 16] += w[e] * xb[e];
+            const int64_t bi = m * nb + u * bpu + j;
+            if (halves)
+              acc += float(sum[0]) * (a[0] * X.d[bi]) + float(sum[1]) * (a[1] * X.d[bi]);
+            else
+              acc += float(sum[0] + sum[1]) * (a[0] * X.d[bi]);
+            accm += b * X.s[bi];
           }
-        }
         y[m * ldy + 8 * g + r] = acc + accm;
       }
-    }
   }
 }
 
-bool packable(GGMLType t, int64_t cols) { return chunk_bytes(t) != 0 && cols > 0 && cols % 256 == 0; }
+int64_t unit_cols(GGMLType t) {
+  switch (t) {
+    case GGMLType::Q4_0:
+    case GGMLType::Q4_1:
+    case GGMLType::Q5_0:
+    case GGMLType::Q5_1:
+    case GGMLType::Q8_0: return 32;
+    case GGMLType::Q4_K:
+    case GGMLType::Q5_K:
+    case GGMLType::Q6_K: return 256;
+    default: return 0;
+  }
+}
 
 size_t chunk_bytes(GGMLType t) {
   switch (t) {
+    case GGMLType::Q4_0: return 144;
+    case GGMLType::Q4_1: return 160;
+    case GGMLType::Q5_0: return 176;
+    case GGMLType::Q5_1: return 192;
+    case GGMLType::Q8_0: return 272;
     case GGMLType::Q4_K: return kQ4KChunk;
+    case GGMLType::Q5_K: return kQ5KChunk;
     case GGMLType::Q6_K: return kQ6KChunk;
     default: return 0;
   }
 }
 
+bool packable(GGMLType t, int64_t cols) {
+  const int64_t uc = unit_cols(t);
+  return uc != 0 && cols > 0 && cols % uc == 0;
+}
+
 PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols) {
   const size_t chunk = chunk_bytes(t);
-  VQ_CHECK(chunk != 0, "pack_weight: weight type {} has no packed layout (q4_K and q6_K have)", ggml_type_name(t));
-  VQ_CHECK(rows >= 0 && cols > 0 && cols % 256 == 0,
-           "pack_weight: {} weight of shape {} x {}: cols must be a positive multiple of 256", ggml_type_name(t), rows,
-           cols);
+  VQ_CHECK(chunk != 0, "pack_weight: weight type {} has no packed layout (q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K "
+           "and q6_K have)", ggml_type_name(t));
+  const int64_t uc = unit_cols(t);
+  VQ_CHECK(rows >= 0 && cols > 0 && cols % uc == 0,
+           "pack_weight: {} weight of shape {} x {}: cols must be a positive multiple of {}", ggml_type_name(t), rows,
+           cols, uc);
   PackedWeight P;
   P.type = t, P.rows = rows, P.cols = cols;
-  const int64_t ng = (rows + 7) / 8, nsb = cols / 256;
+  const int64_t ng = (rows + 7) / 8, nu = cols / uc;
   const size_t rb = ggml_row_bytes(t, cols), bb = ggml_block_bytes(t);
-  P.data.resize(size_t(ng * nsb) * chunk);  // zeroed: padding rows multiply to 0
+  P.data.resize(size_t(ng * nu) * chunk);  // zeroed: padding rows multiply to 0
   const uint8_t* src = static_cast<const uint8_t*>(W);
   parallel_for(
       size_t(ng),
       [&](size_t g0, size_t g1, int) {
         for (int64_t g = int64_t(g0); g < int64_t(g1); ++g)
-          for (int64_t s = 0; s < nsb; ++s) {
-            uint8_t* C = P.data.data() + size_t(g * nsb + s) * chunk;
+          for (int64_t u = 0; u < nu; ++u) {
+            uint8_t* C = P.data.data() + size_t(g * nu + u) * chunk;
             for (int r = 0; r < 8 && 8 * g + r < rows; ++r) {
-              const uint8_t* blk = src + size_t(8 * g + r) * rb + size_t(s) * bb;
+              const uint8_t* blk = src + size_t(8 * g + r) * rb + size_t(u) * bb;
               if (t == GGMLType::Q6_K)
                 pack_q6k_chunk(blk, r, C);
+              else if (t == GGMLType::Q4_K || t == GGMLType::Q5_K)
+                pack_q4k_chunk(blk, r, C, t == GGMLType::Q5_K);
               else
-                pack_q4k_chunk(blk, r, C);
+                pack_32_chunk(t, blk, r, C);
             }
           }
       },
@@ -346,34 +600,56 @@ PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols) 
   return P;
 }
 
-void matmul_packed(const PackedWeight& P, const QuantizedRows& X, float* y) {
-  VQ_CHECK(packable(P.type, P.cols), "matmul_packed: not a packed weight ({} {} x {})", ggml_type_name(P.type), P.rows,
-           P.cols);
-  VQ_CHECK(X.cols == P.cols, "matmul_packed: activations have {} columns, the weight has {}", X.cols, P.cols);
-  if (P.rows == 0 || X.M == 0) return;
-  const int64_t ng = (P.rows + 7) / 8;
+void matmul_packed_multi(const PackedJob* jobs, int n_jobs, const QuantizedRows& X) {
+  VQ_CHECK(n_jobs >= 0, "matmul_packed: {} jobs", n_jobs);
+  // The work is cut in pairs of 8-row groups (16 outputs: a 64-byte line of y per activation
+  // row), numbered across the jobs.
+  std::vector<int64_t> start(size_t(n_jobs) + 1, 0);  // start: [n_jobs + 1] first pair of each job
+  size_t bytes = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    const PackedWeight& P = *jobs[j].P;
+    VQ_CHECK(packable(P.type, P.cols), "matmul_packed: not a packed weight ({} {} x {})", ggml_type_name(P.type),
+             P.rows, P.cols);
+    VQ_CHECK(X.cols == P.cols, "matmul_packed: activations have {} columns, the weight has {}", X.cols, P.cols);
+    start[size_t(j) + 1] = start[size_t(j)] + (P.rows + 15) / 16;
+    bytes += P.data.size();
+  }
+  const int64_t pairs = start.back();
+  if (pairs == 0 || X.M <= 0) return;
   // Waking a thread costs more than ~64 KB of weight work (see matmul.cpp's kMinBytesPerThread).
-  const size_t group_work = size_t(P.cols / 256) * chunk_bytes(P.type) * size_t(X.M);
-  const size_t grain = std::max<size_t>(1, (size_t(64) * 1024 + group_work - 1) / group_work);
-  parallel_for(
-      size_t(ng), [&](size_t g0, size_t g1, int) { packed_groups_kernel(P, int64_t(g0), int64_t(g1), X, y, P.rows); },
-      grain);
+  const size_t pair_work = std::max<size_t>(1, bytes / size_t(pairs) * size_t(std::min<int64_t>(X.M, 16)));
+  const size_t grain = std::max<size_t>(1, (size_t(64) * 1024 + pair_work - 1) / pair_work);
+  auto run = [&](size_t a, size_t b, int) {
+    for (int j = 0; j < n_jobs; ++j) {
+      const int64_t lo = std::max<int64_t>(int64_t(a), start[size_t(j)]);
+      const int64_t hi = std::min<int64_t>(int64_t(b), start[size_t(j) + 1]);
+      if (lo >= hi) continue;
+      const PackedWeight& P = *jobs[j].P;
+      const int64_t ng = (P.rows + 7) / 8;
+      const int64_t g0 = 2 * (lo - start[size_t(j)]), g1 = std::min(ng, 2 * (hi - start[size_t(j)]));
+      packed_groups_kernel(P, g0, g1, X, jobs[j].y, P.rows);
+    }
+  };
+  parallel_for(size_t(pairs), run, grain);
 }
 
-namespace {
-const PackedWeight& packed_now(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols) {
-  std::call_once(slot->once, [&] { slot->w = pack_weight(t, W, rows, cols); });
-  VQ_CHECK(slot->w.type == t && slot->w.rows == rows && slot->w.cols == cols,
-           "packed weight: slot holds {} {} x {}, asked for {} {} x {}", ggml_type_name(slot->w.type), slot->w.rows,
-           slot->w.cols, ggml_type_name(t), rows, cols);
-  return slot->w;
+void matmul_packed(const PackedWeight& P, const QuantizedRows& X, float* y) {
+  const PackedJob job{&P, y};
+  matmul_packed_multi(&job, 1, X);
 }
-}  // namespace
+
+const PackedWeight& packed_weight(PackedSlot& slot, GGMLType t, const void* W, int64_t rows, int64_t cols) {
+  std::call_once(slot.once, [&] { slot.w = pack_weight(t, W, rows, cols); });
+  VQ_CHECK(slot.w.type == t && slot.w.rows == rows && slot.w.cols == cols,
+           "packed weight: slot holds {} {} x {}, asked for {} {} x {}", ggml_type_name(slot.w.type), slot.w.rows,
+           slot.w.cols, ggml_type_name(t), rows, cols);
+  return slot.w;
+}
 
 void matmul_maybe_packed(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols, const float* x,
                          int64_t M, float* y) {
   if (!slot) return matmul(t, W, rows, cols, x, M, y);
-  const PackedWeight& P = packed_now(slot, t, W, rows, cols);
+  const PackedWeight& P = packed_weight(*slot, t, W, rows, cols);
   if (rows == 0 || M == 0) return;
   thread_local ActivationBuffer buf;  // reused across calls of this thread
   matmul_packed(P, buf.quantize(x, M, cols), y);
@@ -382,7 +658,7 @@ void matmul_maybe_packed(PackedSlot* slot, GGMLType t, const void* W, int64_t ro
 void matmul_maybe_packed(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols,
                          const QuantizedRows& X, float* y) {
   if (!slot) return matmul_q(t, W, rows, cols, X, y);
-  matmul_packed(packed_now(slot, t, W, rows, cols), X, y);
+  matmul_packed(packed_weight(*slot, t, W, rows, cols), X, y);
 }
 
 }  // namespace vq

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -26,6 +28,28 @@ TEST(ThreadPool, EveryIndexExactlyOnce) {
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << grain << " " << i;
         EXPECT_EQ(bad_index.load(), 0);
       }
+  }
+}
+
+// Jobs of few parts on a large pool use only threads 0..parts-1 (the others neither run nor are
+// waited for), and a quick run of jobs whose part counts change every time, some after the
+// workers went to sleep, still covers every index exactly once.
+TEST(ThreadPool, SmallJobsUseTheirPartsOnlyAndAlternateSafely) {
+  ThreadPool pool(8);
+  const size_t sizes[] = {2, 3, 5, 16, 1000, 2};
+  for (int it = 0; it < 3000; ++it) {
+    const size_t n = sizes[size_t(it) % 6];
+    std::vector<std::atomic<int>> hits(n);
+    std::atomic<int> max_index{-1};
+    pool.parallel_for(n, [&](size_t b, size_t e, int t) {
+      int m = max_index.load();
+      while (t > m && !max_index.compare_exchange_weak(m, t)) {
+      }
+      for (size_t i = b; i < e; ++i) ++hits[i];
+    });
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "iteration " << it << " n " << n << " i " << i;
+    ASSERT_LT(max_index.load(), int(std::min<size_t>(n, 8))) << "iteration " << it;
+    if (it % 500 == 499) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the workers sleep
   }
 }
 

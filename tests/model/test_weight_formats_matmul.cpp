@@ -317,25 +317,74 @@ void check_packed(GGMLType t, int64_t rows, int64_t cols, bool random_bits, cons
 
 }  // namespace
 
-TEST(PackedWeights, EveryTargetRowCounts1To17) {
+// Every type with a packed layout.
+const GGMLType kPackedTypes[] = {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1,
+                                 GGMLType::Q8_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K};
+// Columns with a tail: 9 blocks of 32 (one 256-column step and one block more) for the
+// 32-element types, 2 super-blocks for the K-quants.
+int64_t packed_test_cols(GGMLType t) { return vq::unit_cols(t) == 256 ? 512 : 288; }
+
+// Activation rows 1..17 (one register tile for 1..4, the batched-decode column steps for 5..16,
+// the prefill panels for 17) and 70 (two panels, a tile of 2 at the end), on every target.
+TEST(PackedWeights, EveryTypeEveryTargetRowCounts) {
   std::vector<int64_t> Ms;
   for (int64_t M = 1; M <= 17; ++M) Ms.push_back(M);
-  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K})
-    check_packed(t, 13, 512, true, Ms);  // one full group of 8 and one of 5
+  Ms.push_back(70);
+  for (GGMLType t : kPackedTypes) check_packed(t, 13, packed_test_cols(t), true, Ms);  // groups of 8 and of 5
+}
+
+// A row's output depends neither on how many rows are multiplied with it (the decode tile, the
+// batched column steps, the prefill panels), nor on the thread count, nor on the x86 target:
+// the same sums in the same order. Checked bit for bit.
+TEST(PackedWeights, RowResultIndependentOfBatchThreadsAndTarget) {
+  const int64_t rows = 45;
+  for (GGMLType t : kPackedTypes) {
+    const int64_t cols = packed_test_cols(t);
+    const auto W = make_weights(t, rows, cols, true, 77);
+    const vq::PackedWeight P = vq::pack_weight(t, W.data(), rows, cols);
+    const int64_t maxM = 70;
+    const auto x = random_x(maxM * cols, 5);
+    std::vector<float> ref;  // [maxM, rows]: each row alone (M = 1), 1 thread, best target
+    vq::set_num_threads(1);
+    for (int64_t m = 0; m < maxM; ++m) {
+      vq::ActivationBuffer ab;
+      std::vector<float> y(static_cast<size_t>(rows));
+      vq::matmul_packed(P, ab.quantize(x.data() + m * cols, 1, cols), y.data());
+      ref.insert(ref.end(), y.begin(), y.end());
+    }
+    for (int threads : {1, 2, 3}) {
+      vq::set_num_threads(threads);
+      for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+        if (target != HWY_AVX2 && target != HWY_AVX3 && target != HWY_AVX3_DL) continue;
+        hwy::SetSupportedTargetsForTest(target);
+        for (int64_t M : {3, 8, 16, 70}) {
+          vq::ActivationBuffer ab;
+          std::vector<float> y(static_cast<size_t>(M * rows));
+          vq::matmul_packed(P, ab.quantize(x.data(), M, cols), y.data());
+          EXPECT_TRUE(std::equal(y.begin(), y.end(), ref.begin()))
+              << vq::ggml_type_name(t) << " M=" << M << " threads=" << threads << " target " << hwy::TargetName(target);
+        }
+      }
+      hwy::SetSupportedTargetsForTest(0);
+    }
+  }
+  vq::set_num_threads(2);
 }
 
 TEST(PackedWeights, OddShapes) {
-  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K})
+  for (GGMLType t : kPackedTypes)
     for (bool random_bits : {false, true}) {
-      check_packed(t, 1, 256, random_bits, {1, 2, 5});
-      check_packed(t, 8, 256, random_bits, {1, 4, 9});
-      check_packed(t, 37, 768, random_bits, {1, 3, 16});
+      const int64_t u = vq::unit_cols(t);
+      check_packed(t, 1, u, random_bits, {1, 2, 5});
+      check_packed(t, 8, u, random_bits, {1, 4, 9});
+      check_packed(t, 37, 3 * u, random_bits, {1, 3, 16});
     }
 }
 
 TEST(PackedWeights, PackedEqualsPlainProductWithinRounding) {
-  const int64_t rows = 70, cols = 1024, M = 6;
-  for (GGMLType t : {GGMLType::Q4_K, GGMLType::Q6_K}) {
+  const int64_t rows = 70, M = 6;
+  for (GGMLType t : kPackedTypes) {
+    const int64_t cols = vq::unit_cols(t) == 256 ? 1024 : 576;
     const auto W = make_weights(t, rows, cols, false, 41);
     const auto x = random_x(M * cols, 42);
     vq::ActivationBuffer ab;
@@ -343,28 +392,67 @@ TEST(PackedWeights, PackedEqualsPlainProductWithinRounding) {
     std::vector<float> plain(static_cast<size_t>(M * rows)), packed(plain.size());
     vq::matmul_q(t, W.data(), rows, cols, X, plain.data());
     const vq::PackedWeight P = vq::pack_weight(t, W.data(), rows, cols);
-    // Memory: q6_K x8 as many bytes as the GGUF rows, q4_K x8 1184 per 1152 (scales in bytes).
+    // Memory: as many bytes as the GGUF rows (padded to 8), but q4_K x8 1184 per 1152 and q5_K x8
+    // 1440 per 1408 (their 6-bit scales in whole bytes).
     const size_t gguf = size_t((rows + 7) / 8 * 8) * vq::ggml_row_bytes(t, cols);
-    EXPECT_EQ(P.data.size(), t == GGMLType::Q6_K ? gguf : gguf / 1152 * 1184) << vq::ggml_type_name(t);
+    const size_t expect = t == GGMLType::Q4_K ? gguf / 1152 * 1184 : t == GGMLType::Q5_K ? gguf / 1408 * 1440 : gguf;
+    EXPECT_EQ(P.data.size(), expect) << vq::ggml_type_name(t);
     vq::matmul_packed(P, X, packed.data());
     for (size_t i = 0; i < plain.size(); ++i)  // same integer sums; float order differs
       EXPECT_NEAR(packed[i], plain[i], 1e-4 * (1.0 + std::fabs(plain[i]))) << vq::ggml_type_name(t) << " " << i;
   }
 }
 
+// Several packed weights in one dispatch give each one's own product.
+TEST(PackedWeights, MultiMatchesSeparateProducts) {
+  const int64_t cols = 512;
+  const GGMLType types[] = {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q4_1, GGMLType::Q8_0};
+  const int64_t rows[] = {100, 17, 8, 1};
+  std::vector<vq::PackedWeight> P;
+  for (int j = 0; j < 4; ++j) {
+    const auto W = make_weights(types[j], rows[j], cols, true, uint64_t(j) + 3);
+    P.push_back(vq::pack_weight(types[j], W.data(), rows[j], cols));
+  }
+  for (int threads : {1, 2}) {
+    vq::set_num_threads(threads);
+    for (int64_t M : {1, 6, 20}) {
+      const auto x = random_x(M * cols, uint64_t(M));
+      vq::ActivationBuffer ab;
+      const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
+      std::vector<std::vector<float>> sep(4), multi(4);
+      std::vector<vq::PackedJob> jobs;
+      for (int j = 0; j < 4; ++j) {
+        sep[size_t(j)].assign(size_t(M * rows[j]), 0.0f);
+        multi[size_t(j)].assign(size_t(M * rows[j]), -1.0f);
+        vq::matmul_packed(P[size_t(j)], X, sep[size_t(j)].data());
+        jobs.push_back({&P[size_t(j)], multi[size_t(j)].data()});
+      }
+      vq::matmul_packed_multi(jobs.data(), 4, X);
+      for (int j = 0; j < 4; ++j)
+        EXPECT_EQ(sep[size_t(j)], multi[size_t(j)]) << vq::ggml_type_name(types[j]) << " M=" << M << " t=" << threads;
+    }
+  }
+  vq::set_num_threads(2);
+}
+
 TEST(PackedWeights, BadArgumentsThrow) {
   std::vector<uint8_t> W(4096);
-  EXPECT_FALSE(vq::packable(GGMLType::Q5_K, 256));
+  EXPECT_FALSE(vq::packable(GGMLType::Q2_K, 256));
+  EXPECT_FALSE(vq::packable(GGMLType::F16, 256));
+  EXPECT_TRUE(vq::packable(GGMLType::Q5_K, 256));
   EXPECT_TRUE(vq::packable(GGMLType::Q6_K, 256));
-  EXPECT_FALSE(vq::packable(GGMLType::Q4_K, 300));
+  EXPECT_FALSE(vq::packable(GGMLType::Q4_K, 288));
+  EXPECT_TRUE(vq::packable(GGMLType::Q4_1, 288));
+  EXPECT_FALSE(vq::packable(GGMLType::Q8_0, 40));
   EXPECT_TRUE(vq::packable(GGMLType::Q4_K, 512));
   try {
-    vq::pack_weight(GGMLType::Q5_K, W.data(), 2, 256);
+    vq::pack_weight(GGMLType::Q3_K, W.data(), 2, 256);
     FAIL() << "no throw";
   } catch (const vq::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q5_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("q3_K"), std::string::npos) << e.what();
   }
   EXPECT_THROW(vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 300), vq::Error);
+  EXPECT_THROW(vq::pack_weight(GGMLType::Q4_0, W.data(), 2, 48), vq::Error);
   const auto P = vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 256);
   std::vector<float> x(512), y(16);
   vq::ActivationBuffer ab;
