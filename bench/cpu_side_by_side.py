@@ -18,18 +18,11 @@ from pathlib import Path
 
 import llama_cpp
 
+# The peer-bench helpers shared with bench/llamacpp_bench.py (same folder: on sys.path when run as a script).
+from llamacpp_bench import cpu_name, prompt_ids
+
 # GGML type ids of the KV cache types llama.cpp takes (ggml.h).
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
-
-
-def cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def load_average():
@@ -37,15 +30,6 @@ def load_average():
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "?"
-
-
-def prompt_ids(llm, n):
-    text_file = Path("/usr/share/common-licenses/GPL-3")
-    text = text_file.read_text() if text_file.exists() else " ".join(f"word{i}" for i in range(20000))
-    ids = llm.tokenize(text.encode(), add_bos=False)
-    while len(ids) < n:
-        ids = ids + ids
-    return ids[:n]
 
 
 def trained_context(llm):
