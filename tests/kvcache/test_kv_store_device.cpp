@@ -177,6 +177,11 @@ const Case kCases[] = {
     // head_dim 256 on the LUT kernel (shared value books)
     {"d4b8_shared_g3_d256_lut", 12, 4, 256, "vecinfer:d4b8,gran=shared"},
     {"k_d8b8_v_d4b8_g16_d256_lut", 16, 1, 256, "vecinfer:k=d8b8,v=d4b8,gran=shared"},
+    // 8 heads per LUT block; head_dim 256 with per-sub-space value books (two value parts)
+    {"d4b8_sub_g6_d128_lut8", 12, 2, 128, "vecinfer:d4b8", 0, 1500},
+    {"d4b8_shared_g8_d64_lut8", 8, 1, 64, "vecinfer:d4b8,gran=shared"},
+    {"d4b8_sub_g2_d256_vparts", 16, 8, 256, "vecinfer:d4b8", 0, 1500},
+    {"d4b8_sub_g4_d256_vparts_window", 4, 1, 256, "vecinfer:d4b8", 300},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceStoreParity, ::testing::ValuesIn(kCases),
@@ -186,8 +191,14 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeviceStoreParity, ::testing::ValuesIn(kCases),
 // gather-mma coded splits, merge, and the block encoder).
 TEST(DeviceStore, SmallRunForSanitizers) {
   VQ_SKIP_WITHOUT_GPU();
-  for (const char* kv : {"fp16", "vecinfer:d4b8,r=32,gran=shared", "vecinfer:d4b8,r=32"}) {
-    const Case c{"small", 8, 2, 64, kv};
+  // 8 heads per LUT block (G 8) and the two value parts (head_dim 256, per-sub-space books) too
+  const Case cases[] = {{"small", 8, 2, 64, "fp16"},
+                        {"small", 8, 2, 64, "vecinfer:d4b8,r=32,gran=shared"},
+                        {"small", 8, 2, 64, "vecinfer:d4b8,r=32"},
+                        {"small_g8", 16, 2, 128, "vecinfer:d4b8,r=32"},
+                        {"small_d256", 8, 4, 256, "vecinfer:d4b8,r=32"}};
+  for (const Case& c : cases) {
+    const char* kv = c.spec;
     const KVSpec spec = spec_for(c, 2);
     auto gpu = make_store(c, spec, KVDevice::cuda);
     std::mt19937 rng(3);

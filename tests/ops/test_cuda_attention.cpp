@@ -50,6 +50,14 @@ const AttnCase kAttn[] = {
     // head_dim 256 on the LUT kernel (8 warps; d4 keys: the two-half LUT of 64 sub-spaces)
     {"d256_d4b8_g3_lut", 2, 3, 256, 4, 8, false, 4, 8, false, {3000, 513, 40}, {2, 0, 7}},
     {"d256_k_d8b8per_v_d4b8_g4_lut", 1, 4, 256, 8, 8, true, 4, 8, false, {2100, 1}, {0, 3}},
+    // 8 heads per LUT entry (groups of 5..8 in one block, 9..16 in two), every key sub-space count
+    {"d128_d4b8per_g6_lut8", 2, 6, 128, 4, 8, true, 4, 8, true, {2600, 45, 700}, {1, 0, 9}},
+    {"d64_d4b8_g7_lut8", 2, 7, 64, 4, 8, false, 4, 8, false, {1900, 300}, {0, 4}},
+    {"d128_k_d8b8_v_d4b8per_g16_lut8", 1, 16, 128, 8, 8, false, 4, 8, true, {1300, 64}, {2, 0}},
+    {"d64_k_d4b8per_v_d4b8per_g5_lut8", 1, 5, 64, 4, 8, true, 4, 8, true, {777}, {3}},
+    // head_dim 256 with per-sub-space value books: two value parts per block
+    {"d256_d4b8per_g2_lut_vparts", 2, 2, 256, 4, 8, true, 4, 8, true, {2500, 200}, {0, 5}},
+    {"d256_k_d8b8per_v_d4b8per_g3_lut_vparts", 1, 3, 256, 8, 8, true, 4, 8, true, {1700, 33}, {2, 1}},
 };
 // Each case runs with every shipped split kernel: auto (the v4 fp16-LUT kernel where it applies),
 // gather-mma, and the LUT kernel asked for explicitly (skipped for shapes it does not take).
@@ -214,7 +222,7 @@ TEST_P(CudaPQAttention, MatchesReferenceMergedWithFp16Segments) {
   // The LUT kernel keeps the queries in fp32 (LUT = q~ . fp16 centroid); the gather-mma one rounds them.
   const bool lut_shape = c.kbits == 8 && c.vd == 4 && c.vbits == 8 &&
                          (D <= 128 ? (D / c.kd == 16 || D / c.kd == 32)
-                                   : (D == 256 && (D / c.kd == 32 || D / c.kd == 64) && !c.vper));
+                                   : (D == 256 && (D / c.kd == 32 || D / c.kd == 64)));
   if (kernel == cuda::PQAttnKernel::lut && !lut_shape) GTEST_SKIP() << "the LUT kernel does not take this shape";
   const bool lut = kernel != cuda::PQAttnKernel::gather_mma && lut_shape;
   cuda::DeviceBuffer ws(std::max<size_t>(cuda::pq_attention_workspace_bytes(a), 4));

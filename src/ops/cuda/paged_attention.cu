@@ -502,7 +502,8 @@ PagedDecodeChoice paged_attention_choose(const PagedAttnParams& p, int sms) {
   if (p.rule.coded) {
     c.coded = paged_attention_uses_lut(p) ? PQAttnKernel::lut : PQAttnKernel::gather_mma;
     if (c.coded == PQAttnKernel::lut) {  // one 16-warp block per SM: one wave
-      const int64_t per = units * ((p.group + 3) / 4);
+      const int kh = detail::lut_heads_per_block(p.group, p.head_dim, p.head_dim / p.k_sub_dim);
+      const int64_t per = units * ((p.group + kh - 1) / kh) * detail::lut_value_parts(p.head_dim, p.v_per_subspace);
       c.coded_splits = int(std::clamp<int64_t>(sms / per, 1, 64));
     } else {  // 8-warp blocks, two per SM: about four blocks per SM
       const int64_t per = units * ((p.group + 7) / 8);

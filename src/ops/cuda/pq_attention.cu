@@ -500,7 +500,9 @@ Plan make_plan(const PQAttnBatchArgs& a, bool query_device, bool force_lut = fal
     // 1 block of 16 warps per SM: one full wave (measured best in run 5a at every bench shape),
     // each block at least 32 tokens per warp.
     const int sms = query_device ? device_sm_count() : 132;
-    const int64_t per_split = int64_t(a.rows) * a.n_kv_heads * ((a.group + 3) / 4);
+    const int kh = detail::lut_heads_per_block(a);
+    const int64_t per_split = int64_t(a.rows) * a.n_kv_heads * ((a.group + kh - 1) / kh) *
+                              detail::lut_value_parts(a.head_dim, a.v_per_subspace);
     const int64_t by_len = std::max<int64_t>(1, (int64_t(a.max_coded) + 511) / 512);
     const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(by_len, int64_t(sms) / per_split));
     chunk = int(std::max<int64_t>(32, (int64_t(a.max_coded) + splits - 1) / splits));
@@ -634,7 +636,7 @@ void run_pq_attention(const PQAttnBatchArgs& a, void* stream, detail::SplitLaunc
   if (a.max_coded > 0 && pl.lut) {
     VQ_CHECK(detail::lut_kernel_supported(a), "cuda::pq_attention: the LUT kernel does not take these shapes "
              "(needs 8-bit keys with head_dim/k_sub_dim 16 or 32, values d4 8-bit, head_dim 64 or 128)");
-    VQ_CHECK(a.n_kv_heads * ((a.group + 3) / 4) <= 65535, "cuda::pq_attention: grid too large");
+    VQ_CHECK(a.n_kv_heads * ((a.group + 3) / 4) * 2 <= 65535, "cuda::pq_attention: grid too large");
     split(a, pl.head_tiles, pl.chunk, pl.n_splits, sp.part, st);
   } else if (a.max_coded > 0) {
     launch_gather_split<false>(a, pl, sp, pl.n_splits, st);

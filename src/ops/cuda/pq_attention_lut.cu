@@ -29,7 +29,8 @@
 namespace vq::cuda::detail {
 namespace {
 
-constexpr int kH = 4;         // query heads per LUT entry (two half2)
+// KH: query heads per LUT entry, 4 (two half2, LDS.64 lookups) or 8 (four half2, LDS.128): one
+// block covers a tile of KH heads of the GQA group; the value mma's 8 columns hold up to 8 heads.
 constexpr int kPRow = 40;     // halves per P-tile row (32 tokens + 8 pad: conflict-free fragment reads)
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -74,23 +75,31 @@ __device__ __forceinline__ float warp_max(float x) {
 // NW: warps per block (16; 8 at head_dim 256, whose value accumulators and code words need ~2x
 // the registers). NS = 64 (head_dim 256, d4 keys): the LUT is two 64 KiB halves, sub-spaces
 // 0..31 and 32..63, each laid out as for NS = 32 (lookups add the half's offset).
-template <int NS, int D, bool kPaged = false, bool kVPer = false, int NW = kLutWarps>
+// VH: value parts (1, or 2 for per-sub-space value books at head_dim 256, whose 128 KiB do not fit
+// beside the 128 KiB LUT): block vh of a (row, KV head, head tile, split) computes the same scores
+// and the output dims of value sub-spaces g*VU*VH + vh*VU + u (u < VU) of each lane group g, so it
+// holds only those books (64 KiB). Both parts write the same running max and sum.
+template <int NS, int D, bool kPaged = false, bool kVPer = false, int NW = kLutWarps, int KH = 4, int VH = 1>
 __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
+  static_assert(KH == 4 || (KH == 8 && NS <= 32), "8-head LUT entries: at most 32 key sub-spaces (128 KiB)");
+  static_assert(VH == 1 || (VH == 2 && kVPer), "value parts split per-sub-space books only");
+  constexpr int kH = KH;
   constexpr int kNW = NW;
   constexpr int kThreads = 32 * kNW;
-  constexpr int MT = D / 16;  // m-tiles of the value mma
-  constexpr int VU = D / 32;  // 4-dim groups (value sub-spaces) per lane
+  constexpr int MT = D / 16 / VH;  // m-tiles of the value mma
+  constexpr int VU = D / 32 / VH;  // 4-dim groups (value sub-spaces) per lane
   constexpr int NW4 = NS / 4; // key code words per token
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int kLutBytes = 256 * 256 * (NS > 32 ? 2 : 1);
+  constexpr int kLutBytes = 256 * 256 * (NS > 32 ? 2 : 1) * (KH / 4);
   constexpr int VWN = VU > 4 ? 2 : 1;  // value code words per lane and token
-  constexpr int kVBytes = kVPer ? (D / 4) * 256 * 8 : 256 * 16 * 8;
+  constexpr int kVBytes = kVPer ? (D / 4 / VH) * 256 * 8 : 256 * 16 * 8;
   uint2* vsl = reinterpret_cast<uint2*>(smem + kLutBytes);
   float* sq = reinterpret_cast<float*>(smem + kLutBytes + kVBytes);
   __half* ps_all = reinterpret_cast<__half*>(sq + kH * D);
 
   const int split = blockIdx.x;
-  const int kh = blockIdx.y / ((p.group + kH - 1) / kH), ht4 = blockIdx.y % ((p.group + kH - 1) / kH);
+  const int vh = VH == 1 ? 0 : int(blockIdx.y % VH), by = VH == 1 ? int(blockIdx.y) : int(blockIdx.y / VH);
+  const int kh = by / ((p.group + kH - 1) / kH), ht4 = by % ((p.group + kH - 1) / kH);
   const int b = blockIdx.z;
   int tok_begin, tok_end, lo = 0;
   const uint8_t* const* tab = nullptr;
@@ -109,9 +118,13 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
   const int g = lane >> 2, t = lane & 3;
 
   // ---- value book, 16 bank-sliced copies: vsl[c*16 + j] = centroid c (loads batched) ----
-  if constexpr (kVPer) {  // the sub-spaces' books as they are: vsl[u*256 + c]
+  if constexpr (kVPer) {  // the sub-spaces' books as they are: vsl[(g*VU + u)*256 + c]
     const uint4* vb = reinterpret_cast<const uint4*>(p.v_book + size_t(kh) * (D / 4) * 256 * 4);
-    for (int i = threadIdx.x; i < (D / 4) * 256 / 2; i += kThreads) reinterpret_cast<uint4*>(vsl)[i] = __ldg(vb + i);
+    for (int i = threadIdx.x; i < (D / 4 / VH) * 256 / 2; i += kThreads) {
+      const int lb = i >> 7;  // local book (128 uint4 each)
+      const int gs = VH == 1 ? lb : (lb / VU) * (VU * VH) + vh * VU + lb % VU;
+      reinterpret_cast<uint4*>(vsl)[i] = __ldg(vb + gs * 128 + (i & 127));
+    }
   } else {
     const uint2* vb = reinterpret_cast<const uint2*>(p.v_book + size_t(kh) * 256 * 4);
     constexpr int VPT = (256 * 16 + kThreads - 1) / kThreads;
@@ -171,7 +184,9 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
     }
 #pragma unroll
     for (int k = 0; k < PB; ++k) {
-      float acc[kH] = {0.f, 0.f, 0.f, 0.f};
+      float acc[kH];
+#pragma unroll
+      for (int h = 0; h < kH; ++h) acc[h] = 0.f;
 #pragma unroll
       for (int j = 0; j < KD / 2; ++j) {
         const float2 cv = __half22float2(*reinterpret_cast<const __half2*>(&cw[k][j]));
@@ -179,13 +194,20 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
         for (int h = 0; h < kH; ++h) acc[h] = fmaf(qr[h][2 * j], cv.x, fmaf(qr[h][2 * j + 1], cv.y, acc[h]));
       }
       const __half2 h01 = __floats2half2_rn(acc[0], acc[1]), h23 = __floats2half2_rn(acc[2], acc[3]);
-      lut16[(c0 + (k0 + k) * CSTEP) * 32 + (s & 31)] =
-          make_uint2(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23));
+      if constexpr (KH == 8) {  // rows of 512 B: entry (c, s) = heads 0..7 as four half2
+        const __half2 h45 = __floats2half2_rn(acc[4], acc[5]), h67 = __floats2half2_rn(acc[6], acc[7]);
+        reinterpret_cast<uint4*>(smem)[(c0 + (k0 + k) * CSTEP) * 32 + s] =
+            make_uint4(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23),
+                       *reinterpret_cast<const uint32_t*>(&h45), *reinterpret_cast<const uint32_t*>(&h67));
+      } else {
+        lut16[(c0 + (k0 + k) * CSTEP) * 32 + (s & 31)] =
+            make_uint2(*reinterpret_cast<const uint32_t*>(&h01), *reinterpret_cast<const uint32_t*>(&h23));
+      }
     }
     }
   }
   __half* ps = ps_all + warp * 8 * kPRow;
-  for (int i = lane; i < 8 * kPRow; i += 32) ps[i] = __float2half_rn(0.f);  // heads 4..7 stay 0
+  for (int i = lane; i < 8 * kPRow; i += 32) ps[i] = __float2half_rn(0.f);  // heads kH..7 stay 0
   __syncthreads();
 
   const uint8_t* kbase = nullptr;
@@ -207,7 +229,7 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
   const uint32_t l8 = uint32_t(lane & 15) << 3;
   const unsigned char* lutb = smem;
   // Value code word of lane g: value sub-spaces [g*VU, g*VU + VU) of a row.
-  const int vword_off = (g * VU) & ~3, vbyte0 = (g * VU) & 3;
+  const int vword_off = (g * VU * VH + vh * VU) & ~3, vbyte0 = (g * VU * VH + vh * VU) & 3;
 
   // Key and value codes of group gi (loaded one group ahead of their use).
   auto load_codes = [&](int gi, uint32_t (&kw)[NW4], uint32_t (&vw)[2][4][VWN]) {
@@ -269,8 +291,32 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
     if (more) load_codes(gi + kNW, kwn, vwn);
 
     // ---- scores of token tok0 + lane for the 4 heads ----
-    float sc[kH] = {0.f, 0.f, 0.f, 0.f};
-    {
+    float sc[kH];
+#pragma unroll
+    for (int h = 0; h < kH; ++h) sc[h] = 0.f;
+    if constexpr (KH == 8) {
+      // Lane l at step i reads sub-space s = (l & 7) ^ i: a quarter-warp (one LDS.128 wavefront)
+      // hits 8 distinct 16-byte bank groups. Its code word is kw[(i >> 2) ^ ((l >> 2) & 1)], its
+      // byte (l & 3) ^ (i & 3); entry (c, s) lies at c*512 + s*16.
+      uint32_t kp[NW4];
+#pragma unroll
+      for (int j = 0; j < NW4; ++j) kp[j] = swap_pairs ? kw[j ^ 1] : kw[j];
+      const uint32_t l16 = uint32_t(lane & 7) << 3;  // in units of 2 bytes
+#pragma unroll
+      for (int i = 0; i < NS; i += 2) {
+        const uint32_t o0 = __byte_perm(kp[i >> 2], 0u, sel[i & 3]) | (l16 ^ uint32_t(i << 3));
+        const uint32_t o1 = __byte_perm(kp[(i + 1) >> 2], 0u, sel[(i + 1) & 3]) | (l16 ^ uint32_t((i + 1) << 3));
+        const uint4 e0 = *reinterpret_cast<const uint4*>(lutb + 2 * o0);
+        const uint4 e1 = *reinterpret_cast<const uint4*>(lutb + 2 * o1);
+        const uint32_t a[4] = {e0.x, e0.y, e0.z, e0.w}, c[4] = {e1.x, e1.y, e1.z, e1.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 f = __half22float2(__hadd2(*reinterpret_cast<const __half2*>(&a[q]),
+                                                  *reinterpret_cast<const __half2*>(&c[q])));
+          sc[2 * q] += f.x, sc[2 * q + 1] += f.y;
+        }
+      }
+    } else {
       uint32_t kt[NW4], kp[NW4];
 #pragma unroll
       for (int j = 0; j < NW4; ++j) kt[j] = swap_pairs ? kw[j ^ 1] : kw[j];
@@ -291,7 +337,10 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
       }
     }
     const int tok0 = tok_begin + gi * 32;
-    if (tok0 + lane >= tok_end || tok0 + lane < lo) sc[0] = sc[1] = sc[2] = sc[3] = -INFINITY;
+    if (tok0 + lane >= tok_end || tok0 + lane < lo) {
+#pragma unroll
+      for (int h = 0; h < kH; ++h) sc[h] = -INFINITY;
+    }
 
     // ---- online softmax (base 2); rescale only when a running max grows (warp-uniform) ----
     // The reference max may lag the true one by up to kSlack (P <= 2^kSlack, safe in fp16 and in
@@ -320,8 +369,12 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
         l_run[h] *= alpha[h];
         m_run[h] = m_new;
       }
-      // lane (g, t) holds heads 2t, 2t+1 in oc columns 0/2 and 1/3 (t >= 2: padding heads)
-      const float a0 = t == 0 ? alpha[0] : alpha[2], a1 = t == 0 ? alpha[1] : alpha[3];
+      // lane (g, t) holds heads 2t, 2t+1 in oc columns 0/2 and 1/3 (kH = 4, t >= 2: padding heads)
+      float a0 = t == 0 ? alpha[0] : alpha[2], a1 = t == 0 ? alpha[1] : alpha[3];
+      if constexpr (KH == 8) {
+        a0 = t == 0 ? alpha[0] : t == 1 ? alpha[2] : t == 2 ? alpha[4] : alpha[6];
+        a1 = t == 0 ? alpha[1] : t == 1 ? alpha[3] : t == 2 ? alpha[5] : alpha[7];
+      }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) oc[mt][0] *= a0, oc[mt][2] *= a0, oc[mt][1] *= a1, oc[mt][3] *= a1;
     }
@@ -383,9 +436,9 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], o);
   __syncthreads();
-  float* wm = reinterpret_cast<float*>(smem);  // [kNW][4]
-  float* wl = wm + kNW * kH;                   // [kNW][4]
-  float* wo = wl + kNW * kH;                   // [kNW][4][D]
+  float* wm = reinterpret_cast<float*>(smem);  // [kNW][kH]
+  float* wl = wm + kNW * kH;                   // [kNW][kH]
+  float* wo = wl + kNW * kH;                   // [kNW][kH][D]
   if (lane < kH) {
     float mv = m_run[0], lv = l_run[0];
 #pragma unroll
@@ -394,10 +447,10 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
     wm[warp * kH + lane] = mv;  // -inf when the warp had no tokens
     wl[warp * kH + lane] = lv;
   }
-  if (t < 2) {
+  if (2 * t < kH) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const int dim_lo = g * (D / 8) + 2 * mt;  // row g -> +0, row g+8 -> +1
+      const int dim_lo = g * (D / 8) + vh * (D / 16) + 2 * mt;  // row g -> +0, row g+8 -> +1
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         wo[(warp * kH + 2 * t + j) * D + dim_lo] = oc[mt][j];
@@ -406,24 +459,26 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
     }
   }
   __syncthreads();
-  float* out = p.part + ((((int64_t(b) * p.n_kv_heads + kh) * p.head_tiles8 + (ht4 >> 1)) * p.n_splits + split) *
+  float* out = p.part + ((((int64_t(b) * p.n_kv_heads + kh) * p.head_tiles8 + (KH == 8 ? ht4 : ht4 >> 1)) * p.n_splits + split) *
                          (2 * 8 + 8 * D));
-  const int slot0 = (ht4 & 1) * kH;
-  for (int i = threadIdx.x; i < kH * D + 2 * kH; i += kThreads) {
-    const int hh = i < kH * D ? i / D : (i - kH * D) % kH;
+  const int slot0 = KH == 8 ? 0 : (ht4 & 1) * kH;
+  constexpr int DV = D / VH;  // output dims of this block
+  for (int i = threadIdx.x; i < kH * DV + 2 * kH; i += kThreads) {
+    const int hh = i < kH * DV ? i / DV : (i - kH * DV) % kH;
     float M = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kNW; ++w) M = fmaxf(M, wm[w * kH + hh]);
     float acc = 0.f;
-    if (i < kH * D) {
-      const int dim = i % D;
+    if (i < kH * DV) {
+      const int j = i % DV;
+      const int dim = VH == 1 ? j : (j / (D / 16)) * (D / 8) + vh * (D / 16) + j % (D / 16);
 #pragma unroll
       for (int w = 0; w < kNW; ++w) {
         const float mw = wm[w * kH + hh];
         if (mw != -INFINITY) acc += exp2f(mw - M) * wo[(w * kH + hh) * D + dim];
       }
       out[2 * 8 + (slot0 + hh) * D + dim] = acc;
-    } else if (i < kH * D + kH) {
+    } else if (i < kH * DV + kH) {
       out[slot0 + hh] = M;
     } else {
 #pragma unroll
@@ -436,16 +491,26 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
   }
 }
 
-template <int NS, int D, bool kPaged = false, bool kVPer = false>
+template <int NS, int D, bool kPaged = false, bool kVPer = false, int KH = 4, int VH = 1>
 void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
   constexpr int NW = lut_warps(D);
   static bool attr_set = false;  // one size per instantiation: set once
   if (!attr_set) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, kPaged, kVPer, NW>,
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, kPaged, kVPer, NW, KH, VH>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
-  launch_pdl("lut_split_kernel", lut_split_kernel<NS, D, kPaged, kVPer, NW>, grid, dim3(32 * NW), smem, st, lp);
+  launch_pdl("lut_split_kernel", lut_split_kernel<NS, D, kPaged, kVPer, NW, KH, VH>, grid, dim3(32 * NW), smem, st,
+             lp);
+}
+
+// One call site per (NS, D, kPaged, kVPer): picks the heads per LUT entry.
+template <int NS, int D, bool kPaged, bool kVPer>
+void launch_kh(const LutParams& lp, int kh, dim3 grid, size_t smem, cudaStream_t st) {
+  if constexpr (NS <= 32) {
+    if (kh == 8) return launch<NS, D, kPaged, kVPer, 8>(lp, grid, smem, st);
+  }
+  launch<NS, D, kPaged, kVPer, 4>(lp, grid, smem, st);
 }
 
 }  // namespace
@@ -454,15 +519,20 @@ bool lut_kernel_supported(const PQAttnBatchArgs& a) {
   const int ns = a.k_sub_dim > 0 ? a.head_dim / a.k_sub_dim : 0;
   if (a.k_bits != 8 || a.v_bits != 8 || a.v_sub_dim != 4) return false;
   if (a.head_dim == 64 || a.head_dim == 128) return ns == 16 || ns == 32;
-  // head_dim 256: shared value books only (per-sub-space ones would need 128 KiB of shared memory
-  // beside the 128 KiB LUT of d4 keys).
-  return a.head_dim == 256 && (ns == 32 || ns == 64) && !a.v_per_subspace;
+  // head_dim 256: per-sub-space value books in two value parts (lut_value_parts).
+  return a.head_dim == 256 && (ns == 32 || ns == 64);
+}
+
+int lut_heads_per_block(const PQAttnBatchArgs& a) {
+  return lut_heads_per_block(a.group, a.head_dim, a.k_sub_dim > 0 ? a.head_dim / a.k_sub_dim : 0);
 }
 
 size_t lut_kernel_smem(const PQAttnBatchArgs& a) {
   const int ns = a.k_sub_dim > 0 ? a.head_dim / a.k_sub_dim : 0;
-  const size_t vbytes = a.v_per_subspace ? size_t(a.head_dim / 4) * 256 * 8 : size_t(256) * 16 * 8;
-  return size_t(256) * 256 * (ns > 32 ? 2 : 1) + vbytes + size_t(kH) * a.head_dim * 4 +
+  const int kh = lut_heads_per_block(a);
+  const size_t vbytes = a.v_per_subspace ? size_t(a.head_dim / 4 / lut_value_parts(a.head_dim, true)) * 256 * 8
+                                         : size_t(256) * 16 * 8;
+  return size_t(256) * 256 * (ns > 32 ? 2 : 1) * (kh / 4) + vbytes + size_t(kh) * a.head_dim * 4 +
          size_t(lut_warps(a.head_dim)) * 8 * kPRow * 2;
 }
 
@@ -482,20 +552,29 @@ void launch_lut(const PQAttnBatchArgs& a, LutParams lp, int n_splits, cudaStream
   lp.k_book = reinterpret_cast<const __half*>(a.k_book);
   lp.v_book = reinterpret_cast<const __half*>(a.v_book);
   lp.n_splits = n_splits;
-  const int tiles4 = (a.group + kH - 1) / kH;
-  VQ_CHECK(a.n_kv_heads * tiles4 <= 65535, "cuda::pq_attention: grid too large");
-  const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles4), unsigned(a.rows));
+  const int kh = lut_heads_per_block(a);
+  const int tiles = (a.group + kh - 1) / kh * lut_value_parts(a.head_dim, a.v_per_subspace);
+  VQ_CHECK(a.n_kv_heads * tiles <= 65535, "cuda::pq_attention: grid too large");
+  const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * tiles), unsigned(a.rows));
   const size_t smem = lut_kernel_smem(a);
   const int ns = a.head_dim / a.k_sub_dim;
-  if (a.head_dim == 256) {
+  if (a.head_dim == 256 && a.v_per_subspace) {
+    ns == 64 ? launch<64, 256, kPaged, true, 4, 2>(lp, grid, smem, st)
+             : launch<32, 256, kPaged, true, 4, 2>(lp, grid, smem, st);
+  } else if (a.head_dim == 256) {
     ns == 64 ? launch<64, 256, kPaged>(lp, grid, smem, st) : launch<32, 256, kPaged>(lp, grid, smem, st);
   } else if (a.v_per_subspace) {
     if (a.head_dim == 128)
-      ns == 32 ? launch<32, 128, kPaged, true>(lp, grid, smem, st) : launch<16, 128, kPaged, true>(lp, grid, smem, st);
-    else ns == 32 ? launch<32, 64, kPaged, true>(lp, grid, smem, st) : launch<16, 64, kPaged, true>(lp, grid, smem, st);
+      ns == 32 ? launch_kh<32, 128, kPaged, true>(lp, kh, grid, smem, st)
+               : launch_kh<16, 128, kPaged, true>(lp, kh, grid, smem, st);
+    else ns == 32 ? launch_kh<32, 64, kPaged, true>(lp, kh, grid, smem, st)
+                  : launch_kh<16, 64, kPaged, true>(lp, kh, grid, smem, st);
   } else {
-    if (a.head_dim == 128) ns == 32 ? launch<32, 128, kPaged>(lp, grid, smem, st) : launch<16, 128, kPaged>(lp, grid, smem, st);
-    else ns == 32 ? launch<32, 64, kPaged>(lp, grid, smem, st) : launch<16, 64, kPaged>(lp, grid, smem, st);
+    if (a.head_dim == 128)
+      ns == 32 ? launch_kh<32, 128, kPaged, false>(lp, kh, grid, smem, st)
+               : launch_kh<16, 128, kPaged, false>(lp, kh, grid, smem, st);
+    else ns == 32 ? launch_kh<32, 64, kPaged, false>(lp, kh, grid, smem, st)
+                  : launch_kh<16, 64, kPaged, false>(lp, kh, grid, smem, st);
   }
 }
 

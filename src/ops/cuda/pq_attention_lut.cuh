@@ -17,12 +17,22 @@ constexpr int kLutTokensPerIter = 32 * kLutWarps;  // tokens a block consumes pe
 constexpr int lut_warps(int head_dim) { return head_dim > 128 ? 8 : kLutWarps; }
 
 // True when the LUT kernel takes these shapes: 8-bit key codes with head_dim/k_sub_dim in
-// {16, 32}; values d4 with 8-bit codes (shared or per-sub-space books); head_dim 64 or 128; and
-// head_dim 256 with head_dim/k_sub_dim in {32, 64} and shared value books.
+// {16, 32} at head_dim 64 or 128, {32, 64} at 256; values d4 with 8-bit codes (shared or
+// per-sub-space books).
 bool lut_kernel_supported(const PQAttnBatchArgs& a);
+// Query heads one block covers (its LUT entries hold them all): 8 when the group has more than 4
+// (one block reads the codes once for all of them) and the 8-head LUT (128 KiB) fits beside the
+// value books (at most 32 key sub-spaces, head_dim <= 128), else 4. Grid y = n_kv_heads * ceil(group / it).
+constexpr int lut_heads_per_block(int group, int head_dim, int key_subspaces) {
+  return group > 4 && key_subspaces <= 32 && head_dim <= 128 ? 8 : 4;
+}
+int lut_heads_per_block(const PQAttnBatchArgs& a);
+// Blocks per (row, KV head, head tile, split) that split the value dims: 2 for per-sub-space value
+// books at head_dim 256 (their 128 KiB would not fit beside the 128 KiB LUT), else 1.
+constexpr int lut_value_parts(int head_dim, bool v_per_subspace) { return head_dim == 256 && v_per_subspace ? 2 : 1; }
 // Dynamic shared memory of one block.
 size_t lut_kernel_smem(const PQAttnBatchArgs& a);
-// Grid (n_splits, n_kv_heads * ceil(group/4), rows). part: [rows, n_kv_heads, head_tiles8,
+// Grid (n_splits, n_kv_heads * ceil(group / lut_heads_per_block), rows). part: [rows, n_kv_heads, head_tiles8,
 // n_splits][2*8 + 8*D] f32, the layout of the gather-mma kernel (8-head tiles).
 void launch_lut_split(const PQAttnBatchArgs& a, int head_tiles8, int chunk, int n_splits, float* part, cudaStream_t st);
 
