@@ -4,7 +4,8 @@
 # torch peer (torch_peers.py sweep), joined by sweep_table.py. Binaries built on the project
 # machine (nvcc, sm_90 + PTX), xz-packed in $P with lib/ (device_prelude.sh); this script and its
 # two Python helpers are read from $P/scripts when the checkout that travels lacks them.
-#   bash run_issue20.sh [stages]   stages: tests, sanitize, variants, torch, sweep, table
+#   bash run_issue20.sh [stages]   stages: tests, sanitize, variants, torch, sweep, table, e2e
+# SWEEP_GEOS narrows the sweep to geometries whose name contains it (default all).
 set -uo pipefail
 P=${VQ_PREBUILT:-.gpubin-decode}
 L=${OUT:-out/issue20}
@@ -35,11 +36,18 @@ if has torch; then
   PYTHONUNBUFFERED=1 timeout 240 python3 $S/torch_peers.py sweep > $L/torch.log 2>&1; echo "torch exit $?"; tail -2 $L/torch.log
 fi
 if has sweep; then
-  timeout ${SWEEP_TIMEOUT:-240} $BIN/bench_paged_attention all ${SWEEP_CACHES:-fp16 vecinfer:d4b8 vecinfer:d4b8,gran=shared} --sweep --reps 15 --variants ${SWEEP_VARIANTS:--1} > $L/sweep.log 2>&1
+  timeout ${SWEEP_TIMEOUT:-240} $BIN/bench_paged_attention ${SWEEP_GEOS:-all} ${SWEEP_CACHES:-fp16 vecinfer:d4b8 vecinfer:d4b8,gran=shared} --sweep --reps 15 --variants ${SWEEP_VARIANTS:--1} > $L/sweep.log 2>&1
   echo "sweep exit $?"; grep -c graph_ms $L/sweep.log
 fi
 if has table; then
   [ -s $L/variants.log ] && python3 $S/sweep_table.py $L/variants.log $L/torch.log --variants > $L/variants_table.md
   [ -s $L/sweep.log ] && python3 $S/sweep_table.py $L/sweep.log $L/torch.log > $L/sweep_table.md
   cat $L/variants_table.md $L/sweep_table.md 2>/dev/null | grep -E "^worst|^\| (llama|qwen2.5-7b|falcon)" | head -60
+fi
+if has e2e; then  # deliverable 5: the decode step end to end (random device weights of the geometry)
+  for geo in qwen2.5-7b llama-3.1-8b; do
+    timeout ${E2E_TIMEOUT:-200} $BIN/veloxquant bench e2e --device cuda --geometry $geo --batch 1,8,32 --ctx 32768,131072 \
+      --kv-cache fp16 --kv-cache vecinfer:d4b8 --kv-cache vecinfer:d4b8,gran=shared --steps 16 > $L/e2e_$geo.log 2>&1
+    echo "e2e $geo exit $?"; grep -E '^\| (fp16|vec)' $L/e2e_$geo.log
+  done
 fi

@@ -327,6 +327,30 @@ TEST(PagedDecodeChoice, SupportsTheSweepShapesAndNamesWhatItRefuses) {
         const int64_t waves = (blocks + 131) / 132;
         EXPECT_GE(double(blocks) / double(waves * 132), 0.85) << rows << " rows, " << c.dense_splits << " splits";
       }
+  // Coded layers on the LUT kernel (one block per SM): one wave nearly full (at most 64 splits)
+  // whatever the rows, KV heads, group (4 or 8 heads per block) and head_dim (two value parts at
+  // 256 with per-sub-space books).
+  for (int G : {1, 3, 4, 6, 8, 16})
+    for (int D : {64, 128, 256})
+      for (int H : {1, 2, 8})
+        for (int rows : {1, 4, 16, 64}) {
+          cuda::PagedAttnParams p = params(rows, H, G, D);
+          p.rule.coded = true;
+          p.k_sub_dim = 4, p.k_bits = 8, p.v_sub_dim = 4, p.v_bits = 8, p.k_per_subspace = p.v_per_subspace = true;
+          const cuda::PagedDecodeChoice c = cuda::paged_attention_choose(p, 132);
+          ASSERT_TRUE(c.supported) << c.why_not;
+          ASSERT_EQ(c.coded, cuda::PQAttnKernel::lut) << "G " << G << " D " << D;
+          const int heads_per_block = G > 4 && D <= 128 ? 8 : 4;
+          const int64_t per = int64_t(rows) * H * ((G + heads_per_block - 1) / heads_per_block) * (D == 256 ? 2 : 1);
+          const int64_t blocks = per * c.coded_splits;
+          if (per <= 132) {  // at most one wave, and at most 64 splits
+            EXPECT_LE(blocks, 132) << rows << " rows, H " << H << ", G " << G << ", D " << D;
+            EXPECT_GT(blocks, std::min<int64_t>(132 - per, 63 * per)) << rows << " rows, H " << H << ", G " << G << ", D " << D;
+            EXPECT_LE(c.coded_splits, 64);
+          } else {
+            EXPECT_EQ(c.coded_splits, 1);
+          }
+        }
   const cuda::PagedDecodeChoice g17 = cuda::paged_attention_choose(params(1, 2, 17, 128), 132);
   EXPECT_FALSE(g17.supported);
   EXPECT_NE(g17.why_not.find("group = 17"), std::string::npos) << g17.why_not;

@@ -501,7 +501,11 @@ PagedDecodeChoice paged_attention_choose(const PagedAttnParams& p, int sms) {
   c.dense_variant = g_forced_dense_variant >= 0 ? g_forced_dense_variant : 0;
   if (p.rule.coded) {
     c.coded = paged_attention_uses_lut(p) ? PQAttnKernel::lut : PQAttnKernel::gather_mma;
-    if (c.coded == PQAttnKernel::lut) {  // one 16-warp block per SM: one wave
+    if (c.coded == PQAttnKernel::lut) {
+      // One block per SM, at most one wave, and at most 64 splits: with one (row, KV head) unit
+      // all 132 SMs (128 splits) measured slower than 64 (70B-TP8 B=1: 0.0637 vs 0.0487 ms at
+      // 64K, 0.0747 vs 0.0648 at 200K; issue 20, 2026-12-03): each block pays the LUT build, and
+      // the dense window's kernel on the side stream finds no free SM.
       const int kh = detail::lut_heads_per_block(p.group, p.head_dim, p.head_dim / p.k_sub_dim);
       const int64_t per = units * ((p.group + kh - 1) / kh) * detail::lut_value_parts(p.head_dim, p.v_per_subspace);
       c.coded_splits = int(std::clamp<int64_t>(sms / per, 1, 64));
