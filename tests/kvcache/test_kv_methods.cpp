@@ -80,6 +80,11 @@ TEST(KVMethods, ListsComeFromTheRegistry) {
 TEST(KVMethods, ShorthandsMeanTheDocumentedDefaultOrAreRefused) {
   // A method alone is its documented default preset, and the help says which.
   EXPECT_EQ(parse_kv_cache_spec("vecinfer").name(), "vecinfer:d4b8");
+  // shared books are a different cache from per-sub-space ones: the name says so and parses back
+  EXPECT_EQ(parse_kv_cache_spec("vecinfer:d4b8,gran=shared").name(), "vecinfer:d4b8,gran=shared");
+  EXPECT_EQ(parse_kv_cache_spec(parse_kv_cache_spec("vecinfer:d4b8,gran=shared").name()).granularity,
+            CodebookGranularity::shared);
+  EXPECT_EQ(parse_kv_cache_spec("vecinfer:d4b8,gran=per_subspace").name(), "vecinfer:d4b8");
   EXPECT_NE(kv_cache_spec_syntax().find("vecinfer alone = vecinfer:d4b8"), std::string::npos);
   EXPECT_EQ(parse_kv_cache_spec("kivi").name(), "kivi2");
   EXPECT_NE(kv_cache_spec_syntax().find("kivi alone = kivi2"), std::string::npos);

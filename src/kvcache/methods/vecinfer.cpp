@@ -76,6 +76,8 @@ class VecInferMethod final : public KVMethodDef {
   std::string canonical(const KVCacheConfig& c) const override {
     std::string s = c.key == c.value ? "vecinfer:" + c.key.name() : "vecinfer:k=" + c.key.name() + ",v=" + c.value.name();
     if (c.sink_tokens != KVCacheConfig{}.sink_tokens) s += fmt::format(",sink={}", c.sink_tokens);
+    // gran is part of the name: shared and per-sub-space books are different caches (and files)
+    if (c.granularity != KVCacheConfig{}.granularity) s += ",gran=shared";
     return s;
   }
   void validate(const KVCacheConfig& c, int hd) const override {
