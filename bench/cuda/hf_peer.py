@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """HF transformers peer of `veloxquant bench e2e --device cuda` (issue 9), timed in the same device call.
 
-Llama-3.1-8B geometry with random bf16 weights (built on the GPU, no files), B=1:
+Llama-3.1-8B geometry (HF_GEO=qwen2.5-1.5b: Qwen2.5-1.5B's, with q/k/v/o biases) with random bf16
+weights (built on the GPU, no files), B=1:
   decode step = (generate 65 new tokens - generate 1) / 64, prefill tok/s = ctx / generate(1 token),
 with cache_implementation="static" (generate compiles the decode step into CUDA graphs) and with
 the default dynamic cache (HF_MODES=static,dynamic picks). Usage: hf_peer.py [ctx ...] (default 4096 32768).
@@ -14,13 +15,18 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
-THETA = 500000.0  # Llama-3.1's RoPE base (newer transformers keep it in rope_parameters, not rope_theta)
+# name: (hidden, intermediate, layers, heads, kv heads, vocab, RoPE base, attention bias); the RoPE
+# base is also set by hand below (newer transformers keep it in rope_parameters, not rope_theta)
+GEOS = {"llama-3.1-8b": (4096, 14336, 32, 32, 8, 128256, 500000.0, False),
+        "qwen2.5-1.5b": (1536, 8960, 28, 12, 2, 151936, 1000000.0, True)}
+GEO = __import__("os").environ.get("HF_GEO", "llama-3.1-8b")
+HID, FF, LAYERS, HEADS, KV, VOCAB, THETA, BIAS = GEOS[GEO]
 
 
 def build():
-    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
-                      rope_theta=THETA, tie_word_embeddings=False)
+    cfg = LlamaConfig(hidden_size=HID, intermediate_size=FF, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                      num_key_value_heads=KV, vocab_size=VOCAB, max_position_embeddings=131072,
+                      rope_theta=THETA, tie_word_embeddings=False, attention_bias=BIAS)
     with torch.device("meta"):
         m = LlamaForCausalLM(cfg)
     m = m.to_empty(device="cuda").to(torch.bfloat16)
@@ -46,13 +52,14 @@ def timed(fn):
 
 def main():
     ctxs = [int(x) for x in sys.argv[1:]] or [4096, 32768]
-    print(f"torch {torch.__version__} transformers {transformers.__version__} device {torch.cuda.get_device_name(0)}",
+    print(f"torch {torch.__version__} transformers {transformers.__version__} device {torch.cuda.get_device_name(0)} "
+          f"geometry {GEO}",
           flush=True)
     m = build()
     import os
     for mode in os.environ.get("HF_MODES", "static,dynamic").split(","):
         for ctx in ctxs:
-            ids = torch.randint(0, 128256, (1, ctx), device="cuda")
+            ids = torch.randint(0, VOCAB, (1, ctx), device="cuda")
             kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
             if mode == "static":
                 kw["cache_implementation"] = "static"

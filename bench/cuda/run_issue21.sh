@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 21 on the H200 (one device call): prefill of a long prompt, ours beside HF transformers, and
+# where our time goes. Binaries built on the project machine (nvcc, sm_90 + PTX), xz-packed in $P
+# with lib/ (device_prelude.sh).
+#   bash run_issue21.sh [stages]   stages: prefill, nsys, hf
+#   prefill: veloxquant bench e2e --device cuda --prefill N (random fp16 weights of the geometry),
+#            fp16 and vecinfer:d4b8 caches, chunks of PREFILL_CHUNK (default 2048) tokens
+#   nsys:    the same prefill under nsys, kernel time summary (cuda_gpu_kern_sum), top kernels
+#   hf:      bench/cuda/hf_peer.py on the same geometry (HF_GEO), prefill tok/s of one generate(1)
+set -uo pipefail
+P=${VQ_PREBUILT:-.gpubin-d}
+L=${OUT:-out/issue21}
+S=$(dirname "$0")
+mkdir -p "$L"
+stages=${1:-prefill,hf}
+GEOS=${GEOS:-qwen2.5-1.5b llama-3.1-8b}
+N=${PREFILL_N:-32768}
+CH=${PREFILL_CHUNK:-2048}
+. "$S/device_prelude.sh"
+if has prefill; then
+  for g in $GEOS; do
+    timeout 200 $BIN/veloxquant bench e2e --device cuda --geometry $g --batch 1 --ctx 4096 --steps 2 \
+      --kv-cache fp16 --kv-cache vecinfer:d4b8 --prefill $N --prefill-chunk $CH > $L/prefill_$g.log 2>&1
+    echo "prefill $g exit $?"; grep -E 'prefill' $L/prefill_$g.log | grep '^|'
+  done
+fi
+if has nsys; then
+  NS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  for kv in fp16 vecinfer:d4b8; do
+    g=${GEOS%% *}
+    if [ -n "$NS" ]; then
+      timeout 240 $NS profile -o $L/ns_${kv##*:} -t cuda --force-overwrite true $BIN/veloxquant bench e2e --device cuda \
+        --geometry $g --batch 1 --ctx 4096 --steps 2 --kv-cache $kv --prefill $N --prefill-chunk $CH > $L/nsys_${kv##*:}.log 2>&1
+      $NS stats -r cuda_gpu_kern_sum -f csv -o $L/kern_${kv##*:} $L/ns_${kv##*:}.nsys-rep > /dev/null 2>&1
+      rm -f $L/ns_${kv##*:}.nsys-rep $L/ns_${kv##*:}.sqlite
+      echo "nsys $kv: top kernels (total % , ns, calls, name)"
+      python3 - "$L/kern_${kv##*:}_cuda_gpu_kern_sum.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for r in rows[:12]:
+    print(f"  {float(r['Time (%)']):5.1f}% {int(float(r['Total Time (ns)']))/1e6:9.1f} ms {r['Instances']:>7} {r['Name'][:110]}")
+PY
+    else
+      echo "nsys not found on the device"
+    fi
+  done
+fi
+if has hf; then
+  for g in $GEOS; do
+    PYTHONUNBUFFERED=1 HF_GEO=$g HF_MODES=static timeout 240 python3 $S/hf_peer.py $N > $L/hf_$g.log 2>&1
+    echo "hf $g exit $?"; grep -E "hf_peer|Error" $L/hf_$g.log | tail -3
+  done
+fi
