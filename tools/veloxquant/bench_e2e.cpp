@@ -130,7 +130,7 @@ void run_e2e(const E2EArgs& a) {
     const std::string calib = resolve_calibration(*model, path, is_default, cfg, kv_method(cfg.method).needs_calibration() ? a.calib : "");
     const KVSpec spec = make_kv_spec(cfg, calib);
     for (int ctx : ctxs) {
-      auto store = make_kv_store(*model, spec, kv_budget_bytes(a.kv_budget_mib));
+      auto store = make_kv_store(*model, spec, kv_budget_bytes(veloxquant::Model::load(path), veloxquant::Device::cpu, a.kv_budget_mib));
       // max_b sequences of ctx tokens, appended in prefill-sized chunks through the append path
       std::vector<SeqKV> seqs;
       for (int b = 0; b < max_b; ++b) {

@@ -7,10 +7,6 @@
 
 #include "veloxquant/config.h"
 
-namespace vq {
-class KVStore;
-}
-
 namespace vq::cli {
 
 // Options that only a VecInfer cache uses (--calib) given with another method.
@@ -38,8 +34,9 @@ constexpr int64_t kMaxContextTokens = int64_t(1) << 24;
 void check_trained_context(int64_t n, int64_t n_ctx_train, bool allow_longer, const std::string& what);
 
 // The KV budget (from --kv-budget MIB, 0: the default share) must hold at least one block of
-// every form in every layer of the store's spec, or nothing can run: refused naming the flag.
-void check_kv_budget_holds_a_block(size_t budget, double mib, const KVStore& kv);
+// every form in every layer of the cache (min_budget_bytes of the Session or Engine, cache
+// kv_name), or nothing can run: refused naming the flag.
+void check_kv_budget_holds_a_block(size_t budget, double mib, size_t min_budget_bytes, const std::string& kv_name);
 
 // serve --session-dir: given explicitly, an existing writable directory; the default, when it
 // exists, too (it is made at the first save otherwise). Checked before the model loads.

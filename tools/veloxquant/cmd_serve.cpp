@@ -173,7 +173,7 @@ void run_serve(const ServeOptions& o) {
   eo.device = kv_device(resolve_device(o.device));
   eo.kv_budget_bytes = eo.device == KVDevice::cuda
                            ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(*model))
-                           : kv_budget_bytes(o.kv_budget_mib);
+                           : kv_budget_bytes(veloxquant::Model::load(path), veloxquant::Device::cpu, o.kv_budget_mib);
   const bool prefix_cache = !o.no_prefix_cache && eo.device == KVDevice::cpu;
   if (eo.device == KVDevice::cuda && !o.no_prefix_cache)
     std::fprintf(stderr, "serve: the prefix cache and sessions work on the cpu's KV pool only: off on the device\n");
@@ -184,7 +184,9 @@ void run_serve(const ServeOptions& o) {
   // The identity (model file, spec, calibration) roots the prefix cache's hash chains and names
   // session files; a store of the same spec without blocks gives the spec's shape.
   auto probe = make_kv_store(*model, spec, 0);
-  check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, *probe);
+  size_t one_block = 0;
+  for (int l = 0; l < probe->n_layers(); ++l) one_block += probe->dense_block_bytes() + probe->coded_block_bytes(l);
+  check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, one_block, probe->name());
   const KVIdentity identity = kv_identity(*probe, path);
   probe.reset();
   eo.kv_identity = identity.combined();
