@@ -37,6 +37,10 @@ struct SessionOptions {
 // --kv-budget): on the CPU half of the memory available now (MemAvailable; 1 GiB when unknown), on
 // the device 85% of its free memory less what the model's weights will take there.
 size_t default_kv_budget_bytes(const Model& model, Device device);
+// One block of every form in every layer of the spec's cache on this model: the least
+// kv_budget_bytes with which a Session, an Engine or a Server runs anything (also
+// Session::min_budget_bytes, Engine::min_budget_bytes). Allocates nothing.
+size_t min_kv_budget_bytes(const Model& model, const KVSpec& spec);
 
 // A session file read back (Session::load): every token id of the saved sequence, the first n_kv
 // of them already in the KV (the rest, e.g. the last sampled token, are still to be fed).

@@ -4,6 +4,7 @@
 
 #include "api/impl.h"
 #include "core/error.h"
+#include "model/session.h"
 #include "model/weight_formats.h"
 #include "veloxquant/session.h"
 #ifdef VQ_HAVE_CUDA
@@ -65,6 +66,11 @@ size_t min_budget_bytes(const vq::KVStore& kv) {
   size_t one = 0;
   for (int l = 0; l < kv.n_layers(); ++l) one += kv.dense_block_bytes() + kv.coded_block_bytes(l);
   return one;
+}
+
+size_t min_kv_budget_bytes(const Model& model, const KVSpec& spec) {
+  check_spec_fits(spec, model);
+  return min_budget_bytes(*vq::make_kv_store(ApiAccess::model(model), ApiAccess::spec(spec), 0));
 }
 
 }  // namespace veloxquant

@@ -1,12 +1,17 @@
 // The parts of the public API the CLI and the server stand on (issue 19 item 4): KV budgets,
 // session files, the server's entry. Only <veloxquant/...> headers, as a consumer would.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <veloxquant/server.h>
 #include <veloxquant/veloxquant.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace vx = veloxquant;
@@ -101,5 +106,99 @@ TEST(ApiSession, SaveLoadContinuesTheSameAndRefusesOthers) {
   { std::ofstream(dir / "junk.vqs") << "not a session"; }
   expect_error([&] { other.load((dir / "junk.vqs").string()); }, {"junk.vqs"});
   EXPECT_THROW(a.save((dir / "no_such_dir" / "s.vqs").string(), prompt), vx::Error);
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// One HTTP/1.1 request to 127.0.0.1:port (Connection: close); the whole response.
+std::string http(int port, const std::string& method, const std::string& target, const std::string& body = "") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (fd >= 0) ::close(fd);
+    return "";
+  }
+  const std::string req = method + " " + target + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
+                          "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                          "\r\n\r\n" + body;
+  (void)::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, size_t(n));
+  ::close(fd);
+  return out;
+}
+
+}  // namespace
+
+// The server through its public entry: it serves a completion on a free port with the prefix
+// cache on, and stops; bad options are refused before anything listens, naming the field.
+TEST(ApiServer, ServesAndStopsAndRefusesBadOptions) {
+  if (!have_default_model()) GTEST_SKIP() << "default model absent (scripts/setup.sh fetches it)";
+  const vx::Model model = vx::Model::load_default();
+  const vx::KVSpec spec = vx::KVSpec::for_model(model, "q8_0");
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "vq_api_server_sessions";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir / "old.vqkv.tmp.999999999.1") << "left by a killed save"; }  // no such process
+  vx::ServerOptions so;
+  so.port = 0;
+  so.kv_budget_bytes = size_t(64) << 20;
+  so.max_sequences = 2;
+  so.session_dir = dir.string();
+  so.model_name = "smol";
+  {
+    vx::Server server(model, spec, so);
+    EXPECT_TRUE(server.prefix_cache());
+    EXPECT_EQ(server.removed_stale_session_files(), 1);
+    EXPECT_FALSE(server.kv_events());
+    EXPECT_FALSE(server.prefix_store());
+    EXPECT_EQ(server.model_name(), "smol");
+    EXPECT_EQ(server.kv_budget_bytes(), size_t(64) << 20);
+    EXPECT_EQ(server.min_budget_bytes(), vx::min_kv_budget_bytes(model, spec));
+    EXPECT_EQ(server.n_ctx(), int(model.info().n_ctx_train));
+    const int port = server.bind();
+    ASSERT_GT(port, 0);
+    std::thread t([&] { server.run(); });
+    const std::string health = http(port, "GET", "/health");
+    const std::string models = http(port, "GET", "/v1/models");
+    const std::string done =
+        http(port, "POST", "/v1/completions", R"({"prompt": "The sun rises in the", "max_tokens": 3, "temperature": 0})");
+    server.drain();
+    server.stop();
+    t.join();
+    EXPECT_NE(health.find(" 200 "), std::string::npos) << health;
+    EXPECT_NE(models.find("\"smol\""), std::string::npos) << models;
+    EXPECT_NE(done.find(" 200 "), std::string::npos) << done;
+    EXPECT_NE(done.find("\"completion_tokens\":3"), std::string::npos) << done;
+    EXPECT_EQ(server.active(), 0);
+    EXPECT_EQ(server.in_flight(), 0);
+  }
+
+  // Errors: one vq::Error each, naming what is wrong.
+  expect_error([] { vx::check_kv_events_endpoint("foo", "--kv-events"); }, {"--kv-events: 'foo'"});
+  expect_error([] { vx::check_prefix_store_url("http://x", "--prefix-store"); }, {"--prefix-store: 'http://x'"});
+  vx::ServerOptions bad = so;
+  bad.kv_events = "tcp://*:5";
+  bad.prefix_cache = false;
+  expect_error([&] { vx::Server(model, spec, bad); }, {"kv_events", "prefix_cache is off"});
+  bad = so;
+  bad.prefix_store = "redis://u:p@h:1";
+  expect_error([&] { vx::Server(model, spec, bad); }, {"prefix_store"});
+  bad = so;
+  bad.kv_budget_bytes = 1024;
+  expect_error([&] { vx::Server(model, spec, bad); }, {"kv_budget_bytes 1024", "q8_0"});
+  bad = so;
+  bad.max_sequences = 0;
+  expect_error([&] { vx::Server(model, spec, bad); }, {"max_sequences 0"});
+  if (!vx::cuda_available()) {
+    bad = so;
+    bad.device = vx::Device::cuda;
+    expect_error([&] { vx::Server(model, spec, bad); }, {"device cuda"});
+  }
   std::filesystem::remove_all(dir);
 }
