@@ -14,9 +14,8 @@ void check_cache_flags(const KVCacheConfig& cfg, const std::string& calib_flag);
 
 // What depends on the model's geometry (head_dim divisibility, the Hadamard block), right after
 // the model is mapped and before any calibration or generation. (The KV spec itself, with its
-// calibration checked against the model, comes from one place: veloxquant::KVSpec::for_model, or
-// for the commands still on the internals eval/calibrate.h model_kv_spec, which it calls. Every
-// weight finite: Model::check_weights_finite.)
+// calibration checked against the model, comes from one place: veloxquant::KVSpec::for_model /
+// for_model_config. Every weight finite: Model::check_weights_finite.)
 void check_cache_fits_model(const KVCacheConfig& cfg, int head_dim, const std::string& model_path);
 
 // Logits [n_vocab] after position pos must be finite: NaN or inf weights (which the loader does
