@@ -80,6 +80,8 @@ class Engine {
   bool idle() const;
   EngineStats stats() const;
   PoolMemory memory() const;
+  // One block of every form in every layer: the least kv_budget_bytes with which anything runs.
+  size_t min_budget_bytes() const;
 
  private:
   struct Impl;

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "veloxquant/kv_spec.h"
 #include "veloxquant/model.h"
@@ -31,6 +33,22 @@ struct SessionOptions {
   Device device = Device::cpu;              // where the forward runs and the pool lives (runtime.h)
 };
 
+// The KV budget a caller who gives none gets (what `veloxquant generate/serve` use without
+// --kv-budget): on the CPU half of the memory available now (MemAvailable; 1 GiB when unknown), on
+// the device 85% of its free memory less what the model's weights will take there.
+size_t default_kv_budget_bytes(const Model& model, Device device);
+// One block of every form in every layer of the spec's cache on this model: the least
+// kv_budget_bytes with which a Session, an Engine or a Server runs anything (also
+// Session::min_budget_bytes, Engine::min_budget_bytes). Allocates nothing.
+size_t min_kv_budget_bytes(const Model& model, const KVSpec& spec);
+
+// A session file read back (Session::load): every token id of the saved sequence, the first n_kv
+// of them already in the KV (the rest, e.g. the last sampled token, are still to be fed).
+struct LoadedSession {
+  std::vector<int32_t> tokens;
+  int64_t n_kv = 0;
+};
+
 class Session {
  public:
   Session(const Model& model, const KVSpec& spec, const SessionOptions& opt = {});
@@ -50,6 +68,17 @@ class Session {
   KVMemory memory() const;
   const Model& model() const;
   const KVSpec& spec() const;
+  // One block of every form in every layer: the least kv_budget_bytes with which anything runs.
+  size_t min_budget_bytes() const;
+
+  // Session files: the sequence's KV in the cache's native form plus its token ids, sealed with
+  // SHA-256 and tied to the model file, the spec and its calibration (a file of another model or
+  // spec is refused naming what differs). Written atomically. On the CPU's pool only: with
+  // Device::cuda both throw vq::Error.
+  // save: tokens are all the sequence's ids, the first pos() of them in the KV.
+  void save(const std::string& path, const std::vector<int32_t>& tokens) const;
+  // load: the sequence held so far is dropped and replaced by the file's; pos() becomes n_kv.
+  LoadedSession load(const std::string& path);
 
  private:
   struct Impl;

@@ -81,4 +81,6 @@ PoolMemory Engine::memory() const {
   return {p.used_bytes(), p.peak_bytes(), p.budget_bytes(), impl_->codebook_bytes};
 }
 
+size_t Engine::min_budget_bytes() const { return veloxquant::min_budget_bytes(impl_->engine.kv()); }
+
 }  // namespace veloxquant

@@ -47,6 +47,8 @@ vq::Granularity to_internal(CodebookGranularity g);
 CodebookGranularity to_public(vq::Granularity g);
 // A model's calibration must match its layers and KV heads: checked when a spec meets a model.
 void check_spec_fits(const KVSpec& spec, const Model& model);
+// One block of every form in every layer of the store: the least budget that runs anything.
+size_t min_budget_bytes(const vq::KVStore& kv);
 // Positions a session or engine holds when the caller says 0: the model's training context.
 int default_n_ctx(const Model& model);
 

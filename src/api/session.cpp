@@ -4,6 +4,8 @@
 #include "api/impl.h"
 #include "core/error.h"
 #include "eval/perplexity.h"
+#include "kvcache/kv_identity.h"
+#include "kvcache/seq_file.h"
 #include "model/session.h"
 #include "veloxquant/perplexity.h"
 
@@ -43,6 +45,7 @@ int default_n_ctx(const Model& model) {
 struct Session::Impl {
   Model model;  // before session: the internal session refers to the model
   KVSpec spec;
+  Device device;
   vq::Session session;
 };
 
@@ -55,7 +58,7 @@ static int checked_ctx(const Model& model, const KVSpec& spec, const SessionOpti
 
 Session::Session(const Model& model, const KVSpec& spec, const SessionOptions& opt)
     // new Impl{...}: the internal session is built in place (it cannot move).
-    : impl_(new Impl{model, spec,
+    : impl_(new Impl{model, spec, opt.device,
                      vq::Session(ApiAccess::model(model), ApiAccess::spec(spec), checked_ctx(model, spec, opt),
                                  opt.max_chunk, opt.kv_budget_bytes, to_internal(opt.device))}) {}
 Session::~Session() = default;
@@ -76,6 +79,33 @@ const KVSpec& Session::spec() const { return impl_->spec; }
 KVMemory Session::memory() const {
   const vq::Session& s = impl_->session;
   return {s.kv_token_bytes(), s.kv_bytes(), s.kv_fp16_bytes(), s.kv_codebook_bytes()};
+}
+
+size_t Session::min_budget_bytes() const { return veloxquant::min_budget_bytes(impl_->session.store()); }
+
+static void check_host_pool(Device d, const char* what, const std::string& path) {
+  VQ_CHECK(d == Device::cpu, "session {} '{}': session files are read and written from the CPU's KV pool, and this "
+           "session runs on the device", what, path);
+}
+
+void Session::save(const std::string& path, const std::vector<int32_t>& tokens) const {
+  check_host_pool(impl_->device, "save", path);
+  const vq::Session& s = impl_->session;
+  VQ_CHECK(int64_t(tokens.size()) >= s.pos(), "session save '{}': {} token ids, fewer than the {} in the KV", path,
+           tokens.size(), s.pos());
+  vq::save_sequence(path, s.store(), s.sequence(), tokens,
+                    vq::kv_identity(s.store(), impl_->model.info().path));
+}
+
+LoadedSession Session::load(const std::string& path) {
+  check_host_pool(impl_->device, "load", path);
+  vq::Session& s = impl_->session;
+  s.reset();
+  vq::LoadedSequence ld = vq::load_sequence(path, s.store(), vq::kv_identity(s.store(), impl_->model.info().path));
+  VQ_CHECK(ld.n_kv <= s.n_ctx(), "session load '{}': {} tokens in its KV do not fit the context of {}", path, ld.n_kv,
+           s.n_ctx());
+  s.sequence() = std::move(ld.seq);
+  return {std::move(ld.tokens), ld.n_kv};
 }
 
 PerplexityResult perplexity(const Model& model, std::span<const int32_t> tokens, const KVSpec& method,

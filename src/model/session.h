@@ -114,6 +114,7 @@ class Session {
   KVStore& store() { return *store_; }
   const KVStore& store() const { return *store_; }
   SeqKV& sequence() { return seq_; }
+  const SeqKV& sequence() const { return seq_; }
   Forward& forward_pass() { return fwd_; }
   size_t kv_bytes() const { return store_->allocated_bytes(seq_); }   // blocks allocated
   size_t kv_token_bytes() const { return store_->token_bytes(seq_); }  // payload of the tokens held

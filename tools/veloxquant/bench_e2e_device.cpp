@@ -7,6 +7,12 @@
 // row prints the step time, tokens/s, the bytes a step must read (weights + every row's KV) and
 // the byte floor at the copy bandwidth measured in the same run, or `does not fit` where the
 // pool cannot hold the batch. Optional prefill rows time a B=1 prompt of each --prefill length.
+//
+// Why this file stays on the internals (the layering check's allow-list names it): it builds a
+// device model of random weights for a geometry (no GGUF file), fills the device KV store's blocks
+// directly and times single device forward steps and CUDA graph captures against the measured copy
+// bandwidth, all below anything the public API offers (which runs real GGUF models through
+// veloxquant::Engine / Session).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -12,7 +12,6 @@
 
 #include "core/error.h"
 #include "core/text_escape.h"
-#include "kvcache/kv_store.h"
 #include "veloxquant/kv_spec.h"
 
 namespace vq::cli {
@@ -52,13 +51,11 @@ void check_trained_context(int64_t n, int64_t n_ctx_train, bool allow_longer, co
                escape_control(what).c_str(), (long long)n, (long long)trained);
 }
 
-void check_kv_budget_holds_a_block(size_t budget, double mib, const KVStore& kv) {
-  size_t one = 0;  // one block of each form per layer
-  for (int l = 0; l < kv.n_layers(); ++l) one += kv.dense_block_bytes() + kv.coded_block_bytes(l);
+void check_kv_budget_holds_a_block(size_t budget, double mib, size_t one, const std::string& kv_name) {
   VQ_CHECK(budget >= one,
            "--kv-budget: {} ({} bytes) cannot hold one block per layer of the {} cache ({} bytes, {:.3f} MiB); give "
            "at least that",
-           mib > 0 ? fmt::format("{} MiB", mib) : std::string("the default budget"), budget, kv.name(), one,
+           mib > 0 ? fmt::format("{} MiB", mib) : std::string("the default budget"), budget, kv_name, one,
            double(one) / 1048576.0);
 }
 

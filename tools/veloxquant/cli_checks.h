@@ -7,10 +7,6 @@
 
 #include "veloxquant/config.h"
 
-namespace vq {
-class KVStore;
-}
-
 namespace vq::cli {
 
 // Options that only a VecInfer cache uses (--calib) given with another method.
@@ -18,9 +14,8 @@ void check_cache_flags(const KVCacheConfig& cfg, const std::string& calib_flag);
 
 // What depends on the model's geometry (head_dim divisibility, the Hadamard block), right after
 // the model is mapped and before any calibration or generation. (The KV spec itself, with its
-// calibration checked against the model, comes from one place: veloxquant::KVSpec::for_model, or
-// for the commands still on the internals eval/calibrate.h model_kv_spec, which it calls. Every
-// weight finite: Model::check_weights_finite.)
+// calibration checked against the model, comes from one place: veloxquant::KVSpec::for_model /
+// for_model_config. Every weight finite: Model::check_weights_finite.)
 void check_cache_fits_model(const KVCacheConfig& cfg, int head_dim, const std::string& model_path);
 
 // Logits [n_vocab] after position pos must be finite: NaN or inf weights (which the loader does
@@ -38,8 +33,9 @@ constexpr int64_t kMaxContextTokens = int64_t(1) << 24;
 void check_trained_context(int64_t n, int64_t n_ctx_train, bool allow_longer, const std::string& what);
 
 // The KV budget (from --kv-budget MIB, 0: the default share) must hold at least one block of
-// every form in every layer of the store's spec, or nothing can run: refused naming the flag.
-void check_kv_budget_holds_a_block(size_t budget, double mib, const KVStore& kv);
+// every form in every layer of the cache (min_budget_bytes of the Session or Engine, cache
+// kv_name), or nothing can run: refused naming the flag.
+void check_kv_budget_holds_a_block(size_t budget, double mib, size_t min_budget_bytes, const std::string& kv_name);
 
 // serve --session-dir: given explicitly, an existing writable directory; the default, when it
 // exists, too (it is made at the first save otherwise). Checked before the model loads.

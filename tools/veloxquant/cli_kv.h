@@ -1,40 +1,28 @@
 #pragma once
-// Shared by the commands that hold a KV pool: the --kv-budget default, the memory summary and
+// Shared by the commands that hold a KV pool: the --kv-budget flag, the memory summary and
 // the --kv-cache help (the library's method list, veloxquant::kv_cache_methods(): the KV method
 // registry; the spec itself is parsed only by the library, parse_kv_cache_config).
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "veloxquant/kv_spec.h"
+#include "veloxquant/model.h"
+#include "veloxquant/runtime.h"
+#include "veloxquant/session.h"
 #include "veloxquant/status.h"
 
 namespace vq::cli {
 
-// Share of the memory available at start that the KV pool may take when --kv-budget is not given.
-inline constexpr double kDefaultKVShare = 0.5;
-
-// Bytes of MemAvailable in /proc/meminfo (0 when unreadable).
-inline size_t mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  size_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
-
-// --kv-budget MiB (> 0), or kDefaultKVShare of the available memory (1 GiB if unknown).
-inline size_t kv_budget_bytes(double mib) {
-  if (mib < 0)
-    throw veloxquant::Error(
-        fmt::format("--kv-budget: {} MiB must be >= 0 (0: {:.0f}% of the available memory)", mib, kDefaultKVShare * 100));
+// --kv-budget MIB (> 0), or the library's default share of the memory free on the device
+// (veloxquant::default_kv_budget_bytes: half of the host's available memory, 85% of a GPU's).
+inline size_t kv_budget_bytes(const veloxquant::Model& model, veloxquant::Device device, double mib) {
+  if (!(mib >= 0))
+    throw veloxquant::Error(fmt::format("--kv-budget: {} MiB must be >= 0 (0: the default share of the {}'s memory)",
+                                        mib, veloxquant::device_name(device)));
   if (mib > 0) return size_t(mib * 1048576.0);
-  const size_t avail = mem_available_bytes();
-  return avail ? size_t(double(avail) * kDefaultKVShare) : (size_t(1) << 30);
+  return veloxquant::default_kv_budget_bytes(model, device);
 }
 
 // "KV cache spec: fp16, fp32, q8_0, ... (syntax below)": every registered method's presets.

@@ -1,6 +1,7 @@
 // veloxquant bench <what>: benchmarks. `bench e2e`: batched decode (bench_e2e.cpp). `bench quantize`
 // runs the quantize table (bench/quantize/quantize_bench.h, the same code as bench/bench_quantize),
-// when the build has benchmarks (VQ_BUILD_BENCH).
+// when the build has benchmarks (VQ_BUILD_BENCH). This file is on the public API; the benchmarks
+// it runs time internals on purpose (see bench_e2e.cpp, bench_e2e_device.cpp, bench/quantize).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -10,8 +11,9 @@
 #include "quantize_bench.h"
 #endif
 #include "commands.h"
-#include "core/atomic_file.h"
 #include "core/error.h"
+#include "veloxquant/files.h"
+#include "veloxquant/runtime.h"
 
 namespace vq::cli {
 
@@ -35,7 +37,7 @@ void add_bench(CLI::App& app) {
   q->add_flag("--quick", qa->quick, "Smoke run: the two smallest cases, few repetitions");
   q->add_option("--threads", qa->max_threads, "Fused runs with 1 and this many threads")->check(CLI::Range(1, 1024));
   q->callback([qa] {
-    if (!qa->json.empty()) check_output_path(qa->json, "--json");
+    if (!qa->json.empty()) veloxquant::check_output_path(qa->json, "--json");
 #if !VQ_WITH_QUANTIZE_BENCH
     VQ_FAIL("bench quantize: not built (configure with -DVQ_BUILD_BENCH=ON)");
 #else
@@ -49,7 +51,7 @@ void add_bench(CLI::App& app) {
       opt.ref_reps = 1;
     }
     std::printf("quantize benchmark on %s (GFLOP/s counts 3*sub_dim flops per sub-vector x centroid)\n",
-                cpu_model_name().c_str());
+                veloxquant::cpu_description().c_str());
     const auto rows = run_quantize_bench(cases, opt, [](const std::string& s) {
       std::fprintf(stderr, "  %s\n", s.c_str());
     });
@@ -62,7 +64,7 @@ void add_bench(CLI::App& app) {
     }
     if (!qa->json.empty()) {
       const std::string doc = quantize_bench_json(rows, dist);
-      write_file_atomic(qa->json, doc.data(), doc.size());
+      veloxquant::write_file_atomic(qa->json, doc);
       std::printf("wrote %s\n", qa->json.c_str());
     }
 #endif

@@ -1,7 +1,10 @@
 // veloxquant generate: streams text from a GGUF model through a (possibly compressed) KV cache,
-// then reports prefill/decode speed and the cache's memory on stderr.
+// then reports prefill/decode speed and the cache's memory on stderr. On the public API
+// (include/veloxquant): one sequence through a veloxquant::Session (session files included),
+// several through a veloxquant::Engine.
 #include <chrono>
 #include <ctime>
+#include <optional>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -14,35 +17,32 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_checks.h"
-#include "cli_model.h"
 #include "cli_device.h"
-#include "cli_device_pool.h"
+#include "cli_kv.h"
+#include "cli_model.h"
 #include "commands.h"
-#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/text_escape.h"
-#include "core/thread_pool.h"
-#include "cli_kv.h"
-#include "engine/engine.h"
-#include "kvcache/factory.h"
-#include "kvcache/seq_file.h"
-#include "kvcache/spec_syntax.h"
-#include "eval/calibrate.h"
-#include "model/text_gguf.h"
-#include "model/model.h"
-#include "model/sampler.h"
-#include "model/session.h"
+#include "veloxquant/engine.h"
+#include "veloxquant/files.h"
+#include "veloxquant/kv_spec.h"
+#include "veloxquant/model.h"
+#include "veloxquant/runtime.h"
+#include "veloxquant/sampling.h"
+#include "veloxquant/session.h"
 
 namespace vq::cli {
 namespace {
+
+namespace vx = veloxquant;
 
 struct GenerateOptions {
   std::string model, prompt_file, prompt_ids, system;
   int n_predict = 128;
   int n_ctx = 0;
   int threads = 0;
-  int batch = Session::kDefaultChunk;
+  int batch = vx::SessionOptions{}.max_chunk;
   float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
   int top_k = 40, repeat_last_n = 64;
   int64_t seed = -1;
@@ -54,7 +54,7 @@ struct GenerateOptions {
   std::string prompts_file;          // one prompt per line
   int parallel = 1;
   double kv_budget_mib = 0;
-  std::string save_session, load_session;  // session files (kvcache/seq_file.h)
+  std::string save_session, load_session;  // session files (veloxquant::Session::save/load)
   std::string device = "cpu";
 };
 
@@ -109,12 +109,12 @@ void write_logits_dump(const std::string& path, const std::vector<int32_t>& ids,
   put(hdr, sizeof(hdr));
   put(ids.data(), ids.size() * sizeof(int32_t));
   put(rows.data(), rows.size() * sizeof(float));
-  write_file_atomic(path, buf.data(), buf.size());
+  vx::write_file_atomic(path, std::string(buf.begin(), buf.end()));
 }
 
-SamplerParams sampler_params(const GenerateOptions& o) {
-  SamplerParams sp;
-  sp.temp = o.temp;
+vx::SamplingParams sampler_params(const GenerateOptions& o) {
+  vx::SamplingParams sp;
+  sp.temperature = o.temp;
   sp.top_k = o.top_k;
   sp.top_p = o.top_p;
   sp.min_p = o.min_p;
@@ -124,13 +124,13 @@ SamplerParams sampler_params(const GenerateOptions& o) {
   return sp;
 }
 
-std::vector<int32_t> encode_prompt(const Model& model, const GenerateOptions& o, std::string text) {
-  const Tokenizer& tok = model.tokenizer();
+std::vector<int32_t> encode_prompt(const vx::Model& model, const GenerateOptions& o, std::string text) {
+  const vx::Tokenizer tok = model.tokenizer();
   if (o.chat) {
-    std::vector<ChatMessage> msgs;
+    std::vector<vx::ChatMessage> msgs;
     if (!o.system.empty()) msgs.push_back({"system", o.system});
     msgs.push_back({"user", std::move(text)});
-    text = apply_chat_template(model.gguf(), msgs, true);
+    text = tok.apply_chat_template(msgs, true);
   }
   std::vector<int32_t> ids = tok.encode(text, tok.add_bos_default(), true);
   VQ_CHECK(!ids.empty(), "the prompt encodes to no tokens");
@@ -139,40 +139,40 @@ std::vector<int32_t> encode_prompt(const Model& model, const GenerateOptions& o,
 
 // --parallel / several prompts: every sequence through the continuous-batching engine; each
 // sequence's text is printed when it ends.
-void run_parallel(const GenerateOptions& o, const Model& model, const std::string& path, const KVSpec& spec,
+void run_parallel(const GenerateOptions& o, const vx::Model& model, const std::string& path, const vx::KVSpec& spec,
                   const std::vector<std::string>& texts) {
-  const ModelConfig& cfg = model.config();
-  EngineOptions eo;
-  eo.device = kv_device(resolve_device(o.device));
-  eo.kv_budget_bytes = eo.device == KVDevice::cuda ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(model))
-                                                   : kv_budget_bytes(o.kv_budget_mib);
+  const vx::ModelInfo& cfg = model.info();
+  vx::EngineOptions eo;
+  eo.device = resolve_device(o.device);
+  eo.kv_budget_bytes = kv_budget_bytes(model, eo.device, o.kv_budget_mib);
   eo.max_sequences = o.parallel;
   eo.max_step_tokens = o.batch;
   eo.n_ctx = o.n_ctx;
-  Engine engine(model, spec, eo);
-  check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, engine.kv());
-  const SamplerParams base = sampler_params(o);
+  vx::Engine engine(model, spec, eo);
+  check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, engine.min_budget_bytes(), spec.name());
+  const vx::SamplingParams base = sampler_params(o);
   // One prompt and N sequences: N seeds, the prompt prefilled once and shared.
   const int n_seq = texts.size() == 1 ? o.parallel : int(texts.size());
   struct Out {
     std::vector<int32_t> tokens;
-    SeqResult result;
+    vx::SequenceResult result;
     bool done = false;
   };
   std::vector<Out> outs(static_cast<size_t>(n_seq));
   std::vector<int64_t> ids(static_cast<size_t>(n_seq));
-  const Tokenizer* tok = model.has_tokenizer() ? &model.tokenizer() : nullptr;
+  const std::optional<vx::Tokenizer> tok =
+      model.has_tokenizer() ? std::optional<vx::Tokenizer>(model.tokenizer()) : std::nullopt;
   const auto t0 = Clock::now();
   std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n_seq));
   for (int i = 0; i < n_seq; ++i) {  // every prompt checked before any runs
     prompts[size_t(i)] = o.prompt_ids.empty() ? encode_prompt(model, o, texts[size_t(texts.size() == 1 ? 0 : i)])
                                               : parse_ids(o.prompt_ids);
-    check_trained_context(int64_t(prompts[size_t(i)].size()) + o.n_predict, model.config().n_ctx_train, o.allow_longer_context,
+    check_trained_context(int64_t(prompts[size_t(i)].size()) + o.n_predict, cfg.n_ctx_train, o.allow_longer_context,
                           fmt::format("sequence {}: its prompt of {} tokens and -n {}", i, prompts[size_t(i)].size(),
                                       o.n_predict));
   }
   for (int i = 0; i < n_seq; ++i) {
-    Request r;
+    vx::Request r;
     r.prompt = std::move(prompts[size_t(i)]);
     r.sampling = base;
     r.sampling.seed = base.seed + uint64_t(i);
@@ -183,16 +183,16 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
       outs[size_t(i)].tokens.push_back(t);
       return true;
     };
-    r.on_finish = [&outs, i, &o, tok](const SeqResult& res) {
+    r.on_finish = [&outs, i, &o, &tok](const vx::SequenceResult& res) {
       Out& out = outs[size_t(i)];
       out.result = res;
       out.done = true;
       if (o.quiet) return;
       std::string text;
       for (int32_t t : out.tokens)
-        if (tok && !(tok->is_eog(t) && !o.ignore_eos)) text += tok->piece(t);
+        if (tok && !(tok->is_end_of_generation(t) && !o.ignore_eos)) text += tok->piece(t);
       std::printf("--- sequence %d (%lld prompt tokens, %lld generated, %s) ---\n%s\n", i, (long long)res.n_prompt,
-                  (long long)res.n_generated, finish_reason_name(res.why),
+                  (long long)res.n_generated, vx::finish_reason_name(res.finish),
                   (::isatty(STDOUT_FILENO) ? escape_control(text, true) : text).c_str());
       std::fflush(stdout);
     };
@@ -200,30 +200,30 @@ void run_parallel(const GenerateOptions& o, const Model& model, const std::strin
   }
   engine.run();
   const double wall = seconds_since(t0);
-  const EngineStats st = engine.stats();
+  const vx::EngineStats st = engine.stats();
   size_t tb = 0, ab = 0, fb = 0;
   long long toks = 0;
   int errors = 0;
   std::string first_error;
   for (const Out& out : outs) {
-    tb += out.result.kv_token_bytes;
-    ab += out.result.kv_allocated_bytes;
-    fb += out.result.kv_fp16_bytes;
+    tb += out.result.memory.token_bytes;
+    ab += out.result.memory.allocated_bytes;
+    fb += out.result.memory.fp16_bytes;
     toks += out.result.n_prompt + out.result.n_generated;
-    if (out.result.why == FinishReason::error) {
+    if (out.result.finish == vx::FinishReason::error) {
       ++errors;
       if (first_error.empty()) first_error = out.result.error;
     }
   }
   std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, %d sequences, up to %d at once\n", printable(path).c_str(),
-               printable(cfg.arch).c_str(), cfg.n_layers, vq::num_threads(), n_seq, o.parallel);
+               printable(cfg.arch).c_str(), cfg.n_layers, vx::num_threads(), n_seq, o.parallel);
   std::fprintf(stderr, "steps: %lld in %.3f s of %.3f s wall (%.2f ms per step), %lld prefill and %lld decode tokens, %lld preemptions\n",
                (long long)st.steps, st.step_seconds, wall, st.steps ? 1e3 * st.step_seconds / double(st.steps) : 0.0,
                (long long)st.prefill_tokens, (long long)st.decode_tokens, (long long)st.preemptions);
   std::fprintf(stderr, "decode: %.1f tokens/s aggregate\n", st.step_seconds > 0 ? double(st.decode_tokens) / st.step_seconds : 0.0);
-  std::fprintf(stderr, "%s (sums at each sequence's end)\n", kv_summary(spec.name(), toks, tb, ab, fb, engine.kv().codebook_bytes()).c_str());
-  std::fprintf(stderr, "kv pool: peak %s of a %s budget\n", mb(engine.kv().pool().peak_bytes()).c_str(),
-               mb(engine.kv().pool().budget_bytes()).c_str());
+  const vx::PoolMemory pool = engine.memory();
+  std::fprintf(stderr, "%s (sums at each sequence's end)\n", kv_summary(spec.name(), toks, tb, ab, fb, pool.codebook_bytes).c_str());
+  std::fprintf(stderr, "kv pool: peak %s of a %s budget\n", mb(pool.peak_bytes).c_str(), mb(pool.budget_bytes).c_str());
   VQ_CHECK(errors == 0, "{} of {} sequences failed: {}", errors, n_seq, first_error);
 }
 
@@ -245,9 +245,9 @@ void run_generate(const GenerateOptions& o) {
   VQ_CHECK(o.system.empty() || o.chat, "--system: only applies with --chat");
   VQ_CHECK(!o.chat || o.prompt_ids.empty(), "--chat: does not apply to --prompt-ids (token ids are not text)");
   // Output files are checked before anything slow, so a typo fails now, not after the run.
-  if (!o.stats_json.empty()) check_output_path(o.stats_json, "--stats-json");
-  if (!o.dump_logits.empty()) check_output_path(o.dump_logits, "--dump-logits");
-  if (!o.save_session.empty()) check_output_path(o.save_session, "--save-session");
+  if (!o.stats_json.empty()) vx::check_output_path(o.stats_json, "--stats-json");
+  if (!o.dump_logits.empty()) vx::check_output_path(o.dump_logits, "--dump-logits");
+  if (!o.save_session.empty()) vx::check_output_path(o.save_session, "--save-session");
   if (loading) check_session_input(o.load_session, "--load-session");
   std::vector<std::string> texts = o.prompts;
   if (!o.prompts_file.empty()) {
@@ -261,68 +261,69 @@ void run_generate(const GenerateOptions& o) {
   VQ_CHECK(!parallel || (o.dump_logits.empty() && o.stats_json.empty() && o.save_session.empty() && !loading),
            "--dump-logits, --stats-json and sessions are for one sequence (not with --parallel or several prompts)");
   VQ_CHECK(!loading || o.dump_logits.empty(), "--dump-logits is not available with --load-session");
-  vq::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   // The KV cache spec is checked before the (slow) model load.
-  const KVCacheConfig kv_config = parse_kv_cache_spec(o.kv_cache);
+  const KVCacheConfig kv_config = vx::parse_kv_cache_config(o.kv_cache);
   check_cache_flags(kv_config, o.calib);
   // Inputs too: a missing or oversized prompt file fails before the model loads.
   if (!o.prompt_file.empty()) texts.push_back(read_prompt_file(o.prompt_file, "--prompt-file"));
   const std::string prompt_text = texts.empty() ? std::string() : texts[0];
   std::vector<int32_t> ids;
   if (!o.prompt_ids.empty()) ids = parse_ids(o.prompt_ids);
-  bool known_model = false;  // a known model: its VecInfer calibration is made on first use
-  const std::string path = model_path_or_default(o.model, &known_model);
-  const auto model = Model::load(path);
-  const ModelConfig& cfg = model->config();
-  check_cache_fits_model(kv_config, model->config().head_dim, path);
-  model->check_weights_finite();
-  if (o.n_ctx > 0) check_trained_context(o.n_ctx, model->config().n_ctx_train, o.allow_longer_context, "-c");
-  // vecinfer: --calib, else (default model) the first-use calibration from the Jargon File.
-  const KVSpec spec = model_kv_spec(*model, path, known_model, kv_config, o.calib,
-                                  [](const char* stage, int d, int t) {
-                                    std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
-                                    if (d == t) std::fprintf(stderr, "\n");
-                                  });
+  const std::string path = model_path_or_default(o.model);
+  const vx::Model model = vx::Model::load(path);
+  const vx::ModelInfo& cfg = model.info();
+  check_cache_fits_model(kv_config, cfg.head_dim, path);
+  model.check_weights_finite();
+  if (o.n_ctx > 0) check_trained_context(o.n_ctx, cfg.n_ctx_train, o.allow_longer_context, "-c");
+  // vecinfer: --calib, else (a known model: Model::is_default) the first-use calibration from the
+  // Jargon File.
+  const vx::KVSpec spec = vx::KVSpec::for_model_config(model, kv_config, o.calib, [](const char* stage, int d, int t) {
+    std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
+    if (d == t) std::fprintf(stderr, "\n");
+  });
   if (parallel) {
     if (texts.empty()) texts.push_back("");  // --prompt-ids
-    run_parallel(o, *model, path, spec, texts);
+    run_parallel(o, model, path, spec, texts);
     return;
   }
 
   std::string shown_prompt;
   if (o.prompt_ids.empty() && n_sources > 0) {
     shown_prompt = prompt_text;
-    ids = encode_prompt(*model, o, prompt_text);
+    ids = encode_prompt(model, o, prompt_text);
   }
   // --load-session: the context holds the session's tokens too (their count is in the file).
   const int64_t trained_or_4k = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096;
   if (o.n_ctx == 0 && !loading)  // the context is the prompt and -n: both within the trained one
-    check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), model->config().n_ctx_train, o.allow_longer_context,
+    check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), cfg.n_ctx_train, o.allow_longer_context,
                           fmt::format("the prompt of {} tokens and -n {}", ids.size(), o.n_predict));
   const int n_ctx = o.n_ctx > 0 ? o.n_ctx
                     : loading   ? int(std::max<int64_t>(trained_or_4k, int64_t(ids.size()) + std::max(o.n_predict, 1)))
                                 : int(ids.size()) + std::max(o.n_predict, 1);
-  const KVDevice device = kv_device(resolve_device(o.device));
-  VQ_CHECK(device == KVDevice::cpu || (o.save_session.empty() && !loading),
+  const vx::Device device = resolve_device(o.device);
+  VQ_CHECK(device == vx::Device::cpu || (o.save_session.empty() && !loading),
            "--save-session/--load-session: session files are read and written from the CPU's KV pool; "
            "run with --device cpu");
-  const size_t budget = device == KVDevice::cuda ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(*model))
-                                                 : kv_budget_bytes(o.kv_budget_mib);
-  Session session(*model, spec, n_ctx, o.batch, budget, device);
-  check_kv_budget_holds_a_block(budget, o.kv_budget_mib, session.store());
+  vx::SessionOptions so;
+  so.n_ctx = n_ctx;
+  so.max_chunk = o.batch;
+  so.kv_budget_bytes = kv_budget_bytes(model, device, o.kv_budget_mib);
+  so.device = device;
+  vx::Session session(model, spec, so);
+  check_kv_budget_holds_a_block(so.kv_budget_bytes, o.kv_budget_mib, session.min_budget_bytes(), spec.name());
   int64_t n_kv = 0;  // tokens whose KV the session file brought
   if (loading) {
-    LoadedSequence ld = load_sequence(o.load_session, session.store(), kv_identity(session.store(), path));
+    vx::LoadedSession ld = session.load(o.load_session);
     // The new prompt continues the session's text: no second BOS.
-    if (!ids.empty() && model->tokenizer().add_bos_default() && ids[0] == model->tokenizer().bos()) ids.erase(ids.begin());
+    if (!ids.empty() && model.tokenizer().add_bos_default() && ids[0] == model.tokenizer().bos()) ids.erase(ids.begin());
     ids.insert(ids.begin(), ld.tokens.begin(), ld.tokens.end());
     n_kv = ld.n_kv;
-    session.sequence() = std::move(ld.seq);
     VQ_CHECK(int64_t(ids.size()) > n_kv, "{}: the session's tokens are all in its KV; give -p to continue it",
              o.load_session);
     if (o.n_ctx == 0)
-      check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), model->config().n_ctx_train, o.allow_longer_context,
+      check_trained_context(int64_t(ids.size()) + std::max(o.n_predict, 1), cfg.n_ctx_train, o.allow_longer_context,
                             fmt::format("the session's and the prompt's {} tokens and -n {}", ids.size(),
                                         o.n_predict));
   }
@@ -330,8 +331,8 @@ void run_generate(const GenerateOptions& o) {
   VQ_CHECK(n_prompt < n_ctx || (n_prompt == n_ctx && o.n_predict == 0),
            "the prompt has {} tokens, which does not fit the context of {} (-c)", n_prompt, n_ctx);
 
-  const SamplerParams sp = sampler_params(o);
-  Sampler sampler(sp);
+  const vx::SamplingParams sp = sampler_params(o);
+  vx::Sampler sampler(sp);
   for (int32_t id : ids) sampler.accept(id);
 
   // On a terminal, text from the prompt file and the model's vocabulary is shown with control
@@ -350,7 +351,7 @@ void run_generate(const GenerateOptions& o) {
 
   const auto t_prefill = Clock::now();
   const double c_prefill = process_cpu_seconds();
-  session.forward(ids.data() + n_kv, n_prompt - int(n_kv), logits.data(), dump);
+  session.forward(std::span<const int32_t>(ids.data() + n_kv, size_t(n_prompt - n_kv)), logits.data(), dump);
   const double prefill_s = seconds_since(t_prefill);
   const double prefill_cpu_s = process_cpu_seconds() - c_prefill;
   if (dump) dumped = logits;
@@ -360,14 +361,15 @@ void run_generate(const GenerateOptions& o) {
   double decode_s = 0.0, decode_cpu_s = 0.0;
   int n_decoded = 0, n_generated = 0;
   std::string stop_reason = "n_predict";
-  const Tokenizer* tok = model->has_tokenizer() ? &model->tokenizer() : nullptr;
+  const std::optional<vx::Tokenizer> tok =
+      model.has_tokenizer() ? std::optional<vx::Tokenizer>(model.tokenizer()) : std::nullopt;
   std::vector<float> step(static_cast<size_t>(V));  // [1, n_vocab]
   for (int i = 0; i < o.n_predict; ++i) {
     const int32_t next = sampler.sample(last, V);
     sampler.accept(next);
     ids.push_back(next);
     ++n_generated;
-    const bool eog = tok && tok->is_eog(next) && !o.ignore_eos;
+    const bool eog = tok && tok->is_end_of_generation(next) && !o.ignore_eos;
     if (tok && !o.quiet && !eog) {
       const std::string piece = tty ? terminal.push(tok->piece(next)) : tok->piece(next);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -378,7 +380,7 @@ void run_generate(const GenerateOptions& o) {
     if (session.pos() >= session.n_ctx()) { stop_reason = "context full"; break; }
     const auto t0 = Clock::now();
     const double c0 = process_cpu_seconds();
-    session.forward(&next, 1, step.data());
+    session.forward(std::span<const int32_t>(&next, 1), step.data());
     decode_s += seconds_since(t0);
     decode_cpu_s += process_cpu_seconds() - c0;
     ++n_decoded;
@@ -392,22 +394,22 @@ void run_generate(const GenerateOptions& o) {
 
   if (dump) write_logits_dump(o.dump_logits, ids, n_prompt, V, dumped);
   // The KV of every fed token and all the ids (the last one sampled is still to be fed).
-  if (!o.save_session.empty()) save_sequence(o.save_session, session.store(), session.sequence(), ids, kv_identity(session.store(), path));
+  if (!o.save_session.empty()) session.save(o.save_session, ids);
 
   const double pp_tps = prefill_s > 0 ? n_prompt / prefill_s : 0.0;
   const double tg_tps = decode_s > 0 ? n_decoded / decode_s : 0.0;
-  const size_t kvb = session.kv_token_bytes(), kva = session.kv_bytes(), kv16 = session.kv_fp16_bytes(),
-               cb = session.kv_codebook_bytes();
+  const vx::KVMemory mem = session.memory();
+  const size_t kvb = mem.token_bytes, kva = mem.allocated_bytes, kv16 = mem.fp16_bytes, cb = mem.codebook_bytes;
   const double bpe = kv16 ? 16.0 * double(kvb) / double(kv16) : 0.0;
   const std::string kv_name = spec.name();
   std::fprintf(stderr, "\nmodel: %s (%s, %d layers), %d threads, seed %llu, stop: %s\n", printable(path).c_str(),
-               printable(cfg.arch).c_str(), cfg.n_layers, vq::num_threads(), static_cast<unsigned long long>(sp.seed),
+               printable(cfg.arch).c_str(), cfg.n_layers, vx::num_threads(), static_cast<unsigned long long>(sp.seed),
                stop_reason.c_str());
   std::fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", n_prompt, prefill_s, pp_tps);
   std::fprintf(stderr, "decode:  %d tokens in %.3f s (%.1f tokens/s)\n", n_decoded, decode_s, tg_tps);
   std::fprintf(stderr, "%s\n", kv_summary(kv_name, session.pos(), kvb, kva, kv16, cb).c_str());
   if (!o.stats_json.empty()) {
-    nlohmann::json j = {{"model", path}, {"threads", vq::num_threads()}, {"kv_cache", kv_name},
+    nlohmann::json j = {{"model", path}, {"threads", vx::num_threads()}, {"kv_cache", kv_name},
                         {"n_prompt", n_prompt}, {"n_generated", n_generated}, {"n_decoded", n_decoded},
                         {"prefill_s", prefill_s}, {"decode_s", decode_s},
                         {"prefill_cpu_s", prefill_cpu_s}, {"decode_cpu_s", decode_cpu_s}, {"prefill_tps", pp_tps},
@@ -415,7 +417,7 @@ void run_generate(const GenerateOptions& o) {
                         {"kv_codebook_bytes", cb}, {"bits_per_element", bpe}, {"stop", stop_reason},
                         {"tokens", std::vector<int32_t>(ids.begin() + n_prompt, ids.end())}};
     const std::string s = j.dump(1) + "\n";
-    write_file_atomic(o.stats_json, s.data(), s.size());
+    vx::write_file_atomic(o.stats_json, s);
   }
 }
 
@@ -452,7 +454,7 @@ void add_generate(CLI::App& app) {
   c->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template");
   c->add_option("--kv-cache", o->kv_cache, "KV cache spec (syntax below)")->capture_default_str();
   c->add_option("--calib", o->calib, "Calibration file for vecinfer (from `veloxquant calibrate`)");
-  c->footer(kv_cache_spec_syntax());
+  c->footer(vx::kv_cache_spec_help());
   add_device_option(c, o->device);
   c->add_flag("--no-display-prompt", o->no_display_prompt, "Do not echo the prompt");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");

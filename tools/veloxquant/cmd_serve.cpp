@@ -1,6 +1,7 @@
 // veloxquant serve: an OpenAI-compatible HTTP server over the continuous-batching engine, with
-// the budgeted compressed KV pool, the prefix cache on the codes and sessions saved to disk
-// (src/server). SIGINT/SIGTERM: stop accepting, let requests in flight finish (cancel those still
+// the budgeted compressed KV pool, the prefix cache on the codes and sessions saved to disk. On the
+// public API: veloxquant::Server (include/veloxquant/server.h) assembles the engine and the server
+// (src/server); this file turns flags into its options and handles the signals. SIGINT/SIGTERM: stop accepting, let requests in flight finish (cancel those still
 // running after --shutdown-grace seconds, or at a second signal), exit 0.
 #include <pthread.h>
 #include <signal.h>
@@ -18,25 +19,20 @@
 
 #include "cli_checks.h"
 #include "cli_device.h"
-#include "cli_device_pool.h"
 #include "cli_kv.h"
 #include "cli_model.h"
 #include "commands.h"
 #include "core/error.h"
-#include "core/thread_pool.h"
-#include "engine/engine.h"
-#include "kvcache/factory.h"
-#include "kvcache/kv_identity.h"
-#include "kvcache/seq_file_format.h"
-#include "kvcache/spec_syntax.h"
-#include "eval/calibrate.h"
-#include "model/model.h"
-#include "server/kv_events.h"
-#include "server/prefix_store.h"
-#include "server/server.h"
+#include "veloxquant/kv_spec.h"
+#include "veloxquant/model.h"
+#include "veloxquant/runtime.h"
+#include "veloxquant/server.h"
+#include "veloxquant/session.h"
 
 namespace vq::cli {
 namespace {
+
+namespace vx = veloxquant;
 
 struct ServeOptions {
   std::string model, kv_cache = "fp16", calib, host = "127.0.0.1", device = "cpu", alias, session_dir = "sessions";
@@ -56,7 +52,7 @@ struct ServeOptions {
 // server: new requests get 503, those in flight finish; a second signal, or the grace running
 // out, cancels them. Once no response is active the socket closes and run() returns. USR1 (sent by
 // the main thread at the end) ends this thread.
-void signal_loop(HttpServer& server, Runner& runner, double grace_s) {
+void signal_loop(vx::Server& server, double grace_s) {
   sigset_t set;
   sigemptyset(&set);
   for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&set, s);
@@ -73,8 +69,8 @@ void signal_loop(HttpServer& server, Runner& runner, double grace_s) {
     const int s = sigtimedwait(&set, nullptr, &tick);
     if (s == SIGUSR1) return;
     if (!cancelled && (s == SIGINT || s == SIGTERM || std::chrono::steady_clock::now() > deadline)) {
-      std::fprintf(stderr, "veloxquant serve: cancelling %lld requests\n", (long long)runner.in_flight());
-      runner.cancel_all();
+      std::fprintf(stderr, "veloxquant serve: cancelling %lld requests\n", (long long)server.in_flight());
+      server.cancel_all();
       cancelled = true;
     }
   }
@@ -130,17 +126,16 @@ void run_serve(const ServeOptions& o) {
   if (!o.no_prefix_cache) check_session_dir(o.session_dir, o.session_dir_given);
   if (!o.kv_events.empty()) {
     VQ_CHECK(!o.no_prefix_cache, "--kv-events: the events are the prefix cache's blocks; --no-prefix-cache has none");
-    check_kv_events_endpoint(o.kv_events, "--kv-events");
+    vx::check_kv_events_endpoint(o.kv_events, "--kv-events");
     VQ_CHECK(o.kv_events_buffer >= 1 && o.kv_events_buffer <= 10000000, "--kv-events-buffer: {} must be in 1..10000000",
              o.kv_events_buffer);
   }
   VQ_CHECK(o.kv_events_replay.empty() || !o.kv_events.empty(), "--kv-events-replay needs --kv-events");
-  PrefixStoreOptions store_opt;
   if (!o.prefix_store.empty()) {
     VQ_CHECK(!o.no_prefix_cache, "--prefix-store: the store holds the prefix cache's points; --no-prefix-cache has none");
-    parse_prefix_store_url(o.prefix_store, store_opt, "--prefix-store");
+    vx::check_prefix_store_url(o.prefix_store, "--prefix-store");
   }
-  if (!o.kv_events_replay.empty()) check_kv_events_endpoint(o.kv_events_replay, "--kv-events-replay");
+  if (!o.kv_events_replay.empty()) vx::check_kv_events_endpoint(o.kv_events_replay, "--kv-events-replay");
   // Signals go to the signal thread only: block them before any thread starts.
   sigset_t set;
   sigemptyset(&set);
@@ -153,81 +148,37 @@ void run_serve(const ServeOptions& o) {
     rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, rlim_t(o.max_connections) + 256);
     setrlimit(RLIMIT_NOFILE, &rl);
   }  // a vanished client is a failed write, not the end of the process
-  vq::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
+  vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
-  const KVCacheConfig kv_config = parse_kv_cache_spec(o.kv_cache);
+  const KVCacheConfig kv_config = vx::parse_kv_cache_config(o.kv_cache);
   check_cache_flags(kv_config, o.calib);
-  bool is_default = false;
-  const std::string path = model_path_or_default(o.model, &is_default);
-  const auto model = Model::load(path);
-  VQ_CHECK(model->has_tokenizer(), "{}: the model has no tokenizer metadata; the server needs one", path);
-  check_cache_fits_model(kv_config, model->config().head_dim, path);
-  model->check_weights_finite();
-  if (o.n_ctx > 0) check_trained_context(o.n_ctx, model->config().n_ctx_train, o.allow_longer_context, "-c");
-  const KVSpec spec = model_kv_spec(*model, path, is_default, kv_config, o.calib,
-                                  [](const char* stage, int d, int t) {
-                                    std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
-                                    if (d == t) std::fprintf(stderr, "\n");
-                                  });
-  EngineOptions eo;
-  eo.device = kv_device(resolve_device(o.device));
-  eo.kv_budget_bytes = eo.device == KVDevice::cuda
-                           ? device_kv_budget_bytes(o.kv_budget_mib, device_weight_bytes_estimate(*model))
-                           : kv_budget_bytes(o.kv_budget_mib);
-  const bool prefix_cache = !o.no_prefix_cache && eo.device == KVDevice::cpu;
-  if (eo.device == KVDevice::cuda && !o.no_prefix_cache)
+  const std::string path = model_path_or_default(o.model);
+  const vx::Model model = vx::Model::load(path);
+  VQ_CHECK(model.has_tokenizer(), "{}: the model has no tokenizer metadata; the server needs one", path);
+  check_cache_fits_model(kv_config, model.info().head_dim, path);
+  model.check_weights_finite();
+  if (o.n_ctx > 0) check_trained_context(o.n_ctx, model.info().n_ctx_train, o.allow_longer_context, "-c");
+  const vx::KVSpec spec = vx::KVSpec::for_model_config(model, kv_config, o.calib, [](const char* stage, int d, int t) {
+    std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
+    if (d == t) std::fprintf(stderr, "\n");
+  });
+  vx::ServerOptions so;
+  so.device = resolve_device(o.device);
+  so.kv_budget_bytes = kv_budget_bytes(model, so.device, o.kv_budget_mib);
+  check_kv_budget_holds_a_block(so.kv_budget_bytes, o.kv_budget_mib, vx::min_kv_budget_bytes(model, spec), spec.name());
+  if (so.device == vx::Device::cuda && !o.no_prefix_cache)
     std::fprintf(stderr, "serve: the prefix cache and sessions work on the cpu's KV pool only: off on the device\n");
-  eo.max_sequences = o.parallel;
-  eo.max_step_tokens = o.batch;
-  eo.n_ctx = o.n_ctx;
-  eo.prefix_cache = prefix_cache;
-  // The identity (model file, spec, calibration) roots the prefix cache's hash chains and names
-  // session files; a store of the same spec without blocks gives the spec's shape.
-  auto probe = make_kv_store(*model, spec, 0);
-  check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, *probe);
-  const KVIdentity identity = kv_identity(*probe, path);
-  probe.reset();
-  eo.kv_identity = identity.combined();
-  // The shared prefix store writes new prefill points through (engine thread); it is made after
-  // the engine (it needs its pool's shape), so the hook reaches it through this pointer.
-  std::unique_ptr<PrefixStore> store;
-  PrefixStore* store_ptr = nullptr;
-  const bool with_store = !o.prefix_store.empty() && prefix_cache;
-  if (with_store)
-    eo.on_prefill_point = [&store_ptr](const int32_t* tokens, int64_t n, const SeqKV& s) {
-      if (store_ptr) store_ptr->offer(tokens, n, s);
-    };
-  Engine engine(*model, spec, eo);
-  Metrics metrics;
-  // Observers of the prefix cache's blocks (engine thread), declared after the engine and before
-  // the runner: they outlive every step and go before the engine's cache.
-  std::unique_ptr<KVEventPublisher> kv_events;
-  PrefixCacheFanout prefix_listeners;
-  if (!o.kv_events.empty() && engine.prefix_cache()) {
-    KVEventsOptions ko;
-    ko.endpoint = o.kv_events;
-    ko.replay_endpoint = o.kv_events_replay;
-    ko.topic = o.kv_events_topic;
-    ko.buffer_batches = o.kv_events_buffer;
-    kv_events = std::make_unique<KVEventPublisher>(ko);
-    prefix_listeners.add(kv_events.get());
-  }
-  if (with_store && engine.prefix_cache()) {
-    store = std::make_unique<PrefixStore>(store_opt, engine.kv(), identity);
-    store_ptr = store.get();
-    prefix_listeners.add(store_ptr);
-    metrics.set_extra([&store] { return store->render_metrics(); });
-  }
-  if (!prefix_listeners.empty()) engine.prefix_cache()->set_listener(&prefix_listeners);
-  // Temporary files of saves a killed server left behind (their process is gone) go now.
-  if (prefix_cache) {
-    const int stale = remove_stale_session_temps(o.session_dir);
-    if (stale > 0)
-      std::fprintf(stderr, "veloxquant serve: removed %d temporary files of interrupted session saves\n", stale);
-  }
-  Runner runner(engine, metrics, identity, o.session_dir, o.max_sessions);
-  runner.set_prefix_store(store_ptr);
-  ServerOptions so;
+  so.max_sequences = o.parallel;
+  so.max_step_tokens = o.batch;
+  so.n_ctx = o.n_ctx;
+  so.prefix_cache = !o.no_prefix_cache;
+  so.session_dir = o.session_dir;
+  so.max_sessions = o.max_sessions;
+  so.kv_events = o.kv_events;
+  so.kv_events_replay = o.kv_events_replay;
+  so.kv_events_topic = o.kv_events_topic;
+  so.kv_events_buffer = o.kv_events_buffer;
+  so.prefix_store = o.prefix_store;
   so.host = o.host;
   so.port = o.port;
   so.max_queue = o.max_queue;
@@ -236,22 +187,20 @@ void run_serve(const ServeOptions& o) {
   so.allow_origin = o.allow_origin;
   so.max_connections = o.max_connections;
   so.max_per_client = o.max_per_client;
-  so.head_timeout_s = o.header_timeout_s;
+  so.header_timeout_s = o.header_timeout_s;
   so.body_timeout_s = o.body_timeout_s;
-  std::string name = o.alias;
-  if (name.empty()) {
-    name = path.substr(path.find_last_of('/') + 1);
-    if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
-  }
-  so.model_name = name;
-  HttpServer server(engine, runner, metrics, so);
+  so.model_name = o.alias;
+  vx::Server server(model, spec, so);
+  if (server.removed_stale_session_files() > 0)
+    std::fprintf(stderr, "veloxquant serve: removed %d temporary files of interrupted session saves\n",
+                 server.removed_stale_session_files());
   const int port = server.bind();
-  std::thread signals([&] { signal_loop(server, runner, o.grace_s); });
+  std::thread signals([&] { signal_loop(server, o.grace_s); });
   std::fprintf(stderr,
                "veloxquant serve: model %s, kv cache %s, budget %s, up to %d sequences, context %d, prefix cache %s\n"
                "veloxquant serve: listening on http://%s:%d\n",
-               name.c_str(), spec.name().c_str(), mb(eo.kv_budget_bytes).c_str(), o.parallel, engine.options().n_ctx,
-               eo.prefix_cache ? "on" : "off", o.host.c_str(), port);
+               server.model_name().c_str(), spec.name().c_str(), mb(server.kv_budget_bytes()).c_str(), o.parallel,
+               server.n_ctx(), server.prefix_cache() ? "on" : "off", o.host.c_str(), port);
   if (api_key.empty() && !is_loopback(o.host))
     std::fprintf(stderr,
                  "\n*** WARNING: veloxquant serve listens on %s, beyond this machine, WITHOUT an API key: anyone who\n"
@@ -259,10 +208,10 @@ void run_serve(const ServeOptions& o) {
                  "*** --api-key-file FILE (or --api-key KEY, or VQ_API_KEY) or listen on 127.0.0.1.\n\n",
                  o.host.c_str(), port);
   if (!api_key.empty()) std::fprintf(stderr, "veloxquant serve: API key required (all endpoints but /health)\n");
-  if (store)
-    std::fprintf(stderr, "veloxquant serve: shared prefix store redis://%s:%d (write-through of prefill points)\n",
-                 store_opt.host.c_str(), store_opt.port);
-  if (kv_events)
+  if (server.prefix_store())
+    std::fprintf(stderr, "veloxquant serve: shared prefix store %s (write-through of prefill points)\n",
+                 o.prefix_store.c_str());
+  if (server.kv_events())
     std::fprintf(stderr, "veloxquant serve: KV events on %s%s%s\n", o.kv_events.c_str(),
                  o.kv_events_replay.empty() ? "" : ", replay on ", o.kv_events_replay.c_str());
   std::fflush(stderr);
@@ -279,7 +228,7 @@ void add_serve(CLI::App& app) {
   CLI::App* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, streaming, sessions)");
   c->add_option("-m,--model", o->model, "GGUF model file (default: SmolLM2-135M-Instruct, fetched on first use)");
   c->add_option("--kv-cache", o->kv_cache, cli::kv_cache_option_help())->capture_default_str();
-  c->footer(kv_cache_spec_syntax());
+  c->footer(vx::kv_cache_spec_help());
   c->add_option("--calib", o->calib, "Calibration file for vecinfer (from `veloxquant calibrate`)");
   c->add_option("--kv-budget", o->kv_budget_mib, "KV pool budget in MiB (0: half of the available memory)")->capture_default_str();
   c->add_option("--parallel", o->parallel, "Sequences running at once")->capture_default_str();
