@@ -14,6 +14,7 @@
 //   16/8/256, falcon3-7b 12/4/256 (or those whose name contains the first argument); B in {1, 4,
 //   16, 64}, S in {4K, 16K, 64K, 200K} while the fp16 K/V fit in 56 GB; --variants 0,1,..: every
 //   listed dense-kernel variant of the fp16 rows (paged_attention_set_dense_variant), one row each.
+//   ... --coded-caps 64,32,..: the coded rows once per LUT split cap (paged_attention_set_coded_split_cap).
 // Peers: bench/cuda/torch_peers.py attn10 / sweep (torch SDPA fp16 and dequantize-then-SDPA, same
 // shapes); bench/cuda/sweep_table.py joins the two logs into the table with the ratios.
 #include <algorithm>
@@ -43,7 +44,8 @@ struct Geo {
   int HQ, H, D;
 };
 
-void run(const Geo& g, const std::string& kv, int B, int S, int Q, const std::vector<int>& variants, int reps) {
+void run(const Geo& g, const std::string& kv, int B, int S, int Q, const std::vector<int>& variants,
+         const std::vector<int>& caps, int reps) {
   KVCacheConfig cfg = parse_kv_cache_spec(kv);
   KVSpec spec{cfg, nullptr};
   if (cfg.method == KVMethod::vecinfer)
@@ -98,8 +100,10 @@ void run(const Geo& g, const std::string& kv, int B, int S, int Q, const std::ve
     std::sort(ms.begin(), ms.end());
     return double(ms[ms.size() / 2]);
   };
-  for (int variant : variants) {
+  for (int variant : variants)
+  for (int cap : caps) {
     cuda::paged_attention_set_dense_variant(variant);
+    cuda::paged_attention_set_coded_split_cap(cap);
     dev.begin_step();  // plans (split counts, workspace) for this variant
     for (auto& s : seqs) {
       if (Q > 0) dev.add_rows(s, S, Q);
@@ -124,13 +128,15 @@ void run(const Geo& g, const std::string& kv, int B, int S, int Q, const std::ve
       std::printf("paged_prefill geo=%s kv=%s Q=%d S=%d ms=%.4f TFLOPs=%.1f kv_GB=%.3f\n", g.name, cfg.name().c_str(),
                   Q, S, m, flops / (m * 1e-3) / 1e12, double(kv_bytes) / 1e9);
     } else {
-      std::printf("paged_attn geo=%s kv=%s B=%d S=%d variant=%d ms=%.4f graph_ms=%.4f kv_GB=%.3f GBps=%.0f graph_GBps=%.0f\n",
-                  g.name, kv.c_str(), B, S, variant, m, mg, double(kv_bytes) / 1e9,
+      std::printf("paged_attn geo=%s kv=%s B=%d S=%d variant=%d coded_cap=%d ms=%.4f graph_ms=%.4f kv_GB=%.3f GBps=%.0f "
+                  "graph_GBps=%.0f\n",
+                  g.name, kv.c_str(), B, S, variant, cap, m, mg, double(kv_bytes) / 1e9,
                   double(kv_bytes) / (m * 1e-3) / 1e9, double(kv_bytes) / (mg * 1e-3) / 1e9);
     }
     std::fflush(stdout);
   }
   cuda::paged_attention_set_dense_variant(-1);
+  cuda::paged_attention_set_coded_split_cap(0);
   std::fflush(stdout);
 }
 
@@ -142,6 +148,7 @@ int main(int argc, char** argv) {
   int only_b = 0, only_s = 0, prefill = 0, reps = 30;
   bool sweep = false;
   std::vector<int> variants = {-1};
+  std::vector<int> caps = {0};  // --coded-caps: LUT split caps to time (0: the dispatcher's)
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     // --B / --S / --prefill take a positive count; anything else is refused, not read as 0.
@@ -177,6 +184,24 @@ int main(int argc, char** argv) {
           std::exit(2);
         }
         variants.push_back(int(v));
+        at = comma + 1;
+      }
+    }
+    else if (a == "--coded-caps") {
+      caps.clear();
+      const std::string list = i + 1 < argc ? argv[++i] : "";
+      size_t at = 0;
+      while (at <= list.size()) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        const std::string item = list.substr(at, comma - at);
+        char* end = nullptr;
+        const long v = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || v < 0 || v > 1024) {
+          std::fprintf(stderr, "bench_paged_attention: --coded-caps needs numbers 0..1024 separated by commas (got '%s')\n",
+                       list.c_str());
+          std::exit(2);
+        }
+        caps.push_back(int(v));
         at = comma + 1;
       }
     }
@@ -221,7 +246,7 @@ int main(int argc, char** argv) {
           }
           const bool dense = kv == "fp16";
           try {
-            run(g, kv, B, S, prefill, dense ? variants : std::vector<int>{-1}, reps);
+            run(g, kv, B, S, prefill, dense ? variants : std::vector<int>{-1}, dense ? std::vector<int>{0} : caps, reps);
           } catch (const std::exception& e) {
             std::printf("paged_attn geo=%s kv=%s B=%d S=%d error: %s\n", g.name, kv.c_str(), B, S, e.what());
           }

@@ -4,7 +4,7 @@
 # torch peer (torch_peers.py sweep), joined by sweep_table.py. Binaries built on the project
 # machine (nvcc, sm_90 + PTX), xz-packed in $P with lib/ (device_prelude.sh); this script and its
 # two Python helpers are read from $P/scripts when the checkout that travels lacks them.
-#   bash run_issue20.sh [stages]   stages: tests, sanitize, variants, torch, sweep, table, e2e
+#   bash run_issue20.sh [stages]   stages: tests, gputests, sanitize, variants, caps, torch, sweep, table, e2e
 # SWEEP_GEOS narrows the sweep to geometries whose name contains it (default all).
 set -uo pipefail
 P=${VQ_PREBUILT:-.gpubin-decode}
@@ -51,3 +51,26 @@ if has e2e; then  # deliverable 5: the decode step end to end (random device wei
     echo "e2e $geo exit $?"; grep -E '^\| (fp16|vec)' $L/e2e_$geo.log
   done
 fi
+if has gputests; then gpu_tests; fi  # every test binary's GPU tests (device_prelude.sh)
+if has caps; then  # the LUT kernel's split cap at few (row, KV head) units (paged_attention_set_coded_split_cap)
+  for geo in qwen2.5-1.5b 70b-tp8 qwen2.5-7b; do
+    for B in 1 4; do
+      timeout 100 $BIN/bench_paged_attention $geo vecinfer:d4b8 --sweep --B $B --reps 15 --coded-caps ${CAPS:-8,16,32,64} \
+        >> $L/caps.log 2>&1
+    done
+  done
+  echo "caps exit $?"
+  python3 - $L/caps.log <<'PY'
+import re, sys, collections
+rows = collections.defaultdict(dict)
+for line in open(sys.argv[1]):
+    if line.startswith("paged_attn"):
+        f = dict(re.findall(r"(\w+)=(\S+)", line))
+        rows[(f["geo"], int(f["B"]), int(f["S"]))][int(f["coded_cap"])] = float(f["graph_ms"])
+caps = sorted({c for r in rows.values() for c in r})
+print("| geometry | B | S | " + " | ".join(f"cap {c} ms" for c in caps) + " |")
+for k in sorted(rows):
+    print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(f"{rows[k].get(c, float('nan')):.4f}" for c in caps) + " |")
+PY
+fi
+

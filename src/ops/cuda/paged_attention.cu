@@ -385,6 +385,7 @@ constexpr DenseVariant kDenseVariants[] = {
     {32, 4, 200 * 1024}};
 constexpr int kNumDenseVariants = int(sizeof(kDenseVariants) / sizeof(kDenseVariants[0]));
 int g_forced_dense_variant = -1;
+int g_coded_split_cap = 0;  // bench only: 0 = kLutMaxSplits
 
 template <int D, int VI>
 struct DenseKernel {
@@ -463,6 +464,11 @@ bool paged_attention_uses_lut(const PagedAttnParams& p) {
   return detail::lut_kernel_supported_paged(p);
 }
 
+void paged_attention_set_coded_split_cap(int cap) {
+  VQ_CHECK(cap >= 0 && cap <= 1024, "cuda::paged_attention_set_coded_split_cap: {} is not in 0..1024", cap);
+  g_coded_split_cap = cap;
+}
+
 void paged_attention_set_dense_variant(int v) {
   VQ_CHECK(v >= -1 && v < kNumDenseVariants, "cuda::paged_attention_set_dense_variant: {} is not in -1..{}", v,
            kNumDenseVariants - 1);
@@ -508,7 +514,7 @@ PagedDecodeChoice paged_attention_choose(const PagedAttnParams& p, int sms) {
       // the dense window's kernel on the side stream finds no free SM.
       const int kh = detail::lut_heads_per_block(p.group, p.head_dim, p.head_dim / p.k_sub_dim);
       const int64_t per = units * ((p.group + kh - 1) / kh) * detail::lut_value_parts(p.head_dim, p.v_per_subspace);
-      c.coded_splits = int(std::clamp<int64_t>(sms / per, 1, 64));
+      c.coded_splits = int(std::clamp<int64_t>(sms / per, 1, g_coded_split_cap > 0 ? g_coded_split_cap : 64));
     } else {  // 8-warp blocks, two per SM: about four blocks per SM
       const int64_t per = units * ((p.group + 7) / 8);
       c.coded_splits = int(std::clamp<int64_t>((4 * sms + per - 1) / per, 1, 128));

@@ -150,6 +150,9 @@ void paged_attention_plan(PagedAttnParams& p);
 // Benchmarks only: plan later steps with dense kernel variant v (0..paged_attention_dense_variants()-1;
 // -1: the dispatch's choice). Not read by anything but paged_attention_choose.
 void paged_attention_set_dense_variant(int v);
+// For bench/cuda only: the most splits the LUT kernel's plan may use per (row, KV head, head tile)
+// (0: the dispatcher's cap, 64), to time the split choice at few units.
+void paged_attention_set_coded_split_cap(int cap);
 int paged_attention_dense_variants();
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p);
 // Throws vq::Error naming the field unless supported (shapes, presets, splits, workspace).
