@@ -28,10 +28,15 @@ struct KVMemory {
 
 struct SessionOptions {
   int n_ctx = 0;                            // positions the session holds (0: the model's training context)
-  int max_chunk = 512;                      // tokens per step of a long forward()
+  int max_chunk = 0;                        // tokens per step of a long forward(); 0: default_max_chunk(device)
   size_t kv_budget_bytes = size_t(-1);      // the KV pool's budget; exceeding it throws
   Device device = Device::cpu;              // where the forward runs and the pool lives (runtime.h)
 };
+
+// Tokens per prefill step when none is given: 512 on the CPU; 2048 on the device, whose matrix units
+// and attention tiles want long steps (a 32K prompt on the Qwen2.5-1.5B shape: chunks of 2048 take
+// 1.06 s, of 8192 0.90 s; docs/BENCHMARKS.md (p)) while the activations of 2048 rows stay small.
+int default_max_chunk(Device device);
 
 // The KV budget a caller who gives none gets (what `veloxquant generate/serve` use without
 // --kv-budget): on the CPU half of the memory available now (MemAvailable; 1 GiB when unknown), on

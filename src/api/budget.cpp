@@ -46,6 +46,8 @@ size_t device_weight_bytes_estimate(const vq::Model& m) {
 
 }  // namespace
 
+int default_max_chunk(Device device) { return device == Device::cpu ? 512 : 2048; }
+
 size_t default_kv_budget_bytes(const Model& model, Device device) {
   if (device == Device::cpu) {
     const size_t avail = mem_available_bytes();

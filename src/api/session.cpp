@@ -52,7 +52,7 @@ struct Session::Impl {
 static int checked_ctx(const Model& model, const KVSpec& spec, const SessionOptions& opt) {
   check_spec_fits(spec, model);
   VQ_CHECK(opt.n_ctx >= 0, "session: n_ctx {} must be >= 0", opt.n_ctx);
-  VQ_CHECK(opt.max_chunk >= 1, "session: max_chunk {} must be >= 1", opt.max_chunk);
+  VQ_CHECK(opt.max_chunk >= 0, "session: max_chunk {} must be >= 0 (0: default_max_chunk)", opt.max_chunk);
   return opt.n_ctx > 0 ? opt.n_ctx : default_n_ctx(model);
 }
 
@@ -60,7 +60,8 @@ Session::Session(const Model& model, const KVSpec& spec, const SessionOptions& o
     // new Impl{...}: the internal session is built in place (it cannot move).
     : impl_(new Impl{model, spec, opt.device,
                      vq::Session(ApiAccess::model(model), ApiAccess::spec(spec), checked_ctx(model, spec, opt),
-                                 opt.max_chunk, opt.kv_budget_bytes, to_internal(opt.device))}) {}
+                                 opt.max_chunk > 0 ? opt.max_chunk : default_max_chunk(opt.device),
+                                 opt.kv_budget_bytes, to_internal(opt.device))}) {}
 Session::~Session() = default;
 Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;

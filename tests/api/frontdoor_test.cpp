@@ -8,6 +8,7 @@
 #include <veloxquant/server.h>
 #include <veloxquant/veloxquant.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -67,6 +68,31 @@ TEST(ApiBudget, DefaultAndLeastBudgets) {
   vx::Session starved(model, q8, tiny);
   const std::vector<int32_t> one = {model.tokenizer().bos()};
   EXPECT_THROW(starved.forward(one, nullptr), vx::Error);
+}
+
+// Prefill steps: 512 tokens on the CPU, 2048 on the device unless asked; a step of 7 tokens gives
+// the logits of the one-step forward; a negative one is refused naming the field.
+TEST(ApiSession, PrefillStepDefaultsByDevice) {
+  EXPECT_EQ(vx::default_max_chunk(vx::Device::cpu), 512);
+  EXPECT_EQ(vx::default_max_chunk(vx::Device::cuda), 2048);
+  EXPECT_EQ(vx::SessionOptions{}.max_chunk, 0);
+  if (!have_default_model()) GTEST_SKIP() << "default model absent (scripts/setup.sh fetches it)";
+  const vx::Model model = vx::Model::load_default();
+  const vx::KVSpec spec = vx::KVSpec::for_model(model, "fp32");
+  const std::vector<int32_t> ids = model.tokenizer().encode("The quick brown fox jumps over the lazy dog again");
+  std::vector<float> a(size_t(model.info().n_vocab)), b(a.size());
+  vx::SessionOptions whole;
+  whole.n_ctx = 64;
+  vx::Session s_whole(model, spec, whole);
+  s_whole.forward(ids, a.data());
+  vx::SessionOptions sevens = whole;
+  sevens.max_chunk = 7;
+  vx::Session s_sevens(model, spec, sevens);
+  s_sevens.forward(ids, b.data());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3f * (1.0f + std::fabs(a[i]))) << i;
+  vx::SessionOptions bad = whole;
+  bad.max_chunk = -1;
+  expect_error([&] { vx::Session s(model, spec, bad); }, {"max_chunk -1"});
 }
 
 // A session saved and loaded continues exactly as the unsaved one; a file of another spec, a

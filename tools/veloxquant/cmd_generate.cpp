@@ -42,7 +42,7 @@ struct GenerateOptions {
   int n_predict = 128;
   int n_ctx = 0;
   int threads = 0;
-  int batch = vx::SessionOptions{}.max_chunk;
+  int batch = 0;  // 0: vx::default_max_chunk(device)
   float temp = 0.8f, top_p = 0.95f, min_p = 0.05f, repeat_penalty = 1.0f;
   int top_k = 40, repeat_last_n = 64;
   int64_t seed = -1;
@@ -146,7 +146,7 @@ void run_parallel(const GenerateOptions& o, const vx::Model& model, const std::s
   eo.device = resolve_device(o.device);
   eo.kv_budget_bytes = kv_budget_bytes(model, eo.device, o.kv_budget_mib);
   eo.max_sequences = o.parallel;
-  eo.max_step_tokens = o.batch;
+  eo.max_step_tokens = o.batch > 0 ? o.batch : vx::default_max_chunk(eo.device);
   eo.n_ctx = o.n_ctx;
   vx::Engine engine(model, spec, eo);
   check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, engine.min_budget_bytes(), spec.name());
@@ -234,7 +234,7 @@ void run_generate(const GenerateOptions& o) {
            kMaxContextTokens);
   VQ_CHECK(o.n_ctx == 0 || o.n_predict <= o.n_ctx, "-n: {} new tokens cannot fit the context of {} tokens (-c)",
            o.n_predict, o.n_ctx);
-  VQ_CHECK(o.batch >= 1, "-b: {} must be >= 1", o.batch);
+  VQ_CHECK(o.batch >= 0, "-b: {} must be >= 0 (0: 512 on the CPU, 2048 on the GPU)", o.batch);
   VQ_CHECK(o.parallel >= 1 && o.parallel <= 4096, "--parallel: {} must be in 1..4096", o.parallel);
   VQ_CHECK(o.threads >= 0 && o.threads <= 1024, "-t: {} out of range", o.threads);
   const int n_sources = int(!o.prompts.empty()) + int(!o.prompts_file.empty()) + int(!o.prompt_file.empty()) +
@@ -443,7 +443,8 @@ void add_generate(CLI::App& app) {
   c->add_flag("--allow-longer-context", o->allow_longer_context,
               "Run past the model's trained context (-c, or prompt + n-predict) with a warning, not an error");
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
-  c->add_option("-b,--batch-size", o->batch, "Prompt tokens per batch")->capture_default_str();
+  c->add_option("-b,--batch-size", o->batch, "Prompt tokens per batch (0: 512 on the CPU, 2048 on the GPU)")
+      ->capture_default_str();
   c->add_option("--temp", o->temp, "Temperature (<= 0: greedy)")->capture_default_str();
   c->add_option("--top-k", o->top_k, "Top-k (<= 0: all)")->capture_default_str();
   c->add_option("--top-p", o->top_p, "Top-p")->capture_default_str();
