@@ -2,7 +2,7 @@
 # Issue 21 on the H200 (one device call): prefill of a long prompt, ours beside HF transformers, and
 # where our time goes. Binaries built on the project machine (nvcc, sm_90 + PTX), xz-packed in $P
 # with lib/ (device_prelude.sh).
-#   bash run_issue21.sh [stages]   stages: prefill, scale, nsys, hf
+#   bash run_issue21.sh [stages]   stages: prefill, scale, itl, nsys, hf
 #   prefill: veloxquant bench e2e --device cuda --prefill N (random fp16 weights of the geometry),
 #            fp16 and vecinfer:d4b8 caches, chunks of PREFILL_CHUNK (default 2048) tokens
 #   nsys:    the same prefill under nsys, kernel time summary (cuda_gpu_kern_sum), top kernels
@@ -53,10 +53,17 @@ if has hf; then
 fi
 if has scale; then  # how prefill time grows with the prompt (linear: weights; quadratic: attention) and the chunk
   g=${GEOS%% *}
-  for ch in 2048 8192; do
+  for ch in ${SCALE_CHUNKS:-2048 8192}; do
     timeout 200 $BIN/veloxquant bench e2e --device cuda --geometry $g --batch 1 --ctx 4096 --steps 2 --warmup 1 \
       --kv-cache fp16 --kv-cache vecinfer:d4b8 --prefill 8192,16384,32768 --prefill-chunk $ch > $L/scale_$ch.log 2>&1
     echo "scale chunk $ch exit $?"; grep -E 'prefill' $L/scale_$ch.log | grep '^|'
   done
+fi
+if has itl; then  # deliverable 4: inter-token latency of 8 running streams while a 32K prompt is prefilled
+  g=${GEOS%% *}
+  timeout 300 $BIN/veloxquant bench e2e --device cuda --geometry $g --batch 8 --ctx 4096 --steps 64 --warmup 8 \
+    --kv-cache fp16 --kv-cache vecinfer:d4b8 --itl ${ITL_PROMPT:-32768} --itl-chunks ${ITL_CHUNKS:-128,512,2048} \
+    > $L/itl_$g.log 2>&1
+  echo "itl $g exit $?"; grep -E 'itl:' $L/itl_$g.log
 fi
 

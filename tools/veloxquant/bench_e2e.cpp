@@ -47,7 +47,8 @@ struct E2EArgs {
   int steps = 16, threads = 0;
   double kv_budget_mib = 0;
   // --device cuda: random device weights of --geometry (bench_e2e_device.cpp)
-  std::string device = "cpu", geometry, prefill;
+  std::string device = "cpu", geometry, prefill, itl_chunks = "256,512,2048";
+  int itl_prompt = 0;
   int warmup = 40, prefill_chunk = 2048;
   bool skip_logits = false;
 };
@@ -85,6 +86,9 @@ void run_e2e(const E2EArgs& a) {
     d.steps = a.steps;
     d.warmup = a.warmup;
     d.prefill_chunk = a.prefill_chunk;
+    VQ_CHECK(a.itl_prompt >= 0, "--itl: {} must be >= 0", a.itl_prompt);
+    d.itl_prompt = a.itl_prompt;
+    d.itl_chunks = parse_list(a.itl_chunks, "--itl-chunks");
     d.kv_budget_mib = a.kv_budget_mib;
     d.skip_logits = a.skip_logits;
     d.json = a.json;
@@ -93,6 +97,7 @@ void run_e2e(const E2EArgs& a) {
   }
   VQ_CHECK(a.device == "cpu", "--device: '{}' is cpu or cuda for bench e2e", a.device);
   VQ_CHECK(a.geometry.empty(), "--geometry is for --device cuda (random device weights)");
+  VQ_CHECK(a.itl_prompt == 0, "--itl is for --device cuda");
   VQ_CHECK(a.steps >= 2, "--steps: {} must be >= 2", a.steps);
   std::vector<KVCacheConfig> configs;
   for (const auto& s : a.kv_caches.empty() ? std::vector<std::string>{"fp16"} : a.kv_caches)
@@ -213,6 +218,11 @@ void add_bench_e2e(CLI::App* bench) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   c->add_option("--geometry", a->geometry, "--device cuda: a real model's shape (" + device_geometry_names() + ")");
+  c->add_option("--itl", a->itl_prompt,
+                "--device cuda: inter-token latency of the --batch rows while a prompt of this many tokens is "
+                "prefilled beside them (0: off)")
+      ->capture_default_str();
+  c->add_option("--itl-chunks", a->itl_chunks, "--itl: prefill tokens per step, one row each")->capture_default_str();
   c->add_option("--warmup", a->warmup, "--device cuda: untimed decode steps first (graph captures)")->capture_default_str();
   c->add_option("--prefill", a->prefill, "--device cuda: also time a B=1 prefill of these prompt lengths, e.g. 4096,32768");
   c->add_option("--prefill-chunk", a->prefill_chunk, "--device cuda: prompt tokens per step")->capture_default_str();

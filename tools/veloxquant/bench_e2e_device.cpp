@@ -239,6 +239,77 @@ void run_e2e_device(const E2EDeviceArgs& a) {
                        {"graph_replays", st.graph_replays}, {"graph_captures", st.graph_captures},
                        {"geometry", gs->name}, {"fill_s", fill_s}});
       }
+      if (a.itl_prompt > 0 && fitted > 0) {
+        // Inter-token latency of `fitted` running streams at this context: their decode steps
+        // alone, then while a new prompt of itl_prompt tokens is prefilled beside them, C tokens
+        // per step (what the engine does with max_step_tokens = B + C).
+        const int B = fitted;
+        std::vector<int32_t> prompt(size_t(a.itl_prompt));
+        for (int i = 0; i < a.itl_prompt; ++i) prompt[size_t(i)] = int32_t((i * 7919 + 3) % mc.n_vocab);
+        for (int C : a.itl_chunks) {
+          std::vector<SeqKV> run;
+          for (int b = 0; b < B; ++b) run.push_back(store.fork(seqs[size_t(b)]));
+          std::vector<int32_t> tok(size_t(B), 1);
+          std::vector<float> logits(size_t(B + 1) * mc.n_vocab);
+          std::vector<BatchEntry> e(size_t(B) + 1);
+          auto decode_rows = [&] {
+            for (int b = 0; b < B; ++b)
+              e[size_t(b)] = BatchEntry{&run[size_t(b)], &tok[size_t(b)], 1, LogitsWanted::last,
+                                        logits.data() + size_t(b) * mc.n_vocab};
+          };
+          auto advance = [&] {
+            for (int b = 0; b < B; ++b) tok[size_t(b)] = int32_t((tok[size_t(b)] * 7 + 13) % mc.n_vocab);
+          };
+          std::vector<double> idle, during;
+          double prefill_s = 0;
+          bool fits = true;
+          try {
+            for (int i = 0; i < a.warmup + a.steps; ++i) {
+              decode_rows();
+              const auto t0 = Clock::now();
+              fwd.step(e.data(), B);
+              if (i >= a.warmup) idle.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+              advance();
+            }
+            SeqKV p = store.new_sequence();
+            const auto tp = Clock::now();
+            for (int d = 0; d < a.itl_prompt; d += C) {
+              const int m = std::min(C, a.itl_prompt - d);
+              decode_rows();
+              e[size_t(B)] = BatchEntry{&p, prompt.data() + d, m,
+                                        d + m == a.itl_prompt ? LogitsWanted::last : LogitsWanted::none,
+                                        logits.data() + size_t(B) * mc.n_vocab};
+              const auto t0 = Clock::now();
+              fwd.step(e.data(), B + 1);
+              during.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+              advance();
+            }
+            prefill_s = std::chrono::duration<double>(Clock::now() - tp).count();
+          } catch (const KVPoolExhausted& ex) {
+            fits = false;
+            std::fprintf(stderr, "itl: %s\n", ex.what());
+          }
+          if (!fits) {
+            std::printf("| %s | itl: %d streams at %d + a %d-token prompt, %d per step | does not fit | | | | | | |\n",
+                        cfg.name().c_str(), B, ctx, a.itl_prompt, C);
+            continue;
+          }
+          auto pct = [](std::vector<double> v, double q) {
+            std::sort(v.begin(), v.end());
+            return v[std::min(v.size() - 1, size_t(std::ceil(q * double(v.size())) - 1))];
+          };
+          const double i50 = pct(idle, 0.5), i99 = pct(idle, 0.99), d50 = pct(during, 0.5), d99 = pct(during, 0.99);
+          std::printf("| %s | itl: %d streams at %d + a %d-token prompt, %d per step | idle p50 %.2f ms, p99 %.2f | "
+                      "during p50 %.2f ms, p99 %.2f | p99 %.2fx idle | prompt prefilled in %.2f s (%.0f tok/s) | | | |\n",
+                      cfg.name().c_str(), B, ctx, a.itl_prompt, C, i50 * 1e3, i99 * 1e3, d50 * 1e3, d99 * 1e3, d99 / i99,
+                      prefill_s, a.itl_prompt / prefill_s);
+          std::fflush(stdout);
+          out.push_back({{"kv_cache", cfg.name()}, {"ctx", ctx}, {"streams", B}, {"itl_prompt", a.itl_prompt},
+                         {"itl_chunk", C}, {"idle_p50_ms", i50 * 1e3}, {"idle_p99_ms", i99 * 1e3},
+                         {"during_p50_ms", d50 * 1e3}, {"during_p99_ms", d99 * 1e3}, {"prefill_s", prefill_s},
+                         {"geometry", gs->name}});
+        }
+      }
     }
     for (int n : a.prefill) {
       KVStoreOptions o;

@@ -9,6 +9,10 @@ namespace vq::cli {
 struct E2EDeviceArgs {
   std::string geometry = "llama-3.1-8b";
   std::vector<int> batches{1}, ctxs{4096}, prefill;
+  // --itl N: inter-token latency of the --batch rows (at --ctx) while a prompt of N tokens is
+  // prefilled beside them in steps of each of itl_chunks tokens (the engine's step budget).
+  int itl_prompt = 0;
+  std::vector<int> itl_chunks{512};
   std::vector<std::string> kv_caches{"fp16"};
   int steps = 32, warmup = 40, prefill_chunk = 2048;
   double kv_budget_mib = 0;
