@@ -163,48 +163,33 @@ int main(int argc, char** argv) {
       ++i;
       return int(v);
     };
+    // a comma-separated list of numbers in lo..hi
+    auto ints = [&](const char* flag, long lo, long hi) {
+      std::vector<int> out;
+      const std::string list = i + 1 < argc ? argv[++i] : "";
+      size_t at = 0;
+      while (at <= list.size()) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        const std::string item = list.substr(at, comma - at);
+        char* end = nullptr;
+        const long v = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || v < lo || v > hi) {
+          std::fprintf(stderr, "bench_paged_attention: %s needs numbers %ld..%ld separated by commas (got '%s')\n", flag,
+                       lo, hi, list.c_str());
+          std::exit(2);
+        }
+        out.push_back(int(v));
+        at = comma + 1;
+      }
+      return out;
+    };
     if (a == "--B") only_b = count("--B");
     else if (a == "--S") only_s = count("--S");
     else if (a == "--prefill") prefill = count("--prefill");
     else if (a == "--reps") reps = count("--reps");
     else if (a == "--sweep") sweep = true;
-    else if (a == "--variants") {
-      // a comma-separated list of dense-kernel variants (-1: the dispatch's choice)
-      variants.clear();
-      const std::string list = i + 1 < argc ? argv[++i] : "";
-      size_t at = 0;
-      while (at <= list.size()) {
-        const size_t comma = std::min(list.find(',', at), list.size());
-        const std::string item = list.substr(at, comma - at);
-        char* end = nullptr;
-        const long v = std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || *end != '\0' || v < -1 || v > 15) {
-          std::fprintf(stderr, "bench_paged_attention: --variants needs numbers -1..15 separated by commas (got '%s')\n",
-                       list.c_str());
-          std::exit(2);
-        }
-        variants.push_back(int(v));
-        at = comma + 1;
-      }
-    }
-    else if (a == "--coded-caps") {
-      caps.clear();
-      const std::string list = i + 1 < argc ? argv[++i] : "";
-      size_t at = 0;
-      while (at <= list.size()) {
-        const size_t comma = std::min(list.find(',', at), list.size());
-        const std::string item = list.substr(at, comma - at);
-        char* end = nullptr;
-        const long v = std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || *end != '\0' || v < 0 || v > 1024) {
-          std::fprintf(stderr, "bench_paged_attention: --coded-caps needs numbers 0..1024 separated by commas (got '%s')\n",
-                       list.c_str());
-          std::exit(2);
-        }
-        caps.push_back(int(v));
-        at = comma + 1;
-      }
-    }
+    else if (a == "--variants") variants = ints("--variants", -1, 15);  // dense-kernel variants (-1: the dispatch's)
+    else if (a == "--coded-caps") caps = ints("--coded-caps", 0, 1024);  // LUT split caps (0: the dispatcher's)
     else if (a.rfind("--", 0) == 0) {
       std::fprintf(stderr, "bench_paged_attention: unknown flag %s\n", a.c_str());
       return 2;
