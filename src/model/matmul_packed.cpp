@@ -285,7 +285,7 @@ HWY_INLINE void TileQ23K(const uint8_t* G, int64_t u0, int64_t u1, const Quantiz
 }
 
 // Float weights (kE: 0 f32, 1 f16, 2 bf16) on the float activations X.x. Per unit of 32 columns
-// and activation row, 4 partial sums (columns c % 4: short FMA chains) added into the total.
+// and activation row, 2 partial sums (columns c % 2: shorter FMA chains) added into the total.
 template <int kE>
 HWY_INLINE __m256 LoadF8(const uint8_t* p) {
   if constexpr (kE == 0) {
@@ -298,27 +298,98 @@ HWY_INLINE __m256 LoadF8(const uint8_t* p) {
   }
 }
 
-template <int kE, int MT>
-HWY_INLINE void TileF(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io) {
+// NG (1 or 2) adjacent groups (G, G + gstride) at once: each broadcast activation serves both
+// groups' weight vectors. io0/io1: the totals of rows m0.. of each group.
+template <int kE, int MT, int NG>
+HWY_INLINE void TileF(const uint8_t* G, int64_t gstride, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
+                      __m256* io0, __m256* io1) {
   constexpr int64_t kEs = kE == 0 ? 4 : 2, kChunk = 32 * 8 * kEs;
-  __m256 acc[MT];
-  for (int t = 0; t < MT; ++t) acc[t] = io[2 * t];
+  __m256 acc[NG][MT];
+  for (int t = 0; t < MT; ++t) {
+    acc[0][t] = io0[t];
+    if constexpr (NG == 2) acc[NG - 1][t] = io1[t];
+  }
   for (int64_t u = u0; u < u1; ++u) {
     const uint8_t* C = G + u * kChunk;
-    __m256 part[MT][4];
-    for (int t = 0; t < MT; ++t)
-      for (int q = 0; q < 4; ++q) part[t][q] = _mm256_setzero_ps();
-    for (int c = 0; c < 32; ++c) {
-      const __m256 w = LoadF8<kE>(C + c * 8 * kEs);
-      for (int t = 0; t < MT; ++t)
-        part[t][c & 3] =
-            _mm256_fmadd_ps(w, _mm256_broadcast_ss(X.x + (m0 + t) * X.cols + 32 * u + c), part[t][c & 3]);
+    __m256 part[NG][MT][2];
+    for (int q = 0; q < NG; ++q)
+      for (int t = 0; t < MT; ++t) part[q][t][0] = part[q][t][1] = _mm256_setzero_ps();
+    for (int c0 = 0; c0 < 32; c0 += 2) {
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {  // constant indices: the partial sums stay in registers
+        __m256 w[NG];
+#pragma GCC unroll 2
+        for (int q = 0; q < NG; ++q) w[q] = LoadF8<kE>(C + q * gstride + (c0 + h) * 8 * kEs);
+#pragma GCC unroll 4
+        for (int t = 0; t < MT; ++t) {
+          const __m256 xv = _mm256_broadcast_ss(X.x + (m0 + t) * X.cols + 32 * u + c0 + h);
+#pragma GCC unroll 2
+          for (int q = 0; q < NG; ++q) part[q][t][h] = _mm256_fmadd_ps(w[q], xv, part[q][t][h]);
+        }
+      }
     }
-    for (int t = 0; t < MT; ++t)
-      acc[t] = _mm256_add_ps(acc[t], _mm256_add_ps(_mm256_add_ps(part[t][0], part[t][1]),
-                                                   _mm256_add_ps(part[t][2], part[t][3])));
+    for (int q = 0; q < NG; ++q)
+      for (int t = 0; t < MT; ++t) acc[q][t] = _mm256_add_ps(acc[q][t], _mm256_add_ps(part[q][t][0], part[q][t][1]));
   }
-  for (int t = 0; t < MT; ++t) io[2 * t] = acc[t];
+  for (int t = 0; t < MT; ++t) {
+    io0[t] = acc[0][t];
+    if constexpr (NG == 2) io1[t] = acc[NG - 1][t];
+  }
+}
+
+template <int kE, int NG>
+HWY_INLINE void TileFN(int64_t mt, const uint8_t* G, int64_t gstride, int64_t u0, int64_t u1, const QuantizedRows& X,
+                       int64_t m0, __m256* io0, __m256* io1) {
+  switch (mt) {
+    case 4: return TileF<kE, 4, NG>(G, gstride, u0, u1, X, m0, io0, io1);
+    case 3: return TileF<kE, 3, NG>(G, gstride, u0, u1, X, m0, io0, io1);
+    case 2: return TileF<kE, 2, NG>(G, gstride, u0, u1, X, m0, io0, io1);
+    default: return TileF<kE, 1, NG>(G, gstride, u0, u1, X, m0, io0, io1);
+  }
+}
+
+// The float types' groups, two at a time (a thread's part starts at an even group), with the
+// same three row regimes as Groups below: 1..4 rows one tile, 5..16 column steps, panels.
+template <int kE>
+void GroupsF(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy) {
+  constexpr int64_t kChunk = 32 * 8 * (kE == 0 ? 4 : 2), kStepUnits = 8;
+  const int64_t nu = P.cols / 32, M = X.M, gstride = nu * kChunk;
+  const uint8_t* base = P.data.data();
+  __m256 io[2][kPackedPanelRows];
+  auto tile = [&](int64_t ng, int64_t mt, const uint8_t* G, int64_t u0, int64_t u1, int64_t m0) {
+    if (ng == 2)
+      TileFN<kE, 2>(mt, G, gstride, u0, u1, X, m0, io[0] + (m0 % kPackedPanelRows), io[1] + (m0 % kPackedPanelRows));
+    else
+      TileFN<kE, 1>(mt, G, gstride, u0, u1, X, m0, io[0] + (m0 % kPackedPanelRows), io[1]);
+  };
+  auto store = [&](int64_t g, int64_t ng, int64_t m0, int64_t m1) {
+    for (int64_t q = 0; q < ng; ++q) {
+      const int64_t nr = std::min<int64_t>(8, P.rows - 8 * (g + q));
+      for (int64_t m = m0; m < m1; ++m) {
+        alignas(32) float out[8];
+        _mm256_store_ps(out, io[q][m % kPackedPanelRows]);
+        std::memcpy(y + m * ldy + 8 * (g + q), out, size_t(nr) * sizeof(float));
+      }
+    }
+  };
+  for (int64_t p0 = 0; p0 < M; p0 += kPackedPanelRows) {
+    const int64_t p1 = std::min(M, p0 + kPackedPanelRows);
+    for (int64_t g = g0; g < g1; g += 2) {
+      const int64_t ng = std::min<int64_t>(2, g1 - g);
+      const uint8_t* G = base + g * gstride;
+      for (int64_t q = 0; q < 2; ++q)
+        for (int64_t m = p0; m < p1; ++m) io[q][m % kPackedPanelRows] = _mm256_setzero_ps();
+      if (M > 4 && M <= kPackedDecodeRows) {
+        // Batched decode: a step of the groups' columns is read from memory once, then from L1
+        // by each 4-row tile.
+        for (int64_t u0 = 0; u0 < nu; u0 += kStepUnits)
+          for (int64_t m0 = p0; m0 < p1; m0 += 4) tile(ng, std::min<int64_t>(4, p1 - m0), G, u0, std::min(nu, u0 + kStepUnits), m0);
+      } else {
+        for (int64_t m0 = p0; m0 < p1; m0 += 4) tile(ng, std::min<int64_t>(4, p1 - m0), G, 0, nu, m0);
+      }
+      store(g, ng, p0, p1);
+    }
+  }
 }
 
 // The formats: chunk bytes, units per column step (256 columns) and the tile for 1..4 rows.
@@ -362,17 +433,6 @@ struct FmtQ23K {
     TileQ23K<kThree, MT>(G, u0, u1, X, xs16, m0, io);
   }
 };
-template <int kE>
-struct FmtF {
-  static constexpr int64_t kChunk = 32 * 8 * (kE == 0 ? 4 : 2), kStep = 8;
-  static constexpr bool kSums16 = false;
-  template <int MT>
-  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t*,
-                              int64_t m0, __m256* io) {
-    TileF<kE, MT>(G, u0, u1, X, m0, io);
-  }
-};
-
 template <class F>
 HWY_INLINE void TileN(int64_t mt, const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X,
                       const int32_t* xs16, int64_t m0, __m256* io) {
@@ -469,9 +529,9 @@ void PackedGroupsImpl(const PackedWeight& P, int64_t g0, int64_t g1, const Quant
     case GGMLType::Q6_K: return Groups<FmtQ6K>(P, g0, g1, X, y, ldy);
     case GGMLType::Q2_K: return Groups<FmtQ23K<false>>(P, g0, g1, X, y, ldy);
     case GGMLType::Q3_K: return Groups<FmtQ23K<true>>(P, g0, g1, X, y, ldy);
-    case GGMLType::F32: return Groups<FmtF<0>>(P, g0, g1, X, y, ldy);
-    case GGMLType::F16: return Groups<FmtF<1>>(P, g0, g1, X, y, ldy);
-    case GGMLType::BF16: return Groups<FmtF<2>>(P, g0, g1, X, y, ldy);
+    case GGMLType::F32: return GroupsF<0>(P, g0, g1, X, y, ldy);
+    case GGMLType::F16: return GroupsF<1>(P, g0, g1, X, y, ldy);
+    case GGMLType::BF16: return GroupsF<2>(P, g0, g1, X, y, ldy);
     default: return packed_groups_scalar(P, g0, g1, X, y, ldy);
   }
 }
@@ -724,7 +784,7 @@ void unpack_block(GGMLType t, const uint8_t* C, int r, int j, int* w, float* a, 
 }  // namespace
 
 // Same sums as the SIMD kernels: int32 block dot products (per 16-element half where the scales
-// are per half), then a * d_x and b * s_x in float; float types: 4 partial sums per unit.
+// are per half), then a * d_x and b * s_x in float; float types: 2 partial sums per unit.
 void packed_groups_scalar(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y,
                           int64_t ldy) {
   const int64_t uc = unit_cols(P.type), nu = P.cols / uc, nb = X.cols / 32, bpu = uc / 32;
@@ -737,7 +797,7 @@ void packed_groups_scalar(const PackedWeight& P, int64_t g0, int64_t g1, const Q
         for (int64_t m = 0; m < X.M; ++m) {
           float acc = 0;
           for (int64_t u = 0; u < nu; ++u) {
-            float part[4] = {0, 0, 0, 0};
+            float part[2] = {0, 0};
             for (int c = 0; c < 32; ++c) {
               const uint8_t* wp = G + size_t(u) * chunk + (size_t(c) * 8 + size_t(r)) * es;
               float wv;
@@ -745,9 +805,9 @@ void packed_groups_scalar(const PackedWeight& P, int64_t g0, int64_t g1, const Q
                 std::memcpy(&wv, wp, 4);
               else
                 wv = P.type == GGMLType::F16 ? f16_to_f32(ld16(wp)) : bf16_to_f32(ld16(wp));
-              part[c & 3] = std::fma(wv, X.x[m * X.cols + u * 32 + c], part[c & 3]);
+              part[c & 1] = std::fma(wv, X.x[m * X.cols + u * 32 + c], part[c & 1]);
             }
-            acc += (part[0] + part[1]) + (part[2] + part[3]);
+            acc += part[0] + part[1];
           }
           y[m * ldy + 8 * g + r] = acc;
         }

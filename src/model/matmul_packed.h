@@ -55,8 +55,9 @@
 //
 // Float types (unit 32): "f16 x8" / "bf16 x8" (512 bytes), "f32 x8" (1024): column c (0..31)
 // of the unit is the 8 rows' values side by side (8 * element size bytes at c * 8 * size). They
-// meet the float activations (QuantizedRows::x): per column one broadcast and one FMA for 8
-// rows; per unit and activation row 4 partial sums (columns c % 4), added into the row's total.
+// meet the float activations (QuantizedRows::x): per column one broadcast for two groups of 8
+// rows and an FMA for each; per unit and activation row 2 partial sums (columns c % 2), added
+// into the row's total.
 //
 // Sizes: Q6_K x8, Q2_K x8 and the float types take as many bytes as the GGUF rows, Q4_K x8 2.8%
 // more (1184 per 8 x 144: the 6-bit scales and mins in whole bytes), Q5_K x8 2.3% more, Q3_K x8
