@@ -65,6 +65,22 @@ HWY_INLINE __m256i Fifth(__m256i hb, int bit) {
   return _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(bit - 4)), m16);
 }
 
+// Bit `bit` (0..7) of each byte of hb moved to bit `pos` (0..4) of its byte, the others cleared
+// (16-bit shifts: a left shift by s <= pos brings bit pos - s of the same byte, a right shift by
+// s <= 7 - pos bit pos + s of the same byte).
+HWY_INLINE __m256i BitTo(__m256i hb, int bit, int pos) {
+  const __m256i m = _mm256_set1_epi8(char(1 << pos));
+  if (bit <= pos) return _mm256_and_si256(_mm256_sll_epi16(hb, _mm_cvtsi32_si128(pos - bit)), m);
+  return _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(bit - pos)), m);
+}
+// Eight u8 at p as int32 lanes.
+HWY_INLINE __m256i U8x8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+HWY_INLINE __m256 I8x8ToFloat(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 // Tiles: MT activation rows m0.., units [u0, u1) of one group G; io[2t], io[2t + 1]: the
 // running sums (scaled dot products, offsets) of row m0 + t, read and written back. xs16:
 // [X.M, X.cols / 16] sums of 16 activation codes (made only for the types that use them).
@@ -167,44 +183,52 @@ HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
   for (int t = 0; t < MT; ++t) io[2 * t] = acc[t], io[2 * t + 1] = accm[t];
 }
 
-// Q6_K: signed codes w = u - 32 (|w| <= 32) meet the activations as |w| and sign(x, w); the
-// two 16-element halves of each 32-element block keep separate sums (their scales differ).
+// Q6_K: the unsigned codes u (0..63) meet the activations in the u8 x s8 products, and each
+// 16-element half's sum less 32 * its activation sum is sum((u - 32) * x), exactly; the two
+// halves of each 32-element block keep separate sums (their scales differ).
 template <int MT>
-HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io) {
-  const int64_t nb = X.cols / 32;
+HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
+                        int64_t m0, __m256* io) {
+  const int64_t nb = X.cols / 32, n16 = X.cols / 16;
   __m256 acc[MT];
   for (int t = 0; t < MT; ++t) acc[t] = io[2 * t];
-  const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+  const __m256i m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(48);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * int64_t(kQ6KChunk);
+    // The chunk two ahead, in software: the codes and high-bit planes are read as two
+    // interleaved streams, which the hardware prefetchers did not follow (Zen 4: q6_K weights
+    // out of L2 ran at 1/4 of q8_0's speed, stalled on each chunk's first load).
+    for (int64_t k = 0; k < int64_t(kQ6KChunk); k += 64) _mm_prefetch(reinterpret_cast<const char*>(C + 2 * int64_t(kQ6KChunk) + k), _MM_HINT_T0);
     const __m256 d8 = H8(C + 1664);
     for (int j = 0; j < 8; ++j) {
-      const __m256 a0 = _mm256_mul_ps(
-          d8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(C + 1536 + 16 * j)))));
-      const __m256 a1 = _mm256_mul_ps(
-          d8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(C + 1544 + 16 * j)))));
-      __m256i w[8];  // w[2c]: elements 8c + 0..3 of each row, w[2c + 1]: 8c + 4..7; signed
+      const __m256 a0 = _mm256_mul_ps(d8, I8x8ToFloat(C + 1536 + 16 * j));
+      const __m256 a1 = _mm256_mul_ps(d8, I8x8ToFloat(C + 1544 + 16 * j));
+      __m256i w[8];  // w[2c]: elements 8c + 0..3 of each row, w[2c + 1]: 8c + 4..7; 0..63
       for (int c = 0; c < 4; ++c) {
         const __m256i v = Load32(C + 128 * j + 32 * c);
         const __m256i hb = Load32(C + 1024 + 64 * j + 32 * (c >> 1));
-        const int sh = 4 * (c & 1);
-        const __m256i hlo = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(sh)), m3);
-        const __m256i hhi = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(sh + 2)), m3);
-        w[2 * c] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v, m15), _mm256_slli_epi16(hlo, 4)), k32);
-        w[2 * c + 1] = _mm256_sub_epi8(
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), _mm256_slli_epi16(hhi, 4)), k32);
+        // The 2 high bits of element p (0..3) of each 4-byte lane group sit at bits 2p, 2p+1 of
+        // hb's byte: one 16-bit shift brings them to bits 4, 5 (no bits cross a byte).
+        const int sh = 4 * (c & 1);  // p = 2 (c & 1) for the low half-block, + 1 for the high
+        const __m256i hlo = sh == 0 ? _mm256_and_si256(_mm256_slli_epi16(hb, 4), m48)
+                                    : _mm256_and_si256(hb, m48);
+        const __m256i hhi = sh == 0 ? _mm256_and_si256(_mm256_slli_epi16(hb, 2), m48)
+                                    : _mm256_and_si256(_mm256_srli_epi16(hb, 2), m48);
+        w[2 * c] = _mm256_or_si256(_mm256_and_si256(v, m15), hlo);
+        w[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), hhi);
       }
-      __m256i aw[8];
-      for (int k = 0; k < 8; ++k) aw[k] = _mm256_abs_epi8(w[k]);
       for (int t = 0; t < MT; ++t) {
         const int8_t* xb = X.q + (m0 + t) * X.cols + s * 256 + 32 * j;
+        const int32_t* xs = xs16 + (m0 + t) * n16 + s * 16 + 2 * j;
         __m256i sum0 = _mm256_setzero_si256(), sum1 = _mm256_setzero_si256();
         for (int c = 0; c < 2; ++c) {
-          sum0 = AccDot(sum0, aw[2 * c], _mm256_sign_epi8(Bcast4(xb + 8 * c), w[2 * c]));
-          sum0 = AccDot(sum0, aw[2 * c + 1], _mm256_sign_epi8(Bcast4(xb + 8 * c + 4), w[2 * c + 1]));
-          sum1 = AccDot(sum1, aw[2 * c + 4], _mm256_sign_epi8(Bcast4(xb + 8 * c + 16), w[2 * c + 4]));
-          sum1 = AccDot(sum1, aw[2 * c + 5], _mm256_sign_epi8(Bcast4(xb + 8 * c + 20), w[2 * c + 5]));
+          sum0 = AccDot(sum0, w[2 * c], Bcast4(xb + 8 * c));
+          sum0 = AccDot(sum0, w[2 * c + 1], Bcast4(xb + 8 * c + 4));
+          sum1 = AccDot(sum1, w[2 * c + 4], Bcast4(xb + 8 * c + 16));
+          sum1 = AccDot(sum1, w[2 * c + 5], Bcast4(xb + 8 * c + 20));
         }
+        sum0 = _mm256_sub_epi32(sum0, _mm256_set1_epi32(32 * xs[0]));
+        sum1 = _mm256_sub_epi32(sum1, _mm256_set1_epi32(32 * xs[1]));
         const __m256 dx = _mm256_set1_ps(X.d[(m0 + t) * nb + 8 * s + j]);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum0), _mm256_mul_ps(a0, dx), acc[t]);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum1), _mm256_mul_ps(a1, dx), acc[t]);
@@ -212,22 +236,6 @@ HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
     }
   }
   for (int t = 0; t < MT; ++t) io[2 * t] = acc[t];
-}
-
-// Bit `bit` (0..7) of each byte of hb moved to bit `pos` (0..4) of its byte, the others cleared
-// (16-bit shifts: a left shift by s <= pos brings bit pos - s of the same byte, a right shift by
-// s <= 7 - pos bit pos + s of the same byte).
-HWY_INLINE __m256i BitTo(__m256i hb, int bit, int pos) {
-  const __m256i m = _mm256_set1_epi8(char(1 << pos));
-  if (bit <= pos) return _mm256_and_si256(_mm256_sll_epi16(hb, _mm_cvtsi32_si128(pos - bit)), m);
-  return _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(bit - pos)), m);
-}
-// Eight u8 at p as int32 lanes.
-HWY_INLINE __m256i U8x8(const uint8_t* p) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-}
-HWY_INLINE __m256 I8x8ToFloat(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
 // Q2_K and Q3_K (codes2 layout): per 32-element block, the two 16-element halves keep separate
@@ -311,6 +319,11 @@ HWY_INLINE void TileF(const uint8_t* G, int64_t gstride, int64_t u0, int64_t u1,
   }
   for (int64_t u = u0; u < u1; ++u) {
     const uint8_t* C = G + u * kChunk;
+    // Two streams (one per group) of 2-4 KB a unit: fetched 4 units ahead in software, which
+    // the hardware prefetchers did not do well enough (Zen 4, f16 from memory: 11 -> 16+ GFLOP/s).
+    for (int q = 0; q < NG; ++q)
+      for (int64_t k = 0; k < kChunk; k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(C + q * gstride + 4 * kChunk + k), _MM_HINT_T0);
     __m256 part[NG][MT][2];
     for (int q = 0; q < NG; ++q)
       for (int t = 0; t < MT; ++t) part[q][t][0] = part[q][t][1] = _mm256_setzero_ps();
@@ -416,11 +429,11 @@ struct FmtQ4K {
 };
 struct FmtQ6K {
   static constexpr int64_t kChunk = int64_t(kQ6KChunk), kStep = 1;
-  static constexpr bool kSums16 = false;
+  static constexpr bool kSums16 = true;
   template <int MT>
-  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t*,
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
                               int64_t m0, __m256* io) {
-    TileQ6K<MT>(G, u0, u1, X, m0, io);
+    TileQ6K<MT>(G, u0, u1, X, xs16, m0, io);
   }
 };
 template <bool kThree>
