@@ -152,8 +152,11 @@ HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
   const __m256i m15 = _mm256_set1_epi8(15);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * kChunk;
-    // The chunk two ahead in software (its scales and codes are read as two streams; see TileQ6K).
-    for (int64_t k = 0; k < kChunk; k += 64) _mm_prefetch(reinterpret_cast<const char*>(C + 2 * kChunk + k), _MM_HINT_T0);
+    // Tiles of 2+ rows fetch the chunk two ahead in software; one row leaves it to the hardware
+    // prefetchers (see TileQ6K).
+    if constexpr (MT > 1)
+      for (int64_t k = 0; k < kChunk; k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(C + 2 * kChunk + k), _MM_HINT_T0);
     const __m256 d8 = H8(C + 1152), dm8 = H8(C + 1168);
     for (int j = 0; j < 8; ++j) {
       const __m256 a8 = _mm256_mul_ps(d8, U8x8ToFloat(C + 1024 + 8 * j));
@@ -197,18 +200,22 @@ HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
   const __m256i m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(48);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * int64_t(kQ6KChunk);
-    // The chunk two ahead, in software: the codes and high-bit planes are read as two
-    // interleaved streams, which the hardware prefetchers did not follow (Zen 4: q6_K weights
-    // out of L2 ran at 1/4 of q8_0's speed, stalled on each chunk's first load).
-    for (int64_t k = 0; k < int64_t(kQ6KChunk); k += 64) _mm_prefetch(reinterpret_cast<const char*>(C + 2 * int64_t(kQ6KChunk) + k), _MM_HINT_T0);
+    // Tiles of 2+ rows fetch the chunk two ahead in software; for one row the hardware
+    // prefetchers do better alone (Zen 4, weights from memory, 1 thread: q6_K M=1 59-72 GFLOP/s
+    // without, 33-40 with; M=4 98-104 with, 77-80 without; q4_K likewise). (The codes and high
+    // bits of a block are contiguous: with the planes apart, two interleaved streams, M=1 ran at
+    // 12-13 GFLOP/s, stalled on each chunk's first load.)
+    if constexpr (MT > 1)
+      for (int64_t k = 0; k < int64_t(kQ6KChunk); k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(C + 2 * int64_t(kQ6KChunk) + k), _MM_HINT_T0);
     const __m256 d8 = H8(C + 1664);
     for (int j = 0; j < 8; ++j) {
       const __m256 a0 = _mm256_mul_ps(d8, I8x8ToFloat(C + 1536 + 16 * j));
       const __m256 a1 = _mm256_mul_ps(d8, I8x8ToFloat(C + 1544 + 16 * j));
       __m256i w[8];  // w[2c]: elements 8c + 0..3 of each row, w[2c + 1]: 8c + 4..7; 0..63
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = Load32(C + 128 * j + 32 * c);
-        const __m256i hb = Load32(C + 1024 + 64 * j + 32 * (c >> 1));
+        const __m256i v = Load32(C + 192 * j + 32 * c);
+        const __m256i hb = Load32(C + 192 * j + 128 + 32 * (c >> 1));
         // The 2 high bits of element p (0..3) of each 4-byte lane group sit at bits 2p, 2p+1 of
         // hb's byte: one 16-bit shift brings them to bits 4, 5 (no bits cross a byte).
         const int sh = 4 * (c & 1);  // p = 2 (c & 1) for the low half-block, + 1 for the high
@@ -672,12 +679,12 @@ void pack_q6k_chunk(const uint8_t* blk, int r, uint8_t* C) {
     const int* qj = q + 32 * j;
     for (int c = 0; c < 4; ++c)
       for (int i = 0; i < 4; ++i)
-        C[128 * j + 32 * c + 4 * r + i] = uint8_t((qj[8 * c + i] & 15) | (qj[8 * c + 4 + i] & 15) << 4);
+        C[192 * j + 32 * c + 4 * r + i] = uint8_t((qj[8 * c + i] & 15) | (qj[8 * c + 4 + i] & 15) << 4);
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 4; ++i) {
         int v = 0;
         for (int p = 0; p < 4; ++p) v |= (qj[16 * h + 4 * p + i] >> 4) << (2 * p);
-        C[1024 + 64 * j + 32 * h + 4 * r + i] = uint8_t(v);
+        C[192 * j + 128 + 32 * h + 4 * r + i] = uint8_t(v);
       }
   }
 }
@@ -767,9 +774,9 @@ void unpack_block(GGMLType t, const uint8_t* C, int r, int j, int* w, float* a, 
     case GGMLType::Q6_K: {
       for (int e = 0; e < 32; ++e) {
         const int c = e / 8, i = e % 4, hn = (e % 8) / 4;
-        const int lo = (C[128 * j + 32 * c + 4 * r + i] >> (4 * hn)) & 15;
+        const int lo = (C[192 * j + 32 * c + 4 * r + i] >> (4 * hn)) & 15;
         const int h = e / 16, p = (e % 16) / 4;
-        const int hi = (C[1024 + 64 * j + 32 * h + 4 * r + i] >> (2 * p)) & 3;
+        const int hi = (C[192 * j + 128 + 32 * h + 4 * r + i] >> (2 * p)) & 3;
         w[e] = (lo | hi << 4) - 32;
       }
       const float d = h2f(C + 1664 + 2 * r);

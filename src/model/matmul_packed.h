@@ -28,9 +28,10 @@
 // Packed Q5_K ("q5_K x8"): the Q4_K chunk, then [1184, 1440) hi5 of sub-block j at 1184 + 32 j.
 //
 // Packed Q6_K ("q6_K x8"): the same grouping, chunks of kQ6KChunk bytes:
-//   [0, 1024)     low 4 bits of the 6-bit codes u (0..63), arranged as the Q4_K codes above
-//   [1024, 1536)  high 2 bits: 32-element block j, half h (0..1): 32 bytes at 1024 + 64j + 32h,
-//                 byte 4r + i = sum over p (0..3) of hi(32j + 16h + 4p + i) << 2p
+//   [0, 1536)     32-element block j at 192j (one sequential stream: the hardware prefetchers
+//                 follow it): 128 bytes of the low 4 bits of the 6-bit codes u (0..63),
+//                 arranged as the Q4_K codes above, then the high 2 bits: half h (0..1) at
+//                 192j + 128 + 32h, byte 4r + i = sum over p (0..3) of hi(32j + 16h + 4p + i) << 2p
 //   [1536, 1664)  int8 sc[k][r]: the scale of 16-element sub-block k (0..15) of row r
 //   [1664, 1680)  fp16 d[r]
 // Weight element (r, 16k + e) = (d[r] * sc[k][r]) * (u - 32), as in the GGUF layout.
