@@ -167,7 +167,6 @@ int main(int argc, char** argv) {
       if (layout != "plain" && vq::packable(t, cols)) packed_layouts.push_back(true);
       vq::PackedWeight P;
       if (vq::packable(t, cols)) P = vq::pack_weight(t, W.data(), rows, cols);
-      vq::ActivationBuffer ab;
       for (bool packed : packed_layouts)
         for (int64_t target : targets)
           for (int64_t threads : thread_counts) {
@@ -180,7 +179,7 @@ int main(int argc, char** argv) {
               const double s = seconds_per_call(
                   [&] {
                     if (packed)
-                      vq::matmul_packed(P, ab.quantize(x.data(), M, cols), y.data());
+                      vq::matmul_packed(P, x.data(), M, y.data());  // quantizes x unless P is a float type
                     else
                       vq::matmul(t, W.data(), rows, cols, x.data(), M, y.data());
                   },

@@ -144,18 +144,27 @@ def main():
                 continue
             ids = prompt_ids(probe, ctx)
             for t in map(int, a.threads.split()):
+                # Repetitions alternate between llama.cpp and ours (each setting once per round), so
+                # that a change of the machine's load falls on both sides; medians over the rounds.
+                lc = {(kv, fa): ([], []) for kv, fa in configs}
+                oc = {kv: ([], []) for kv in ours_kv}
+                calibs = {kv: calibration(a.bin, name, path, kv, Path(a.calib_dir)) for kv in ours_kv}
+                for rep in range(a.reps):
+                    for kv, fa in configs:
+                        pp, tg = bench_llamacpp(path, t, ids, a.decode, 1, kv, fa)
+                        lc[(kv, fa)][0].append(pp), lc[(kv, fa)][1].append(tg)
+                        print(f"{name} ctx {ctx} t {t} round {rep + 1}: llama.cpp {kv}{'+fa' if fa else ''}: "
+                              f"pp {pp:.1f} tg {tg:.1f}", flush=True)
+                    for kv in ours_kv:
+                        pp, tg = bench_ours(a.bin, path, t, ids, a.decode, 1, kv, calibs[kv])
+                        oc[kv][0].append(pp), oc[kv][1].append(tg)
+                        print(f"{name} ctx {ctx} t {t} round {rep + 1}: ours {kv}: pp {pp:.1f} tg {tg:.1f}", flush=True)
                 best_pp = best_tg = (0.0, "")
-                for kv, fa in configs:
-                    pp, tg = bench_llamacpp(path, t, ids, a.decode, a.reps, kv, fa)
+                for (kv, fa), (pps, tgs) in lc.items():
                     label = kv + ("+fa" if fa else "")
-                    print(f"{name} ctx {ctx} t {t}: llama.cpp {label}: pp {pp:.1f} tg {tg:.1f}", flush=True)
-                    best_pp = max(best_pp, (pp, label))
-                    best_tg = max(best_tg, (tg, label))
-                ours = {}
-                for kv in ours_kv:
-                    calib = calibration(a.bin, name, path, kv, Path(a.calib_dir))
-                    ours[kv] = bench_ours(a.bin, path, t, ids, a.decode, a.reps, kv, calib)
-                    print(f"{name} ctx {ctx} t {t}: ours {kv}: pp {ours[kv][0]:.1f} tg {ours[kv][1]:.1f}", flush=True)
+                    best_pp = max(best_pp, (statistics.median(pps), label))
+                    best_tg = max(best_tg, (statistics.median(tgs), label))
+                ours = {kv: (statistics.median(v[0]), statistics.median(v[1])) for kv, v in oc.items()}
                 rows.append(dict(model=name, ctx=ctx, threads=t, llama_pp=best_pp[0], llama_pp_cfg=best_pp[1],
                                  llama_tg=best_tg[0], llama_tg_cfg=best_tg[1],
                                  ours={kv: {"pp": v[0], "tg": v[1]} for kv, v in ours.items()}))
@@ -165,7 +174,7 @@ def main():
       f"load average {load_start} at the start and {load_average()} at the end; llama-cpp-python "
       f"{llama_cpp.__version__} (llama.cpp built from source, native), best of its settings "
       f"{a.llama_configs} per row (the setting in brackets); decode = {a.decode} tokens after the prompt, "
-      f"median of {a.reps} run(s). Command: `{a.command}`.")
+      f"median of {a.reps} round(s), llama.cpp and ours alternating. Command: `{a.command}`.")
     p("")
     head = "| model | context | threads | llama.cpp prefill t/s | " + " | ".join(f"ours prefill ({k})" for k in ours_kv)
     head += " | prefill ratio | llama.cpp decode t/s | " + " | ".join(f"ours decode ({k})" for k in ours_kv)

@@ -16,6 +16,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -64,8 +65,25 @@ HWY_INLINE __m256i Fifth(__m256i hb, int bit) {
   return _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(bit - 4)), m16);
 }
 
+// Bit `bit` (0..7) of each byte of hb moved to bit `pos` (0..4) of its byte, the others cleared
+// (16-bit shifts: a left shift by s <= pos brings bit pos - s of the same byte, a right shift by
+// s <= 7 - pos bit pos + s of the same byte).
+HWY_INLINE __m256i BitTo(__m256i hb, int bit, int pos) {
+  const __m256i m = _mm256_set1_epi8(char(1 << pos));
+  if (bit <= pos) return _mm256_and_si256(_mm256_sll_epi16(hb, _mm_cvtsi32_si128(pos - bit)), m);
+  return _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(bit - pos)), m);
+}
+// Eight u8 at p as int32 lanes.
+HWY_INLINE __m256i U8x8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+HWY_INLINE __m256 I8x8ToFloat(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 // Tiles: MT activation rows m0.., units [u0, u1) of one group G; io[2t], io[2t + 1]: the
-// running sums (scaled dot products, offsets) of row m0 + t, read and written back.
+// running sums (scaled dot products, offsets) of row m0 + t, read and written back. xs16:
+// [X.M, X.cols / 16] sums of 16 activation codes (made only for the types that use them).
 enum class K32 { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 };
 
 template <K32 K>
@@ -134,6 +152,11 @@ HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
   const __m256i m15 = _mm256_set1_epi8(15);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * kChunk;
+    // Tiles of 2+ rows fetch the chunk two ahead in software; one row leaves it to the hardware
+    // prefetchers (see TileQ6K).
+    if constexpr (MT > 1)
+      for (int64_t k = 0; k < kChunk; k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(C + 2 * kChunk + k), _MM_HINT_T0);
     const __m256 d8 = H8(C + 1152), dm8 = H8(C + 1168);
     for (int j = 0; j < 8; ++j) {
       const __m256 a8 = _mm256_mul_ps(d8, U8x8ToFloat(C + 1024 + 8 * j));
@@ -165,44 +188,56 @@ HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
   for (int t = 0; t < MT; ++t) io[2 * t] = acc[t], io[2 * t + 1] = accm[t];
 }
 
-// Q6_K: signed codes w = u - 32 (|w| <= 32) meet the activations as |w| and sign(x, w); the
-// two 16-element halves of each 32-element block keep separate sums (their scales differ).
+// Q6_K: the unsigned codes u (0..63) meet the activations in the u8 x s8 products, and each
+// 16-element half's sum less 32 * its activation sum is sum((u - 32) * x), exactly; the two
+// halves of each 32-element block keep separate sums (their scales differ).
 template <int MT>
-HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io) {
-  const int64_t nb = X.cols / 32;
+HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
+                        int64_t m0, __m256* io) {
+  const int64_t nb = X.cols / 32, n16 = X.cols / 16;
   __m256 acc[MT];
   for (int t = 0; t < MT; ++t) acc[t] = io[2 * t];
-  const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+  const __m256i m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(48);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * int64_t(kQ6KChunk);
+    // Tiles of 2+ rows fetch the chunk two ahead in software; for one row the hardware
+    // prefetchers do better alone (Zen 4, weights from memory, 1 thread: q6_K M=1 59-72 GFLOP/s
+    // without, 33-40 with; M=4 98-104 with, 77-80 without; q4_K likewise). (The codes and high
+    // bits of a block are contiguous: with the planes apart, two interleaved streams, M=1 ran at
+    // 12-13 GFLOP/s, stalled on each chunk's first load.)
+    if constexpr (MT > 1)
+      for (int64_t k = 0; k < int64_t(kQ6KChunk); k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(C + 2 * int64_t(kQ6KChunk) + k), _MM_HINT_T0);
     const __m256 d8 = H8(C + 1664);
     for (int j = 0; j < 8; ++j) {
-      const __m256 a0 = _mm256_mul_ps(
-          d8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(C + 1536 + 16 * j)))));
-      const __m256 a1 = _mm256_mul_ps(
-          d8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(C + 1544 + 16 * j)))));
-      __m256i w[8];  // w[2c]: elements 8c + 0..3 of each row, w[2c + 1]: 8c + 4..7; signed
+      const __m256 a0 = _mm256_mul_ps(d8, I8x8ToFloat(C + 1536 + 16 * j));
+      const __m256 a1 = _mm256_mul_ps(d8, I8x8ToFloat(C + 1544 + 16 * j));
+      __m256i w[8];  // w[2c]: elements 8c + 0..3 of each row, w[2c + 1]: 8c + 4..7; 0..63
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = Load32(C + 128 * j + 32 * c);
-        const __m256i hb = Load32(C + 1024 + 64 * j + 32 * (c >> 1));
-        const int sh = 4 * (c & 1);
-        const __m256i hlo = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(sh)), m3);
-        const __m256i hhi = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(sh + 2)), m3);
-        w[2 * c] = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(v, m15), _mm256_slli_epi16(hlo, 4)), k32);
-        w[2 * c + 1] = _mm256_sub_epi8(
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), _mm256_slli_epi16(hhi, 4)), k32);
+        const __m256i v = Load32(C + 192 * j + 32 * c);
+        const __m256i hb = Load32(C + 192 * j + 128 + 32 * (c >> 1));
+        // The 2 high bits of element p (0..3) of each 4-byte lane group sit at bits 2p, 2p+1 of
+        // hb's byte: one 16-bit shift brings them to bits 4, 5 (no bits cross a byte).
+        const int sh = 4 * (c & 1);  // p = 2 (c & 1) for the low half-block, + 1 for the high
+        const __m256i hlo = sh == 0 ? _mm256_and_si256(_mm256_slli_epi16(hb, 4), m48)
+                                    : _mm256_and_si256(hb, m48);
+        const __m256i hhi = sh == 0 ? _mm256_and_si256(_mm256_slli_epi16(hb, 2), m48)
+                                    : _mm256_and_si256(_mm256_srli_epi16(hb, 2), m48);
+        w[2 * c] = _mm256_or_si256(_mm256_and_si256(v, m15), hlo);
+        w[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), hhi);
       }
-      __m256i aw[8];
-      for (int k = 0; k < 8; ++k) aw[k] = _mm256_abs_epi8(w[k]);
       for (int t = 0; t < MT; ++t) {
         const int8_t* xb = X.q + (m0 + t) * X.cols + s * 256 + 32 * j;
+        const int32_t* xs = xs16 + (m0 + t) * n16 + s * 16 + 2 * j;
         __m256i sum0 = _mm256_setzero_si256(), sum1 = _mm256_setzero_si256();
         for (int c = 0; c < 2; ++c) {
-          sum0 = AccDot(sum0, aw[2 * c], _mm256_sign_epi8(Bcast4(xb + 8 * c), w[2 * c]));
-          sum0 = AccDot(sum0, aw[2 * c + 1], _mm256_sign_epi8(Bcast4(xb + 8 * c + 4), w[2 * c + 1]));
-          sum1 = AccDot(sum1, aw[2 * c + 4], _mm256_sign_epi8(Bcast4(xb + 8 * c + 16), w[2 * c + 4]));
-          sum1 = AccDot(sum1, aw[2 * c + 5], _mm256_sign_epi8(Bcast4(xb + 8 * c + 20), w[2 * c + 5]));
+          sum0 = AccDot(sum0, w[2 * c], Bcast4(xb + 8 * c));
+          sum0 = AccDot(sum0, w[2 * c + 1], Bcast4(xb + 8 * c + 4));
+          sum1 = AccDot(sum1, w[2 * c + 4], Bcast4(xb + 8 * c + 16));
+          sum1 = AccDot(sum1, w[2 * c + 5], Bcast4(xb + 8 * c + 20));
         }
+        sum0 = _mm256_sub_epi32(sum0, _mm256_set1_epi32(32 * xs[0]));
+        sum1 = _mm256_sub_epi32(sum1, _mm256_set1_epi32(32 * xs[1]));
         const __m256 dx = _mm256_set1_ps(X.d[(m0 + t) * nb + 8 * s + j]);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum0), _mm256_mul_ps(a0, dx), acc[t]);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum1), _mm256_mul_ps(a1, dx), acc[t]);
@@ -212,42 +247,236 @@ HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
   for (int t = 0; t < MT; ++t) io[2 * t] = acc[t];
 }
 
+// Q2_K and Q3_K (codes2 layout): per 32-element block, the two 16-element halves keep separate
+// sums (their scales differ). Q2_K: w = q (0..3), offsets -dmin * m * (16-element activation
+// sums). Q3_K: w = u (0..7) and the sum of each half less 4 * its activation sum (exact in int32).
+template <bool kThree, int MT>
+HWY_INLINE void TileQ23K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
+                         int64_t m0, __m256* io) {
+  constexpr int64_t kChunk = kThree ? int64_t(kQ3KChunk) : int64_t(kQ2KChunk);
+  const int64_t nb = X.cols / 32, n16 = X.cols / 16;
+  __m256 acc[MT], accm[MT];
+  for (int t = 0; t < MT; ++t) acc[t] = io[2 * t], accm[t] = io[2 * t + 1];
+  const __m256i m3 = _mm256_set1_epi8(3);
+  for (int64_t s = u0; s < u1; ++s) {
+    const uint8_t* C = G + s * kChunk;
+    const __m256 d8 = H8(C + (kThree ? 896 : 640));
+    const __m256 dm8 = kThree ? _mm256_setzero_ps() : H8(C + 656);
+    for (int j = 0; j < 8; ++j) {
+      __m256 a[2], b[2];
+      for (int h = 0; h < 2; ++h) {
+        if constexpr (kThree) {
+          a[h] = _mm256_mul_ps(d8, I8x8ToFloat(C + 768 + 8 * (2 * j + h)));
+          b[h] = _mm256_setzero_ps();
+        } else {
+          const __m256i sc = U8x8(C + 512 + 8 * (2 * j + h));
+          a[h] = _mm256_mul_ps(d8, _mm256_cvtepi32_ps(_mm256_and_si256(sc, _mm256_set1_epi32(15))));
+          b[h] = _mm256_mul_ps(dm8, _mm256_cvtepi32_ps(_mm256_srli_epi32(sc, 4)));
+        }
+      }
+      __m256i w[8];  // w[4h + p]: elements 16h + 4p + 0..3 of each row
+      const __m256i hb = kThree ? Load32(C + 512 + 32 * j) : _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = Load32(C + 64 * j + 32 * h);
+        for (int p = 0; p < 4; ++p) {
+          w[4 * h + p] = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * p)), m3);
+          if constexpr (kThree) w[4 * h + p] = _mm256_or_si256(w[4 * h + p], BitTo(hb, 4 * h + p, 2));
+        }
+      }
+      for (int t = 0; t < MT; ++t) {
+        const int8_t* xb = X.q + (m0 + t) * X.cols + s * 256 + 32 * j;
+        const int32_t* xs = xs16 + (m0 + t) * n16 + s * 16 + 2 * j;
+        const __m256 dx = _mm256_set1_ps(X.d[(m0 + t) * nb + 8 * s + j]);
+        for (int h = 0; h < 2; ++h) {
+          __m256i sum = _mm256_setzero_si256();
+          for (int p = 0; p < 4; ++p) sum = AccDot(sum, w[4 * h + p], Bcast4(xb + 16 * h + 4 * p));
+          if constexpr (kThree) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(4 * xs[h]));
+          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(a[h], dx), acc[t]);
+          if constexpr (!kThree)
+            accm[t] = _mm256_fnmadd_ps(b[h], _mm256_mul_ps(dx, _mm256_set1_ps(float(xs[h]))), accm[t]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < MT; ++t) io[2 * t] = acc[t], io[2 * t + 1] = accm[t];
+}
+
+// Float weights (kE: 0 f32, 1 f16, 2 bf16) on the float activations X.x. Per unit of 32 columns
+// and activation row, 2 partial sums (columns c % 2: shorter FMA chains) added into the total.
+template <int kE>
+HWY_INLINE __m256 LoadF8(const uint8_t* p) {
+  if constexpr (kE == 0) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else if constexpr (kE == 1) {
+    return H8(p);
+  } else {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+}
+
+// NG (1 or 2) adjacent groups (G, G + gstride) at once: each broadcast activation serves both
+// groups' weight vectors. io0/io1: the totals of rows m0.. of each group.
+template <int kE, int MT, int NG>
+HWY_INLINE void TileF(const uint8_t* G, int64_t gstride, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
+                      __m256* io0, __m256* io1) {
+  constexpr int64_t kEs = kE == 0 ? 4 : 2, kChunk = 32 * 8 * kEs;
+  __m256 acc[NG][MT];
+  for (int t = 0; t < MT; ++t) {
+    acc[0][t] = io0[t];
+    if constexpr (NG == 2) acc[NG - 1][t] = io1[t];
+  }
+  for (int64_t u = u0; u < u1; ++u) {
+    const uint8_t* C = G + u * kChunk;
+    // Two streams (one per group) of 2-4 KB a unit: fetched 4 units ahead in software, which
+    // the hardware prefetchers did not do well enough (Zen 4, f16 from memory: 11 -> 16+ GFLOP/s).
+    for (int q = 0; q < NG; ++q)
+      for (int64_t k = 0; k < kChunk; k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(C + q * gstride + 4 * kChunk + k), _MM_HINT_T0);
+    __m256 part[NG][MT][2];
+    for (int q = 0; q < NG; ++q)
+      for (int t = 0; t < MT; ++t) part[q][t][0] = part[q][t][1] = _mm256_setzero_ps();
+    for (int c0 = 0; c0 < 32; c0 += 2) {
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {  // constant indices: the partial sums stay in registers
+        __m256 w[NG];
+#pragma GCC unroll 2
+        for (int q = 0; q < NG; ++q) w[q] = LoadF8<kE>(C + q * gstride + (c0 + h) * 8 * kEs);
+#pragma GCC unroll 4
+        for (int t = 0; t < MT; ++t) {
+          const __m256 xv = _mm256_broadcast_ss(X.x + (m0 + t) * X.cols + 32 * u + c0 + h);
+#pragma GCC unroll 2
+          for (int q = 0; q < NG; ++q) part[q][t][h] = _mm256_fmadd_ps(w[q], xv, part[q][t][h]);
+        }
+      }
+    }
+    for (int q = 0; q < NG; ++q)
+      for (int t = 0; t < MT; ++t) acc[q][t] = _mm256_add_ps(acc[q][t], _mm256_add_ps(part[q][t][0], part[q][t][1]));
+  }
+  for (int t = 0; t < MT; ++t) {
+    io0[t] = acc[0][t];
+    if constexpr (NG == 2) io1[t] = acc[NG - 1][t];
+  }
+}
+
+template <int kE, int NG>
+HWY_INLINE void TileFN(int64_t mt, const uint8_t* G, int64_t gstride, int64_t u0, int64_t u1, const QuantizedRows& X,
+                       int64_t m0, __m256* io0, __m256* io1) {
+  switch (mt) {
+    case 4: return TileF<kE, 4, NG>(G, gstride, u0, u1, X, m0, io0, io1);
+    case 3: return TileF<kE, 3, NG>(G, gstride, u0, u1, X, m0, io0, io1);
+    case 2: return TileF<kE, 2, NG>(G, gstride, u0, u1, X, m0, io0, io1);
+    default: return TileF<kE, 1, NG>(G, gstride, u0, u1, X, m0, io0, io1);
+  }
+}
+
+// The float types' groups, two at a time (a thread's part starts at an even group), with the
+// same three row regimes as Groups below: 1..4 rows one tile, 5..16 column steps, panels.
+template <int kE>
+void GroupsF(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy) {
+  constexpr int64_t kChunk = 32 * 8 * (kE == 0 ? 4 : 2), kStepUnits = 8;
+  const int64_t nu = P.cols / 32, M = X.M, gstride = nu * kChunk;
+  const uint8_t* base = P.data.data();
+  __m256 io[2][kPackedPanelRows];
+  auto tile = [&](int64_t ng, int64_t mt, const uint8_t* G, int64_t u0, int64_t u1, int64_t m0) {
+    if (ng == 2)
+      TileFN<kE, 2>(mt, G, gstride, u0, u1, X, m0, io[0] + (m0 % kPackedPanelRows), io[1] + (m0 % kPackedPanelRows));
+    else
+      TileFN<kE, 1>(mt, G, gstride, u0, u1, X, m0, io[0] + (m0 % kPackedPanelRows), io[1]);
+  };
+  auto store = [&](int64_t g, int64_t ng, int64_t m0, int64_t m1) {
+    for (int64_t q = 0; q < ng; ++q) {
+      const int64_t nr = std::min<int64_t>(8, P.rows - 8 * (g + q));
+      for (int64_t m = m0; m < m1; ++m) {
+        alignas(32) float out[8];
+        _mm256_store_ps(out, io[q][m % kPackedPanelRows]);
+        std::memcpy(y + m * ldy + 8 * (g + q), out, size_t(nr) * sizeof(float));
+      }
+    }
+  };
+  for (int64_t p0 = 0; p0 < M; p0 += kPackedPanelRows) {
+    const int64_t p1 = std::min(M, p0 + kPackedPanelRows);
+    for (int64_t g = g0; g < g1; g += 2) {
+      const int64_t ng = std::min<int64_t>(2, g1 - g);
+      const uint8_t* G = base + g * gstride;
+      for (int64_t q = 0; q < 2; ++q)
+        for (int64_t m = p0; m < p1; ++m) io[q][m % kPackedPanelRows] = _mm256_setzero_ps();
+      if (M > 4 && M <= kPackedDecodeRows) {
+        // Batched decode: a step of the groups' columns is read from memory once, then from L1
+        // by each 4-row tile.
+        for (int64_t u0 = 0; u0 < nu; u0 += kStepUnits)
+          for (int64_t m0 = p0; m0 < p1; m0 += 4) tile(ng, std::min<int64_t>(4, p1 - m0), G, u0, std::min(nu, u0 + kStepUnits), m0);
+      } else {
+        for (int64_t m0 = p0; m0 < p1; m0 += 4) tile(ng, std::min<int64_t>(4, p1 - m0), G, 0, nu, m0);
+      }
+      store(g, ng, p0, p1);
+    }
+  }
+}
+
 // The formats: chunk bytes, units per column step (256 columns) and the tile for 1..4 rows.
+// kSums16: whether the tiles read the 16-element activation sums.
 template <K32 K>
 struct Fmt32 {
   static constexpr int64_t kChunk = int64_t(Chunk32<K>()), kStep = 8;
+  static constexpr bool kSums16 = false;
   template <int MT>
-  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
-                              __m256* io) {
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t*,
+                              int64_t m0, __m256* io) {
     Tile32<K, MT>(G, u0, u1, X, m0, io);
   }
 };
 template <bool kFive>
 struct FmtQ4K {
   static constexpr int64_t kChunk = kFive ? int64_t(kQ5KChunk) : int64_t(kQ4KChunk), kStep = 1;
+  static constexpr bool kSums16 = false;
   template <int MT>
-  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
-                              __m256* io) {
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t*,
+                              int64_t m0, __m256* io) {
     TileQ4K<kFive, MT>(G, u0, u1, X, m0, io);
   }
 };
 struct FmtQ6K {
   static constexpr int64_t kChunk = int64_t(kQ6KChunk), kStep = 1;
+  static constexpr bool kSums16 = true;
   template <int MT>
-  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
-                              __m256* io) {
-    TileQ6K<MT>(G, u0, u1, X, m0, io);
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
+                              int64_t m0, __m256* io) {
+    TileQ6K<MT>(G, u0, u1, X, xs16, m0, io);
   }
 };
-
+template <bool kThree>
+struct FmtQ23K {
+  static constexpr int64_t kChunk = kThree ? int64_t(kQ3KChunk) : int64_t(kQ2KChunk), kStep = 1;
+  static constexpr bool kSums16 = true;
+  template <int MT>
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
+                              int64_t m0, __m256* io) {
+    TileQ23K<kThree, MT>(G, u0, u1, X, xs16, m0, io);
+  }
+};
 template <class F>
-HWY_INLINE void TileN(int64_t mt, const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
-                      __m256* io) {
+HWY_INLINE void TileN(int64_t mt, const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X,
+                      const int32_t* xs16, int64_t m0, __m256* io) {
   switch (mt) {
-    case 4: return F::template Tile<4>(G, u0, u1, X, m0, io);
-    case 3: return F::template Tile<3>(G, u0, u1, X, m0, io);
-    case 2: return F::template Tile<2>(G, u0, u1, X, m0, io);
-    default: return F::template Tile<1>(G, u0, u1, X, m0, io);
+    case 4: return F::template Tile<4>(G, u0, u1, X, xs16, m0, io);
+    case 3: return F::template Tile<3>(G, u0, u1, X, xs16, m0, io);
+    case 2: return F::template Tile<2>(G, u0, u1, X, xs16, m0, io);
+    default: return F::template Tile<1>(G, u0, u1, X, xs16, m0, io);
+  }
+}
+
+// xs[m * cols / 16 + k] = the sum of activation codes 16k..16k+15 of row m (|sum| <= 2032).
+HWY_INLINE void Sums16(const QuantizedRows& X, int32_t* xs) {
+  const int64_t n = X.M * X.cols;
+  const __m256i bias = _mm256_set1_epi8(char(0x80));
+  for (int64_t i = 0; i < n; i += 32) {
+    // Biased to u8 (x + 128), then sums of 8 bytes per 64-bit lane.
+    const __m256i v = _mm256_xor_si256(Load32(reinterpret_cast<const uint8_t*>(X.q + i)), bias);
+    alignas(32) int64_t q[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_sad_epu8(v, _mm256_setzero_si256()));
+    xs[i / 16] = int32_t(q[0] + q[1]) - 16 * 128;
+    xs[i / 16 + 1] = int32_t(q[2] + q[3]) - 16 * 128;
   }
 }
 
@@ -270,18 +499,25 @@ void Groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& 
   const int64_t nu = P.cols / unit_cols(P.type), M = X.M;
   const uint8_t* base = P.data.data();
   __m256 io[2 * kPackedDecodeRows];
+  const int32_t* xs16 = nullptr;
+  if constexpr (F::kSums16) {
+    thread_local std::vector<int32_t> sums;  // [M, cols / 16], reused across calls of this thread
+    sums.resize(size_t(M * (X.cols / 16)));
+    Sums16(X, sums.data());
+    xs16 = sums.data();
+  }
   if (M <= kPackedDecodeRows) {
     for (int64_t g = g0; g < g1; ++g) {
       const uint8_t* G = base + g * nu * F::kChunk;
       for (int64_t i = 0; i < 2 * M; ++i) io[i] = _mm256_setzero_ps();
       if (M <= 4) {
-        TileN<F>(M, G, 0, nu, X, 0, io);
+        TileN<F>(M, G, 0, nu, X, xs16, 0, io);
       } else {
         // Batched decode: a step of the group's columns is read from memory once, then from L1
         // by each 4-row tile.
         for (int64_t u0 = 0; u0 < nu; u0 += F::kStep) {
           const int64_t u1 = std::min(nu, u0 + F::kStep);
-          for (int64_t m0 = 0; m0 < M; m0 += 4) TileN<F>(std::min<int64_t>(4, M - m0), G, u0, u1, X, m0, io + 2 * m0);
+          for (int64_t m0 = 0; m0 < M; m0 += 4) TileN<F>(std::min<int64_t>(4, M - m0), G, u0, u1, X, xs16, m0, io + 2 * m0);
         }
       }
       StoreRows(io, M, 0, g, P.rows, y, ldy);
@@ -296,7 +532,7 @@ void Groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& 
       for (int64_t m0 = p0; m0 < p1; m0 += 4) {
         const int64_t mt = std::min<int64_t>(4, p1 - m0);
         for (int64_t i = 0; i < 2 * mt; ++i) io[i] = _mm256_setzero_ps();
-        TileN<F>(mt, G, 0, nu, X, m0, io);
+        TileN<F>(mt, G, 0, nu, X, xs16, m0, io);
         StoreRows(io, mt, m0, g, P.rows, y, ldy);
       }
     }
@@ -313,6 +549,11 @@ void PackedGroupsImpl(const PackedWeight& P, int64_t g0, int64_t g1, const Quant
     case GGMLType::Q4_K: return Groups<FmtQ4K<false>>(P, g0, g1, X, y, ldy);
     case GGMLType::Q5_K: return Groups<FmtQ4K<true>>(P, g0, g1, X, y, ldy);
     case GGMLType::Q6_K: return Groups<FmtQ6K>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q2_K: return Groups<FmtQ23K<false>>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q3_K: return Groups<FmtQ23K<true>>(P, g0, g1, X, y, ldy);
+    case GGMLType::F32: return GroupsF<0>(P, g0, g1, X, y, ldy);
+    case GGMLType::F16: return GroupsF<1>(P, g0, g1, X, y, ldy);
+    case GGMLType::BF16: return GroupsF<2>(P, g0, g1, X, y, ldy);
     default: return packed_groups_scalar(P, g0, g1, X, y, ldy);
   }
 }
@@ -438,18 +679,65 @@ void pack_q6k_chunk(const uint8_t* blk, int r, uint8_t* C) {
     const int* qj = q + 32 * j;
     for (int c = 0; c < 4; ++c)
       for (int i = 0; i < 4; ++i)
-        C[128 * j + 32 * c + 4 * r + i] = uint8_t((qj[8 * c + i] & 15) | (qj[8 * c + 4 + i] & 15) << 4);
+        C[192 * j + 32 * c + 4 * r + i] = uint8_t((qj[8 * c + i] & 15) | (qj[8 * c + 4 + i] & 15) << 4);
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 4; ++i) {
         int v = 0;
         for (int p = 0; p < 4; ++p) v |= (qj[16 * h + 4 * p + i] >> 4) << (2 * p);
-        C[1024 + 64 * j + 32 * h + 4 * r + i] = uint8_t(v);
+        C[192 * j + 128 + 32 * h + 4 * r + i] = uint8_t(v);
       }
   }
 }
 
-// Block j (0..unit/32 - 1) of row r of a packed chunk C: codes w[32], scales a[0] (elements
-// 0..15) and a[1] (16..31), offset b: weight = a * w + b (a[0] == a[1] but for q6_K).
+// codes2 of 256 2-bit codes q (0..3) of row r at C (matmul_packed.h).
+void put_codes2(const int* q, int r, uint8_t* C) {
+  for (int j = 0; j < 8; ++j)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 4; ++i) {
+        int v = 0;
+        for (int p = 0; p < 4; ++p) v |= q[32 * j + 16 * h + 4 * p + i] << (2 * p);
+        C[64 * j + 32 * h + 4 * r + i] = uint8_t(v);
+      }
+}
+
+void pack_q2k_chunk(const uint8_t* blk, int r, uint8_t* C) {
+  int q[256];
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) q[128 * n + 32 * k + l] = (blk[16 + 32 * n + l] >> (2 * k)) & 3;
+  put_codes2(q, r, C);
+  for (int k = 0; k < 16; ++k) C[512 + 8 * k + r] = blk[k];
+  std::memcpy(C + 640 + 2 * r, blk + 80, 2);  // d
+  std::memcpy(C + 656 + 2 * r, blk + 82, 2);  // dmin
+}
+
+void pack_q3k_chunk(const uint8_t* blk, int r, uint8_t* C) {
+  int lo[256], hi[256];
+  for (int n = 0; n < 2; ++n)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        lo[128 * n + 32 * k + l] = (blk[32 + 32 * n + l] >> (2 * k)) & 3;
+        hi[128 * n + 32 * k + l] = (blk[l] >> (4 * n + k)) & 1;
+      }
+  put_codes2(lo, r, C);
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 4; ++i) {
+      int v = 0;
+      for (int p = 0; p < 8; ++p) v |= hi[32 * j + 4 * p + i] << p;
+      C[512 + 32 * j + 4 * r + i] = uint8_t(v);
+    }
+  for (int k = 0; k < 16; ++k) C[768 + 8 * k + r] = uint8_t(int8_t(blocks::q3k_scale(blk + 96, k)));
+  std::memcpy(C + 896 + 2 * r, blk + 108, 2);  // d
+}
+
+// One unit (32 values) of a float row into column-interleaved position r of C.
+void pack_float_chunk(const uint8_t* src, size_t es, int r, uint8_t* C) {
+  for (int c = 0; c < 32; ++c) std::memcpy(C + (size_t(c) * 8 + size_t(r)) * es, src + size_t(c) * es, es);
+}
+
+// Block j (0..unit/32 - 1) of row r of a packed chunk C of a quantized type: codes w[32], scales
+// a[0] (elements 0..15) and a[1] (16..31), offsets b[0], b[1] likewise: weight = a * w + b
+// (a[0] == a[1] and b[0] == b[1] but for the K-quants with 16-element sub-blocks).
 void unpack_block(GGMLType t, const uint8_t* C, int r, int j, int* w, float* a, float* b) {
   auto codes4 = [&](const uint8_t* V, const uint8_t* H) {
     for (int e = 0; e < 32; ++e) {
@@ -458,7 +746,7 @@ void unpack_block(GGMLType t, const uint8_t* C, int r, int j, int* w, float* a, 
       if (H) w[e] |= ((H[4 * r + i] >> (2 * c + hn)) & 1) << 4;
     }
   };
-  *b = 0;
+  b[0] = b[1] = 0;
   switch (t) {
     case GGMLType::Q8_0:
       for (int e = 0; e < 32; ++e) w[e] = int8_t(C[32 * (e / 4) + 4 * r + e % 4]);
@@ -472,7 +760,7 @@ void unpack_block(GGMLType t, const uint8_t* C, int r, int j, int* w, float* a, 
       codes4(C, five ? C + 128 : nullptr);
       const size_t dof = five ? 160 : 128;
       a[0] = a[1] = h2f(C + dof + 2 * r);
-      *b = has_min(t) ? h2f(C + dof + 16 + 2 * r) : a[0] * (five ? -16.0f : -8.0f);
+      b[0] = b[1] = has_min(t) ? h2f(C + dof + 16 + 2 * r) : a[0] * (five ? -16.0f : -8.0f);
       return;
     }
     case GGMLType::Q4_K:
@@ -480,19 +768,35 @@ void unpack_block(GGMLType t, const uint8_t* C, int r, int j, int* w, float* a, 
       const bool five = t == GGMLType::Q5_K;
       codes4(C + 128 * j, five ? C + 1184 + 32 * j : nullptr);
       a[0] = a[1] = h2f(C + 1152 + 2 * r) * float(C[1024 + 8 * j + r]);
-      *b = -(h2f(C + 1168 + 2 * r) * float(C[1088 + 8 * j + r]));
+      b[0] = b[1] = -(h2f(C + 1168 + 2 * r) * float(C[1088 + 8 * j + r]));
       return;
     }
     case GGMLType::Q6_K: {
       for (int e = 0; e < 32; ++e) {
         const int c = e / 8, i = e % 4, hn = (e % 8) / 4;
-        const int lo = (C[128 * j + 32 * c + 4 * r + i] >> (4 * hn)) & 15;
+        const int lo = (C[192 * j + 32 * c + 4 * r + i] >> (4 * hn)) & 15;
         const int h = e / 16, p = (e % 16) / 4;
-        const int hi = (C[1024 + 64 * j + 32 * h + 4 * r + i] >> (2 * p)) & 3;
+        const int hi = (C[192 * j + 128 + 32 * h + 4 * r + i] >> (2 * p)) & 3;
         w[e] = (lo | hi << 4) - 32;
       }
       const float d = h2f(C + 1664 + 2 * r);
       for (int h = 0; h < 2; ++h) a[h] = d * float(int8_t(C[1536 + 8 * (2 * j + h) + r]));
+      return;
+    }
+    case GGMLType::Q2_K:
+    case GGMLType::Q3_K: {
+      const bool three = t == GGMLType::Q3_K;
+      for (int e = 0; e < 32; ++e) {
+        const int h = e / 16, p = (e % 16) / 4, i = e % 4;
+        w[e] = (C[64 * j + 32 * h + 4 * r + i] >> (2 * p)) & 3;
+        if (three) w[e] += 4 * ((C[512 + 32 * j + 4 * r + i] >> (e / 4)) & 1) - 4;
+      }
+      const float d = h2f(C + (three ? 896 : 640) + 2 * r);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t sc = C[(three ? 768 : 512) + 8 * (2 * j + h) + r];
+        a[h] = three ? d * float(int8_t(sc)) : d * float(sc & 15);
+        if (!three) b[h] = -(h2f(C + 656 + 2 * r) * float(sc >> 4));
+      }
       return;
     }
     default: VQ_FAIL("packed weights: no packed layout for {}", ggml_type_name(t));
@@ -501,12 +805,38 @@ void unpack_block(GGMLType t, const uint8_t* C, int r, int j, int* w, float* a, 
 
 }  // namespace
 
-// Same sums as the SIMD kernels: int32 block dot products, then a * d_x and b * s_x in float.
+// Same sums as the SIMD kernels: int32 block dot products (per 16-element half where the scales
+// are per half), then a * d_x and b * s_x in float; float types: 2 partial sums per unit.
 void packed_groups_scalar(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y,
                           int64_t ldy) {
   const int64_t uc = unit_cols(P.type), nu = P.cols / uc, nb = X.cols / 32, bpu = uc / 32;
   const size_t chunk = chunk_bytes(P.type);
-  const bool halves = P.type == GGMLType::Q6_K;
+  if (packed_is_float(P.type)) {
+    const size_t es = P.type == GGMLType::F32 ? 4 : 2;
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t* G = P.data.data() + size_t(g * nu) * chunk;
+      for (int r = 0; r < 8 && 8 * g + r < P.rows; ++r)
+        for (int64_t m = 0; m < X.M; ++m) {
+          float acc = 0;
+          for (int64_t u = 0; u < nu; ++u) {
+            float part[2] = {0, 0};
+            for (int c = 0; c < 32; ++c) {
+              const uint8_t* wp = G + size_t(u) * chunk + (size_t(c) * 8 + size_t(r)) * es;
+              float wv;
+              if (P.type == GGMLType::F32)
+                std::memcpy(&wv, wp, 4);
+              else
+                wv = P.type == GGMLType::F16 ? f16_to_f32(ld16(wp)) : bf16_to_f32(ld16(wp));
+              part[c & 1] = std::fma(wv, X.x[m * X.cols + u * 32 + c], part[c & 1]);
+            }
+            acc += part[0] + part[1];
+          }
+          y[m * ldy + 8 * g + r] = acc;
+        }
+    }
+    return;
+  }
+  const bool halves = P.type == GGMLType::Q6_K || P.type == GGMLType::Q2_K || P.type == GGMLType::Q3_K;
   int w[32];
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* G = P.data.data() + size_t(g * nu) * chunk;
@@ -515,22 +845,26 @@ void packed_groups_scalar(const PackedWeight& P, int64_t g0, int64_t g1, const Q
         float acc = 0, accm = 0;
         for (int64_t u = 0; u < nu; ++u)
           for (int j = 0; j < bpu; ++j) {
-            float a[2], b;
-            unpack_block(P.type, G + size_t(u) * chunk, r, j, w, a, &b);
+            float a[2], b[2];
+            unpack_block(P.type, G + size_t(u) * chunk, r, j, w, a, b);
             const int8_t* xb = X.q + m * X.cols + u * uc + 32 * j;
-            int32_t sum[2] = {0, 0};
-            for (int e = 0; e < 32; ++e) sum[e / 16] += w[e] * xb[e];
+            int32_t sum[2] = {0, 0}, xsum[2] = {0, 0};
+            for (int e = 0; e < 32; ++e) sum[e / 16] += w[e] * xb[e], xsum[e / 16] += xb[e];
             const int64_t bi = m * nb + u * bpu + j;
-            if (halves)
+            if (halves) {
               acc += float(sum[0]) * (a[0] * X.d[bi]) + float(sum[1]) * (a[1] * X.d[bi]);
-            else
+              accm += b[0] * (X.d[bi] * float(xsum[0])) + b[1] * (X.d[bi] * float(xsum[1]));
+            } else {
               acc += float(sum[0] + sum[1]) * (a[0] * X.d[bi]);
-            accm += b * X.s[bi];
+              accm += b[0] * X.s[bi];
+            }
           }
         y[m * ldy + 8 * g + r] = acc + accm;
       }
   }
 }
+
+bool packed_is_float(GGMLType t) { return t == GGMLType::F32 || t == GGMLType::F16 || t == GGMLType::BF16; }
 
 int64_t unit_cols(GGMLType t) {
   switch (t) {
@@ -538,7 +872,12 @@ int64_t unit_cols(GGMLType t) {
     case GGMLType::Q4_1:
     case GGMLType::Q5_0:
     case GGMLType::Q5_1:
-    case GGMLType::Q8_0: return 32;
+    case GGMLType::Q8_0:
+    case GGMLType::F32:
+    case GGMLType::F16:
+    case GGMLType::BF16: return 32;
+    case GGMLType::Q2_K:
+    case GGMLType::Q3_K:
     case GGMLType::Q4_K:
     case GGMLType::Q5_K:
     case GGMLType::Q6_K: return 256;
@@ -556,6 +895,11 @@ size_t chunk_bytes(GGMLType t) {
     case GGMLType::Q4_K: return kQ4KChunk;
     case GGMLType::Q5_K: return kQ5KChunk;
     case GGMLType::Q6_K: return kQ6KChunk;
+    case GGMLType::Q2_K: return kQ2KChunk;
+    case GGMLType::Q3_K: return kQ3KChunk;
+    case GGMLType::F32: return 32 * 8 * 4;
+    case GGMLType::F16:
+    case GGMLType::BF16: return 32 * 8 * 2;
     default: return 0;
   }
 }
@@ -567,8 +911,8 @@ bool packable(GGMLType t, int64_t cols) {
 
 PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols) {
   const size_t chunk = chunk_bytes(t);
-  VQ_CHECK(chunk != 0, "pack_weight: weight type {} has no packed layout (q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K "
-           "and q6_K have)", ggml_type_name(t));
+  VQ_CHECK(chunk != 0, "pack_weight: weight type {} has no packed layout (q4_0, q4_1, q5_0, q5_1, q8_0, q2_K..q6_K, "
+           "f32, f16 and bf16 have)", ggml_type_name(t));
   const int64_t uc = unit_cols(t);
   VQ_CHECK(rows >= 0 && cols > 0 && cols % uc == 0,
            "pack_weight: {} weight of shape {} x {}: cols must be a positive multiple of {}", ggml_type_name(t), rows,
@@ -576,7 +920,9 @@ PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols) 
   PackedWeight P;
   P.type = t, P.rows = rows, P.cols = cols;
   const int64_t ng = (rows + 7) / 8, nu = cols / uc;
-  const size_t rb = ggml_row_bytes(t, cols), bb = ggml_block_bytes(t);
+  const size_t rb = ggml_row_bytes(t, cols);
+  // Bytes of a unit's part of a row: one GGUF block, or 32 floats.
+  const size_t bb = packed_is_float(t) ? ggml_row_bytes(t, uc) : ggml_block_bytes(t);
   P.data.resize(size_t(ng * nu) * chunk);  // zeroed: padding rows multiply to 0
   const uint8_t* src = static_cast<const uint8_t*>(W);
   parallel_for(
@@ -587,7 +933,13 @@ PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols) 
             uint8_t* C = P.data.data() + size_t(g * nu + u) * chunk;
             for (int r = 0; r < 8 && 8 * g + r < rows; ++r) {
               const uint8_t* blk = src + size_t(8 * g + r) * rb + size_t(u) * bb;
-              if (t == GGMLType::Q6_K)
+              if (packed_is_float(t))
+                pack_float_chunk(blk, bb / 32, r, C);
+              else if (t == GGMLType::Q2_K)
+                pack_q2k_chunk(blk, r, C);
+              else if (t == GGMLType::Q3_K)
+                pack_q3k_chunk(blk, r, C);
+              else if (t == GGMLType::Q6_K)
                 pack_q6k_chunk(blk, r, C);
               else if (t == GGMLType::Q4_K || t == GGMLType::Q5_K)
                 pack_q4k_chunk(blk, r, C, t == GGMLType::Q5_K);
@@ -611,6 +963,9 @@ void matmul_packed_multi(const PackedJob* jobs, int n_jobs, const QuantizedRows&
     VQ_CHECK(packable(P.type, P.cols), "matmul_packed: not a packed weight ({} {} x {})", ggml_type_name(P.type),
              P.rows, P.cols);
     VQ_CHECK(X.cols == P.cols, "matmul_packed: activations have {} columns, the weight has {}", X.cols, P.cols);
+    VQ_CHECK(packed_is_float(P.type) ? X.x != nullptr || X.M == 0 : X.q != nullptr || X.M == 0,
+             "matmul_packed: {} weights need the {} activations", ggml_type_name(P.type),
+             packed_is_float(P.type) ? "float" : "quantized");
     start[size_t(j) + 1] = start[size_t(j)] + (P.rows + 15) / 16;
     bytes += P.data.size();
   }
@@ -638,6 +993,18 @@ void matmul_packed(const PackedWeight& P, const QuantizedRows& X, float* y) {
   matmul_packed_multi(&job, 1, X);
 }
 
+void matmul_packed(const PackedWeight& P, const float* x, int64_t M, float* y) {
+  VQ_CHECK(M >= 0, "matmul_packed: {} activation rows", M);
+  if (P.rows == 0 || M == 0) return;
+  if (packed_is_float(P.type)) {  // the float rows as they are
+    QuantizedRows X;
+    X.M = M, X.cols = P.cols, X.x = x;
+    return matmul_packed(P, X, y);
+  }
+  thread_local ActivationBuffer buf;  // reused across calls of this thread
+  matmul_packed(P, buf.quantize(x, M, P.cols), y);
+}
+
 const PackedWeight& packed_weight(PackedSlot& slot, GGMLType t, const void* W, int64_t rows, int64_t cols) {
   std::call_once(slot.once, [&] { slot.w = pack_weight(t, W, rows, cols); });
   VQ_CHECK(slot.w.type == t && slot.w.rows == rows && slot.w.cols == cols,
@@ -649,10 +1016,7 @@ const PackedWeight& packed_weight(PackedSlot& slot, GGMLType t, const void* W, i
 void matmul_maybe_packed(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols, const float* x,
                          int64_t M, float* y) {
   if (!slot) return matmul(t, W, rows, cols, x, M, y);
-  const PackedWeight& P = packed_weight(*slot, t, W, rows, cols);
-  if (rows == 0 || M == 0) return;
-  thread_local ActivationBuffer buf;  // reused across calls of this thread
-  matmul_packed(P, buf.quantize(x, M, cols), y);
+  matmul_packed(packed_weight(*slot, t, W, rows, cols), x, M, y);
 }
 
 void matmul_maybe_packed(PackedSlot* slot, GGMLType t, const void* W, int64_t rows, int64_t cols,

@@ -28,14 +28,41 @@
 // Packed Q5_K ("q5_K x8"): the Q4_K chunk, then [1184, 1440) hi5 of sub-block j at 1184 + 32 j.
 //
 // Packed Q6_K ("q6_K x8"): the same grouping, chunks of kQ6KChunk bytes:
-//   [0, 1024)     low 4 bits of the 6-bit codes u (0..63), arranged as the Q4_K codes above
-//   [1024, 1536)  high 2 bits: 32-element block j, half h (0..1): 32 bytes at 1024 + 64j + 32h,
-//                 byte 4r + i = sum over p (0..3) of hi(32j + 16h + 4p + i) << 2p
+//   [0, 1536)     32-element block j at 192j (one sequential stream: the hardware prefetchers
+//                 follow it): 128 bytes of the low 4 bits of the 6-bit codes u (0..63),
+//                 arranged as the Q4_K codes above, then the high 2 bits: half h (0..1) at
+//                 192j + 128 + 32h, byte 4r + i = sum over p (0..3) of hi(32j + 16h + 4p + i) << 2p
 //   [1536, 1664)  int8 sc[k][r]: the scale of 16-element sub-block k (0..15) of row r
 //   [1664, 1680)  fp16 d[r]
-// Weight element (r, 16k + e) = (d[r] * sc[k][r]) * (u - 32), as in the GGUF layout. Q6_K x8
-// takes as many bytes as the GGUF rows, Q4_K x8 2.8% more (1184 per 8 x 144: the 6-bit scales
-// and mins in whole bytes), Q5_K x8 2.3% more, plus the padding rows.
+// Weight element (r, 16k + e) = (d[r] * sc[k][r]) * (u - 32), as in the GGUF layout.
+//
+// The 2-bit code layout ("codes2") of Q2_K and Q3_K: 32-element block j, half h (0..1): 32
+// bytes at 64j + 32h, byte 4r + i = sum over p (0..3) of q(32j + 16h + 4p + i) << 2p (as the
+// Q6_K high bits above), so a shift by 2p and a mask give elements 16h + 4p + 0..3 of the rows.
+// Packed Q2_K ("q2_K x8", unit 256), chunks of kQ2KChunk bytes:
+//   [0, 512)      codes2 (0..3)
+//   [512, 640)    u8 sc[k][r]: the GGUF byte of 16-element sub-block k: scale | min << 4
+//   [640, 656)    fp16 d[r]; [656, 672) fp16 dmin[r]
+// Weight element (r, 16k + e) = (d[r] * (sc & 15)) * q - dmin[r] * (sc >> 4), as in the GGUF layout.
+// Packed Q3_K ("q3_K x8"), chunks of kQ3KChunk bytes:
+//   [0, 512)      codes2 of the low 2 bits
+//   [512, 768)    high bit: block j's 32 bytes at 512 + 32j, bit p (0..7) of byte 4r + i = the high
+//                 bit of element 32j + 4p + i
+//   [768, 896)    int8 sc[k][r]: the signed 6-bit scale (s - 32) of sub-block k
+//   [896, 912)    fp16 d[r]
+// Weight element (r, 16k + e) = (d[r] * sc[k][r]) * (u - 4), u = low | high << 2 (0..7): the
+// kernels take the dot products with u and subtract 4 * (sum of the 16 activations).
+// The 16-element sums of the activations are made once per product (Q2_K's mins need them too).
+//
+// Float types (unit 32): "f16 x8" / "bf16 x8" (512 bytes), "f32 x8" (1024): column c (0..31)
+// of the unit is the 8 rows' values side by side (8 * element size bytes at c * 8 * size). They
+// meet the float activations (QuantizedRows::x): per column one broadcast for two groups of 8
+// rows and an FMA for each; per unit and activation row 2 partial sums (columns c % 2), added
+// into the row's total.
+//
+// Sizes: Q6_K x8, Q2_K x8 and the float types take as many bytes as the GGUF rows, Q4_K x8 2.8%
+// more (1184 per 8 x 144: the 6-bit scales and mins in whole bytes), Q5_K x8 2.3% more, Q3_K x8
+// 3.6% more (912 per 8 x 110), plus the padding rows.
 //
 // Products (matmul_packed): the rows of each thread are whole groups, in pairs (16 outputs, 64
 // bytes of y: no cache line of y written by two threads but at the ends of a part). Per group:
@@ -64,6 +91,8 @@ constexpr int64_t kPackedPanelRows = 64;
 constexpr size_t kQ4KChunk = 1184;
 constexpr size_t kQ5KChunk = 1440;
 constexpr size_t kQ6KChunk = 1680;
+constexpr size_t kQ2KChunk = 672;
+constexpr size_t kQ3KChunk = 912;
 
 struct PackedWeight {
   GGMLType type = GGMLType::F32;  // the GGUF type it was packed from
@@ -71,8 +100,8 @@ struct PackedWeight {
   AlignedBuffer<uint8_t> data;    // data: [ceil(rows / 8), cols / unit_cols(type), chunk_bytes(type)] bytes
 };
 
-// Whether pack_weight supports type t at this column count (q4_0, q4_1, q5_0, q5_1, q8_0 with
-// cols % 32 == 0; q4_K, q5_K, q6_K with cols % 256 == 0).
+// Whether pack_weight supports type t at this column count (q4_0, q4_1, q5_0, q5_1, q8_0, f32,
+// f16, bf16 with cols % 32 == 0; q2_K, q3_K, q4_K, q5_K, q6_K with cols % 256 == 0).
 bool packable(GGMLType t, int64_t cols);
 // Bytes of one chunk (8 rows x unit_cols(t) columns) of the packed layout of t (0 when t has none).
 size_t chunk_bytes(GGMLType t);
@@ -81,9 +110,14 @@ int64_t unit_cols(GGMLType t);
 // Packs W [rows, cols] (GGUF layout, ggml_row_bytes(t, cols) per row); throws naming the type
 // or the shape when packable() is false.
 PackedWeight pack_weight(GGMLType t, const void* W, int64_t rows, int64_t cols);
-// y[M, P.rows] = X @ W^T (X quantized by ActivationBuffer, X.cols == P.cols); threads over the
-// groups of 8 rows; dispatches to the best Highway target (AVX2 maddubs, AVX-512 VNNI vpdpbusd).
+// y[M, P.rows] = X @ W^T (X quantized by ActivationBuffer, X.cols == P.cols; the float types
+// use X.x only); threads over the groups of 8 rows; dispatches to the best Highway target (AVX2
+// maddubs, AVX-512 VNNI vpdpbusd).
 void matmul_packed(const PackedWeight& P, const QuantizedRows& X, float* y);
+// The same from float rows x [M, P.cols] (quantized here unless P is a float type).
+void matmul_packed(const PackedWeight& P, const float* x, int64_t M, float* y);
+// Whether t is packed as floats (f32, f16, bf16: the products read QuantizedRows::x).
+bool packed_is_float(GGMLType t);
 // Several packed weights with the same input (q, k, v; gate, up) in one threaded pass: the
 // groups of all of them are split over the threads together, so the pool is woken once.
 struct PackedJob {

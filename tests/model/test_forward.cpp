@@ -58,6 +58,12 @@ std::vector<Variant> variants() {
   TinySpec k6 = k4;  // q6_K, tied output (97 rows through the packed product)
   k6.wtype = vq::GGMLType::Q6_K, k6.tied = true;
   v.push_back({"llama_tied_q6_K_packed", k6});
+  TinySpec k3 = k4;  // q3_K and q2_K: the packed 2-bit layouts (16-element activation sums)
+  k3.wtype = vq::GGMLType::Q3_K;
+  v.push_back({"llama_q3_K_packed", k3});
+  TinySpec k2 = k4;
+  k2.wtype = vq::GGMLType::Q2_K, k2.tied = true;
+  v.push_back({"llama_tied_q2_K_packed", k2});
   return v;
 }
 

@@ -318,8 +318,16 @@ void check_packed(GGMLType t, int64_t rows, int64_t cols, bool random_bits, cons
 }  // namespace
 
 // Every type with a packed layout.
-const GGMLType kPackedTypes[] = {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1,
-                                 GGMLType::Q8_0, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K};
+const GGMLType kPackedTypes[] = {GGMLType::Q4_0, GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q8_0,
+                                 GGMLType::Q2_K, GGMLType::Q3_K, GGMLType::Q4_K, GGMLType::Q5_K, GGMLType::Q6_K,
+                                 GGMLType::F32,  GGMLType::F16,  GGMLType::BF16};
+
+// Every supported weight type has a packed layout (the forward packs all of them on first use).
+TEST(PackedWeights, EverySupportedTypeIsPacked) {
+  for (GGMLType t : vq::test::supported_types())
+    EXPECT_NE(std::find(std::begin(kPackedTypes), std::end(kPackedTypes), t), std::end(kPackedTypes))
+        << vq::ggml_type_name(t) << " has no packed layout";
+}
 // Columns with a tail: 9 blocks of 32 (one 256-column step and one block more) for the
 // 32-element types, 2 super-blocks for the K-quants.
 int64_t packed_test_cols(GGMLType t) { return vq::unit_cols(t) == 256 ? 512 : 288; }
@@ -392,10 +400,13 @@ TEST(PackedWeights, PackedEqualsPlainProductWithinRounding) {
     std::vector<float> plain(static_cast<size_t>(M * rows)), packed(plain.size());
     vq::matmul_q(t, W.data(), rows, cols, X, plain.data());
     const vq::PackedWeight P = vq::pack_weight(t, W.data(), rows, cols);
-    // Memory: as many bytes as the GGUF rows (padded to 8), but q4_K x8 1184 per 1152 and q5_K x8
-    // 1440 per 1408 (their 6-bit scales in whole bytes).
+    // Memory: as many bytes as the GGUF rows (padded to 8), but q4_K x8 1184 per 1152, q5_K x8
+    // 1440 per 1408 (their 6-bit scales in whole bytes) and q3_K x8 912 per 880 (int8 scales).
     const size_t gguf = size_t((rows + 7) / 8 * 8) * vq::ggml_row_bytes(t, cols);
-    const size_t expect = t == GGMLType::Q4_K ? gguf / 1152 * 1184 : t == GGMLType::Q5_K ? gguf / 1408 * 1440 : gguf;
+    const size_t expect = t == GGMLType::Q4_K   ? gguf / 1152 * 1184
+                          : t == GGMLType::Q5_K ? gguf / 1408 * 1440
+                          : t == GGMLType::Q3_K ? gguf / 880 * 912
+                                                : gguf;
     EXPECT_EQ(P.data.size(), expect) << vq::ggml_type_name(t);
     vq::matmul_packed(P, X, packed.data());
     for (size_t i = 0; i < plain.size(); ++i)  // same integer sums; float order differs
@@ -406,10 +417,11 @@ TEST(PackedWeights, PackedEqualsPlainProductWithinRounding) {
 // Several packed weights in one dispatch give each one's own product.
 TEST(PackedWeights, MultiMatchesSeparateProducts) {
   const int64_t cols = 512;
-  const GGMLType types[] = {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q4_1, GGMLType::Q8_0};
-  const int64_t rows[] = {100, 17, 8, 1};
+  const GGMLType types[] = {GGMLType::Q4_K, GGMLType::Q6_K, GGMLType::Q4_1, GGMLType::Q8_0, GGMLType::F16, GGMLType::Q3_K};
+  const int64_t rows[] = {100, 17, 8, 1, 24, 9};
+  constexpr int kJobs = 6;
   std::vector<vq::PackedWeight> P;
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < kJobs; ++j) {
     const auto W = make_weights(types[j], rows[j], cols, true, uint64_t(j) + 3);
     P.push_back(vq::pack_weight(types[j], W.data(), rows[j], cols));
   }
@@ -419,16 +431,16 @@ TEST(PackedWeights, MultiMatchesSeparateProducts) {
       const auto x = random_x(M * cols, uint64_t(M));
       vq::ActivationBuffer ab;
       const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
-      std::vector<std::vector<float>> sep(4), multi(4);
+      std::vector<std::vector<float>> sep(kJobs), multi(kJobs);
       std::vector<vq::PackedJob> jobs;
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < kJobs; ++j) {
         sep[size_t(j)].assign(size_t(M * rows[j]), 0.0f);
         multi[size_t(j)].assign(size_t(M * rows[j]), -1.0f);
         vq::matmul_packed(P[size_t(j)], X, sep[size_t(j)].data());
         jobs.push_back({&P[size_t(j)], multi[size_t(j)].data()});
       }
-      vq::matmul_packed_multi(jobs.data(), 4, X);
-      for (int j = 0; j < 4; ++j)
+      vq::matmul_packed_multi(jobs.data(), kJobs, X);
+      for (int j = 0; j < kJobs; ++j)
         EXPECT_EQ(sep[size_t(j)], multi[size_t(j)]) << vq::ggml_type_name(types[j]) << " M=" << M << " t=" << threads;
     }
   }
@@ -437,8 +449,13 @@ TEST(PackedWeights, MultiMatchesSeparateProducts) {
 
 TEST(PackedWeights, BadArgumentsThrow) {
   std::vector<uint8_t> W(4096);
-  EXPECT_FALSE(vq::packable(GGMLType::Q2_K, 256));
-  EXPECT_FALSE(vq::packable(GGMLType::F16, 256));
+  EXPECT_TRUE(vq::packable(GGMLType::Q2_K, 256));
+  EXPECT_TRUE(vq::packable(GGMLType::Q3_K, 512));
+  EXPECT_FALSE(vq::packable(GGMLType::Q3_K, 288));
+  EXPECT_TRUE(vq::packable(GGMLType::F16, 256));
+  EXPECT_TRUE(vq::packable(GGMLType::BF16, 96));
+  EXPECT_FALSE(vq::packable(GGMLType::F32, 45));  // float weights of any width stay plain
+  EXPECT_FALSE(vq::packable(GGMLType::Q8_K, 256));
   EXPECT_TRUE(vq::packable(GGMLType::Q5_K, 256));
   EXPECT_TRUE(vq::packable(GGMLType::Q6_K, 256));
   EXPECT_FALSE(vq::packable(GGMLType::Q4_K, 288));
@@ -446,15 +463,41 @@ TEST(PackedWeights, BadArgumentsThrow) {
   EXPECT_FALSE(vq::packable(GGMLType::Q8_0, 40));
   EXPECT_TRUE(vq::packable(GGMLType::Q4_K, 512));
   try {
-    vq::pack_weight(GGMLType::Q3_K, W.data(), 2, 256);
+    vq::pack_weight(GGMLType::Q8_K, W.data(), 2, 256);
     FAIL() << "no throw";
   } catch (const vq::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q3_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("q8_K"), std::string::npos) << e.what();
   }
+  EXPECT_THROW(vq::pack_weight(GGMLType::F16, W.data(), 2, 40), vq::Error);
   EXPECT_THROW(vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 300), vq::Error);
   EXPECT_THROW(vq::pack_weight(GGMLType::Q4_0, W.data(), 2, 48), vq::Error);
   const auto P = vq::pack_weight(GGMLType::Q4_K, W.data(), 2, 256);
   std::vector<float> x(512), y(16);
   vq::ActivationBuffer ab;
   EXPECT_THROW(vq::matmul_packed(P, ab.quantize(x.data(), 1, 512), y.data()), vq::Error);  // 512 != 256 columns
+  // Float weights need the float rows, quantized ones the int8 codes.
+  const auto PF = vq::pack_weight(GGMLType::F16, W.data(), 2, 256);
+  vq::QuantizedRows no_x = ab.quantize(x.data(), 1, 256);
+  no_x.x = nullptr;
+  EXPECT_THROW(vq::matmul_packed(PF, no_x, y.data()), vq::Error);
+  vq::QuantizedRows only_x;
+  only_x.M = 1, only_x.cols = 256, only_x.x = x.data();
+  EXPECT_THROW(vq::matmul_packed(P, only_x, y.data()), vq::Error);
+  EXPECT_NO_THROW(vq::matmul_packed(PF, only_x, y.data()));
+}
+
+// The float-rows entry point (quantizes for the quantized types, not for the float ones) gives
+// the product from pre-quantized rows.
+TEST(PackedWeights, FloatRowsEntryMatchesQuantizedRows) {
+  const int64_t rows = 21, cols = 256, M = 3;
+  const auto x = random_x(M * cols, 31);
+  for (GGMLType t : {GGMLType::Q3_K, GGMLType::BF16}) {
+    const auto W = make_weights(t, rows, cols, true, 5);
+    const vq::PackedWeight P = vq::pack_weight(t, W.data(), rows, cols);
+    std::vector<float> y1(size_t(M * rows)), y2(y1.size());
+    vq::ActivationBuffer ab;
+    vq::matmul_packed(P, ab.quantize(x.data(), M, cols), y1.data());
+    vq::matmul_packed(P, x.data(), M, y2.data());
+    EXPECT_EQ(y1, y2) << vq::ggml_type_name(t);
+  }
 }
