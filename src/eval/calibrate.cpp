@@ -181,9 +181,11 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
 
 KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg) {
   KVCacheConfig c = cfg;
-  // 12-bit books share one codebook per head: 4096 entries need more points than the first-use
-  // tokens give per sub-space.
-  if (std::max(cfg.key.bits, cfg.value.bits) > 11) c.granularity = CodebookGranularity::shared;
+  // 12-bit key books share one codebook per head: 4096 entries need more points than the first-use
+  // tokens give per sub-space. 12-bit value books alone stay per sub-space (8192 tokens fill them;
+  // values tolerate the thin training): k=d4b10,v=d8b12 was measured so (docs/QUALITY.md), and one
+  // shared book would also take the keys' per-sub-space books away.
+  if (cfg.key.bits > 11) c.granularity = CodebookGranularity::shared;
   return c;
 }
 

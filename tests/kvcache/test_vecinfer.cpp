@@ -11,6 +11,7 @@
 #include "core/bitpack.h"
 #include "core/error.h"
 #include "core/fp16.h"
+#include "eval/calibrate.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
 #include "kvcache/pooled_cache.h"
@@ -348,6 +349,44 @@ TEST(VecInfer, BytesAreBlockBytes) {
     EXPECT_EQ(c.bytes(), 0u);
     EXPECT_EQ(c.size(), 0);
   }
+}
+
+// Issue 18: the 2-bit split preset k=d4b10,v=d8b12 (2.5 bits for keys, 1.5 for values) stores
+// exactly d4b8's bytes, attends through the CPU LUT kernels (keys of 1024-entry books, values of
+// 4096-entry books: 10- and 12-bit codes packed across bytes) close to exact attention, and its
+// first-use calibration keeps per-sub-space books (only 12-bit keys switch to one shared book).
+TEST(VecInfer, KeyValueSplitPresetCostsD4b8sBytes) {
+  std::mt19937 rng(12);
+  const int H = 1, HQ = 2, D = 32, n_cal = 4200, n = 600;
+  const KVCacheConfig split = parse_kv_cache_spec("vecinfer:k=d4b10,v=d8b12");
+  EXPECT_EQ(split.name(), "vecinfer:k=d4b10,v=d8b12");
+  EXPECT_DOUBLE_EQ(split.nominal_bits_per_element(), 2.0);
+  EXPECT_EQ(first_use_calib_config(split).granularity, CodebookGranularity::per_subspace);
+  EXPECT_EQ(first_use_calib_config(parse_kv_cache_spec("vecinfer:d8b12")).granularity, CodebookGranularity::shared);
+  EXPECT_EQ(first_use_calib_config(parse_kv_cache_spec("vecinfer:d4b8")).granularity, CodebookGranularity::per_subspace);
+  // 4200 calibration tokens fill 4096-entry per-sub-space value books; 1000 do not: a clear error.
+  std::mt19937 rng_small(1);
+  EXPECT_THROW(random_calibration(split, 1, H, D, 1000, rng_small), Error);
+  auto k = randn(size_t(n) * H * D, rng), v = randn(size_t(n) * H * D, rng);
+  for (size_t i = 0; i < k.size(); ++i) if (i % D == 3) k[i] *= 8.0f;
+  auto q = randn(size_t(3) * HQ * D, rng, 0.5f);
+  std::vector<float> ref_out(q.size());
+  ref::attention(q.data(), 3, k.data(), v.data(), n, HQ, H, D, 0.125f, ref_out.data());
+  size_t bytes[2] = {0, 0};
+  const char* specs[2] = {"vecinfer:d4b8", "vecinfer:k=d4b10,v=d8b12"};
+  for (int i = 0; i < 2; ++i) {
+    auto calib = random_calibration(parse_kv_cache_spec(specs[i]), 1, H, D, n_cal, rng);
+    PooledCache c(KVGeometry{HQ, H, D}, make_kv_spec(vi_config(specs[i], calib)), 0);
+    c.append(k.data(), v.data(), n);
+    ASSERT_GT(c.coded_tokens(), 400) << specs[i];
+    bytes[i] = c.token_bytes();
+    std::vector<float> out(q.size());
+    c.attend(q.data(), 3, 0.125f, out.data());
+    const double e = nmse(out, ref_out);
+    std::printf("[ %s ] attention NMSE vs fp32 on random data: %.4f\n", specs[i], e);
+    EXPECT_LT(e, 0.3) << specs[i];  // broken codes give ~1 or more
+  }
+  EXPECT_EQ(bytes[0], bytes[1]) << "the split must store exactly d4b8's bytes";
 }
 
 TEST(VecInfer, CalibrationFileRoundTrip) {

@@ -65,13 +65,19 @@ class VecInferMethod final : public KVMethodDef {
   std::string help() const override {
     return "  vecinfer:dDbB        VecInfer product quantization, keys and values alike (vecinfer alone = vecinfer:d4b8)\n"
            "  vecinfer:k=dDbB,v=dDbB   separate key and value presets; D (sub_dim) 2, 4, 8 or 16 dividing\n"
-           "                       head_dim, B (bits) 4..12, e.g. d4b8 = 2 bits/element; options:\n"
+           "                       head_dim, B (bits) 4..12, e.g. d4b8 = 2 bits/element; k=d4b10,v=d8b12 is 2 bits/element\n"
+           "                       too (keys 2.5, values 1.5): lower KL than d4b8 on the models measured, 10x its\n"
+           "                       codebook memory, slower on the CPU (docs/QUALITY.md); options:\n"
            "                         r=N     recent tokens kept in fp16, 0..1048576 (default 128)\n"
            "                         sink=N  first tokens kept in fp16, 0..4096 (default 4)\n"
            "                         gran=shared|per_subspace  codebook per head or per sub-space (default per_subspace)\n"
            "                         needs a calibration file made with the same presets and gran (--calib)\n";
   }
-  std::vector<std::string> presets() const override { return {"vecinfer:d4b8", "vecinfer:d8b12", "vecinfer:d8b8"}; }
+  // k=d4b10,v=d8b12: 2.5 + 1.5 bits, the same bytes per token as d4b8 spent where the error is
+  // (issue 18, docs/QUALITY.md "Key/value bit split"; 10x d4b8's codebooks, so not the default).
+  std::vector<std::string> presets() const override {
+    return {"vecinfer:d4b8", "vecinfer:k=d4b10,v=d8b12", "vecinfer:d8b12", "vecinfer:d8b8"};
+  }
   std::vector<std::string> examples() const override { return {"vecinfer:d4b8", "vecinfer:k=d4b8,v=d8b8,r=64,sink=0"}; }
   std::string canonical(const KVCacheConfig& c) const override {
     std::string s = c.key == c.value ? "vecinfer:" + c.key.name() : "vecinfer:k=" + c.key.name() + ",v=" + c.value.name();
