@@ -12,14 +12,13 @@ import os
 import platform
 import statistics
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import llama_cpp
 
 # The peer-bench helpers shared with bench/llamacpp_bench.py (same folder: on sys.path when run as a script).
-from llamacpp_bench import cpu_name, prompt_ids
+from llamacpp_bench import bench_ours, cpu_name, prompt_ids
 
 # GGML type ids of the KV cache types llama.cpp takes (ggml.h).
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
@@ -94,27 +93,6 @@ def calibration(binary, name, model, kv, folder):
     return f
 
 
-def bench_ours(binary, model, threads, ids, n_decode, reps, kv, calib):
-    pp, tg = [], []
-    with tempfile.TemporaryDirectory() as d:
-        idf = Path(d) / "ids.txt"
-        idf.write_text(" ".join(map(str, ids)))
-        for _ in range(reps):
-            js = Path(d) / "stats.json"
-            cmd = [binary, "generate", "-m", model, "--prompt-ids", f"@{idf}", "-n", str(n_decode + 1),
-                   "--ignore-eos", "--temp", "0", "-t", str(threads), "-q", "--kv-cache", kv,
-                   "-c", str(len(ids) + n_decode + 8), "--stats-json", str(js)]
-            if calib:
-                cmd += ["--calib", str(calib)]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise SystemExit(f"cpu_side_by_side: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
-            s = json.loads(js.read_text())
-            pp.append(s["prefill_tps"])
-            tg.append(s["decode_tps"])
-    return statistics.median(pp), statistics.median(tg)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", required=True, help="NAME=PATH.gguf,... (in table order)")
@@ -156,7 +134,7 @@ def main():
                         print(f"{name} ctx {ctx} t {t} round {rep + 1}: llama.cpp {kv}{'+fa' if fa else ''}: "
                               f"pp {pp:.1f} tg {tg:.1f}", flush=True)
                     for kv in ours_kv:
-                        pp, tg = bench_ours(a.bin, path, t, ids, a.decode, 1, kv, calibs[kv])
+                        pp, tg, _ = bench_ours(a.bin, path, t, ids, a.decode, 1, kv, calibs[kv])
                         oc[kv][0].append(pp), oc[kv][1].append(tg)
                         print(f"{name} ctx {ctx} t {t} round {rep + 1}: ours {kv}: pp {pp:.1f} tg {tg:.1f}", flush=True)
                 best_pp = best_tg = (0.0, "")

@@ -55,7 +55,9 @@ def bench_llamacpp(model, threads, ids, n_decode, reps):
     return statistics.median(pp), statistics.median(tg), statistics.median(tg_cpu)
 
 
-def bench_ours(binary, model, threads, ids, n_decode, reps, kv):
+def bench_ours(binary, model, threads, ids, n_decode, reps, kv, calib=None):
+    """Our `generate` on the same token ids: medians of prefill and decode tokens/s, and decode tokens per
+    CPU-second. calib: a calibration file for vecinfer caches (None: the default model's first-use one)."""
     pp, tg, tg_cpu = [], [], []
     with tempfile.TemporaryDirectory() as d:
         idf = Path(d) / "ids.txt"
@@ -65,7 +67,11 @@ def bench_ours(binary, model, threads, ids, n_decode, reps, kv):
             cmd = [binary, "generate", "-m", model, "--prompt-ids", f"@{idf}", "-n", str(n_decode + 1),
                    "--ignore-eos", "--temp", "0", "-t", str(threads), "-q", "--kv-cache", kv,
                    "-c", str(len(ids) + n_decode + 8), "--stats-json", str(js)]
-            subprocess.run(cmd, check=True, capture_output=True)
+            if calib:
+                cmd += ["--calib", str(calib)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"bench_ours: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
             s = json.loads(js.read_text())
             pp.append(s["prefill_tps"])
             tg.append(s["decode_tps"])

@@ -26,6 +26,7 @@
 #include <cmath>
 
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/mma_ptx.cuh"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
 #include "pq_attention_lut_variants.h"
@@ -58,14 +59,7 @@ struct LutParams {
   float* part;
 };
 
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+using ptx::mma16816;  // mma_ptx.cuh
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
