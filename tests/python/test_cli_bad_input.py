@@ -109,3 +109,20 @@ def test_bad_kv_cache_spec_and_numbers(tmp_path):
     # And the same tiny model runs fine.
     rc, _, err = run_cli("generate", "-m", p, "--prompt-ids", "1,2,3", "-n", "2", "-q")
     assert rc == 0, err
+
+
+def test_bad_prefill_step_and_itl_flags(tmp_path):
+    """generate -b (0 = the device's default step) and bench e2e's --itl / --itl-chunks: one clear line each."""
+    p = tmp_path / "ok.gguf"
+    write_tiny(p)
+    rc, _, err = run_cli("generate", "-m", p, "--prompt-ids", "1,2,3", "-n", "2", "-b", "-1")
+    assert_one_clear_line(rc, err, "-b: -1")
+    rc, _, err = run_cli("bench", "e2e", "--itl", "5")
+    assert_one_clear_line(rc, err, "--itl is for --device cuda")
+    rc, _, err = run_cli("bench", "e2e", "--device", "cuda", "--geometry", "qwen2.5-1.5b", "--itl", "-3")
+    assert_one_clear_line(rc, err, "--itl: -3")
+    rc, _, err = run_cli("bench", "e2e", "--device", "cuda", "--geometry", "qwen2.5-1.5b", "--itl-chunks", "0,x")
+    assert_one_clear_line(rc, err, "--itl-chunks: '0'")
+    # -b 0 picks the default step and runs
+    rc, _, err = run_cli("generate", "-m", p, "--prompt-ids", "1,2,3", "-n", "2", "-q", "-b", "0")
+    assert rc == 0, err
