@@ -213,8 +213,13 @@ int main(int argc, char** argv) {
                                {"70b-tp8", 8, 1, 128},       {"qwen2.5-0.5b", 14, 2, 64}, {"smollm2", 9, 3, 64},
                                {"gemma2-9b", 16, 8, 256},    {"falcon3-7b", 12, 4, 256}}
             : std::vector<Geo>{{"llama-3.1-8b", 32, 8, 128}, {"falcon3-7b", 12, 4, 256}};
-  const std::vector<int> Bs = sweep ? std::vector<int>{1, 4, 16, 64} : std::vector<int>{1, 8, 32};
-  const std::vector<int> Ss = sweep ? std::vector<int>{4096, 16384, 65536, 204800} : std::vector<int>{4096, 32768, 131072};
+  // --B / --S pick one batch / context, also one outside the default lists.
+  const std::vector<int> Bs = only_b ? std::vector<int>{only_b}
+                              : sweep ? std::vector<int>{1, 4, 16, 64}
+                                      : std::vector<int>{1, 8, 32};
+  const std::vector<int> Ss = only_s ? std::vector<int>{only_s}
+                              : sweep ? std::vector<int>{4096, 16384, 65536, 204800}
+                                      : std::vector<int>{4096, 32768, 131072};
   const double max_gb = sweep ? 56 : 40;
   for (const Geo& g : geos) {
     if (which != "all" && std::string(g.name).find(which) == std::string::npos) continue;

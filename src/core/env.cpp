@@ -42,6 +42,9 @@ const std::vector<EnvVar>& env_vars() {
        "src/ops/cuda/paged_prefill.cu", "Warps per tile of the prefill attention kernel."},
       {"VQ_PREFILL_KEYS", "32 or 64", "the dispatcher's choice (64, or 32 where two blocks do not fit in shared memory)",
        "src/ops/cuda/paged_prefill.cu", "Keys per pass of the prefill attention kernel."},
+      {"VQ_PREFILL_WGMMA", "0 or 1", "1", "src/ops/cuda/paged_prefill.cu",
+       "The Hopper wgmma form of the prefill attention kernel (on sm_90 with a 90a build); 0 forces the mma.sync "
+       "form (for comparisons)."},
       {"VQ_CODED_ATTN_KERNEL", "auto or gather_mma", "auto", "src/kvcache/kv_store_device.cpp",
        "gather_mma forces the gather-mma split kernel for every coded layer (benchmarks compare it with the "
        "automatic choice)."},
@@ -99,6 +102,7 @@ GpuTuning read_gpu_tuning() {
   t.prefill_kernel = env_switch("VQ_PREFILL_KERNEL", t.prefill_kernel);
   t.prefill_warps = env_choice(env_var("VQ_PREFILL_WARPS").name, {4, 8}, t.prefill_warps);
   t.prefill_keys = env_choice(env_var("VQ_PREFILL_KEYS").name, {32, 64}, t.prefill_keys);
+  t.prefill_wgmma = env_switch("VQ_PREFILL_WGMMA", t.prefill_wgmma);
   const std::string k = env_or_empty(env_var("VQ_CODED_ATTN_KERNEL").name);
   VQ_CHECK(k.empty() || k == "auto" || k == "gather_mma", "VQ_CODED_ATTN_KERNEL={}: must be auto or gather_mma (or unset)",
            k);

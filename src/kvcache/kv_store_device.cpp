@@ -253,6 +253,9 @@ struct KVStoreDevice::Impl {
     p.group = HQ / H;
     p.head_dim = D;
     p.rule = rules[size_t(layer)];
+    // The step's prefill tiles (their count sets the prefill kernel's key splits and workspace).
+    p.n_tiles = int(tiles.size());
+    p.tile_rows = tile_rows;
     if (p.rule.coded) {
       const KVCacheConfig& c = st.spec_.config;
       const Calibration& cal = *st.spec_.calibration;

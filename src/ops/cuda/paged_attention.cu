@@ -536,10 +536,13 @@ void paged_attention_plan(PagedAttnParams& p) {
   p.coded_splits = c.coded_splits;
   p.dense_splits = c.dense_splits;
   p.dense_variant = c.dense_variant;
+  p.prefill_splits = p.n_tiles > 0 ? detail::prefill_key_splits(p.n_tiles, p.n_kv_heads, p.tile_rows, sms) : 0;
 }
 
 size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
-  return (part_floats(p, p.rule.coded ? p.coded_splits : 0) + part_floats(p, p.dense_splits)) * sizeof(float);
+  return (part_floats(p, p.rule.coded ? p.coded_splits : 0) + part_floats(p, p.dense_splits)) * sizeof(float) +
+         (p.n_tiles > 0 ? detail::prefill_part_bytes(p.n_tiles, p.n_kv_heads, p.tile_rows, p.head_dim, p.prefill_splits)
+                        : 0);
 }
 
 void check_paged_attention(const PagedAttnParams& p) {
@@ -634,7 +637,8 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   mp.out_stride = p.out_stride ? p.out_stride : int64_t(dp.n_q_heads) * p.head_dim;
   launch_pdl("paged_merge_kernel", paged_merge_kernel, dim3(unsigned(dp.n_q_heads), unsigned(p.rows)), dim3(128), 0, st,
              mp);
-  if (p.n_tiles > 0) detail::launch_prefill(p, st);
+  if (p.n_tiles > 0)
+    detail::launch_prefill(p, dense_part + part_floats(p, p.dense_splits), st);  // after the decode partials
 }
 
 int paged_prefill_tile_rows(bool coded) { return detail::prefill_tile_rows(coded); }

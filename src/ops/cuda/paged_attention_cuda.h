@@ -111,6 +111,7 @@ struct PagedAttnParams {
   const PagedPrefillTile* tiles = nullptr;
   int n_tiles = 0;
   int tile_rows = 0;          // paged_prefill_tile_rows: the tiles were cut for this many rows
+  int prefill_splits = 0;     // key splits of the prefill kernel (paged_attention_plan: few tiles -> several)
   const uint8_t* row_skip = nullptr;  // [rows] or null
   ElemType out_type = ElemType::f32;  // f32 or f16 (the input of the output projection)
   void* out = nullptr;        // row r at out + r*out_stride: [n_kv_heads*group][head_dim]

@@ -1,27 +1,33 @@
 // Prefill attention over the KV pool's blocks on tensor cores (paged_attention_cuda.h, tiles):
 // a block of W warps takes one tile of consecutive query positions of one sequence and one KV
-// head: its 16*W rows are (position, query head of the group) pairs, 16 per warp (W = 8 when the
-// store has coded layers, so that each decoded code tile serves 128 rows; else 4, two blocks per
-// SM; VQ_PREFILL_WARPS=4|8 forces one). It walks the sequence's key blocks once as a list of
-// passes (NB = 2 pool blocks of 32 tokens, one form), so each block's K/V is read once per tile,
-// not once per query row as in the decode kernels:
-//   dense pass: fp16 K (channel-major [D][32]) and V ([32][D]) copied by cp.async into padded
-//               shared-memory tiles;
+// head: its 16*W rows are (position, query head of the group) pairs, 16 per warp. It walks the
+// sequence's key blocks once as a list of passes (NB pool blocks of 32 tokens, one form), so each
+// block's K/V is read once per tile, not once per query row as in the decode kernels:
+//   dense pass: fp16 K (channel-major [D][32]) and V ([32][D]) copied by cp.async into shared
+//               memory;
 //   coded pass: the blocks' code rows (K then V) copied by cp.async, then decoded in shared
-//               memory into a token-major K tile [64][D] and the V tile (centroids from the fp16
+//               memory into a token-major K tile [KN][D] and the V tile (centroids from the fp16
 //               books, staged in shared memory when they are small); keys there are in the
 //               transformed space, so those passes are scored with the transformed queries q~
 //               (both query tiles live in shared memory).
-// Two stages: the copy of pass i+1 runs while pass i is multiplied (and, with two blocks per SM,
-// one block's decode while the other's mma). S = Q K^T and O += P V with mma.m16n8k16 (fp16 in,
-// fp32 accumulate): A fragments of Q by ldmatrix, B fragments of K by ldmatrix.trans (dense,
-// channel-major) or ldmatrix (coded, token-major), of V by ldmatrix.trans; P reused from the S
-// accumulators as A. Online softmax in base 2 per row. Which form of a block a row reads follows
-// the window rule per row (paged_ranges): a block a row reads as codes is masked in its dense pass
-// and vice versa. One pass of 32 keys (VQ_PREFILL_KEYS=32) where two do not fit in shared memory
-// (D=256 with coded layers). Variants and their times: docs/CUDA_NOTES.md section 6.
+// Two stages: the copy of pass i+1 runs while pass i is multiplied. Two forms of the products
+// (template flag WG), the same walk, masks, online softmax (base 2) and output:
+//   WG (Hopper, sm_90a build): each warpgroup of 4 warps takes 64 rows; S = Q K^T by wgmma
+//     m64nKNk16 with Q and K read from shared memory through descriptors (wgmma_ptx.cuh; keys
+//     MN-major for dense passes, K-major for decoded ones), O += P V by wgmma m64nDk16 with P
+//     in registers; shared tiles in the no-swizzle core-matrix layout (cm_off). Default W = 8
+//     (two warpgroups, 128 rows) and KN = 128 keys per pass where they fit.
+//   mma.sync (other GPUs, VQ_PREFILL_WGMMA=0): mma.m16n8k16 with ldmatrix(.trans) fragments from
+//     padded row-major tiles; W = 8 for coded layers (a decoded tile serves 128 rows), else 4.
+// Few tiles (a small chunk beside decode rows, few KV heads): the keys are split over blockIdx.z
+// (prefill_key_splits), each split writes per-row partials and prefill_merge_kernel combines
+// them, so the grid fills the GPU. Which form of a block a row reads follows the window rule per
+// row (paged_ranges): a block a row reads as codes is masked in its dense pass and vice versa.
+// Passes shrink (VQ_PREFILL_KEYS, or the dispatcher) where two stages do not fit in shared
+// memory (D=256 with coded layers). Variants and their times: docs/CUDA_NOTES.md section 6.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/env.h"
@@ -30,6 +36,7 @@
 #include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
+#include "ops/cuda/wgmma_ptx.cuh"
 
 namespace vq::cuda::detail {
 namespace {
@@ -58,6 +65,11 @@ struct PrefillParams {
   int kbook_halves, vbook_halves;  // per head
   int raw_bytes;         // per stage: K code rows (padded to 16) + V code rows + 16
   const PagedPrefillTile* tiles;
+  // Split over the keys (prefill_key_splits): block z of a (tile, KV head) walks passes
+  // [j0 + z*per, j0 + (z+1)*per) and, with ksplits > 1, writes a partial (base-2 max, sum,
+  // unnormalised o) per row to part instead of the output; prefill_merge_kernel combines them.
+  int ksplits;
+  float* part;  // [n_tiles][n_kv_heads][ksplits][rows of a tile][2 + D]
   ElemType out_type;
   void* out;
   int64_t out_stride;
@@ -76,10 +88,13 @@ __device__ __forceinline__ uint32_t code_of(const uint8_t* row, int i, int bits)
   return (v >> shift) & ((1u << bits) - 1u);
 }
 
-// Decode `rows` packed code rows (row_bytes apart, in shared memory) into fp16 rows of `ld` halves:
-// centroid of code (k, s) at dst[k*ld + s*sd ..]. 8-bit codes: four per 32-bit load.
+// Decode `rows` packed code rows (row_bytes apart, in shared memory) into fp16 rows: the
+// centroid of code (k, s) goes to dst[off(k, s*sd + 4x)] in pieces of four halves (`off` maps
+// (row, channel) to a half offset; four consecutive channels from a multiple of 4 must stay
+// contiguous). 8-bit codes: four per 32-bit load.
+template <class Off>
 __device__ __forceinline__ void decode_rows(int rows, const unsigned char* raw, int row_bytes, int bits, int sd,
-                                            int nsub, bool per_sub, const __half* book, __half* dst, int ld, int tid,
+                                            int nsub, bool per_sub, const __half* book, __half* dst, Off off, int tid,
                                             int nth) {
   const int q4 = sd / 4;  // 8-byte pieces per centroid
   if (bits == 8 && (nsub & 3) == 0 && (row_bytes & 3) == 0) {
@@ -87,12 +102,11 @@ __device__ __forceinline__ void decode_rows(int rows, const unsigned char* raw, 
     for (int i = tid; i < rows * n4; i += nth) {
       const int k = i / n4, s0 = (i % n4) * 4;
       const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + k * row_bytes + s0);
-      uint2* out = reinterpret_cast<uint2*>(dst + k * ld + s0 * sd);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const uint32_t c = (w >> (8 * e)) & 0xffu;
         const uint2* cen = reinterpret_cast<const uint2*>(book + ((per_sub ? (s0 + e) << 8 : 0) + int(c)) * sd);
-        for (int x = 0; x < q4; ++x) out[e * q4 + x] = cen[x];
+        for (int x = 0; x < q4; ++x) *reinterpret_cast<uint2*>(dst + off(k, (s0 + e) * sd + 4 * x)) = cen[x];
       }
     }
     return;
@@ -101,20 +115,34 @@ __device__ __forceinline__ void decode_rows(int rows, const unsigned char* raw, 
     const int k = i / nsub, s = i % nsub;
     const uint32_t c = code_of(raw + k * row_bytes, s, bits);
     const uint2* cen = reinterpret_cast<const uint2*>(book + ((int64_t(per_sub ? s : 0) << bits) + c) * sd);
-    uint2* out = reinterpret_cast<uint2*>(dst + k * ld + s * sd);
-    for (int x = 0; x < q4; ++x) out[x] = cen[x];
+    for (int x = 0; x < q4; ++x) *reinterpret_cast<uint2*>(dst + off(k, s * sd + 4 * x)) = cen[x];
   }
 }
 
-// Layout of one tile's shared memory (halves unless said): qp [R][D+8] | qc [R][D+8] (coded
-// layers) | 2 stages of { K [max(D*(KN+8), KN*(D+8))] | V [KN][D+8] | raw code bytes } | books,
-// KN = 32*NB keys per pass.
-template <int D, int NB>
+// Offset in halves of element (r, c) of an fp16 matrix of `cols` columns in the no-swizzle core-
+// matrix layout wgmma reads (wgmma_ptx.cuh): 8x8 core matrices of 128 contiguous bytes, the core
+// matrices of a group of 8 rows side by side, row groups cols * 8 halves apart.
+__device__ __forceinline__ int cm_off(int r, int c, int cols) {
+  return (r >> 3) * (cols * 8) + (c >> 3) * 64 + (r & 7) * 8 + (c & 7);
+}
+
+// Layout of one tile's shared memory (halves unless said): qp [R][D] | qc [R][D] (coded layers) |
+// 2 stages of { K | V [KN][D] | raw code bytes } | books, KN = 32*NB keys per pass. K is [D][KN]
+// for dense passes (channel-major, as the pool holds it) and [KN][D] for decoded ones. WG = false
+// (mma.sync): row-major with 8 halves of padding per row (conflict-free ldmatrix); WG = true
+// (wgmma): the core-matrix layout of cm_off, no padding.
+template <int D, int NB, bool WG>
 struct PrefillSmem {
   static constexpr int KN = kB * NB;
-  static constexpr int QLD = D + kKPad, KLD = KN + kKPad, KLDC = D + kKPad, VLD = D + kKPad;
+  static constexpr int P = WG ? 0 : kKPad;
+  static constexpr int QLD = D + P, KLD = KN + P, KLDC = D + P, VLD = D + P;
   static constexpr int KH = (D * KLD > KN * KLDC) ? D * KLD : KN * KLDC;  // halves of a K stage
   static constexpr int VH = KN * VLD;
+  // Element offsets (halves): query row m, channel d; dense key n, channel d; decoded key n; value k.
+  static __device__ __forceinline__ int q(int m, int d) { return WG ? cm_off(m, d, D) : m * QLD + d; }
+  static __device__ __forceinline__ int kd(int d, int n) { return WG ? cm_off(d, n, KN) : d * KLD + n; }
+  static __device__ __forceinline__ int kc(int n, int d) { return WG ? cm_off(n, d, D) : n * KLDC + d; }
+  static __device__ __forceinline__ int v(int k, int d) { return WG ? cm_off(k, d, D) : k * VLD + d; }
 };
 
 // Bytes of a stage's code-row area with NB blocks per pass: K rows (padded to 16), V rows, 16 spare
@@ -124,10 +152,10 @@ int prefill_raw_bytes(const PrefillParams& pp, int NB) {
   return ((kB * NB * pp.kcb + 15) & ~15) + ((kB * NB * pp.vcb + 15) & ~15) + 16;
 }
 
-// Dynamic shared memory of prefill_kernel<D, W, NB> (the layout above).
-template <int D, int W, int NB>
+// Dynamic shared memory of prefill_kernel<D, W, NB, WG> (the layout above).
+template <int D, int W, int NB, bool WG>
 size_t prefill_smem_bytes(const PrefillParams& pp) {
-  using L = PrefillSmem<D, NB>;
+  using L = PrefillSmem<D, NB, WG>;
   const bool coded = pp.rule.coded;
   size_t b = size_t(16 * W) * L::QLD * (coded ? 2 : 1) * 2;
   b += 2 * (size_t(L::KH + L::VH) * 2 + size_t(prefill_raw_bytes(pp, NB)));
@@ -142,6 +170,7 @@ struct PassWalk {
   bool coded;
   int64_t sink_lo, sink_hi, code_lo, code_hi, win_lo, t_last;
   int kn;  // keys per pass
+  int64_t j_end;  // passes at or past it belong to the next key split
   // Does some row read pool block b (32 tokens) in this form?
   __device__ __forceinline__ bool block_needed(int64_t b, int form) const {
     const int64_t u0 = b * kB;
@@ -157,17 +186,97 @@ struct PassWalk {
   }
   // The first needed pass at or after (j, form); j = -1 when none is left.
   __device__ __forceinline__ void seek(int64_t& j, int& form) const {
-    for (; j * kn <= t_last; form = 0, ++j)
+    for (; j < j_end && j * kn <= t_last; form = 0, ++j)
       for (; form < 2; ++form)
         if (needed(j, form)) return;
     j = -1;
   }
 };
 
-template <int D, int W, int NB>
+// Masks S (row h of this thread reads key u0 + column in this form; nothing to do for a row that
+// reads the whole pass), then the online softmax in base 2 of rows g and g + 8: S becomes P, the
+// running max/sum advance and alpha is the factor the accumulated output rows must take.
+template <int NS>
+__device__ __forceinline__ void mask_softmax(float (&s)[NS][4], int form, int64_t u0, const PagedRanges (&rg)[2],
+                                             const int (&rpos)[2], const bool (&rvalid)[2], int t, float (&m_run)[2],
+                                             float (&l_run)[2], float (&alpha)[2]) {
+  constexpr int KN = NS * 8;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const PagedRanges& rr = rg[h];
+    const int64_t u1 = u0 + KN;
+    const bool full = rvalid[h] && u1 - 1 <= rpos[h] &&
+                      (form ? u0 >= rr.code_lo && u1 <= rr.code_hi
+                            : (u0 >= rr.sink_lo && u1 <= rr.sink_hi) || (u0 >= rr.win_lo && u1 <= rr.win_hi));
+    if (full) continue;
+    const int r = rpos[h], base = int(u0);  // positions fit in 31 bits (kv_store_device.cpp)
+    const int clo = int(rr.code_lo), chi = int(rr.code_hi), slo = int(rr.sink_lo), shi = int(rr.sink_hi);
+    const int wlo = int(rr.win_lo), whi = int(rr.win_hi);
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int u = base + n * 8 + 2 * t + c;
+        bool vis = rvalid[h] && u <= r;
+        if (form) vis = vis && u >= clo && u < chi;
+        else vis = vis && ((u >= slo && u < shi) || (u >= wlo && u < whi));
+        if (!vis) s[n][2 * h + c] = -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run[h], mx);
+    const float mref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet
+    alpha[h] = exp2f(m_run[h] - mref);
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      s[n][2 * h] = exp2f(s[n][2 * h] - mref);
+      s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - mref);
+      sum += s[n][2 * h] + s[n][2 * h + 1];
+    }
+    l_run[h] = l_run[h] * alpha[h] + sum;
+    m_run[h] = m_new;
+  }
+}
+
+#if defined(VQ_HAVE_WGMMA)
+// S = Q K^T of one warpgroup's 64 rows: D/16 k-steps of m64nKNk16 from shared memory, Q K-major
+// (core-matrix rows of D channels, at shared address qa), K at ka with the given k-step advance
+// and descriptor strides; TB = 1 for keys stored channel-major (B MN-major). Waits for the result.
+template <int D, int KN, int TB>
+__device__ __forceinline__ void wg_scores(float (&sf)[KN / 2], uint32_t qa, uint32_t ka, uint32_t kstep, uint32_t lbo,
+                                          uint32_t sbo) {
+  wg::fence_regs(sf);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint64_t da = wg::desc(qa + kk * 256, 128, D * 16), db = wg::desc(ka + kk * kstep, lbo, sbo);
+    if constexpr (KN == 128) wg::mma_ss_m64n128<TB>(sf, da, db, 1);
+    else if constexpr (KN == 64) wg::mma_ss_m64n64<TB>(sf, da, db, 1);
+    else wg::mma_ss_m64n32<TB>(sf, da, db, 1);
+  }
+  wg::commit();
+  wg::wait<0>();
+  wg::fence_regs(sf);
+}
+#endif
+
+template <int D, int W, int NB, bool WG>
 __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(PrefillParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  using L = PrefillSmem<D, NB>;
+#if !defined(VQ_HAVE_WGMMA)
+  if constexpr (WG) {  // not built for this device: the dispatcher never launches it (prefill_wgmma)
+    __trap();
+  } else
+#endif
+  {
+  extern __shared__ __align__(128) unsigned char smem[];
+  using L = PrefillSmem<D, NB, WG>;
   constexpr int ROWS = 16 * W, NT = D / 8, NTH = 32 * W, KN = L::KN, NS = KN / 8;
   constexpr int QLD = L::QLD, KLD = L::KLD, KLDC = L::KLDC, VLD = L::VLD;
   const bool coded_layer = p.rule.coded;
@@ -201,6 +310,11 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   walk.win_lo = gf.win_lo, walk.t_last = t_last, walk.kn = KN;
   const int64_t kmin =
       coded_layer ? min(gf.sink_hi > gf.sink_lo ? gf.sink_lo : gf.code_lo, gf.win_lo) : gf.win_lo;
+  // This block's passes: the z-th of ksplits equal runs of [kmin / KN, t_last / KN].
+  const int64_t j_first = kmin / KN, n_passes = int64_t(t_last) / KN - j_first + 1;
+  const int64_t per_split = (n_passes + p.ksplits - 1) / p.ksplits;
+  const int64_t j_begin = j_first + int64_t(blockIdx.z) * per_split;
+  walk.j_end = min(j_begin + per_split, j_first + n_passes);
 
   // Issue the copies of pass (j, form) into stage s (one commit group): its NB pool blocks, each
   // only where some row reads it in this form (others: dense V zeroed, coded rows left as they are,
@@ -217,7 +331,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
         if (!need) {
           for (int i = threadIdx.x; i < kB * D / 8; i += NTH) {
             const int k = i / (D / 8), c = i % (D / 8);
-            *reinterpret_cast<uint4*>(vs + (hb * kB + k) * VLD + 8 * c) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(vs + L::v(hb * kB + k, 8 * c)) = make_uint4(0, 0, 0, 0);
           }
           continue;
         }
@@ -226,14 +340,14 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
         const __half* vg = blk + size_t(H) * D * kB + size_t(kh) * kB * D;  // [kB][D]
         for (int i = threadIdx.x; i < D * kB / 8; i += NTH) {
           const int d = i / (kB / 8), c = i % (kB / 8);
-          cp_async16(ks + d * KLD + hb * kB + 8 * c, kg + d * kB + 8 * c);
+          cp_async16(ks + L::kd(d, hb * kB + 8 * c), kg + d * kB + 8 * c);
         }
         // Slots past the last position hold whatever the pool block held before (maybe NaN as
         // fp16): their P is 0, but 0 * NaN is NaN in the product, so their values are zero-filled.
         for (int i = threadIdx.x; i < kB * D / 8; i += NTH) {
           const int k = i / (D / 8), c = i % (D / 8);
           const bool ok = u0 + k <= t_last;
-          cp_async16(vs + (hb * kB + k) * VLD + 8 * c, ok ? vg + k * D + 8 * c : vg, ok);
+          cp_async16(vs + L::v(hb * kB + k, 8 * c), ok ? vg + k * D + 8 * c : vg, ok);
         }
       } else if (need) {
         const uint8_t* blk = ctab[b];
@@ -247,7 +361,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     cp_async_commit();
   };
 
-  int64_t cj = kmin / KN;
+  int64_t cj = j_begin;
   int cform = 0;
   walk.seek(cj, cform);
   if (cj >= 0) issue(cj, cform, 0);
@@ -261,8 +375,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
       vp = p.q[r * p.q_stride + (int64_t(kh) * G + hg) * D + d] * p.qscale;
       if (coded_layer) vc = p.q_code[(r * p.n_q_heads + int64_t(kh) * G + hg) * D + d] * kLog2e;
     }
-    qp[m * QLD + d] = __float2half_rn(vp);
-    if (coded_layer) qc[m * QLD + d] = __float2half_rn(vc);
+    qp[L::q(m, d)] = __float2half_rn(vp);
+    if (coded_layer) qc[L::q(m, d)] = __float2half_rn(vc);
   }
   const __half* kbook = nullptr;
   const __half* vbook = nullptr;
@@ -300,13 +414,17 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     const int64_t j = cj;
     const int form = cform;
     cp_async_wait<0>();
+    if constexpr (WG) wg::fence_proxy_async();  // this thread's copies and stores, visible to wgmma
     __syncthreads();  // pass j's data in stage st; everyone done with stage st ^ 1 (and the queries written)
     __half* ks = kst(st);
     __half* vs = vst(st);
-    if (form == 1) {  // decode the code rows into fp16 tiles: K token-major [KN][D+8], V [KN][D+8]
+    if (form == 1) {  // decode the code rows into fp16 tiles: K token-major [KN][D], V [KN][D]
       const unsigned char* raw = rawst(st);
-      decode_rows(KN, raw, p.kcb, p.kbits, p.kd, ksub, p.kbooks > 1, kbook, ks, KLDC, threadIdx.x, NTH);
-      decode_rows(KN, raw + vraw_off, p.vcb, p.vbits, p.vd, vsub, p.vbooks > 1, vbook, vs, VLD, threadIdx.x, NTH);
+      decode_rows(KN, raw, p.kcb, p.kbits, p.kd, ksub, p.kbooks > 1, kbook, ks,
+                  [](int k, int d) { return L::kc(k, d); }, threadIdx.x, NTH);
+      decode_rows(KN, raw + vraw_off, p.vcb, p.vbits, p.vd, vsub, p.vbooks > 1, vbook, vs,
+                  [](int k, int d) { return L::v(k, d); }, threadIdx.x, NTH);
+      if constexpr (WG) wg::fence_proxy_async();
       __syncthreads();
     }
     // The next pass's copies run under this pass's products.
@@ -322,6 +440,15 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
 #pragma unroll
     for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
     const int mi = lane >> 3, r8 = lane & 7;
+#if defined(VQ_HAVE_WGMMA)
+    if constexpr (WG) {
+      // The warpgroup's 64 rows x KN keys: D/16 k-steps of m64nKNk16, Q and K from shared memory.
+      float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(s);
+      const uint32_t qa = smem_u32(qs) + uint32_t(warp >> 2) * 64 * D * 2, ka = smem_u32(ks);
+      if (form == 0) wg_scores<D, KN, 1>(sf, qa, ka, 2 * KN * 16, KN * 16, 128);  // keys [D][KN]: B MN-major
+      else wg_scores<D, KN, 0>(sf, qa, ka, 256, 128, D * 16);                     // decoded [KN][D]: K-major
+    } else
+#endif
     if (form == 0) {
 #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16) {
@@ -349,54 +476,38 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
         }
       }
     }
-    // ---- masks: row h reads key u in this form (nothing to do when it reads the whole block) ----
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const PagedRanges& rr = rg[h];
-      const int64_t u1 = u0 + KN;
-      const bool full = rvalid[h] && u1 - 1 <= rpos[h] &&
-                        (form ? u0 >= rr.code_lo && u1 <= rr.code_hi
-                              : (u0 >= rr.sink_lo && u1 <= rr.sink_hi) || (u0 >= rr.win_lo && u1 <= rr.win_hi));
-      if (full) continue;
-      const int r = rpos[h], base = int(u0);  // positions fit in 31 bits (kv_store_device.cpp)
-      const int clo = int(rr.code_lo), chi = int(rr.code_hi), slo = int(rr.sink_lo), shi = int(rr.sink_hi);
-      const int wlo = int(rr.win_lo), whi = int(rr.win_hi);
-#pragma unroll
-      for (int n = 0; n < NS; ++n)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int u = base + n * 8 + 2 * t + c;
-          bool vis = rvalid[h] && u <= r;
-          if (form) vis = vis && u >= clo && u < chi;
-          else vis = vis && ((u >= slo && u < shi) || (u >= wlo && u < whi));
-          if (!vis) s[n][2 * h + c] = -INFINITY;
-        }
-    }
-    // ---- online softmax (base 2), rows g and g + 8 ----
     float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[h], mx);
-      const float mref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet
-      alpha[h] = exp2f(m_run[h] - mref);
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < NS; ++n) {
-        s[n][2 * h] = exp2f(s[n][2 * h] - mref);
-        s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - mref);
-        sum += s[n][2 * h] + s[n][2 * h + 1];
-      }
-      l_run[h] = l_run[h] * alpha[h] + sum;
-      m_run[h] = m_new;
-    }
+    mask_softmax<NS>(s, form, u0, rg, rpos, rvalid, t, m_run, l_run, alpha);
 #pragma unroll
     for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
     // ---- O += P V: P from the S accumulators (k-steps of 16 keys) ----
+#if defined(VQ_HAVE_WGMMA)
+    if constexpr (WG) {  // m64nDk16 per k-step, P from registers, V [KN][D] MN-major
+      float(&of)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(o);
+      const uint32_t va = smem_u32(vs);
+      uint32_t a[KN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < KN / 16; ++kk) {
+        a[kk][0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
+        a[kk][1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
+        a[kk][2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[kk][3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+      wg::fence_regs(of);
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < KN / 16; ++kk) {
+        const uint64_t db = wg::desc(va + kk * 2 * D * 16, D * 16, 128);
+        if constexpr (D == 64) wg::mma_rs_m64n64(of, a[kk], db);
+        else if constexpr (D == 128) wg::mma_rs_m64n128(of, a[kk], db);
+        else wg::mma_rs_m64n256(of, a[kk], db);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(of);
+      continue;
+    }
+#endif
 #pragma unroll
     for (int kk = 0; kk < KN / 16; ++kk) {
       uint32_t a[4];
@@ -413,13 +524,27 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
       }
     }
   }
-  // ---- normalise and write the tile's rows ----
+  // ---- normalise and write the tile's rows (or this key split's partials) ----
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = l_run[h];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    l_run[h] = l > 0.f ? 1.0f / l : 0.f;
+    l_run[h] = p.ksplits > 1 ? l : l > 0.f ? 1.0f / l : 0.f;
+  }
+  if (p.ksplits > 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = warp * 16 + g + 8 * h;
+      float* rec = p.part + (((int64_t(blockIdx.x) * p.n_kv_heads + kh) * p.ksplits + blockIdx.z) * ROWS + m) * (2 + D);
+      if (t == 0) rec[0] = m_run[h], rec[1] = l_run[h];  // m: -inf where this split saw no key of the row
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int d = n * 8 + 2 * t;
+        rec[2 + d] = o[n][2 * h], rec[3 + d] = o[n][2 * h + 1];
+      }
+    }
+    return;
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -438,8 +563,37 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
       }
     }
   }
+  }  // the kernel body
 }
 
+
+// Grid (n_tiles, n_kv_heads), 256 threads: each (row, dim) of a tile combines the key splits'
+// partials by log-sum-exp (base 2) and writes the normalised output as the kernel would.
+__global__ void __launch_bounds__(256) prefill_merge_kernel(PrefillParams p, int rows_per_tile) {
+  const PagedPrefillTile tile = p.tiles[blockIdx.x];
+  const int kh = blockIdx.y, G = p.group, D = p.D, P = rows_per_tile / G;
+  const float* base = p.part + (int64_t(blockIdx.x) * p.n_kv_heads + kh) * p.ksplits * rows_per_tile * (2 + D);
+  for (int i = threadIdx.x; i < rows_per_tile * D; i += blockDim.x) {
+    const int m = i / D, d = i % D, pi = m / G, hg = m % G;
+    if (pi >= tile.n_pos || pi >= P) continue;
+    float M = -INFINITY;
+    for (int z = 0; z < p.ksplits; ++z) M = fmaxf(M, base[(int64_t(z) * rows_per_tile + m) * (2 + D)]);
+    float L = 0.f, acc = 0.f;
+    if (M != -INFINITY) {
+      for (int z = 0; z < p.ksplits; ++z) {
+        const float* rec = base + (int64_t(z) * rows_per_tile + m) * (2 + D);
+        if (rec[0] == -INFINITY) continue;
+        const float w = exp2f(rec[0] - M);
+        L = fmaf(w, rec[1], L);
+        acc = fmaf(w, rec[2 + d], acc);
+      }
+    }
+    const float v = L > 0.f ? acc / L : 0.f;
+    const int64_t at = int64_t(tile.row0 + pi) * p.out_stride + (int64_t(kh) * G + hg) * D + d;
+    if (p.out_type == ElemType::f16) static_cast<__half*>(p.out)[at] = __float2half_rn(v);
+    else static_cast<float*>(p.out)[at] = v;
+  }
+}
 
 size_t smem_optin() {
   static const size_t b = [] {
@@ -451,51 +605,105 @@ size_t smem_optin() {
   return b;
 }
 
-template <int D, int W, int NB>
+template <int D, int W, int NB, bool WG>
 void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
   pp.raw_bytes = prefill_raw_bytes(pp, NB);
-  const size_t smem = prefill_smem_bytes<D, W, NB>(pp);
+  const size_t smem = prefill_smem_bytes<D, W, NB, WG>(pp);
   VQ_CHECK(smem <= smem_optin(), "cuda::paged_attention prefill: {} bytes of shared memory at head_dim {} (the device has {})",
            smem, D, smem_optin());
   static size_t attr = 0;
   if (smem > attr) {
     VQ_CUDA_CHECK(
-        cudaFuncSetAttribute(prefill_kernel<D, W, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        cudaFuncSetAttribute(prefill_kernel<D, W, NB, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr = smem;
   }
-  prefill_kernel<D, W, NB><<<dim3(unsigned(n_tiles), unsigned(H)), 32 * W, smem, st>>>(pp);
+  prefill_kernel<D, W, NB, WG><<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 32 * W, smem, st>>>(pp);
   VQ_CUDA_LAUNCHED("prefill_kernel");
+  if (pp.ksplits > 1) {
+    prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H)), 256, 0, st>>>(pp, 16 * W);
+    VQ_CUDA_LAUNCHED("prefill_merge_kernel");
+  }
+}
+
+// The wgmma form of the kernel (WG = true) where it was built and runs: an sm_90 device and a
+// build with sm_90a machine code (VQ_CUDA_SM90A, from CMAKE_CUDA_ARCHITECTURES); elsewhere (PTX
+// JIT on newer GPUs, builds without 90a) the mma.sync form. GpuTuning.prefill_wgmma = false
+// (VQ_PREFILL_WGMMA=0) forces the mma.sync form, for comparison.
+bool prefill_wgmma() {
+  static const bool on = [] {
+#if defined(VQ_CUDA_SM90A)
+    if (!gpu_tuning().prefill_wgmma) return false;
+    int dev = 0, major = 0, minor = 0;
+    VQ_CUDA_CHECK(cudaGetDevice(&dev));
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major == 9 && minor == 0;
+#else
+    return false;
+#endif
+  }();
+  return on;
 }
 
 // Variant (CUDA_NOTES.md section 6): warps per tile W and pool blocks per pass NB, chosen here
-// (8 warps for coded layers, 4 for dense; 64 keys) unless GpuTuning (VQ_PREFILL_WARPS=4|8,
+// (8 warps = two warpgroups for the wgmma form and for coded layers, else 4; 128 keys per pass
+// for the wgmma form where they fit, else 64) unless GpuTuning (VQ_PREFILL_WARPS=4|8,
 // VQ_PREFILL_KEYS=32|64) overrides them. Read once, so that tiles and launches agree.
 int prefill_warps(bool coded) {
   const int w = gpu_tuning().prefill_warps;
-  return w ? w : coded ? 8 : 4;
+  return w ? w : (coded || prefill_wgmma()) ? 8 : 4;
 }
 int prefill_blocks_per_pass() {
   static const int nb = (gpu_tuning().prefill_keys ? gpu_tuning().prefill_keys : 64) / kB;
   return nb;
 }
 
+template <int D, bool WG>
+void launch_dw(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
+  int nb = prefill_blocks_per_pass();
+  if constexpr (WG) {
+    // The wgmma form: 128 keys per pass (m64n128k16 products: shared-memory reads per product
+    // below the bandwidth) where they fit, unless VQ_PREFILL_KEYS says otherwise.
+    if (!gpu_tuning().prefill_keys && w == 8 && prefill_smem_bytes<D, 8, 4, WG>(pp) <= smem_optin()) {
+      launch<D, 8, 4, WG>(pp, n_tiles, H, st);
+      return;
+    }
+  }
+  // Two blocks per pass where their stages fit beside the query tiles (not at D=256 with 8 warps).
+  if (nb == 2 &&
+      (w == 8 ? prefill_smem_bytes<D, 8, 2, WG>(pp) : prefill_smem_bytes<D, 4, 2, WG>(pp)) > smem_optin())
+    nb = 1;
+  if (w == 8 && nb == 2) launch<D, 8, 2, WG>(pp, n_tiles, H, st);
+  else if (w == 8) launch<D, 8, 1, WG>(pp, n_tiles, H, st);
+  else if (nb == 2) launch<D, 4, 2, WG>(pp, n_tiles, H, st);
+  else launch<D, 4, 1, WG>(pp, n_tiles, H, st);
+}
+
 template <int D>
 void launch_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
-  int nb = prefill_blocks_per_pass();
-  // Two blocks per pass where their stages fit beside the query tiles (not at D=256 with 8 warps).
-  if (nb == 2 && (w == 8 ? prefill_smem_bytes<D, 8, 2>(pp) : prefill_smem_bytes<D, 4, 2>(pp)) > smem_optin())
-    nb = 1;
-  if (w == 8 && nb == 2) launch<D, 8, 2>(pp, n_tiles, H, st);
-  else if (w == 8) launch<D, 8, 1>(pp, n_tiles, H, st);
-  else if (nb == 2) launch<D, 4, 2>(pp, n_tiles, H, st);
-  else launch<D, 4, 1>(pp, n_tiles, H, st);
+  if (prefill_wgmma()) launch_dw<D, true>(pp, w, n_tiles, H, st);
+  else launch_dw<D, false>(pp, w, n_tiles, H, st);
 }
 
 }  // namespace
 
 int prefill_tile_rows(bool coded) { return 16 * prefill_warps(coded); }
 
-void launch_prefill(const PagedAttnParams& a, cudaStream_t st) {
+int prefill_key_splits(int n_tiles, int n_kv_heads, int tile_rows, int sms) {
+  // One block per (tile, KV head) walks all the keys of its rows: with fewer of them than block
+  // slots (two 4-warp blocks per SM, one 8-warp block), split the keys so that about one wave runs.
+  // Large chunks keep one split (no partials, no merge).
+  const int64_t units = int64_t(n_tiles) * n_kv_heads;
+  const int64_t slots = int64_t(sms) * (tile_rows <= 64 ? 2 : 1);
+  if (units <= 0 || units * 2 > slots) return 1;
+  return int(std::min<int64_t>(16, slots / units));
+}
+
+size_t prefill_part_bytes(int n_tiles, int n_kv_heads, int tile_rows, int head_dim, int ksplits) {
+  return ksplits > 1 ? size_t(n_tiles) * n_kv_heads * ksplits * tile_rows * (2 + head_dim) * sizeof(float) : 0;
+}
+
+void launch_prefill(const PagedAttnParams& a, float* part, cudaStream_t st) {
   VQ_CHECK(a.rule.block_tokens == kB, "cuda::paged_attention prefill: block_tokens {} (the prefill kernel takes 32)",
            a.rule.block_tokens);
   VQ_CHECK(a.n_tiles <= 2147483647 && a.n_kv_heads <= 65535, "cuda::paged_attention prefill: grid too large");
@@ -527,6 +735,9 @@ void launch_prefill(const PagedAttnParams& a, cudaStream_t st) {
     pp.books_smem = pp.kbook_halves * 2 <= kBookSmemMax && pp.vbook_halves * 2 <= kBookSmemMax;
   }
   pp.tiles = a.tiles;
+  pp.ksplits = a.prefill_splits > 0 ? a.prefill_splits : 1;
+  pp.part = part;
+  VQ_CHECK(pp.ksplits == 1 || part, "cuda::paged_attention prefill: {} key splits need a workspace", pp.ksplits);
   pp.out_type = a.out_type;
   pp.out = a.out;
   pp.out_stride = a.out_stride ? a.out_stride : int64_t(pp.n_q_heads) * a.head_dim;

@@ -48,8 +48,13 @@ void pq_attention_device_with_split(const PQAttnBatchArgs& a, SplitLauncher spli
 void launch_lut_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st);
 void launch_gather_split_paged(const PagedAttnParams& a, float* part, cudaStream_t st);
 // The tensor-core prefill kernel over the tiles (paged_prefill.cu).
-void launch_prefill(const PagedAttnParams& a, cudaStream_t st);
+// part: the key splits' partials (prefill_part_bytes; null when a.prefill_splits <= 1).
+void launch_prefill(const PagedAttnParams& a, float* part, cudaStream_t st);
 int prefill_tile_rows(bool coded);
+// Key splits of the prefill kernel for n_tiles tiles of tile_rows rows (1: none), and the bytes
+// of their partials.
+int prefill_key_splits(int n_tiles, int n_kv_heads, int tile_rows, int sms);
+size_t prefill_part_bytes(int n_tiles, int n_kv_heads, int tile_rows, int head_dim, int ksplits);
 // Whether the LUT kernel takes these presets (lut_kernel_supported for the paged arguments).
 bool lut_kernel_supported_paged(const PagedAttnParams& a);
 
