@@ -126,6 +126,7 @@ class Session {
   const SeqKV& sequence() const;
   Forward& forward_pass();
   TPForward* tensor_parallel() { return tp_.get(); }  // null at tp = 1
+  const TPForward* tensor_parallel() const { return tp_.get(); }
   // Memory (summed over the ranks at tp > 1):
   size_t kv_bytes() const;         // blocks allocated
   size_t kv_token_bytes() const;   // payload of the tokens held

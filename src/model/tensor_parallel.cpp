@@ -84,14 +84,17 @@ WeightMatrix whole_or_rows(const WeightMatrix& w, int64_t r0, int64_t n) {
   return s;
 }
 
-WeightMatrix cols_copy(const WeightMatrix& w, int64_t c0, int64_t n, int rank, TPRankWeights& out) {
-  if (c0 == 0 && n == w.cols) return w;
+void check_col_split(const WeightMatrix& w, int64_t c0, int64_t n, int tp) {
   const int64_t blk = ggml_block_elems(w.type);
   VQ_CHECK(c0 % blk == 0 && n % blk == 0,
-           "tp: tensor '{}' ({}, blocks of {} elements) would be split by columns at {} (rank {}'s {} of {} columns): "
-           "a column split must fall on block boundaries; this tp needs a model with wider heads or MLP, or f32/f16 "
-           "weights",
-           w.name, ggml_type_name(w.type), blk, c0, rank, n, w.cols);
+           "--tp {}: tensor '{}' ({}, blocks of {} elements) would be split by columns at {} ({} of its {} columns per "
+           "rank): a column split must fall on block boundaries; use a smaller --tp",
+           tp, w.name, ggml_type_name(w.type), blk, c0 % blk ? c0 : c0 + n, n, w.cols);
+}
+
+WeightMatrix cols_copy(const WeightMatrix& w, int64_t c0, int64_t n, int tp, TPRankWeights& out) {
+  if (c0 == 0 && n == w.cols) return w;
+  check_col_split(w, c0, n, tp);
   const size_t rb = ggml_row_bytes(w.type, w.cols), nb = ggml_row_bytes(w.type, n),
                ob = ggml_row_bytes(w.type, c0);
   auto buf = std::make_unique<AlignedBuffer<uint8_t>>(nb * size_t(w.rows));
@@ -127,16 +130,28 @@ TPRankWeights make_rank_weights(const Model& model, const TPPlan& plan, int rank
     s.wq = whole_or_rows(L.wq, p.q_heads.begin * D, p.q_heads.count * D);
     s.wk = whole_or_rows(L.wk, p.kv_heads.begin * D, p.kv_heads.count * D);
     s.wv = whole_or_rows(L.wv, p.kv_heads.begin * D, p.kv_heads.count * D);
-    s.wo = cols_copy(L.wo, p.q_heads.begin * D, p.q_heads.count * D, rank, out);
+    s.wo = cols_copy(L.wo, p.q_heads.begin * D, p.q_heads.count * D, plan.tp, out);
     s.w_gate = whole_or_rows(L.w_gate, p.ff.begin, p.ff.count);
     s.w_up = whole_or_rows(L.w_up, p.ff.begin, p.ff.count);
-    s.w_down = cols_copy(L.w_down, p.ff.begin, p.ff.count, rank, out);
+    s.w_down = cols_copy(L.w_down, p.ff.begin, p.ff.count, plan.tp, out);
     s.q_bias = slice(L.q_bias, size_t(p.q_heads.begin * D), size_t(p.q_heads.count * D));
     s.k_bias = slice(L.k_bias, size_t(p.kv_heads.begin * D), size_t(p.kv_heads.count * D));
     s.v_bias = slice(L.v_bias, size_t(p.kv_heads.begin * D), size_t(p.kv_heads.count * D));
     out.layers.push_back(std::move(s));
   }
   return out;
+}
+
+TPPlan check_tp(const Model& model, int tp) {
+  TPPlan plan = make_tp_plan(model.config(), tp);
+  if (tp == 1) return plan;
+  const int64_t D = model.config().head_dim;
+  for (const LayerWeights& L : model.layers())
+    for (const TPRankPlan& p : plan.ranks) {
+      check_col_split(L.wo, p.q_heads.begin * D, p.q_heads.count * D, tp);
+      check_col_split(L.w_down, p.ff.begin, p.ff.count, tp);
+    }
+  return plan;
 }
 
 Calibration slice_calibration(const Calibration& c, int kv0, int n) {
@@ -169,7 +184,7 @@ struct TPForward::Rank {
 
 TPForward::TPForward(const Model& model, const KVSpec& spec, int tp, size_t budget_bytes,
                      std::unique_ptr<Communicator> comm)
-    : model_(model), cfg_(model.config()), plan_(make_tp_plan(model.config(), tp)), comm_(std::move(comm)) {
+    : model_(model), cfg_(model.config()), plan_(check_tp(model, tp)), comm_(std::move(comm)) {
   if (!comm_) comm_ = std::make_unique<LocalCommunicator>(tp);
   VQ_CHECK(comm_->size() == tp, "tp: a communicator of {} ranks for tp {}", comm_->size(), tp);
   const KVStoreOptions opt = kv_store_options(model, budget_bytes == size_t(-1) ? budget_bytes : budget_bytes / size_t(tp));

@@ -85,6 +85,9 @@ struct TPRankWeights {
   std::vector<std::unique_ptr<AlignedBuffer<uint8_t>>> owned;  // the column-split copies
 };
 TPRankWeights make_rank_weights(const Model& model, const TPPlan& plan, int rank);
+// The plan for this model and tp, with every column split checked against the weights' blocks
+// (what make_rank_weights would refuse), copying nothing. Throws vq::Error.
+TPPlan check_tp(const Model& model, int tp);
 
 // The calibration of KV heads [kv0, kv0 + n) (VecInfer codebooks and smoothing are per KV head).
 Calibration slice_calibration(const Calibration& c, int kv0, int n);
