@@ -294,7 +294,6 @@ void TPForward::step(const TPBatchEntry* entries, int n_entries) {
   for (int e = 0; e < n_entries; ++e)
     for (int r = 0; r < tp; ++r) stores_[size_t(r)]->trim(entries[e].seq->ranks[size_t(r)]);
   // Output head (replicated; rank 0's copy of the residual stream).
-  const size_t V = size_t(cfg_.n_vocab);
   for (int e = 0, r = 0; e < n_entries; r += entries[e].n, ++e) {
     const TPBatchEntry& B = entries[e];
     if (!B.out) continue;
@@ -305,7 +304,6 @@ void TPForward::step(const TPBatchEntry* entries, int n_entries) {
                cfg_.norm_eps);
     const WeightMatrix& o = model_.output();
     matmul_maybe_packed(o.packed.get(), o.type, o.data, o.rows, o.cols, xn_.data(), m, B.out);
-    (void)V;
   }
 }
 
