@@ -16,6 +16,7 @@ struct PerplexityOptions {
   int chunk = 32;       // tokens per forward call: later chunks attend to earlier ones through the cache
   int max_windows = 1;
   Device device = Device::cpu;  // where the model runs and the caches live (runtime.h)
+  int tp = 1;  // tensor-parallel ranks, simulated on the CPU (SessionOptions::tp)
 };
 
 struct PerplexityResult {

@@ -31,6 +31,10 @@ struct SessionOptions {
   int max_chunk = 0;                        // tokens per step of a long forward(); 0: default_max_chunk(device)
   size_t kv_budget_bytes = size_t(-1);      // the KV pool's budget; exceeding it throws
   Device device = Device::cpu;              // where the forward runs and the pool lives (runtime.h)
+  // Tensor-parallel ranks (docs/TENSOR_PARALLEL.md): > 1 splits the forward by heads and MLP
+  // columns over that many ranks, simulated in this process on the CPU (Device::cpu only), each
+  // rank's KV pool holding its heads with kv_budget_bytes / tp. Session files need tp = 1.
+  int tp = 1;
 };
 
 // Tokens per prefill step when none is given: 512 on the CPU; 2048 on the device, whose matrix units
@@ -53,6 +57,11 @@ struct LoadedSession {
   std::vector<int32_t> tokens;
   int64_t n_kv = 0;
 };
+
+// Whether a Session of this model can run split over tp tensor-parallel ranks on this device
+// (SessionOptions::tp): throws vq::Error naming what does not divide (heads, KV heads, MLP
+// columns, a quantized weight's blocks) or the device; copies nothing.
+void check_tensor_parallel(const Model& model, int tp, Device device);
 
 class Session {
  public:

@@ -7,6 +7,7 @@
 #include "kvcache/kv_identity.h"
 #include "kvcache/seq_file.h"
 #include "model/session.h"
+#include "model/tensor_parallel.h"
 #include "veloxquant/perplexity.h"
 
 namespace veloxquant {
@@ -49,6 +50,14 @@ struct Session::Impl {
   vq::Session session;
 };
 
+void check_tensor_parallel(const Model& model, int tp, Device device) {
+  VQ_CHECK(tp >= 1, "--tp: {} must be >= 1", tp);
+  if (tp == 1) return;
+  VQ_CHECK(device == Device::cpu,
+           "--tp {}: tensor parallelism runs on the CPU only for now (simulated ranks); use --device cpu or --tp 1", tp);
+  vq::check_tp(ApiAccess::model(model), tp);
+}
+
 static int checked_ctx(const Model& model, const KVSpec& spec, const SessionOptions& opt) {
   check_spec_fits(spec, model);
   VQ_CHECK(opt.n_ctx >= 0, "session: n_ctx {} must be >= 0", opt.n_ctx);
@@ -61,7 +70,7 @@ Session::Session(const Model& model, const KVSpec& spec, const SessionOptions& o
     : impl_(new Impl{model, spec, opt.device,
                      vq::Session(ApiAccess::model(model), ApiAccess::spec(spec), checked_ctx(model, spec, opt),
                                  opt.max_chunk > 0 ? opt.max_chunk : default_max_chunk(opt.device),
-                                 opt.kv_budget_bytes, to_internal(opt.device))}) {}
+                                 opt.kv_budget_bytes, to_internal(opt.device), opt.tp)}) {}
 Session::~Session() = default;
 Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;
@@ -82,7 +91,19 @@ KVMemory Session::memory() const {
   return {s.kv_token_bytes(), s.kv_bytes(), s.kv_fp16_bytes(), s.kv_codebook_bytes()};
 }
 
-size_t Session::min_budget_bytes() const { return veloxquant::min_budget_bytes(impl_->session.store()); }
+size_t Session::min_budget_bytes() const {
+  const vq::TPForward* tp = impl_->session.tensor_parallel();
+  if (!tp) return veloxquant::min_budget_bytes(impl_->session.store());
+  // Every rank's pool gets budget / tp: tp times the largest rank's minimum.
+  size_t most = 0;
+  for (int r = 0; r < tp->tp(); ++r) most = std::max(most, veloxquant::min_budget_bytes(tp->store(r)));
+  return most * size_t(tp->tp());
+}
+
+static void check_unsplit(const vq::Session& s, const char* what, const std::string& path) {
+  VQ_CHECK(s.tp() == 1, "session {} '{}': session files are for tp 1 (this session is split over {} tensor-parallel "
+           "ranks)", what, path, s.tp());
+}
 
 static void check_host_pool(Device d, const char* what, const std::string& path) {
   VQ_CHECK(d == Device::cpu, "session {} '{}': session files are read and written from the CPU's KV pool, and this "
@@ -92,6 +113,7 @@ static void check_host_pool(Device d, const char* what, const std::string& path)
 void Session::save(const std::string& path, const std::vector<int32_t>& tokens) const {
   check_host_pool(impl_->device, "save", path);
   const vq::Session& s = impl_->session;
+  check_unsplit(s, "save", path);
   VQ_CHECK(int64_t(tokens.size()) >= s.pos(), "session save '{}': {} token ids, fewer than the {} in the KV", path,
            tokens.size(), s.pos());
   vq::save_sequence(path, s.store(), s.sequence(), tokens,
@@ -101,6 +123,7 @@ void Session::save(const std::string& path, const std::vector<int32_t>& tokens) 
 LoadedSession Session::load(const std::string& path) {
   check_host_pool(impl_->device, "load", path);
   vq::Session& s = impl_->session;
+  check_unsplit(s, "load", path);
   s.reset();
   vq::LoadedSequence ld = vq::load_sequence(path, s.store(), vq::kv_identity(s.store(), impl_->model.info().path));
   VQ_CHECK(ld.n_kv <= s.n_ctx(), "session load '{}': {} tokens in its KV do not fit the context of {}", path, ld.n_kv,
@@ -118,6 +141,7 @@ PerplexityResult perplexity(const Model& model, std::span<const int32_t> tokens,
   o.chunk = opt.chunk;
   o.max_windows = opt.max_windows;
   o.device = to_internal(opt.device);
+  o.tp = opt.tp;
   const vq::PerplexityResult r =
       vq::evaluate_perplexity(ApiAccess::model(model), std::vector<int32_t>(tokens.begin(), tokens.end()),
                               ApiAccess::spec(method), reference ? &ApiAccess::spec(*reference) : nullptr, o);

@@ -56,9 +56,9 @@ std::vector<PerplexityResult> evaluate_perplexity(const Model& model, const std:
     const int64_t b = w * opt.n_ctx, e = std::min(n_tok, b + opt.n_ctx);
     if (e - b < 2) break;
     std::vector<std::unique_ptr<Session>> sm;
-    for (const KVSpec& s : methods) sm.push_back(std::make_unique<Session>(model, s, int(e - b), opt.chunk, size_t(-1), opt.device));
+    for (const KVSpec& s : methods) sm.push_back(std::make_unique<Session>(model, s, int(e - b), opt.chunk, size_t(-1), opt.device, opt.tp));
     std::unique_ptr<Session> sr;
-    if (reference) sr = std::make_unique<Session>(model, *reference, int(e - b), opt.chunk, size_t(-1), opt.device);
+    if (reference) sr = std::make_unique<Session>(model, *reference, int(e - b), opt.chunk, size_t(-1), opt.device, opt.tp);
     for (int64_t c0 = b; c0 < e; c0 += opt.chunk) {
       const int n = int(std::min<int64_t>(opt.chunk, e - c0));
       // rows of this chunk that predict a token inside the window

@@ -15,6 +15,7 @@ struct PerplexityOptions {
   int chunk = 32;    // tokens per forward call
   int max_windows = 1;
   KVDevice device = KVDevice::cpu;  // where the model runs and the caches live
+  int tp = 1;  // tensor-parallel ranks (Session's tp: simulated on the CPU)
 };
 
 struct PerplexityResult {

@@ -224,12 +224,17 @@ void Forward::attention_block(int layer, const BatchEntry* entries, int n_entrie
 }
 
 void Forward::project_shared(const float* x, int n, std::initializer_list<std::pair<const WeightMatrix*, float*>> outs) {
+  vq::project_shared(act_, x, n, outs);
+}
+
+void project_shared(ActivationBuffer& act, const float* x, int n,
+                    std::initializer_list<std::pair<const WeightMatrix*, float*>> outs) {
   const int64_t cols = outs.begin()->first->cols;
   if (cols % 32 != 0) {  // only float weights allow such widths; they need no quantized input
     for (const auto& [w, y] : outs) matmul_w(*w, x, n, y);
     return;
   }
-  const QuantizedRows& xq = act_.quantize(x, n, cols);
+  const QuantizedRows& xq = act.quantize(x, n, cols);
   bool all_packed = true, any_packed = false;
   for (const auto& [w, y] : outs) {
     all_packed = all_packed && w->packed != nullptr;
@@ -286,20 +291,81 @@ void Forward::mlp_block(int layer, int rows) {
 }
 
 Session::Session(const Model& model, const KVSpec& spec, int n_ctx, int max_chunk, size_t budget_bytes,
-                 KVDevice device)
-    : model_(model),
-      n_ctx_(n_ctx),
-      max_chunk_(std::min(max_chunk, std::max(n_ctx, 1))),
-      store_(make_kv_store(model, spec, budget_bytes, device)),
-      seq_(store_->new_sequence()),
-      fwd_(model, *store_) {
+                 KVDevice device, int tp)
+    : model_(model), n_ctx_(n_ctx), max_chunk_(std::min(max_chunk, std::max(n_ctx, 1))) {
   VQ_CHECK(n_ctx >= 1, "session: n_ctx {} must be >= 1", n_ctx);
   VQ_CHECK(max_chunk >= 1, "session: max_chunk {} must be >= 1", max_chunk);
+  VQ_CHECK(tp >= 1, "--tp: {} must be >= 1", tp);
+  if (tp > 1) {
+    VQ_CHECK(device == KVDevice::cpu,
+             "--tp {}: tensor parallelism runs on the CPU only for now (simulated ranks); use --device cpu or --tp 1",
+             tp);
+    tp_ = std::make_unique<TPForward>(model, spec, tp, budget_bytes);
+    tp_seq_ = tp_->new_sequence();
+    return;
+  }
+  store_ = make_kv_store(model, spec, budget_bytes, device);
+  seq_ = store_->new_sequence();
+  fwd_ = std::make_unique<Forward>(model, *store_);
 }
 
 void Session::reset() {
+  if (tp_) {
+    tp_->release(tp_seq_);
+    tp_seq_ = tp_->new_sequence();
+    return;
+  }
   store_->release(seq_);
   seq_ = store_->new_sequence();
+}
+
+static void check_unsplit(bool split, const char* what) {
+  VQ_CHECK(!split, "session: {} is not available with tensor parallelism (tp > 1)", what);
+}
+KVStore& Session::store() {
+  check_unsplit(tp_ != nullptr, "the KV store (session files, block access)");
+  return *store_;
+}
+const KVStore& Session::store() const {
+  check_unsplit(tp_ != nullptr, "the KV store (session files, block access)");
+  return *store_;
+}
+SeqKV& Session::sequence() {
+  check_unsplit(tp_ != nullptr, "the KV sequence (session files)");
+  return seq_;
+}
+const SeqKV& Session::sequence() const {
+  check_unsplit(tp_ != nullptr, "the KV sequence (session files)");
+  return seq_;
+}
+Forward& Session::forward_pass() {
+  check_unsplit(tp_ != nullptr, "the unsplit forward (KV observers)");
+  return *fwd_;
+}
+
+size_t Session::kv_bytes() const {
+  if (!tp_) return store_->allocated_bytes(seq_);
+  size_t b = 0;
+  for (int r = 0; r < tp_->tp(); ++r) b += tp_->store(r).allocated_bytes(tp_seq_.ranks[size_t(r)]);
+  return b;
+}
+size_t Session::kv_token_bytes() const {
+  if (!tp_) return store_->token_bytes(seq_);
+  size_t b = 0;
+  for (int r = 0; r < tp_->tp(); ++r) b += tp_->store(r).token_bytes(tp_seq_.ranks[size_t(r)]);
+  return b;
+}
+size_t Session::kv_fp16_bytes() const {
+  if (!tp_) return store_->fp16_bytes(seq_);
+  size_t b = 0;
+  for (int r = 0; r < tp_->tp(); ++r) b += tp_->store(r).fp16_bytes(tp_seq_.ranks[size_t(r)]);
+  return b;
+}
+size_t Session::kv_codebook_bytes() const {
+  if (!tp_) return store_->codebook_bytes();
+  size_t b = 0;
+  for (int r = 0; r < tp_->tp(); ++r) b += tp_->store(r).codebook_bytes();
+  return b;
 }
 
 void Session::forward(const int32_t* tokens, int n, float* logits, bool all_logits) {
@@ -325,7 +391,17 @@ void Session::forward(const int32_t* tokens, int n, float* logits, bool all_logi
       e.logits = LogitsWanted::last;
       e.out = logits;
     }
-    fwd_.step(&e, 1);
+    if (tp_) {
+      TPBatchEntry t;
+      t.seq = &tp_seq_;
+      t.tokens = e.tokens;
+      t.n = m;
+      t.all_logits = e.logits == LogitsWanted::all;
+      t.out = e.logits == LogitsWanted::none ? nullptr : e.out;
+      tp_->step(&t, 1);
+    } else {
+      fwd_->step(&e, 1);
+    }
     done += m;
   }
 }

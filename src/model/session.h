@@ -13,6 +13,7 @@
 #include "core/buffer.h"
 #include "kvcache/kv_store.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 
 namespace vq {
 
@@ -34,6 +35,10 @@ std::unique_ptr<KVStore> make_kv_store(const Model& model, const KVSpec& spec, s
                                        KVDevice device = KVDevice::cpu);
 
 class ForwardDevice;
+
+// y_i = x @ W_i^T for weights sharing the input x [n, cols]: x is quantized once (into act).
+void project_shared(ActivationBuffer& act, const float* x, int n,
+                    std::initializer_list<std::pair<const WeightMatrix*, float*>> outs);
 
 // Runs steps over one KVStore. Scratch grows to the largest step seen, then nothing is allocated
 // per step. Not thread-safe. A store whose blocks live on the GPU runs every step there
@@ -94,39 +99,48 @@ class Forward {
 };
 
 // One sequence through its own KVStore: the single-sequence API over the batched path.
+// tp > 1: the forward split over tp simulated ranks on the CPU (TPForward, tensor_parallel.h),
+// each rank's KV in its own store of budget_bytes / tp; store(), sequence() and forward_pass()
+// are then refused (session files, observers and the device path are for tp = 1).
 class Session {
  public:
   static constexpr int kDefaultChunk = 512;
   // n_ctx: the most positions this session holds. max_chunk: tokens per step of a prefill.
   // budget_bytes: the KV pool's budget. device: where the pool lives and the forward runs.
   Session(const Model& model, const KVSpec& spec, int n_ctx, int max_chunk = kDefaultChunk,
-          size_t budget_bytes = size_t(-1), KVDevice device = KVDevice::cpu);
+          size_t budget_bytes = size_t(-1), KVDevice device = KVDevice::cpu, int tp = 1);
 
   // Runs tokens at positions pos()..pos()+n-1 (in steps of max_chunk). logits: [n, n_vocab] when
   // all_logits, else [1, n_vocab] for the last token; nullptr skips the output head. Throws when
   // a token id is out of range or the context would exceed n_ctx.
   void forward(const int32_t* tokens, int n, float* logits, bool all_logits = false);
 
-  int64_t pos() const { return seq_.size(); }
+  int64_t pos() const { return tp_ ? tp_seq_.size() : seq_.size(); }
   int n_ctx() const { return n_ctx_; }
+  int tp() const { return tp_ ? tp_->tp() : 1; }
   void reset();  // drops the sequence's KV, back to position 0
   const Model& model() const { return model_; }
-  KVStore& store() { return *store_; }
-  const KVStore& store() const { return *store_; }
-  SeqKV& sequence() { return seq_; }
-  const SeqKV& sequence() const { return seq_; }
-  Forward& forward_pass() { return fwd_; }
-  size_t kv_bytes() const { return store_->allocated_bytes(seq_); }   // blocks allocated
-  size_t kv_token_bytes() const { return store_->token_bytes(seq_); }  // payload of the tokens held
-  size_t kv_fp16_bytes() const { return store_->fp16_bytes(seq_); }    // an fp16 cache for the same tokens
-  size_t kv_codebook_bytes() const { return store_->codebook_bytes(); }
+  KVStore& store();
+  const KVStore& store() const;
+  SeqKV& sequence();
+  const SeqKV& sequence() const;
+  Forward& forward_pass();
+  TPForward* tensor_parallel() { return tp_.get(); }  // null at tp = 1
+  const TPForward* tensor_parallel() const { return tp_.get(); }
+  // Memory (summed over the ranks at tp > 1):
+  size_t kv_bytes() const;         // blocks allocated
+  size_t kv_token_bytes() const;   // payload of the tokens held
+  size_t kv_fp16_bytes() const;    // an fp16 cache for the same tokens
+  size_t kv_codebook_bytes() const;
 
  private:
   const Model& model_;
   int n_ctx_, max_chunk_;
-  std::unique_ptr<KVStore> store_;
+  std::unique_ptr<KVStore> store_;  // null at tp > 1
   SeqKV seq_;
-  Forward fwd_;
+  std::unique_ptr<Forward> fwd_;    // null at tp > 1
+  std::unique_ptr<TPForward> tp_;   // null at tp = 1
+  TPSequence tp_seq_;
 };
 
 }  // namespace vq

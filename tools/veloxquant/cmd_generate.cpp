@@ -56,6 +56,7 @@ struct GenerateOptions {
   double kv_budget_mib = 0;
   std::string save_session, load_session;  // session files (veloxquant::Session::save/load)
   std::string device = "cpu";
+  int tp = 1;  // tensor-parallel ranks (simulated on the CPU)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -237,6 +238,7 @@ void run_generate(const GenerateOptions& o) {
   VQ_CHECK(o.batch >= 0, "-b: {} must be >= 0 (0: 512 on the CPU, 2048 on the GPU)", o.batch);
   VQ_CHECK(o.parallel >= 1 && o.parallel <= 4096, "--parallel: {} must be in 1..4096", o.parallel);
   VQ_CHECK(o.threads >= 0 && o.threads <= 1024, "-t: {} out of range", o.threads);
+  VQ_CHECK(o.tp >= 1 && o.tp <= 1024, "--tp: {} must be in 1..1024", o.tp);
   const int n_sources = int(!o.prompts.empty()) + int(!o.prompts_file.empty()) + int(!o.prompt_file.empty()) +
                         int(!o.prompt_ids.empty());
   const bool loading = !o.load_session.empty();  // --load-session: a prompt is optional
@@ -261,6 +263,11 @@ void run_generate(const GenerateOptions& o) {
   VQ_CHECK(!parallel || (o.dump_logits.empty() && o.stats_json.empty() && o.save_session.empty() && !loading),
            "--dump-logits, --stats-json and sessions are for one sequence (not with --parallel or several prompts)");
   VQ_CHECK(!loading || o.dump_logits.empty(), "--dump-logits is not available with --load-session");
+  VQ_CHECK(o.tp == 1 || (!parallel && o.save_session.empty() && !loading),
+           "--tp {}: tensor parallelism runs one sequence without session files for now (not with --parallel, several "
+           "prompts, --save-session or --load-session)", o.tp);
+  VQ_CHECK(o.tp == 1 || o.device == "cpu",
+           "--tp {}: tensor parallelism runs on the CPU only for now (simulated ranks); use --device cpu or --tp 1", o.tp);
   vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   // The KV cache spec is checked before the (slow) model load.
@@ -276,6 +283,7 @@ void run_generate(const GenerateOptions& o) {
   const vx::ModelInfo& cfg = model.info();
   check_cache_fits_model(kv_config, cfg.head_dim, path);
   model.check_weights_finite();
+  if (o.tp > 1) vx::check_tensor_parallel(model, o.tp, vx::Device::cpu);
   if (o.n_ctx > 0) check_trained_context(o.n_ctx, cfg.n_ctx_train, o.allow_longer_context, "-c");
   // vecinfer: --calib, else (a known model: Model::is_default) the first-use calibration from the
   // Jargon File.
@@ -311,6 +319,7 @@ void run_generate(const GenerateOptions& o) {
   so.max_chunk = o.batch;
   so.kv_budget_bytes = kv_budget_bytes(model, device, o.kv_budget_mib);
   so.device = device;
+  so.tp = o.tp;
   vx::Session session(model, spec, so);
   check_kv_budget_holds_a_block(so.kv_budget_bytes, o.kv_budget_mib, session.min_budget_bytes(), spec.name());
   int64_t n_kv = 0;  // tokens whose KV the session file brought
@@ -414,7 +423,7 @@ void run_generate(const GenerateOptions& o) {
                         {"prefill_s", prefill_s}, {"decode_s", decode_s},
                         {"prefill_cpu_s", prefill_cpu_s}, {"decode_cpu_s", decode_cpu_s}, {"prefill_tps", pp_tps},
                         {"decode_tps", tg_tps}, {"kv_bytes", kvb}, {"kv_allocated_bytes", kva}, {"kv_fp16_bytes", kv16},
-                        {"kv_codebook_bytes", cb}, {"bits_per_element", bpe}, {"stop", stop_reason},
+                        {"kv_codebook_bytes", cb}, {"bits_per_element", bpe}, {"stop", stop_reason}, {"tp", o.tp},
                         {"tokens", std::vector<int32_t>(ids.begin() + n_prompt, ids.end())}};
     const std::string s = j.dump(1) + "\n";
     vx::write_file_atomic(o.stats_json, s);
@@ -457,6 +466,10 @@ void add_generate(CLI::App& app) {
   c->add_option("--calib", o->calib, "Calibration file for vecinfer (from `veloxquant calibrate`)");
   c->footer(vx::kv_cache_spec_help());
   add_device_option(c, o->device);
+  c->add_option("--tp", o->tp,
+                "Tensor-parallel ranks: the forward split by attention heads and MLP columns (on the CPU: ranks "
+                "simulated in this process; docs/TENSOR_PARALLEL.md)")
+      ->capture_default_str();
   c->add_flag("--no-display-prompt", o->no_display_prompt, "Do not echo the prompt");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
   c->add_flag("-q,--quiet", o->quiet, "Print no text, only the statistics");

@@ -23,7 +23,7 @@ namespace {
 
 struct PplOptions {
   std::string model, text, kv_cache = "fp16", calib, device = "cpu";
-  int n_ctx = 2048, chunk = 32, windows = 1, threads = 0;
+  int n_ctx = 2048, chunk = 32, windows = 1, threads = 0, tp = 1;
   bool json = false, no_reference = false;
   bool allow_longer_context = false, ctx_given = false;
 };
@@ -35,6 +35,10 @@ void run_perplexity(const PplOptions& o) {
     throw vx::Error(fmt::format("-c: {} must be >= 2 and at most {}", o.n_ctx, kMaxContextTokens));
   if (o.chunk < 1) throw vx::Error(fmt::format("--chunk: {} must be >= 1", o.chunk));
   if (o.windows < 1) throw vx::Error(fmt::format("--windows: {} must be >= 1", o.windows));
+  if (o.tp < 1 || o.tp > 1024) throw vx::Error(fmt::format("--tp: {} must be in 1..1024", o.tp));
+  if (o.tp > 1 && o.device != "cpu")
+    throw vx::Error(fmt::format("--tp {}: tensor parallelism runs on the CPU only for now (simulated ranks); use "
+                                "--device cpu or --tp 1", o.tp));
   const KVCacheConfig cfg = vx::parse_kv_cache_config(o.kv_cache);
   check_cache_flags(cfg, o.calib);
   const std::string text = vx::read_text_file(o.text);
@@ -43,6 +47,7 @@ void run_perplexity(const PplOptions& o) {
   const vx::ModelInfo& info = model.info();
   check_cache_fits_model(cfg, info.head_dim, path);
   model.check_weights_finite();
+  if (o.tp > 1) vx::check_tensor_parallel(model, o.tp, vx::Device::cpu);
   // -c given is checked against the trained context; the default stops at it.
   const int64_t trained = info.n_ctx_train;
   const int n_ctx = !o.ctx_given && trained > 1 ? int(std::min<int64_t>(o.n_ctx, trained)) : o.n_ctx;
@@ -60,12 +65,13 @@ void run_perplexity(const PplOptions& o) {
   po.chunk = o.chunk;
   po.max_windows = o.windows;
   po.device = resolve_device(o.device);
+  po.tp = o.tp;
   const vx::PerplexityResult r = vx::perplexity(model, ids, method, o.no_reference ? nullptr : &reference, po);
   if (!(std::isfinite(r.perplexity) && (o.no_reference || std::isfinite(r.kl))))
     throw vx::Error(fmt::format("perplexity {} / KL {}: the model produced non-finite logits (its weights or the KV "
                                 "cache hold NaN or inf values)", r.perplexity, r.kl));
   if (o.json) {
-    nlohmann::json j = {{"model", path},          {"text", o.text},        {"kv_cache", cfg.name()},
+    nlohmann::json j = {{"model", path},          {"text", o.text},        {"kv_cache", cfg.name()}, {"tp", o.tp},
                         {"n_ctx", n_ctx},         {"chunk", o.chunk},      {"tokens_scored", r.n_scored},
                         {"perplexity", r.perplexity}, {"nll", r.nll},      {"seconds", r.seconds},
                         {"kv_bytes", r.memory.token_bytes}, {"kv_allocated_bytes", r.memory.allocated_bytes},
@@ -104,6 +110,7 @@ void add_perplexity(CLI::App& app) {
   c->footer(veloxquant::kv_cache_spec_help());
   c->add_option("--calib", o->calib, "Calibration file for vecinfer");
   add_device_option(c, o->device);
+  c->add_option("--tp", o->tp, "Tensor-parallel ranks (on the CPU: simulated in this process)")->capture_default_str();
   CLI::Option* ctx = c->add_option("-c,--ctx-size", o->n_ctx,
                                    "Tokens per window (the default stops at the model's trained context)")
                         ->capture_default_str();

@@ -1,0 +1,90 @@
+"""`--tp N` of `veloxquant generate` and `veloxquant perplexity` (issue 25: tensor parallelism, ranks
+simulated on the CPU) on tiny random models: greedy tokens and every logit at tp 2 (and at tp 4,
+which replicates the KV heads) equal tp 1's within float rounding, a qwen2 model with q/k/v biases
+included; perplexity at tp 2 equals tp 1's; bad --tp values and unsupported combinations give one
+clear line."""
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_cli_bad_input import ROOT, VQ_BIN, assert_one_clear_line, run_cli  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from tests.reference.tiny_models import write_tiny  # noqa: E402
+
+IDS = "1,7,3,9,22,41,5,60,2,11"
+
+
+def read_dump(path):
+    b = Path(path).read_bytes()
+    assert b[:8] == b"VQLOGIT1"
+    n_ids, n_prompt, n_vocab, n_rows = struct.unpack_from("<4I", b, 8)
+    off = 24 + 4 * n_ids
+    ids = np.frombuffer(b, dtype="<i4", count=n_ids, offset=24)
+    return ids, np.frombuffer(b, dtype="<f4", count=n_rows * n_vocab, offset=off).reshape(n_rows, n_vocab)
+
+
+def generate(tmp_path, model, tp):
+    dump, stats = tmp_path / f"logits_{tp}.bin", tmp_path / f"stats_{tp}.json"
+    rc, _, err = run_cli("generate", "-m", model, "--prompt-ids", IDS, "-n", "16", "--temp", "0", "-q", "-t", "2",
+                         "--tp", tp, "--dump-logits", dump, "--stats-json", stats)
+    assert rc == 0, err
+    st = json.loads(stats.read_text())
+    assert st["tp"] == tp
+    ids, logits = read_dump(dump)
+    return st["tokens"], ids, logits
+
+
+def test_generate_tp_equals_tp1(tmp_path):
+    for name, kw, tps in (("llama", {}, (2, 4)), ("qwen2", {"arch": "qwen2", "bias": True, "n_kv": 1}, (2, 4))):
+        p = tmp_path / f"{name}.gguf"
+        write_tiny(p, seed=3, **kw)
+        tokens1, ids1, logits1 = generate(tmp_path, p, 1)
+        assert len(set(tokens1)) > 1
+        for tp in tps:
+            tokens, ids, logits = generate(tmp_path, p, tp)
+            assert tokens == tokens1, (name, tp)
+            assert (ids == ids1).all()
+            # f32 weights: only the order of the sums differs (the ranks' partial products added
+            # in rank order)
+            scale = np.abs(logits1).max()
+            assert np.abs(logits - logits1).max() <= 1e-5 * scale, (name, tp, np.abs(logits - logits1).max())
+
+
+def test_perplexity_tp_equals_tp1(tmp_path):
+    p = tmp_path / "vocab.gguf"
+    write_tiny(p, n_vocab=300, vocab=True, seed=5)
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 6)
+    out = {}
+    for tp in (1, 2):
+        r = subprocess.run([VQ_BIN, "perplexity", "-m", str(p), "--text", str(text), "-c", "64", "--chunk", "16",
+                            "--json", "-t", "2", "--tp", str(tp)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        out[tp] = json.loads(r.stdout)
+        assert out[tp]["tp"] == tp
+    assert out[1]["tokens_scored"] == out[2]["tokens_scored"] > 10
+    assert abs(out[2]["perplexity"] - out[1]["perplexity"]) <= 1e-5 * out[1]["perplexity"]
+
+
+def test_bad_tp_values(tmp_path):
+    p = tmp_path / "ok.gguf"
+    write_tiny(p)  # 4 query heads, 2 KV heads, n_ff 96
+    gen = ("generate", "-m", p, "--prompt-ids", "1,2,3", "-n", "2", "-q")
+    assert_one_clear_line(*run_cli(*gen, "--tp", "0")[::2], "--tp: 0 must be in 1..1024")
+    assert_one_clear_line(*run_cli(*gen, "--tp", "-1")[::2], "--tp: -1")
+    assert_one_clear_line(*run_cli(*gen, "--tp", "3")[::2], "4 attention heads do not split evenly over 3")
+    assert_one_clear_line(*run_cli(*gen, "--tp", "8")[::2], "4 attention heads do not split evenly over 8")
+    assert_one_clear_line(*run_cli(*gen, "--tp", "2", "--parallel", "2")[::2], "--tp 2", "--parallel")
+    assert_one_clear_line(*run_cli(*gen, "--tp", "2", "--save-session", tmp_path / "s.bin")[::2], "session files")
+    assert_one_clear_line(*run_cli(*gen, "--tp", "2", "--device", "cuda")[::2], "CPU only")
+    text = tmp_path / "t.txt"
+    text.write_text("hello")
+    ppl = ("perplexity", "-m", p, "--text", text)
+    assert_one_clear_line(*run_cli(*ppl, "--tp", "0")[::2], "--tp: 0")
+    assert_one_clear_line(*run_cli(*ppl, "--tp", "2", "--device", "cuda")[::2], "CPU only")
