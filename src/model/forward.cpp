@@ -126,29 +126,13 @@ void Forward::step(const BatchEntry* entries, int n_entries) {
   pos_.resize(size_t(rows));
   const int E = cfg_.n_embd;
   // Embeddings and each row's position.
-  const WeightMatrix& emb = model_.token_embd();
-  const size_t row_bytes = ggml_row_bytes(emb.type, emb.cols);
   for (int e = 0, r = 0; e < n_entries; ++e)
     for (int i = 0; i < entries[e].n; ++i, ++r) {
-      const auto* row = static_cast<const uint8_t*>(emb.data) + size_t(entries[e].tokens[i]) * row_bytes;
-      dequantize_row(emb.type, row, x_.data() + int64_t(r) * E, E);
+      embed_token(model_, entries[e].tokens[i], x_.data() + int64_t(r) * E);
       pos_[size_t(r)] = entries[e].seq->size() + i;
     }
   if (cfg_.embd_scale != 1.0f) scale_inplace(x_.data(), cfg_.embd_scale, int64_t(rows) * E);  // gemma3
-  // Rotary angles of each row's position, in double: pos * freq reaches 1e5 radians. Sliding-window
-  // layers (gemma3) rotate with their own base.
-  const int half = cfg_.n_rot / 2;
-  auto angles = [&](const std::vector<double>& f, float* cs, float* sn) {
-    for (int r = 0; r < rows; ++r) {
-      const double p = double(pos_[size_t(r)]);
-      for (int i = 0; i < half; ++i) {
-        cs[size_t(r) * half + i] = static_cast<float>(std::cos(p * f[i]));
-        sn[size_t(r) * half + i] = static_cast<float>(std::sin(p * f[i]));
-      }
-    }
-  };
-  angles(model_.rope_inv_freqs(), cos_.data(), sin_.data());
-  if (cfg_.n_sliding_layers() > 0) angles(model_.rope_inv_freqs_swa(), cos_swa_.data(), sin_swa_.data());
+  rotary_tables(model_, pos_.data(), rows, cos_.data(), sin_.data(), cos_swa_.data(), sin_swa_.data());
   for (int l = 0; l < cfg_.n_layers; ++l) {
     attention_block(l, entries, n_entries, rows);
     mlp_block(l, rows);
@@ -225,6 +209,28 @@ void Forward::attention_block(int layer, const BatchEntry* entries, int n_entrie
 
 void Forward::project_shared(const float* x, int n, std::initializer_list<std::pair<const WeightMatrix*, float*>> outs) {
   vq::project_shared(act_, x, n, outs);
+}
+
+void embed_token(const Model& model, int32_t token, float* dst) {
+  const WeightMatrix& emb = model.token_embd();
+  const size_t row_bytes = ggml_row_bytes(emb.type, emb.cols);
+  dequantize_row(emb.type, static_cast<const uint8_t*>(emb.data) + size_t(token) * row_bytes, dst, emb.cols);
+}
+
+void rotary_tables(const Model& model, const int64_t* pos, int rows, float* cos, float* sin, float* cos_swa,
+                   float* sin_swa) {
+  const int half = model.config().n_rot / 2;
+  auto angles = [&](const std::vector<double>& f, float* cs, float* sn) {
+    for (int r = 0; r < rows; ++r) {
+      const double p = double(pos[r]);
+      for (int i = 0; i < half; ++i) {
+        cs[size_t(r) * half + i] = static_cast<float>(std::cos(p * f[i]));
+        sn[size_t(r) * half + i] = static_cast<float>(std::sin(p * f[i]));
+      }
+    }
+  };
+  angles(model.rope_inv_freqs(), cos, sin);
+  if (model.config().n_sliding_layers() > 0) angles(model.rope_inv_freqs_swa(), cos_swa, sin_swa);
 }
 
 void project_shared(ActivationBuffer& act, const float* x, int n,

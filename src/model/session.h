@@ -39,6 +39,13 @@ class ForwardDevice;
 // y_i = x @ W_i^T for weights sharing the input x [n, cols]: x is quantized once (into act).
 void project_shared(ActivationBuffer& act, const float* x, int n,
                     std::initializer_list<std::pair<const WeightMatrix*, float*>> outs);
+// Token `token`'s embedding row into dst [n_embd] (dequantized; not yet scaled).
+void embed_token(const Model& model, int32_t token, float* dst);
+// The rotary tables of `rows` positions: cos/sin [rows][n_rot/2] in double-precision angles (pos *
+// freq reaches 1e5 radians); where the model has sliding-window layers (gemma3) also their tables
+// with their own base (cos_swa/sin_swa, else unused).
+void rotary_tables(const Model& model, const int64_t* pos, int rows, float* cos, float* sin, float* cos_swa,
+                   float* sin_swa);
 
 // Runs steps over one KVStore. Scratch grows to the largest step seen, then nothing is allocated
 // per step. Not thread-safe. A store whose blocks live on the GPU runs every step there

@@ -5,6 +5,7 @@
 // precision change reaches every kernel. sm_80+ instructions (the build targets sm_90).
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace vq::cuda::ptx {
@@ -69,6 +70,36 @@ __device__ __forceinline__ void split_half2(float a, float b, uint32_t& hi, uint
   const __half2 l = __floats2half2_rn(a - f.x, b - f.y);
   hi = *reinterpret_cast<const uint32_t*>(&h);
   lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// One step of the online softmax (base 2) over S's NS column chunks of 8 (m16n8 accumulator
+// layout: this thread's rows g and g + 8, element 2h + c of a chunk is row h's column 2t + c; the
+// four threads of a row meet by shuffles): S becomes P = exp2(S - max), the running max and sum
+// advance and alpha[h] is the factor row h's accumulated output must take. A row with nothing
+// visible yet (max -inf) keeps P = 0 and alpha = 1.
+template <int NS>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NS][4], float (&m_run)[2], float (&l_run)[2],
+                                                    float (&alpha)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run[h], mx);
+    const float mref = m_new == -INFINITY ? 0.f : m_new;
+    alpha[h] = exp2f(m_run[h] - mref);
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      s[n][2 * h] = exp2f(s[n][2 * h] - mref);
+      s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - mref);
+      sum += s[n][2 * h] + s[n][2 * h + 1];
+    }
+    l_run[h] = l_run[h] * alpha[h] + sum;
+    m_run[h] = m_new;
+  }
 }
 
 }  // namespace vq::cuda::ptx

@@ -204,26 +204,7 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
     }
     // ---- online softmax (base 2), rows g and g + 8 ----
     float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[h], mx);
-      const float mref = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet
-      alpha[h] = exp2f(m_run[h] - mref);
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < NS; ++n) {
-        s[n][2 * h] = exp2f(s[n][2 * h] - mref);
-        s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - mref);
-        sum += s[n][2 * h] + s[n][2 * h + 1];
-      }
-      l_run[h] = l_run[h] * alpha[h] + sum;
-      m_run[h] = m_new;
-    }
+    online_softmax_step<NS>(s, m_run, l_run, alpha);
 #pragma unroll
     for (int n = 0; n < NO; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
     // ---- O += P V: P from the S accumulators, k-steps of 16 tokens ----

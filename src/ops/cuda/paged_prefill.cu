@@ -223,26 +223,7 @@ __device__ __forceinline__ void mask_softmax(float (&s)[NS][4], int form, int64_
         if (!vis) s[n][2 * h + c] = -INFINITY;
       }
   }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run[h], mx);
-    const float mref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet
-    alpha[h] = exp2f(m_run[h] - mref);
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < NS; ++n) {
-      s[n][2 * h] = exp2f(s[n][2 * h] - mref);
-      s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - mref);
-      sum += s[n][2 * h] + s[n][2 * h + 1];
-    }
-    l_run[h] = l_run[h] * alpha[h] + sum;
-    m_run[h] = m_new;
-  }
+  online_softmax_step<NS>(s, m_run, l_run, alpha);
 }
 
 #if defined(VQ_HAVE_WGMMA)
