@@ -10,6 +10,15 @@ export LD_LIBRARY_PATH=$P/lib:$CUB:${LD_LIBRARY_PATH:-}
 BIN=/tmp/vqbin; mkdir -p $BIN
 for f in "$P"/*.xz; do b=$BIN/$(basename "$f" .xz); xz -dc "$f" > "$b" 2>/dev/null || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "$f" > "$b"; chmod +x "$b"; done
 summary() { echo "$1 exit $2: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$3" | tr '\n' ' ')"; grep -E "^\[  FAILED|Failure|error:" "$3" | head -${4:-15}; }
+# compute-sanitizer memcheck and racecheck on the short device-store run that reaches every
+# attention kernel (logs in $L).
+sanitizers() {
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $BIN/test_kvcache --gtest_filter='DeviceStore.SmallRunForSanitizers' \
+      --gtest_brief=1 > $L/$tool.log 2>&1
+    echo "$tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $L/$tool.log | tail -1)"
+  done
+}
 gpu_tests() {
   timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
   timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*:GpuSwitch.*' --gtest_brief=1 > $L/test_kvcache.log 2>&1; summary test_kvcache $? $L/test_kvcache.log

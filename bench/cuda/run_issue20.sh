@@ -19,12 +19,7 @@ if has tests; then
   timeout 100 $BIN/test_ops --gtest_filter='*Cuda*Attention*:*Paged*' --gtest_brief=1 > $L/test_ops.log 2>&1
   summary test_ops $? $L/test_ops.log
 fi
-if has sanitize; then
-  timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/test_kvcache --gtest_filter='DeviceStore.SmallRunForSanitizers' --gtest_brief=1 > $L/memcheck.log 2>&1
-  echo "memcheck exit $?: $(grep -E 'ERROR SUMMARY' $L/memcheck.log | tail -1)"
-  timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $BIN/test_kvcache --gtest_filter='DeviceStore.SmallRunForSanitizers' --gtest_brief=1 > $L/racecheck.log 2>&1
-  echo "racecheck exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $L/racecheck.log | tail -1)"
-fi
+if has sanitize; then sanitizers; fi  # device_prelude.sh
 if has variants; then
   for bs in "1 204800" "4 65536" "64 16384"; do
     set -- $bs

@@ -28,11 +28,7 @@ if has wgtests; then
     summary "test_kvcache wgmma=$wg warps=$w" $? $L/wgtests_$wg$w.log
   done; done
   timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
-  for tool in memcheck racecheck; do
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $BIN/test_kvcache --gtest_filter='DeviceStore.SmallRunForSanitizers' \
-      --gtest_brief=1 > $L/$tool.log 2>&1
-    echo "$tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $L/$tool.log | tail -1)"
-  done
+  sanitizers
 fi
 if has pattn; then  # PATTN_CONFIGS: wgmma:warps:keys triples (keys empty = the dispatcher's choice)
   for c in ${PATTN_CONFIGS:-1:8: 1:4: 0:4: 0:8:}; do

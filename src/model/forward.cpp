@@ -20,7 +20,6 @@
 #include "model/session.h"
 
 namespace vq {
-namespace {
 
 void matmul_w(const WeightMatrix& w, const float* x, int64_t m, float* y) {
   matmul_maybe_packed(w.packed.get(), w.type, w.data, w.rows, w.cols, x, m, y);
@@ -32,15 +31,32 @@ void add_bias(float* y, const std::vector<float>& b, int n) {
   for (int t = 0; t < n; ++t) add_inplace(y + t * dim, b.data(), dim);
 }
 
-// RMSNorm in place of each of the n rows of y [n, dim] (gemma3's post-attention / post-MLP
-// norms); nothing when the architecture has no such weights.
 void post_norm(float* y, const std::vector<float>& w, int n, float eps) {
   if (w.empty()) return;
   const int dim = static_cast<int>(w.size());
   for (int t = 0; t < n; ++t) rms_norm(y + int64_t(t) * dim, w.data(), y + int64_t(t) * dim, dim, eps);
 }
 
-}  // namespace
+void norm_rope_qk(const ModelConfig& cfg, const LayerWeights& L, int layer, const float* cos, const float* sin,
+                  const float* cos_swa, const float* sin_swa, float* q, int hq, float* k, int hkv, int rows) {
+  const int D = cfg.head_dim, half = cfg.n_rot / 2;
+  const bool neox = cfg.rope_layout == RopeLayout::NeoX;
+  const bool sliding = cfg.is_sliding(layer);
+  const float* cos_l = sliding ? cos_swa : cos;
+  const float* sin_l = sliding ? sin_swa : sin;
+  for (int t = 0; t < rows; ++t) {
+    float* qt = q + int64_t(t) * hq * D;
+    float* kt = k + int64_t(t) * hkv * D;
+    if (!L.q_norm.empty()) {
+      for (int h = 0; h < hq; ++h) rms_norm(qt + h * D, L.q_norm.data(), qt + h * D, D, cfg.norm_eps);
+      for (int h = 0; h < hkv; ++h) rms_norm(kt + h * D, L.k_norm.data(), kt + h * D, D, cfg.norm_eps);
+    }
+    const float* c = cos_l + size_t(t) * half;
+    const float* s = sin_l + size_t(t) * half;
+    rope_apply(qt, hq, D, cfg.n_rot, c, s, neox);
+    rope_apply(kt, hkv, D, cfg.n_rot, c, s, neox);
+  }
+}
 
 KVStoreOptions kv_store_options(const Model& model, size_t budget_bytes, KVDevice device) {
   const ModelConfig& c = model.config();
@@ -167,30 +183,15 @@ void Forward::step(const BatchEntry* entries, int n_entries) {
 
 void Forward::attention_block(int layer, const BatchEntry* entries, int n_entries, int rows) {
   const LayerWeights& L = model_.layers()[size_t(layer)];
-  const int E = cfg_.n_embd, D = cfg_.head_dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+  const int E = cfg_.n_embd, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
   for (int t = 0; t < rows; ++t)
     rms_norm(x_.data() + int64_t(t) * E, L.attn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
   project_shared(xn_.data(), rows, {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}});
   add_bias(q_.data(), L.q_bias, rows);
   add_bias(k_.data(), L.k_bias, rows);
   add_bias(v_.data(), L.v_bias, rows);
-  const bool neox = cfg_.rope_layout == RopeLayout::NeoX;
-  const int half = cfg_.n_rot / 2;
-  const bool sliding = cfg_.is_sliding(layer);
-  const float* cos_l = sliding ? cos_swa_.data() : cos_.data();
-  const float* sin_l = sliding ? sin_swa_.data() : sin_.data();
-  for (int t = 0; t < rows; ++t) {
-    float* qt = q_.data() + int64_t(t) * qd;
-    float* kt = k_.data() + int64_t(t) * kvd;
-    if (!L.q_norm.empty()) {
-      for (int h = 0; h < cfg_.n_heads; ++h) rms_norm(qt + h * D, L.q_norm.data(), qt + h * D, D, cfg_.norm_eps);
-      for (int h = 0; h < cfg_.n_kv_heads; ++h) rms_norm(kt + h * D, L.k_norm.data(), kt + h * D, D, cfg_.norm_eps);
-    }
-    const float* c = cos_l + size_t(t) * half;
-    const float* s = sin_l + size_t(t) * half;
-    rope_apply(qt, cfg_.n_heads, D, cfg_.n_rot, c, s, neox);
-    rope_apply(kt, cfg_.n_kv_heads, D, cfg_.n_rot, c, s, neox);
-  }
+  norm_rope_qk(cfg_, L, layer, cos_.data(), sin_.data(), cos_swa_.data(), sin_swa_.data(), q_.data(), cfg_.n_heads,
+               k_.data(), cfg_.n_kv_heads, rows);
   attn_entries_.clear();
   for (int e = 0, r = 0; e < n_entries; r += entries[e].n, ++e) {
     const BatchEntry& B = entries[e];
@@ -349,29 +350,24 @@ Forward& Session::forward_pass() {
   return *fwd_;
 }
 
-size_t Session::kv_bytes() const {
-  if (!tp_) return store_->allocated_bytes(seq_);
+template <class F>
+size_t Session::sum_over_stores(F f) const {
+  if (!tp_) return f(*store_, seq_);
   size_t b = 0;
-  for (int r = 0; r < tp_->tp(); ++r) b += tp_->store(r).allocated_bytes(tp_seq_.ranks[size_t(r)]);
+  for (int r = 0; r < tp_->tp(); ++r) b += f(tp_->store(r), tp_seq_.ranks[size_t(r)]);
   return b;
+}
+size_t Session::kv_bytes() const {
+  return sum_over_stores([](const KVStore& s, const SeqKV& q) { return s.allocated_bytes(q); });
 }
 size_t Session::kv_token_bytes() const {
-  if (!tp_) return store_->token_bytes(seq_);
-  size_t b = 0;
-  for (int r = 0; r < tp_->tp(); ++r) b += tp_->store(r).token_bytes(tp_seq_.ranks[size_t(r)]);
-  return b;
+  return sum_over_stores([](const KVStore& s, const SeqKV& q) { return s.token_bytes(q); });
 }
 size_t Session::kv_fp16_bytes() const {
-  if (!tp_) return store_->fp16_bytes(seq_);
-  size_t b = 0;
-  for (int r = 0; r < tp_->tp(); ++r) b += tp_->store(r).fp16_bytes(tp_seq_.ranks[size_t(r)]);
-  return b;
+  return sum_over_stores([](const KVStore& s, const SeqKV& q) { return s.fp16_bytes(q); });
 }
 size_t Session::kv_codebook_bytes() const {
-  if (!tp_) return store_->codebook_bytes();
-  size_t b = 0;
-  for (int r = 0; r < tp_->tp(); ++r) b += tp_->store(r).codebook_bytes();
-  return b;
+  return sum_over_stores([](const KVStore& s, const SeqKV&) { return s.codebook_bytes(); });
 }
 
 void Session::forward(const int32_t* tokens, int n, float* logits, bool all_logits) {

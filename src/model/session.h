@@ -39,6 +39,19 @@ class ForwardDevice;
 // y_i = x @ W_i^T for weights sharing the input x [n, cols]: x is quantized once (into act).
 void project_shared(ActivationBuffer& act, const float* x, int n,
                     std::initializer_list<std::pair<const WeightMatrix*, float*>> outs);
+// The forward's row operations, shared by Forward and TPForward (tensor_parallel.h):
+// y [m, rows of w] = x [m, cols] @ w^T (packed layout where the weight has one);
+void matmul_w(const WeightMatrix& w, const float* x, int64_t m, float* y);
+// y [n, b.size()] += b per row (nothing when b is empty);
+void add_bias(float* y, const std::vector<float>& b, int n);
+// RMSNorm in place of each of the n rows of y [n, w.size()] (gemma3's post-attention / post-MLP
+// norms); nothing when the architecture has no such weights;
+void post_norm(float* y, const std::vector<float>& w, int n, float eps);
+// the per-head q/k RMS norms where the layer has them (qwen3, gemma3) and the rotary embedding of
+// `rows` rows of hq query and hkv key heads ([rows][h][head_dim]), with the layer's tables (the
+// sliding-window ones on sliding layers; rotary_tables).
+void norm_rope_qk(const ModelConfig& cfg, const LayerWeights& L, int layer, const float* cos, const float* sin,
+                  const float* cos_swa, const float* sin_swa, float* q, int hq, float* k, int hkv, int rows);
 // Token `token`'s embedding row into dst [n_embd] (dequantized; not yet scaled).
 void embed_token(const Model& model, int32_t token, float* dst);
 // The rotary tables of `rows` positions: cos/sin [rows][n_rot/2] in double-precision angles (pos *
@@ -141,6 +154,9 @@ class Session {
   size_t kv_codebook_bytes() const;
 
  private:
+  // f(store, sequence) over the unsplit store or summed over the ranks' stores.
+  template <class F>
+  size_t sum_over_stores(F f) const;
   const Model& model_;
   int n_ctx_, max_chunk_;
   std::unique_ptr<KVStore> store_;  // null at tp > 1

@@ -299,8 +299,7 @@ void TPForward::reduce_into_residual(const std::vector<float>& post_norm, int ro
   for (size_t r = 0; r < ranks_.size(); ++r) parts_[r] = ranks_[r]->proj.data();
   comm_->all_reduce_sum(parts_.data(), int64_t(rows) * E);
   float* proj = ranks_[0]->proj.data();  // every rank holds the sum; the residual stream is replicated
-  if (!post_norm.empty())
-    for (int t = 0; t < rows; ++t) rms_norm(proj + int64_t(t) * E, post_norm.data(), proj + int64_t(t) * E, E, cfg_.norm_eps);
+  vq::post_norm(proj, post_norm, rows, cfg_.norm_eps);
   add_inplace(x_.data(), proj, int64_t(rows) * E);
 }
 
@@ -309,36 +308,16 @@ void TPForward::attention_block(int layer, const TPBatchEntry* entries, int n_en
   const int E = cfg_.n_embd, D = cfg_.head_dim;
   for (int t = 0; t < rows; ++t)
     rms_norm(x_.data() + int64_t(t) * E, L.attn_norm.data(), xn_.data() + int64_t(t) * E, E, cfg_.norm_eps);
-  const bool neox = cfg_.rope_layout == RopeLayout::NeoX;
-  const int half = cfg_.n_rot / 2;
-  const bool sliding = cfg_.is_sliding(layer);
-  const float* cos_l = sliding ? cos_swa_.data() : cos_.data();
-  const float* sin_l = sliding ? sin_swa_.data() : sin_.data();
-  auto add_bias = [rows](float* y, const std::vector<float>& b) {
-    if (b.empty()) return;
-    const int64_t dim = int64_t(b.size());
-    for (int t = 0; t < rows; ++t) add_inplace(y + t * dim, b.data(), dim);
-  };
   for (size_t ri = 0; ri < ranks_.size(); ++ri) {
     Rank& R = *ranks_[ri];
     const TPLayerShard& S = R.w.layers[size_t(layer)];
     const int qd = R.hq * D, kvd = R.hkv * D;
     project_shared(R.act, xn_.data(), rows, {{&S.wq, R.q.data()}, {&S.wk, R.k.data()}, {&S.wv, R.v.data()}});
-    add_bias(R.q.data(), S.q_bias);
-    add_bias(R.k.data(), S.k_bias);
-    add_bias(R.v.data(), S.v_bias);
-    for (int t = 0; t < rows; ++t) {
-      float* qt = R.q.data() + int64_t(t) * qd;
-      float* kt = R.k.data() + int64_t(t) * kvd;
-      if (!L.q_norm.empty()) {
-        for (int h = 0; h < R.hq; ++h) rms_norm(qt + h * D, L.q_norm.data(), qt + h * D, D, cfg_.norm_eps);
-        for (int h = 0; h < R.hkv; ++h) rms_norm(kt + h * D, L.k_norm.data(), kt + h * D, D, cfg_.norm_eps);
-      }
-      const float* c = cos_l + size_t(t) * half;
-      const float* s = sin_l + size_t(t) * half;
-      rope_apply(qt, R.hq, D, cfg_.n_rot, c, s, neox);
-      rope_apply(kt, R.hkv, D, cfg_.n_rot, c, s, neox);
-    }
+    add_bias(R.q.data(), S.q_bias, rows);
+    add_bias(R.k.data(), S.k_bias, rows);
+    add_bias(R.v.data(), S.v_bias, rows);
+    norm_rope_qk(cfg_, L, layer, cos_.data(), sin_.data(), cos_swa_.data(), sin_swa_.data(), R.q.data(), R.hq,
+                 R.k.data(), R.hkv, rows);
     KVStore& kv = *stores_[ri];
     R.attn_entries.clear();
     for (int e = 0, r = 0; e < n_entries; r += entries[e].n, ++e) {
@@ -350,8 +329,7 @@ void TPForward::attention_block(int layer, const TPBatchEntry* entries, int n_en
           AttnEntry{&seq, pos0, B.n, R.q.data() + int64_t(r) * qd, R.attn.data() + int64_t(r) * qd});
     }
     kv.attend(layer, R.attn_entries.data(), int(R.attn_entries.size()), cfg_.attn_scale);
-    const WeightMatrix& wo = S.wo;
-    matmul_maybe_packed(wo.packed.get(), wo.type, wo.data, wo.rows, wo.cols, R.attn.data(), rows, R.proj.data());
+    matmul_w(S.wo, R.attn.data(), rows, R.proj.data());
   }
   reduce_into_residual(L.post_attn_norm, rows);
 }
@@ -368,8 +346,7 @@ void TPForward::mlp_block(int layer, int rows) {
     project_shared(R.act, xn_.data(), rows, {{&S.w_gate, R.gate.data()}, {&S.w_up, R.up.data()}});
     if (cfg_.ffn_act == FfnActivation::GeluTanh) gelu_tanh_mul(R.gate.data(), R.up.data(), R.gate.data(), rows * F);
     else silu_mul(R.gate.data(), R.up.data(), R.gate.data(), rows * F);
-    const WeightMatrix& wd = S.w_down;
-    matmul_maybe_packed(wd.packed.get(), wd.type, wd.data, wd.rows, wd.cols, R.gate.data(), rows, R.proj.data());
+    matmul_w(S.w_down, R.gate.data(), rows, R.proj.data());
   }
   reduce_into_residual(L.post_ffn_norm, rows);
 }

@@ -228,11 +228,12 @@ __device__ __forceinline__ void mask_softmax(float (&s)[NS][4], int form, int64_
 
 #if defined(VQ_HAVE_WGMMA)
 // S = Q K^T of one warpgroup's 64 rows: D/16 k-steps of m64nKNk16 from shared memory, Q K-major
-// (core-matrix rows of D channels, at shared address qa), K at ka with the given k-step advance
-// and descriptor strides; TB = 1 for keys stored channel-major (B MN-major). Waits for the result.
+// (core-matrix rows of D channels, at shared address qa), K at ka: TB = 1 for keys stored
+// channel-major [D][KN] (B MN-major: a k-step is two row groups of KN*16 bytes), TB = 0 for
+// token-major [KN][D] (K-major: a k-step is two core matrices). Waits for the result.
 template <int D, int KN, int TB>
-__device__ __forceinline__ void wg_scores(float (&sf)[KN / 2], uint32_t qa, uint32_t ka, uint32_t kstep, uint32_t lbo,
-                                          uint32_t sbo) {
+__device__ __forceinline__ void wg_scores(float (&sf)[KN / 2], uint32_t qa, uint32_t ka) {
+  constexpr uint32_t kstep = TB ? 2 * KN * 16 : 256, lbo = TB ? KN * 16 : 128, sbo = TB ? 128 : D * 16;
   wg::fence_regs(sf);
   wg::fence();
 #pragma unroll
@@ -426,8 +427,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
       // The warpgroup's 64 rows x KN keys: D/16 k-steps of m64nKNk16, Q and K from shared memory.
       float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(s);
       const uint32_t qa = smem_u32(qs) + uint32_t(warp >> 2) * 64 * D * 2, ka = smem_u32(ks);
-      if (form == 0) wg_scores<D, KN, 1>(sf, qa, ka, 2 * KN * 16, KN * 16, 128);  // keys [D][KN]: B MN-major
-      else wg_scores<D, KN, 0>(sf, qa, ka, 256, 128, D * 16);                     // decoded [KN][D]: K-major
+      if (form == 0) wg_scores<D, KN, 1>(sf, qa, ka);  // dense keys [D][KN]
+      else wg_scores<D, KN, 0>(sf, qa, ka);            // decoded keys [KN][D]
     } else
 #endif
     if (form == 0) {
@@ -486,22 +487,23 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
       wg::commit();
       wg::wait<0>();
       wg::fence_regs(of);
-      continue;
-    }
+    } else
 #endif
+    {
 #pragma unroll
-    for (int kk = 0; kk < KN / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      for (int kk = 0; kk < KN / 16; ++kk) {
+        uint32_t a[4];
+        a[0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
-      for (int d0 = 0; d0 < D; d0 += 16) {
-        uint32_t b[4];
-        ldsm_x4_t(b, vs + (kk * 16 + r8 + (mi & 1) * 8) * VLD + d0 + (mi >> 1) * 8);
-        mma16816(o[d0 / 8], a, b[0], b[1]);
-        mma16816(o[d0 / 8 + 1], a, b[2], b[3]);
+        for (int d0 = 0; d0 < D; d0 += 16) {
+          uint32_t b[4];
+          ldsm_x4_t(b, vs + (kk * 16 + r8 + (mi & 1) * 8) * VLD + d0 + (mi >> 1) * 8);
+          mma16816(o[d0 / 8], a, b[0], b[1]);
+          mma16816(o[d0 / 8 + 1], a, b[2], b[3]);
+        }
       }
     }
   }
