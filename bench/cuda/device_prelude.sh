@@ -24,6 +24,6 @@ gpu_tests() {
   timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*:VecInferGpu.*:GpuSwitch.*' --gtest_brief=1 > $L/test_kvcache.log 2>&1; summary test_kvcache $? $L/test_kvcache.log
   timeout 200 $BIN/test_model --gtest_filter='*Device*' --gtest_brief=1 > $L/test_model.log 2>&1; summary test_model $? $L/test_model.log
   if [ -x $BIN/test_engine ]; then
-    timeout 100 $BIN/test_engine --gtest_filter='*OnTheDevice*' --gtest_brief=1 > $L/test_engine.log 2>&1; summary test_engine $? $L/test_engine.log
+    timeout 100 $BIN/test_engine --gtest_filter='*OnTheDevice*:*OnEachDevice*' --gtest_brief=1 > $L/test_engine.log 2>&1; summary test_engine $? $L/test_engine.log
   fi
 }

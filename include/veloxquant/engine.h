@@ -30,6 +30,9 @@ struct EngineOptions {
   int max_step_tokens = 512;            // rows per step: decode tokens + prefill chunk tokens
   int n_ctx = 0;                        // positions per sequence (0: the model's training context)
   Device device = Device::cpu;          // where the steps run and the pool lives (runtime.h)
+  // Batch-invariant mode: a sequence's tokens do not depend on the other sequences running beside
+  // it (prefill cut at fixed positions; on the GPU, batch-invariant kernels). docs/DETERMINISM.md.
+  bool deterministic = false;
 };
 
 struct SequenceResult {

@@ -25,6 +25,7 @@ struct ServerOptions {
   int max_sequences = 8;         // running at once
   int max_step_tokens = 512;     // rows per engine step (decode tokens + prefill chunks)
   int n_ctx = 0;                 // positions per sequence; 0: the model's training context
+  bool deterministic = false;    // batch-invariant mode (EngineOptions::deterministic)
   // The prefix cache and the named sessions; on the CPU's pool only (with Device::cuda the server
   // runs without them: prefix_cache() says which).
   bool prefix_cache = true;

@@ -42,12 +42,14 @@ void bind_engine(nb::module_& m) {
       .def(
           "__init__",
           [](PyEngine* self, const Model& model, const KVSpec& kv_cache, std::optional<size_t> kv_budget_bytes,
-             int max_sequences, int max_step_tokens, int n_ctx) {
-            const EngineOptions o{kv_budget_bytes.value_or(size_t(-1)), max_sequences, max_step_tokens, n_ctx};
+             int max_sequences, int max_step_tokens, int n_ctx, bool deterministic) {
+            EngineOptions o{kv_budget_bytes.value_or(size_t(-1)), max_sequences, max_step_tokens, n_ctx};
+            o.deterministic = deterministic;
             new (self) PyEngine{model, Engine(model, kv_cache, o), {}};
           },
           nb::arg("model"), nb::arg("kv_cache"), nb::kw_only(), nb::arg("kv_budget_bytes") = nb::none(),
-          nb::arg("max_sequences") = 16, nb::arg("max_step_tokens") = 512, nb::arg("n_ctx") = 0)
+          nb::arg("max_sequences") = 16, nb::arg("max_step_tokens") = 512, nb::arg("n_ctx") = 0,
+          nb::arg("deterministic") = false)
       .def(
           "submit",
           [](PyEngine& e, const std::vector<int32_t>& prompt, int max_new_tokens, double temperature, int top_k,

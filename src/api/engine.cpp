@@ -31,6 +31,7 @@ static vq::EngineOptions engine_options(const Model& model, const KVSpec& spec, 
   e.max_step_tokens = o.max_step_tokens;
   e.n_ctx = o.n_ctx > 0 ? o.n_ctx : default_n_ctx(model);
   e.device = to_internal(o.device);
+  e.deterministic = o.deterministic;
   return e;
 }
 

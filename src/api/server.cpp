@@ -71,6 +71,7 @@ std::string model_name_of(const ServerOptions& o, const std::string& path) {
 // Members in the order they are built; destroyed in reverse: the HTTP server and the runner go
 // before the prefix cache's observers, which go before the engine (and its cache).
 struct Server::Impl {
+  Impl(const Model& m, const KVSpec& s) : model(m), spec(s) {}
   Model model;
   KVSpec spec;
   std::string name;
@@ -86,7 +87,7 @@ struct Server::Impl {
   std::unique_ptr<vq::HttpServer> http;
 };
 
-Server::Server(const Model& model, const KVSpec& spec, const ServerOptions& o) : impl_(new Impl{model, spec}) {
+Server::Server(const Model& model, const KVSpec& spec, const ServerOptions& o) : impl_(new Impl(model, spec)) {
   check_options(o);
   VQ_CHECK(model.has_tokenizer(), "{}: the model has no tokenizer metadata; the server needs one", model.info().path);
   check_spec_fits(spec, model);
@@ -100,6 +101,7 @@ Server::Server(const Model& model, const KVSpec& spec, const ServerOptions& o) :
   eo.max_sequences = o.max_sequences;
   eo.max_step_tokens = o.max_step_tokens;
   eo.n_ctx = o.n_ctx;
+  eo.deterministic = o.deterministic;
   eo.prefix_cache = o.prefix_cache && o.device == Device::cpu;
   // The identity (model file, spec, calibration) roots the prefix cache's hash chains and names
   // session files; a store of the spec without blocks gives the spec's shape.

@@ -50,6 +50,7 @@ Engine::Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt)
   VQ_CHECK(opt.n_ctx >= 0, "engine: n_ctx {} must be >= 0", opt.n_ctx);
   if (opt_.n_ctx == 0) opt_.n_ctx = int(std::min<int64_t>(model.config().n_ctx_train > 0 ? model.config().n_ctx_train : 4096, 1 << 20));
   if (opt_.prefix_cache) cache_ = std::make_unique<PrefixCache>(*kv_, opt_.kv_identity);
+  fwd_.set_deterministic(opt_.deterministic);
 }
 
 Engine::~Engine() = default;
@@ -282,9 +283,19 @@ bool Engine::step() {
     };
     for (auto& q : running_)
       if (q->pending() == 1 && budget > 0) add(*q, 1);
-    for (auto& q : running_)
-      if (q->pending() > 1 && budget > 0 && std::find(no_prefill.begin(), no_prefill.end(), q.get()) == no_prefill.end())
-        add(*q, int(std::min<int64_t>({q->pending(), int64_t(budget), q->until_cut()})));
+    bool first_chunk = true;
+    for (auto& q : running_) {
+      if (q->pending() <= 1 || std::find(no_prefill.begin(), no_prefill.end(), q.get()) != no_prefill.end()) continue;
+      if (opt_.deterministic) {
+        // Cut at the next multiple of max_step_tokens (or cache cut), whatever the budget left.
+        const int64_t C = opt_.max_step_tokens;
+        const int64_t n = std::min<int64_t>({q->pending(), C - q->fed() % C, q->until_cut()});
+        if (first_chunk || n <= budget) add(*q, int(n));
+        first_chunk = false;
+        continue;
+      }
+      if (budget > 0) add(*q, int(std::min<int64_t>({q->pending(), int64_t(budget), q->until_cut()})));
+    }
     std::vector<int64_t> counts;
     for (const BatchEntry& e : entries_) kv_->blocks_for_append(*e.seq, e.n, counts);
     if (!entries_.empty() && kv_->pool().can_allocate(counts)) break;

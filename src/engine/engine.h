@@ -53,6 +53,13 @@ struct EngineOptions {
   bool prefix_cache = false;  // cache prefixes' KV for later requests (see above)
   uint64_t kv_identity = 0;   // root of the prefix cache's hash chains (kv_identity.h)
   KVDevice device = KVDevice::cpu;  // where the pool lives and the steps run
+  // Batch-invariant mode: a sequence's tokens do not depend on what else runs beside it. Prefill
+  // chunks are cut at fixed positions (multiples of max_step_tokens, and the prefix cache's cuts),
+  // never by what budget the other sequences leave: the first prefill chunk of a step is taken
+  // whole even when the decode rows leave less than it (a step then runs up to max_step_tokens +
+  // max_sequences rows); and the forward runs its batch-invariant kernels
+  // (Forward::set_deterministic). Costs: docs/BENCHMARKS.md "Deterministic mode".
+  bool deterministic = false;
   // With the prefix cache: called (engine thread) with each new point cached at a prefill cut (the
   // end of the cached chain the prompt extends, the prompt's last full block), tokens[0, n) its
   // tokens (the shared prefix store writes it through).

@@ -95,6 +95,8 @@ bool attn_fork_enabled() { return gpu_tuning().attn_fork; }
 namespace {
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+// Deterministic mode: the decode kernels' split counts are planned for this many rows.
+constexpr int kDetNominalRows = 4;
 int pow2_at_least(int64_t x, int lo) {
   int64_t v = lo;
   while (v < x) v *= 2;
@@ -144,6 +146,8 @@ struct KVStoreDevice::Impl {
   std::vector<cuda::PagedPrefillTile> tiles;  // rows of prefill chunks for the tensor-core kernel
   int tile_rows = 0;                           // rows per tile (cuda::paged_prefill_tile_rows)
   std::vector<uint8_t> row_skip;              // [rows] 1: a prefill tile computes the row
+  int decode_rows = 0;                        // rows before the last run of skipped rows
+  bool det = false;                           // set_deterministic
 
   // descriptor layout (byte offsets into host / dev)
   int rows_cap = 0, seq_cap = 0, jobs_cap = 0, upd_cap = 0, copy_cap = 0, tiles_cap = 0;
@@ -265,7 +269,22 @@ struct KVStoreDevice::Impl {
       p.v_per_subspace = cal.value_books() > 1;
       p.kernel = coded_kernel_override();
     }
-    cuda::paged_attention_plan(p);
+    p.decode_rows = decode_rows;
+    if (det) {
+      // The split counts of kDetNominalRows decode rows (no tiles), whatever this step holds: a
+      // row's splits then depend on its own length only; one key split for prefill tiles.
+      cuda::PagedAttnParams nominal = p;
+      nominal.rows = kDetNominalRows;
+      nominal.decode_rows = -1;
+      nominal.n_tiles = 0;
+      cuda::paged_attention_plan(nominal);
+      p.coded_splits = nominal.coded_splits;
+      p.dense_splits = nominal.dense_splits;
+      p.dense_variant = nominal.dense_variant;
+      p.prefill_splits = p.n_tiles > 0 ? 1 : 0;
+    } else {
+      cuda::paged_attention_plan(p);
+    }
     return p;
   }
 
@@ -369,7 +388,7 @@ int KVStoreDevice::add_rows(const SeqKV& s, int64_t pos0, int n) {
     m.row_pos.push_back(int32_t(pos0 + i));
     m.row_seq.push_back(si);
   }
-  const bool tiled = n >= kPrefillMinRows && m.B == 32 && prefill_kernel_enabled();
+  const bool tiled = tiles_rows(n);
   m.row_skip.resize(m.row_pos.size(), tiled ? 1 : 0);
   if (tiled) {
     const int P = cuda::paged_prefill_positions_per_tile(m.HQ / m.H, m.tile_rows);
@@ -378,9 +397,17 @@ int KVStoreDevice::add_rows(const SeqKV& s, int64_t pos0, int n) {
   return first;
 }
 
+bool KVStoreDevice::tiles_rows(int n) const {
+  return n >= kPrefillMinRows && impl_->B == 32 && prefill_kernel_enabled();
+}
+
+void KVStoreDevice::set_deterministic(bool on) { impl_->det = on; }
+
 bool KVStoreDevice::finish_step() {
   Impl& m = *impl_;
   VQ_CHECK(m.open, "kv store (cuda): finish_step outside a step");
+  m.decode_rows = int(m.row_skip.size());
+  while (m.decode_rows > 0 && m.row_skip[size_t(m.decode_rows - 1)]) --m.decode_rows;
   for (int32_t tid : m.dirty_tables) {
     DevTable& t = m.tables[size_t(tid)];
     VQ_CHECK(!t.regrow, "kv store (cuda): a sequence grew past its device table outside the step's rows (internal error)");

@@ -47,6 +47,13 @@ class KVStoreDevice {
   // Builds and uploads the descriptors; true when their device addresses moved (re-capture graphs).
   bool finish_step();
   int rows() const;
+  // Whether add_rows gives a chunk of n rows to the prefill kernel (its rows skip the decode
+  // kernels). Steps whose other rows come first launch the decode kernels over those only.
+  bool tiles_rows(int n) const;
+  // Batch-invariant attention (ForwardDevice::set_deterministic): the split counts of the decode
+  // kernels are those of a step of kDetNominalRows decode rows and the prefill kernel takes one
+  // key split, whatever the step holds, so a row's result depends on its own sequence only.
+  void set_deterministic(bool on);
   // Whether the step has table updates, copies or encode jobs (a graph without them is cheaper).
   bool step_has_fixups() const;
   bool step_has_encodes() const;

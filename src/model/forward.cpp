@@ -90,6 +90,10 @@ void Forward::set_kv_observer(KVObserver f) {
   if (dev_) dev_->set_kv_observer(observer_);
 }
 
+void Forward::set_deterministic(bool on) {
+  if (dev_) dev_->set_deterministic(on);
+}
+
 void Forward::reserve(int rows) {
   if (rows <= cap_) return;
   const size_t c = size_t(rows);

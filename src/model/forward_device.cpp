@@ -37,6 +37,8 @@ ForwardDevice::ForwardDevice(std::shared_ptr<const DeviceModel> model, KVStore& 
 }
 ForwardDevice::~ForwardDevice() = default;
 void ForwardDevice::step(const BatchEntry*, int) { VQ_FAIL("forward: this build has no CUDA backend"); }
+void ForwardDevice::set_deterministic(bool) { VQ_FAIL("forward: this build has no CUDA backend"); }
+bool ForwardDevice::deterministic() const { return false; }
 
 #else
 
@@ -53,7 +55,8 @@ bool gemv_f16_enabled() {
   return gpu_tuning().gemv_f16;
 }
 
-Path path_of(const DeviceMatrix& m, int rows) {
+Path path_of(const DeviceMatrix& m, int rows, bool det) {
+  if (det) return Path::gemm;  // the batch-invariant product, whatever the rows (set_deterministic)
   if (m.has_gemv() && rows <= cuda::kGemvMaxRows) {
     bool all = true;
     for (const auto& p : m.parts) all = all && cuda::gemv_preferred(p.type, rows);
@@ -64,8 +67,10 @@ Path path_of(const DeviceMatrix& m, int rows) {
 }
 
 // Whether the projection reads f32 activations (both GEMV paths, and the int8 rounding of
-// act_int8 matrices), else fp16 for cuBLAS.
-bool use_gemv(const DeviceMatrix& m, int rows) { return path_of(m, rows) != Path::gemm || m.act_int8; }
+// act_int8 matrices), else fp16 for the GEMM.
+bool use_gemv(const DeviceMatrix& m, int rows, bool det) {
+  return path_of(m, rows, det) != Path::gemm || m.act_int8;
+}
 
 }  // namespace
 
@@ -74,6 +79,7 @@ struct ForwardDevice::Impl {
   KVStore& kv;
   KVStoreDevice& dev;
   cuda::GemmHandle gemm;
+  bool det = false;  // ForwardDevice::set_deterministic
   int cap = 0, lcap = 0;
   int E, HQ, H, D, qd, kvd, qkvd, F, V;
   cuda::DeviceBuffer tokens, lidx, x, xn, xn16, qkv, attn, gu, act, xq, xd, xs, xdq, xl, xl16, logits;
@@ -123,7 +129,7 @@ struct ForwardDevice::Impl {
   // (cuBLAS); only the one the path needs is read.
   void project(const DeviceMatrix& W, int rows, const float* x32, const void* x16, float* y, int64_t ldy, bool acc,
                void* st) {
-    const Path path = path_of(W, rows);
+    const Path path = path_of(W, rows, det);
     if (W.act_int8 && path != Path::gemv_quant) {
       // The CPU's int8 activation rounding (DeviceMatrix::act_int8): quantize, then back to the
       // float form the product reads.
@@ -191,7 +197,8 @@ struct ForwardDevice::Impl {
     g.y = y;
     g.ldy = ldy;
     g.accumulate = acc;
-    cuda::gemm_device(gemm, g, st);
+    if (det) cuda::gemm_invariant_device(g, st);
+    else cuda::gemm_device(gemm, g, st);
   }
 
   void norm(const float* in, const float* w, int rows, bool f32_out, void* out32, void* out16, void* st) {
@@ -225,7 +232,7 @@ struct ForwardDevice::Impl {
     for (int l = 0; l < c.n_layers; ++l) {
       const DeviceLayer& W = M.layers()[size_t(l)];
       // ---- attention block ----
-      const bool gq = use_gemv(W.wqkv, rows);
+      const bool gq = use_gemv(W.wqkv, rows, det);
       norm(x.as<float>(), W.attn_norm, rows, gq, xn.data(), xn16.data(), st);
       project(W.wqkv, rows, xn.as<float>(), xn16.data(), qkv.as<float>(), qkvd, false, st);
       if (W.qkv_bias) {
@@ -265,15 +272,15 @@ struct ForwardDevice::Impl {
       if (obs && *obs) observe(l, rows, *obs, *entry_rows, st);
       dev.launch_append(l, qkv.as<float>() + qd, qkvd, qkv.as<float>() + qd + kvd, qkvd);
       if (encodes) dev.launch_encode(l);
-      const bool go = use_gemv(W.wo, rows);
+      const bool go = use_gemv(W.wo, rows, det);
       dev.launch_attend(l, qkv.as<float>(), qkvd, 1.0f / std::sqrt(float(D)), go ? ElemType::f32 : ElemType::f16,
                         attn.data(), qd);
       project(W.wo, rows, attn.as<float>(), attn.data(), x.as<float>(), E, true, st);
       // ---- MLP block ----
-      const bool gg = use_gemv(W.wgu, rows);
+      const bool gg = use_gemv(W.wgu, rows, det);
       norm(x.as<float>(), W.ffn_norm, rows, gg, xn.data(), xn16.data(), st);
       project(W.wgu, rows, xn.as<float>(), xn16.data(), gu.as<float>(), 2 * F, false, st);
-      const bool gd = use_gemv(W.wdown, rows);
+      const bool gd = use_gemv(W.wdown, rows, det);
       cuda::GluParams gl;
       gl.kind = cuda::GluKind::swiglu;
       gl.n_tokens = rows;
@@ -295,7 +302,7 @@ struct ForwardDevice::Impl {
     g.index = lidx.as<int32_t>();
     g.out = xl.data();
     cuda::gather_rows_device(g, st);
-    const bool gout = use_gemv(M.output(), lrows);
+    const bool gout = use_gemv(M.output(), lrows, det);
     norm(xl.as<float>(), M.output_norm(), lrows, gout, xl.data(), xl16.data(), st);
     project(M.output(), lrows, xl.as<float>(), xl16.data(), logits.as<float>(), V, false, st);
   }
@@ -338,9 +345,27 @@ ForwardDevice::ForwardDevice(std::shared_ptr<const DeviceModel> model, KVStore& 
 
 ForwardDevice::~ForwardDevice() = default;
 
+void ForwardDevice::set_deterministic(bool on) {
+  Impl& m = *impl_;
+  if (m.det == on) return;
+  m.det = on;
+  m.dev.set_deterministic(on);
+  m.graphs.clear();  // captured with the other kernels
+}
+bool ForwardDevice::deterministic() const { return impl_->det; }
+
 void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
   Impl& m = *impl_;
   KVStoreDevice& dev = m.dev;
+  // Rows of the prefill kernel's chunks last, so that the decode kernels launch over the rows
+  // before them only (KVStoreDevice::tiles_rows). Each entry's out is its own: order is free,
+  // except for an observer, which is told entries by index.
+  std::vector<BatchEntry> ordered;
+  if (!observer_ && n_entries > 1) {
+    ordered.assign(entries, entries + n_entries);
+    std::stable_partition(ordered.begin(), ordered.end(), [&](const BatchEntry& e) { return !dev.tiles_rows(e.n); });
+    entries = ordered.data();
+  }
   int rows = 0, lrows = 0;
   bool decode_shape = true;
   std::vector<int64_t> counts;

@@ -47,6 +47,13 @@ class ForwardDevice {
   void set_kv_observer(KVObserver f) { observer_ = std::move(f); }
   // CUDA graphs for decode steps (default on; off: every step launches eagerly).
   void set_graphs(bool on) { graphs_ = on; }
+  // Batch-invariant mode (default off): a row's logits are bit-identical whatever else the step
+  // holds (other sequences' rows, how many), given the same chunks of its own sequence. Every
+  // projection takes the batch-invariant GEMM (cuda::gemm_invariant_device) for any row count,
+  // and the attention's split counts stop depending on the step's rows (KVStoreDevice::
+  // set_deterministic). Costs: BENCHMARKS.md "Deterministic mode".
+  void set_deterministic(bool on);
+  bool deterministic() const;
   // Skips copying the logits back (benchmarks of the device step alone): entries' out untouched.
   void set_skip_logits_download(bool on) { skip_download_ = on; }
   const ForwardDeviceStats& stats() const { return stats_; }

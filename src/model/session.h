@@ -81,6 +81,12 @@ class Forward {
       std::function<void(int layer, int entry, const float* q, const float* k, const float* v, int n)>;
   void set_kv_observer(KVObserver f);
 
+  // Batch-invariant mode: an entry's logits are bit-identical whatever else the step holds, given
+  // the same chunks of its own sequence. The CPU forward is so by construction (every row's
+  // products and attention are computed alone, the same way for any batch: tests/engine); on the
+  // GPU this switches ForwardDevice::set_deterministic.
+  void set_deterministic(bool on);
+
   const Model& model() const { return model_; }
   KVStore& kv() { return kv_; }
   // The device forward when the store lives on the GPU (null otherwise).

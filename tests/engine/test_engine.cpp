@@ -83,6 +83,43 @@ TEST(Engine, ContinuousBatchingEqualsEachRequestAlone) {
   }
 }
 
+// Deterministic mode, on each device: every request's greedy tokens equal those it gets running
+// alone through the same engine, while up to 6 others run beside it (prompts cut into chunks at
+// fixed positions whatever the decode rows of the others leave; batch-invariant kernels on the GPU).
+TEST(Engine, DeterministicModeGivesEachRequestItsTokensAloneOnEachDevice) {
+  Tiny& t = Tiny::get();
+  const int V = t.model->config().n_vocab, n = 20;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 7; ++i) prompts.push_back(random_tokens(9 + 37 * i, V, 500 + uint64_t(i)));
+  std::string why;
+  for (const KVDevice dev : {KVDevice::cpu, KVDevice::cuda}) {
+    if (dev == KVDevice::cuda && !vq::test::gpu_usable(&why)) {
+      std::printf("  (cuda part skipped: %s)\n", why.c_str());
+      continue;
+    }
+    for (const std::string& method : {std::string("fp16"), std::string("vecinfer:d4b8,r=32")}) {
+      if (dev == KVDevice::cpu && method != "fp16") continue;  // the cpu's methods: ContinuousBatching above
+      const KVSpec spec = t.spec(method);
+      EngineOptions eo;
+      eo.device = dev;
+      eo.kv_budget_bytes = size_t(256) << 20;
+      eo.max_sequences = 7;
+      eo.max_step_tokens = 48;
+      eo.deterministic = true;
+      Engine eng(*t.model, spec, eo);
+      std::vector<int64_t> ids;
+      const EngineRun r = run_engine(eng, prompts, n, &ids);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        Engine alone(*t.model, spec, eo);
+        std::vector<int64_t> one;
+        const EngineRun a = run_engine(alone, {prompts[i]}, n, &one);
+        EXPECT_EQ(r.tokens.at(ids[i]), a.tokens.at(one[0]))
+            << (dev == KVDevice::cuda ? "cuda " : "cpu ") << method << " request " << i;
+      }
+    }
+  }
+}
+
 TEST(Engine, SmallPoolPreemptsWithoutChangingOutputs) {
   Tiny& t = Tiny::get();
   const int V = t.model->config().n_vocab, n = 40;

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
@@ -249,6 +251,98 @@ TEST_P(CudaGemm, MatchesDoubleReference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemm, ::testing::Range<size_t>(0, std::size(kGemm)),
                          [](const auto& p) { return std::string(kGemm[p.param].name); });
+
+// The batch-invariant product: against double within fp32-accumulation error, and every row
+// bit-identical whether computed alone, in a small call, or in any larger one (each tile shape,
+// rows at any offset of the tile, edge columns, k not a multiple of 32, accumulate and f16 out).
+TEST(CudaGemmInvariant, RowsAreBitIdenticalWhateverElseTheCallHolds) {
+  VQ_SKIP_WITHOUT_CUDA();
+  for (const auto& [n, k] : {std::pair<int, int>{200, 72}, {960, 576}, {1000, 2056}}) {
+    const int M = 300;
+    std::mt19937 rng(77 + unsigned(n));
+    std::normal_distribution<float> nd;
+    std::vector<uint16_t> w(size_t(n) * k), x(size_t(M) * k);
+    for (auto& v : w) v = f32_to_f16(nd(rng) * 0.05f);
+    for (auto& v : x) v = f32_to_f16(nd(rng));
+    std::vector<float> y0(size_t(M) * n);
+    for (auto& v : y0) v = nd(rng);
+    cuda::DeviceBuffer dw = cuda::to_device(w.data(), w.size() * 2), dx = cuda::to_device(x.data(), x.size() * 2);
+    cuda::DeviceBuffer dy(y0.size() * 4);
+    for (const bool acc : {false, true}) {
+      // One call over rows [r0, r0 + m) into y rows [r0, r0 + m).
+      auto run = [&](int r0, int m) {
+        if (acc) dy.upload(y0.data(), y0.size() * 4);
+        else dy.fill_bytes(0);
+        cuda::GemmParams p;
+        p.m = m, p.n = n, p.k = k, p.w = dw.data();
+        p.x = static_cast<const uint16_t*>(dx.data()) + size_t(r0) * k;
+        p.y = dy.as<float>() + size_t(r0) * n;
+        p.accumulate = acc;
+        cuda::gemm_invariant_device(p);
+        cuda::device_synchronize();
+        std::vector<float> y(size_t(m) * n);
+        dy.download(y.data(), y.size() * 4, size_t(r0) * n * 4);
+        return y;
+      };
+      const std::vector<float> all = run(0, M);  // the 128-row tiles
+      for (int i = 0; i < M; i += 37) {  // against double
+        for (int j = 0; j < n; j += 7) {
+          double ref = acc ? y0[size_t(i) * n + j] : 0.0, mag = std::fabs(ref);
+          for (int kk = 0; kk < k; ++kk) {
+            const double t = double(f16_to_f32(x[size_t(i) * k + kk])) * f16_to_f32(w[size_t(j) * k + kk]);
+            ref += t, mag += std::fabs(t);
+          }
+          ASSERT_LE(std::fabs(all[size_t(i) * n + j] - ref), 1e-5 * mag + 1e-6) << n << "x" << k << " y[" << i << "," << j << "]";
+        }
+      }
+      std::set<int> tiles;
+      for (const auto& [r0, m] : {std::pair<int, int>{0, 1}, {5, 1}, {299, 1}, {3, 8}, {17, 16}, {40, 17}, {100, 64},
+                                 {1, 65}, {130, 129}, {64, 236}}) {
+        tiles.insert(cuda::gemm_invariant_tile_rows(m));
+        const std::vector<float> part = run(r0, m);
+        ASSERT_EQ(std::memcmp(part.data(), all.data() + size_t(r0) * n, part.size() * 4), 0)
+            << n << "x" << k << (acc ? " accumulate" : "") << ": rows " << r0 << ".." << r0 + m - 1
+            << " alone differ from the same rows in a call of " << M;
+      }
+      EXPECT_EQ(tiles.size(), 3u) << "every tile shape exercised";
+    }
+  }
+  // f16 output: the same rounding of the same sums.
+  {
+    const int n = 136, k = 64, M = 70;
+    std::vector<uint16_t> w(size_t(n) * k, f32_to_f16(0.01f)), x(size_t(M) * k);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd;
+    for (auto& v : x) v = f32_to_f16(nd(rng));
+    cuda::DeviceBuffer dw = cuda::to_device(w.data(), w.size() * 2), dx = cuda::to_device(x.data(), x.size() * 2);
+    cuda::DeviceBuffer dy(size_t(M) * n * 2);
+    auto run = [&](int m) {
+      cuda::GemmParams p;
+      p.m = m, p.n = n, p.k = k, p.w = dw.data(), p.x = dx.data(), p.y = dy.data(), p.y_type = cuda::ElemType::f16;
+      cuda::gemm_invariant_device(p);
+      std::vector<uint16_t> y(static_cast<size_t>(n));
+      dy.download(y.data(), y.size() * 2);
+      return y;
+    };
+    EXPECT_EQ(run(1), run(M));
+  }
+}
+
+TEST(CudaGemmInvariant, RefusesWhatItCannotRunWithOneLine) {
+  VQ_SKIP_WITHOUT_CUDA();
+  cuda::DeviceBuffer b(1 << 16);
+  cuda::GemmParams p;
+  p.m = 2, p.n = 8, p.k = 12, p.w = b.data(), p.x = b.data(), p.y = b.data();
+  try {
+    cuda::gemm_invariant_device(p);
+    ADD_FAILURE() << "k = 12 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 8"), std::string::npos) << e.what();
+  }
+  p.k = 16;
+  p.ab_type = cuda::ElemType::bf16;
+  EXPECT_THROW(cuda::gemm_invariant_device(p), Error);
+}
 
 }  // namespace
 }  // namespace vq::test

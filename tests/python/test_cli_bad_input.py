@@ -123,6 +123,12 @@ def test_bad_prefill_step_and_itl_flags(tmp_path):
     assert_one_clear_line(rc, err, "--itl: -3")
     rc, _, err = run_cli("bench", "e2e", "--device", "cuda", "--geometry", "qwen2.5-1.5b", "--itl-chunks", "0,x")
     assert_one_clear_line(rc, err, "--itl-chunks: '0'")
+    rc, _, err = run_cli("bench", "e2e", "--deterministic")
+    assert_one_clear_line(rc, err, "--deterministic is for --device cuda")
+    rc, _, err = run_cli("generate", "-m", p, "--prompt-ids", "1,2,3", "-n", "2", "--deterministic",
+                         "--dump-logits", tmp_path / "l.bin")
+    assert_one_clear_line(rc, err, "--deterministic")
+    assert not (tmp_path / "l.bin").exists()
     # -b 0 picks the default step and runs
     rc, _, err = run_cli("generate", "-m", p, "--prompt-ids", "1,2,3", "-n", "2", "-q", "-b", "0")
     assert rc == 0, err

@@ -51,6 +51,7 @@ struct E2EArgs {
   int itl_prompt = 0;
   int warmup = 40, prefill_chunk = 2048;
   bool skip_logits = false;
+  bool deterministic = false;
 };
 
 std::vector<int> parse_list(const std::string& s, const char* what) {
@@ -91,6 +92,7 @@ void run_e2e(const E2EArgs& a) {
     d.itl_chunks = parse_list(a.itl_chunks, "--itl-chunks");
     d.kv_budget_mib = a.kv_budget_mib;
     d.skip_logits = a.skip_logits;
+    d.deterministic = a.deterministic;
     d.json = a.json;
     run_e2e_device(d);
     return;
@@ -98,6 +100,7 @@ void run_e2e(const E2EArgs& a) {
   VQ_CHECK(a.device == "cpu", "--device: '{}' is cpu or cuda for bench e2e", a.device);
   VQ_CHECK(a.geometry.empty(), "--geometry is for --device cuda (random device weights)");
   VQ_CHECK(a.itl_prompt == 0, "--itl is for --device cuda");
+  VQ_CHECK(!a.deterministic, "--deterministic is for --device cuda (the CPU forward is batch-invariant as it is)");
   VQ_CHECK(a.steps >= 2, "--steps: {} must be >= 2", a.steps);
   std::vector<KVCacheConfig> configs;
   for (const auto& s : a.kv_caches.empty() ? std::vector<std::string>{"fp16"} : a.kv_caches)
@@ -227,6 +230,7 @@ void add_bench_e2e(CLI::App* bench) {
   c->add_option("--prefill", a->prefill, "--device cuda: also time a B=1 prefill of these prompt lengths, e.g. 4096,32768");
   c->add_option("--prefill-chunk", a->prefill_chunk, "--device cuda: prompt tokens per step")->capture_default_str();
   c->add_flag("--skip-logits", a->skip_logits, "--device cuda: do not copy logits back (the device step alone)");
+  c->add_flag("--deterministic", a->deterministic, "--device cuda: time the batch-invariant mode");
   c->callback([a] { run_e2e(*a); });
 }
 

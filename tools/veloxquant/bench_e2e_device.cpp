@@ -119,9 +119,10 @@ void run_e2e_device(const E2EDeviceArgs& a) {
   const auto t_build = Clock::now();
   const auto dm = DeviceModel::random(mc, plain_inv_freqs(mc), 1);
   std::printf("device %s; geometry %s (%d layers, %d/%d heads, head_dim %d), random fp16 weights built on the device "
-              "in %.2f s (%s); copy bandwidth %.0f GB/s (read + written)\n",
+              "in %.2f s (%s); copy bandwidth %.0f GB/s (read + written)%s\n",
               cuda::cuda_device_description().c_str(), gs->name, L, mc.n_heads, H, D,
-              std::chrono::duration<double>(Clock::now() - t_build).count(), dm->describe().c_str(), bw);
+              std::chrono::duration<double>(Clock::now() - t_build).count(), dm->describe().c_str(), bw,
+              a.deterministic ? "; deterministic mode" : "");
   std::printf("| kv cache | ctx | batch | step ms | tok/s | weights GB/step | KV GB/step | floor ms | step / floor |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
@@ -179,6 +180,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
                    double(store.pool().budget_bytes()) / 1073741824.0);
       ForwardDevice fwd(dm, store);
       fwd.set_skip_logits_download(a.skip_logits);
+      fwd.set_deterministic(a.deterministic);
       for (int B : a.batches) {
         const size_t seq_bytes = seqs.empty() ? 0 : store.token_bytes(seqs[0]);
         if (B > fitted) {
@@ -318,6 +320,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
       o.budget_bytes = free_b > (size_t(3) << 30) ? free_b - (size_t(3) << 30) : 0;
       KVStore store(KVGeometry{mc.n_heads, H, D}, L, spec, o);
       ForwardDevice fwd(dm, store);
+      fwd.set_deterministic(a.deterministic);
       std::vector<int32_t> toks(static_cast<size_t>(n));
       for (int i = 0; i < n; ++i) toks[size_t(i)] = int32_t((i * 7919) % mc.n_vocab);
       std::vector<float> logits(size_t(mc.n_vocab));

@@ -17,6 +17,7 @@ struct E2EDeviceArgs {
   int steps = 32, warmup = 40, prefill_chunk = 2048;
   double kv_budget_mib = 0;
   bool skip_logits = false;
+  bool deterministic = false;  // ForwardDevice::set_deterministic
   std::string json;
 };
 

@@ -57,6 +57,7 @@ struct GenerateOptions {
   std::string save_session, load_session;  // session files (veloxquant::Session::save/load)
   std::string device = "cpu";
   int tp = 1;  // tensor-parallel ranks (simulated on the CPU)
+  bool deterministic = false;  // batch-invariant engine (several prompts / --parallel)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -149,6 +150,7 @@ void run_parallel(const GenerateOptions& o, const vx::Model& model, const std::s
   eo.max_sequences = o.parallel;
   eo.max_step_tokens = o.batch > 0 ? o.batch : vx::default_max_chunk(eo.device);
   eo.n_ctx = o.n_ctx;
+  eo.deterministic = o.deterministic;
   vx::Engine engine(model, spec, eo);
   check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, engine.min_budget_bytes(), spec.name());
   const vx::SamplingParams base = sampler_params(o);
@@ -259,9 +261,12 @@ void run_generate(const GenerateOptions& o) {
       if (!line.empty()) texts.push_back(line);
     VQ_CHECK(!texts.empty(), "--prompts-file: {} holds no prompts (one per line)", printable(o.prompts_file));
   }
-  const bool parallel = o.parallel > 1 || texts.size() > 1;
+  // --deterministic runs even one prompt through the engine: its tokens are then those it gets
+  // beside others.
+  const bool parallel = o.parallel > 1 || texts.size() > 1 || o.deterministic;
   VQ_CHECK(!parallel || (o.dump_logits.empty() && o.stats_json.empty() && o.save_session.empty() && !loading),
-           "--dump-logits, --stats-json and sessions are for one sequence (not with --parallel or several prompts)");
+           "--dump-logits, --stats-json and sessions are for one sequence (not with --parallel, several prompts or "
+           "--deterministic)");
   VQ_CHECK(!loading || o.dump_logits.empty(), "--dump-logits is not available with --load-session");
   VQ_CHECK(o.tp == 1 || (!parallel && o.save_session.empty() && !loading),
            "--tp {}: tensor parallelism runs one sequence without session files for now (not with --parallel, several "
@@ -449,6 +454,9 @@ void add_generate(CLI::App& app) {
   c->add_option("--system", o->system, "System message (with --chat)");
   c->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str();
   c->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens (0: prompt + n-predict)")->capture_default_str();
+  c->add_flag("--deterministic", o->deterministic,
+              "With several prompts or --parallel: each sequence's tokens do not depend on the others "
+              "(batch-invariant engine; docs/DETERMINISM.md)");
   c->add_flag("--allow-longer-context", o->allow_longer_context,
               "Run past the model's trained context (-c, or prompt + n-predict) with a warning, not an error");
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();

@@ -46,6 +46,7 @@ struct ServeOptions {
   std::string prefix_store;  // redis://HOST:PORT: the shared compressed prefix store
   bool allow_longer_context = false;  // -c past the model's trained context
   bool session_dir_given = false;     // --session-dir on the command line (the default may be absent)
+  bool deterministic = false;         // batch-invariant mode
 };
 
 // Signals arrive in this thread only (blocked everywhere else). The first INT/TERM drains the
@@ -171,6 +172,7 @@ void run_serve(const ServeOptions& o) {
   so.max_sequences = o.parallel;
   so.max_step_tokens = o.batch;
   so.n_ctx = o.n_ctx;
+  so.deterministic = o.deterministic;
   so.prefix_cache = !o.no_prefix_cache;
   so.session_dir = o.session_dir;
   so.max_sessions = o.max_sessions;
@@ -242,6 +244,9 @@ void add_serve(CLI::App& app) {
   CLI::Option* session_dir = c->add_option("--session-dir", o->session_dir,
                                            "Folder of saved sessions (given: an existing writable directory)")
                                  ->capture_default_str();
+  c->add_flag("--deterministic", o->deterministic,
+              "Batch-invariant mode: a request's tokens do not depend on the requests running beside it "
+              "(docs/DETERMINISM.md)");
   c->add_flag("--allow-longer-context", o->allow_longer_context,
               "-c past the model's trained context: a warning, not an error");
   c->add_option("--max-sessions", o->max_sessions, "Named sessions kept in memory at once")->capture_default_str();

@@ -43,4 +43,15 @@ struct GemmParams {
 // Asynchronous on `stream`; throws vq::Error naming the shape when cuBLAS refuses it.
 void gemm_device(GemmHandle& h, const GemmParams& p, void* stream = nullptr);
 
+// The batch-invariant product of the deterministic mode (EngineOptions::deterministic): the same
+// y (f16 weights and activations, y f32 or f16, accumulate as above), but each element is one
+// fixed chain of fp16 tensor-core steps over k (16 at a time, ascending, fp32 accumulator from 0,
+// then added to y when accumulating), whatever m is and wherever its row falls: a row's result
+// is bit-identical whether it is computed alone or beside any other rows. Needs k, ldw and ldx
+// multiples of 8 and 16-byte aligned w and x (throws naming what is not). No handle: our own
+// kernel (gemm_invariant.cu says why not cuBLAS).
+void gemm_invariant_device(const GemmParams& p, void* stream = nullptr);
+// Rows per block tile it uses for m rows (16, 64 or 128; the tests cover each).
+int gemm_invariant_tile_rows(int64_t m);
+
 }  // namespace vq::cuda

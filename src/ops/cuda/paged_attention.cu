@@ -520,7 +520,15 @@ void paged_attention_plan(PagedAttnParams& p) {
   p.prefill_splits = p.n_tiles > 0 ? detail::prefill_key_splits(p.n_tiles, p.n_kv_heads, p.tile_rows, sms) : 0;
 }
 
-size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
+// The rows the decode kernels cover (PagedAttnParams::decode_rows).
+PagedAttnParams decode_part(const PagedAttnParams& p) {
+  PagedAttnParams d = p;
+  if (p.decode_rows >= 0 && p.decode_rows < p.rows) d.rows = p.decode_rows;
+  return d;
+}
+
+size_t paged_attention_workspace_bytes(const PagedAttnParams& a) {
+  const PagedAttnParams p = decode_part(a);
   return (part_floats(p, p.rule.coded ? p.coded_splits : 0) + part_floats(p, p.dense_splits)) * sizeof(float) +
          (p.n_tiles > 0 ? detail::prefill_part_bytes(p.n_tiles, p.n_kv_heads, p.tile_rows, p.head_dim, p.prefill_splits)
                         : 0);
@@ -528,6 +536,8 @@ size_t paged_attention_workspace_bytes(const PagedAttnParams& p) {
 
 void check_paged_attention(const PagedAttnParams& p) {
   VQ_CHECK(p.rows >= 0 && p.rows <= 65535, "cuda::paged_attention: rows = {} must be in 0..65535", p.rows);
+  VQ_CHECK(p.decode_rows <= p.rows && (p.decode_rows >= p.rows || p.n_tiles > 0),
+           "cuda::paged_attention: decode_rows {} of {} rows (fewer only with prefill tiles)", p.decode_rows, p.rows);
   const std::string why = paged_attention_unsupported_reason(p);
   VQ_CHECK(why.empty(), "cuda::paged_attention: {}", why);
   const int B = p.rule.block_tokens;
@@ -555,11 +565,16 @@ void check_paged_attention(const PagedAttnParams& p) {
            "cuda::paged_attention: workspace of {} bytes is smaller than the {} needed", p.workspace_bytes, need);
 }
 
-void paged_attention_device(const PagedAttnParams& p, void* stream) {
+void paged_attention_device(const PagedAttnParams& all, void* stream) {
   VQ_CHECK(cuda_device_available(), "cuda::paged_attention: {}", cuda_unavailable_reason());
-  check_paged_attention(p);
-  if (p.rows == 0) return;
+  check_paged_attention(all);
+  if (all.rows == 0) return;
   cudaStream_t st = as_stream(stream);
+  const PagedAttnParams p = decode_part(all);  // the decode kernels' rows
+  if (p.rows == 0) {  // every row is a prefill tile's
+    detail::launch_prefill(all, static_cast<float*>(all.workspace), st);
+    return;
+  }
   const int tiles8 = (p.group + 7) / 8;
   float* coded_part = static_cast<float*>(p.workspace);
   float* dense_part = coded_part + part_floats(p, p.rule.coded ? p.coded_splits : 0);
@@ -619,7 +634,7 @@ void paged_attention_device(const PagedAttnParams& p, void* stream) {
   launch_pdl("paged_merge_kernel", paged_merge_kernel, dim3(unsigned(dp.n_q_heads), unsigned(p.rows)), dim3(128), 0, st,
              mp);
   if (p.n_tiles > 0)
-    detail::launch_prefill(p, dense_part + part_floats(p, p.dense_splits), st);  // after the decode partials
+    detail::launch_prefill(all, dense_part + part_floats(p, p.dense_splits), st);  // after the decode partials
 }
 
 int paged_prefill_tile_rows(bool coded) { return detail::prefill_tile_rows(coded); }

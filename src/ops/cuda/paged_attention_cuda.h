@@ -113,6 +113,9 @@ struct PagedAttnParams {
   int tile_rows = 0;          // paged_prefill_tile_rows: the tiles were cut for this many rows
   int prefill_splits = 0;     // key splits of the prefill kernel (paged_attention_plan: few tiles -> several)
   const uint8_t* row_skip = nullptr;  // [rows] or null
+  // Rows [decode_rows, rows) are all prefill-tile rows (row_skip set): the decode kernels, their
+  // merge and their workspace cover rows [0, decode_rows) only. -1: all rows.
+  int decode_rows = -1;
   ElemType out_type = ElemType::f32;  // f32 or f16 (the input of the output projection)
   void* out = nullptr;        // row r at out + r*out_stride: [n_kv_heads*group][head_dim]
   int64_t out_stride = 0;     // elements; 0: packed
