@@ -26,8 +26,7 @@ struct ServerOptions {
   int max_step_tokens = 512;     // rows per engine step (decode tokens + prefill chunks)
   int n_ctx = 0;                 // positions per sequence; 0: the model's training context
   bool deterministic = false;    // batch-invariant mode (EngineOptions::deterministic)
-  // The prefix cache and the named sessions; on the CPU's pool only (with Device::cuda the server
-  // runs without them: prefix_cache() says which).
+  // The prefix cache and the named sessions (on either device's pool).
   bool prefix_cache = true;
   std::string session_dir = "sessions";  // made at the first save when absent
   int max_sessions = 64;                 // named sessions kept in memory at once
@@ -77,7 +76,7 @@ class Server {
   size_t kv_budget_bytes() const;
   size_t min_budget_bytes() const;  // one block of every form per layer: less and nothing runs
   int n_ctx() const;
-  bool prefix_cache() const;         // on (ServerOptions::prefix_cache on the CPU's pool)
+  bool prefix_cache() const;         // on (ServerOptions::prefix_cache)
   bool kv_events() const;            // publishing
   bool prefix_store() const;         // writing through to a shared store
   int removed_stale_session_files() const;  // at construction

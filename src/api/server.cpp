@@ -102,7 +102,7 @@ Server::Server(const Model& model, const KVSpec& spec, const ServerOptions& o) :
   eo.max_step_tokens = o.max_step_tokens;
   eo.n_ctx = o.n_ctx;
   eo.deterministic = o.deterministic;
-  eo.prefix_cache = o.prefix_cache && o.device == Device::cpu;
+  eo.prefix_cache = o.prefix_cache;
   // The identity (model file, spec, calibration) roots the prefix cache's hash chains and names
   // session files; a store of the spec without blocks gives the spec's shape.
   vq::KVIdentity identity;

@@ -105,13 +105,7 @@ static void check_unsplit(const vq::Session& s, const char* what, const std::str
            "ranks)", what, path, s.tp());
 }
 
-static void check_host_pool(Device d, const char* what, const std::string& path) {
-  VQ_CHECK(d == Device::cpu, "session {} '{}': session files are read and written from the CPU's KV pool, and this "
-           "session runs on the device", what, path);
-}
-
 void Session::save(const std::string& path, const std::vector<int32_t>& tokens) const {
-  check_host_pool(impl_->device, "save", path);
   const vq::Session& s = impl_->session;
   check_unsplit(s, "save", path);
   VQ_CHECK(int64_t(tokens.size()) >= s.pos(), "session save '{}': {} token ids, fewer than the {} in the KV", path,
@@ -121,7 +115,6 @@ void Session::save(const std::string& path, const std::vector<int32_t>& tokens) 
 }
 
 LoadedSession Session::load(const std::string& path) {
-  check_host_pool(impl_->device, "load", path);
   vq::Session& s = impl_->session;
   check_unsplit(s, "load", path);
   s.reset();

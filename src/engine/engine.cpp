@@ -43,8 +43,6 @@ struct Engine::Seq {
 
 Engine::Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt)
     : model_(model), opt_(opt), kv_(make_kv_store(model, spec, opt.kv_budget_bytes, opt.device)), fwd_(model, *kv_) {
-  VQ_CHECK(!(opt.prefix_cache && opt.device == KVDevice::cuda),
-           "engine: the prefix cache works on a KV pool on the cpu only (not yet checked on the device)");
   VQ_CHECK(opt.max_sequences >= 1, "engine: max_sequences {} must be >= 1", opt.max_sequences);
   VQ_CHECK(opt.max_step_tokens >= 1, "engine: max_step_tokens {} must be >= 1", opt.max_step_tokens);
   VQ_CHECK(opt.n_ctx >= 0, "engine: n_ctx {} must be >= 0", opt.n_ctx);

@@ -670,6 +670,28 @@ uint8_t* KVStore::block_data(int layer, bool coded, int32_t id) {
   return pool_.data(coded ? L.coded_arena : dense_arena_, id);
 }
 
+void KVStore::read_blocks(const std::vector<BlockRef>& blocks, void* const* host) const {
+  std::vector<KVStoreDevice::HostCopy> copies;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockRef& b = blocks[i];
+    const size_t bytes = b.coded ? coded_block_bytes(b.layer) : dense_block_bytes();
+    if (dev_) copies.push_back({block_data(b.layer, b.coded, b.id), host[i], bytes});
+    else std::memcpy(host[i], block_data(b.layer, b.coded, b.id), bytes);
+  }
+  if (dev_) dev_->copy_to_host(copies);
+}
+
+void KVStore::write_blocks(const std::vector<BlockRef>& blocks, const void* const* host) {
+  std::vector<KVStoreDevice::HostCopy> copies;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockRef& b = blocks[i];
+    const size_t bytes = b.coded ? coded_block_bytes(b.layer) : dense_block_bytes();
+    if (dev_) copies.push_back({host[i], block_data(b.layer, b.coded, b.id), bytes});
+    else std::memcpy(block_data(b.layer, b.coded, b.id), host[i], bytes);
+  }
+  if (dev_) dev_->copy_to_device(copies);
+}
+
 int32_t KVStore::alloc_block(int layer, bool coded) {
   VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
   const Layer& L = layers_[size_t(layer)];

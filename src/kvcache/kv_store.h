@@ -184,9 +184,19 @@ class KVStore {
   size_t coded_block_bytes(int layer) const;  // 0: the layer has no coded form
   // Whether a coded block of the layer stores only finite scales (CodedFormat::block_finite).
   bool coded_block_finite(int layer, const uint8_t* block) const;
-  // A block's payload: [dense_block_bytes()] or [coded_block_bytes(layer)].
+  // A block's payload: [dense_block_bytes()] or [coded_block_bytes(layer)] (in device memory when
+  // the pool lives on the device: copy through read_blocks / write_blocks).
   const uint8_t* block_data(int layer, bool coded, int32_t id) const;
   uint8_t* block_data(int layer, bool coded, int32_t id);
+  // Whole blocks copied between the pool and host memory wherever the pool lives (on the device:
+  // asynchronous copies on the store's stream, one wait at the end); host[i]: block i's bytes.
+  struct BlockRef {
+    int layer = 0;
+    bool coded = false;
+    int32_t id = -1;
+  };
+  void read_blocks(const std::vector<BlockRef>& blocks, void* const* host) const;  // pool -> host
+  void write_blocks(const std::vector<BlockRef>& blocks, const void* const* host);  // host -> pool
   // A new block of one form with refcount 1 (contents undefined). Throws KVPoolExhausted.
   int32_t alloc_block(int layer, bool coded);
   void release_block(int layer, bool coded, int32_t id);

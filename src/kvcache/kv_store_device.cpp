@@ -73,6 +73,10 @@ void KVStoreDevice::append_host(SeqKV&, int, const float*, const float*, int) { 
 void KVStoreDevice::append_device(SeqKV&, int, const float*, const float*, int) { VQ_NO_CUDA; }
 void KVStoreDevice::attend_host(int, const AttnEntry*, int, float) { VQ_NO_CUDA; }
 void KVStoreDevice::download_block(int, int32_t, void*) const { VQ_NO_CUDA; }
+bool KVStoreDevice::tiles_rows(int) const { VQ_NO_CUDA; }
+void KVStoreDevice::set_deterministic(bool) { VQ_NO_CUDA; }
+void KVStoreDevice::copy_to_host(const std::vector<HostCopy>&) const { VQ_NO_CUDA; }
+void KVStoreDevice::copy_to_device(const std::vector<HostCopy>&) { VQ_NO_CUDA; }
 void KVStoreDevice::note_block(const SeqKV&, int, bool, size_t) {}
 void KVStoreDevice::note_copy(const uint8_t*, uint8_t*, size_t) {}
 void KVStoreDevice::note_encode(int, const uint8_t*, uint8_t*) {}
@@ -631,6 +635,19 @@ void KVStoreDevice::download_block(int arena, int32_t id, void* dst) const {
   impl_->stream.synchronize();
 }
 
+
+void KVStoreDevice::copy_to_host(const std::vector<HostCopy>& copies) const {
+  const Impl& m = *impl_;
+  m.stream.synchronize();  // the steps that wrote them
+  for (const HostCopy& c : copies) cuda::copy_to_host_async(c.dst, c.src, c.bytes, m.stream.handle());
+  m.stream.synchronize();
+}
+
+void KVStoreDevice::copy_to_device(const std::vector<HostCopy>& copies) {
+  Impl& m = *impl_;
+  for (const HostCopy& c : copies) cuda::copy_to_device_async(c.dst, c.src, c.bytes, m.stream.handle());
+  m.stream.synchronize();  // the host buffers may go once this returns
+}
 
 void KVStoreDevice::note_block(const SeqKV& s, int layer, bool coded, size_t j) {
   Impl& m = *impl_;

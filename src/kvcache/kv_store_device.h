@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kvcache/kv_store.h"
 #include "ops/cuda/elem_type.h"
@@ -76,6 +77,15 @@ class KVStoreDevice {
   void attend_host(int layer, const AttnEntry* entries, int n_entries, float scale);
   // Test hook: a copy of a block's bytes (arena and id as in KVStore::arena_of / block_id).
   void download_block(int arena, int32_t id, void* dst) const;
+  // Copies between device and host memory on the store's stream, waited for at the end
+  // (KVStore::read_blocks / write_blocks: session files, the prefix store).
+  struct HostCopy {
+    const void* src;
+    void* dst;
+    size_t bytes;
+  };
+  void copy_to_host(const std::vector<HostCopy>& copies) const;
+  void copy_to_device(const std::vector<HostCopy>& copies);
 
   // ---- bookkeeping hooks (KVStore) ----
   void note_block(const SeqKV& s, int layer, bool coded, size_t j);

@@ -15,6 +15,7 @@ namespace {
 
 class Writer {
  public:
+  Writer() { buf.reserve(4096); }  // (also keeps GCC 12 from a false -Wstringop-overflow on the first insert)
   template <class T>
   void put(T v) {
     put_bytes(&v, sizeof(T));
@@ -45,8 +46,6 @@ void zero_scalar_tail(uint8_t* blk, int H, int B, size_t block_bytes, int r) {
 
 std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
                                      const KVIdentity& id, bool seal, const std::string& path) {
-  VQ_CHECK(kv.device_kind() == KVDevice::cpu, "{}: session files are read and written from a KV pool on the cpu; "
-           "this one lives on the device", path);
   const int64_t n = s.size();
   VQ_CHECK(int64_t(tokens.size()) >= n, "{}: a session of {} KV tokens needs at least as many token ids (got {})",
            path, n, tokens.size());
@@ -79,6 +78,19 @@ std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const st
   // Methods written per token (q8_0, q4_0, q4_0h, q5_0): blocks [2 (K, V)][H][B][row]; their partial
   // blocks' unused slots hold stale pool memory, zeroed on disk.
   const bool per_token = kv_method(method).direct();
+  // Every block's bytes copied to the host first, in one go (from the device pool: one wait).
+  std::vector<std::vector<uint8_t>> staged;
+  std::vector<KVStore::BlockRef> reads;
+  for (int l = 0; l < kv.n_layers(); ++l)
+    for (int64_t j = 0; j < kv.n_blocks(s, l); ++j) {
+      const KVStore::BlockIds b = kv.block_ids(s, l, j);
+      if (b.dense >= 0) reads.push_back({l, false, b.dense}), staged.emplace_back(dbytes);
+      if (b.coded >= 0) reads.push_back({l, true, b.coded}), staged.emplace_back(kv.coded_block_bytes(l));
+    }
+  std::vector<void*> dst;
+  for (auto& v : staged) dst.push_back(v.data());
+  kv.read_blocks(reads, dst.data());
+  size_t next = 0;
   for (int l = 0; l < kv.n_layers(); ++l) {
     const size_t cbytes = kv.coded_block_bytes(l);
     const int64_t nb = kv.n_blocks(s, l);
@@ -91,13 +103,13 @@ std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const st
     for (int64_t j = 0; j < nb; ++j) {
       const KVStore::BlockIds b = kv.block_ids(s, l, j);
       if (b.dense >= 0) {
-        std::memcpy(tmp.data(), kv.block_data(l, false, b.dense), dbytes);
+        std::memcpy(tmp.data(), staged[next++].data(), dbytes);
         const int64_t r = std::min<int64_t>(B, n - j * B);
         if (r < B) zero_dense_tail(tmp.data(), g.n_kv_heads, g.head_dim, B, es, int(r));
         w.put_bytes(tmp.data(), dbytes);
       }
       if (b.coded >= 0) {
-        const uint8_t* src = kv.block_data(l, true, b.coded);
+        const uint8_t* src = staged[next++].data();
         const int64_t r = std::min<int64_t>(B, n - j * B);
         if (per_token && r < B) {  // a partial block: its unused slots hold stale pool memory
           std::vector<uint8_t> c(src, src + cbytes);
@@ -144,8 +156,6 @@ SessionExpect session_expect(const KVStore& kv, const KVIdentity& id) {
 }
 
 LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdentity& id) {
-  VQ_CHECK(kv.device_kind() == KVDevice::cpu, "{}: session files are read and written from a KV pool on the cpu; "
-           "this one lives on the device", path);
   const SessionExpect e = session_expect(kv, id);
   const std::vector<uint8_t> data = read_session_file(path, e);
   ParsedSession p = parse_session(data.data(), data.size(), path, e);
@@ -156,7 +166,6 @@ LoadedSequence adopt_parsed_sequence(ParsedSession p, KVStore& kv, const Session
   LoadedSequence out;
   out.n_kv = p.n_kv;
   out.tokens = std::move(p.tokens);
-  const size_t dbytes = e.dense_block_bytes;
   std::vector<std::vector<KVStore::BlockIds>> ids(e.n_layers);
   // Blocks allocated so far are given back if anything below fails.
   auto give_back = [&] {
@@ -167,22 +176,27 @@ LoadedSequence adopt_parsed_sequence(ParsedSession p, KVStore& kv, const Session
       }
   };
   try {
+    std::vector<KVStore::BlockRef> writes;  // the file's bytes into the new blocks, in one go
+    std::vector<const void*> src;
     for (uint32_t l = 0; l < e.n_layers; ++l) {
       for (const ParsedSession::Block& pb : p.blocks[l]) {
         KVStore::BlockIds b;
         if (pb.dense) {
           b.dense = kv.alloc_block(int(l), false);
           ids[l].push_back(b);
-          std::memcpy(kv.block_data(int(l), false, b.dense), pb.dense, dbytes);
+          writes.push_back({int(l), false, b.dense});
+          src.push_back(pb.dense);
         } else {
           ids[l].push_back(b);
         }
         if (pb.coded) {
           ids[l].back().coded = kv.alloc_block(int(l), true);
-          std::memcpy(kv.block_data(int(l), true, ids[l].back().coded), pb.coded, e.coded_block_bytes[l]);
+          writes.push_back({int(l), true, ids[l].back().coded});
+          src.push_back(pb.coded);
         }
       }
     }
+    kv.write_blocks(writes, src.data());
   } catch (...) {
     give_back();
     throw;

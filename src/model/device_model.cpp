@@ -197,6 +197,8 @@ std::shared_ptr<const DeviceModel> DeviceModel::upload(const Model& model) {
     if (!W.q_bias.empty()) D.qkv_bias = upload_vec(st, total, concat(W.q_bias, W.k_bias, W.v_bias), p + ".qkv_bias");
     D.q_norm = upload_vec(st, total, W.q_norm, p + ".attn_q_norm");
     D.k_norm = upload_vec(st, total, W.k_norm, p + ".attn_k_norm");
+    D.post_attn_norm = upload_vec(st, total, W.post_attn_norm, p + ".post_attention_norm");
+    D.post_ffn_norm = upload_vec(st, total, W.post_ffn_norm, p + ".post_ffw_norm");
     D.wqkv = up.matrix({&W.wq, &W.wk, &W.wv}, p + ".attn_qkv");
     D.wo = up.matrix({&W.wo}, p + ".attn_output");
     D.wgu = up.matrix({&W.w_gate, &W.w_up}, p + ".ffn_gate_up");
@@ -206,6 +208,10 @@ std::shared_ptr<const DeviceModel> DeviceModel::upload(const Model& model) {
   const auto& f = model.rope_inv_freqs();
   dm->inv_freqs_ = static_cast<double*>(st.alloc(f.size() * 8, total, "rope frequencies"));
   cuda::copy_to_device_async(dm->inv_freqs_, f.data(), f.size() * 8, nullptr);
+  if (const auto& fs = model.rope_inv_freqs_swa(); !fs.empty()) {
+    dm->inv_freqs_swa_ = static_cast<double*>(st.alloc(fs.size() * 8, total, "rope frequencies (sliding layers)"));
+    cuda::copy_to_device_async(dm->inv_freqs_swa_, fs.data(), fs.size() * 8, nullptr);
+  }
   cuda::device_synchronize();
   (void)c;
   cache[key] = dm;

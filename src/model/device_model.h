@@ -42,6 +42,8 @@ struct DeviceLayer {
   float* qkv_bias = nullptr;   // [q_dim + 2 kv_dim] or null
   float* q_norm = nullptr;     // [head_dim] or null
   float* k_norm = nullptr;
+  float* post_attn_norm = nullptr;  // [n_embd] or null (gemma3: RMSNorm of the block outputs)
+  float* post_ffn_norm = nullptr;
   DeviceMatrix wqkv;           // [q_dim + 2 kv_dim, n_embd]
   DeviceMatrix wo;             // [n_embd, q_dim]
   DeviceMatrix wgu;            // [2 n_ff, n_embd]: gate rows then up rows
@@ -67,6 +69,8 @@ class DeviceModel {
   const DeviceMatrix& output() const { return output_; }
   const std::vector<DeviceLayer>& layers() const { return layers_; }
   const double* inv_freqs() const { return inv_freqs_; }  // [n_rot/2] (device)
+  // The sliding-window layers' frequencies (gemma3), or null.
+  const double* inv_freqs_swa() const { return inv_freqs_swa_; }
   // Bytes one decode step of m rows reads from the weights: the packed parts where the native
   // product is taken (gemv_preferred), else the fp16 copy.
   size_t step_weight_bytes(int m) const;
@@ -84,6 +88,7 @@ class DeviceModel {
   DeviceMatrix output_;
   std::vector<DeviceLayer> layers_;
   double* inv_freqs_ = nullptr;
+  double* inv_freqs_swa_ = nullptr;
   size_t bytes_ = 0;
   std::unique_ptr<Storage> st_;
 };

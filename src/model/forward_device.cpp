@@ -82,7 +82,7 @@ struct ForwardDevice::Impl {
   bool det = false;  // ForwardDevice::set_deterministic
   int cap = 0, lcap = 0;
   int E, HQ, H, D, qd, kvd, qkvd, F, V;
-  cuda::DeviceBuffer tokens, lidx, x, xn, xn16, qkv, attn, gu, act, xq, xd, xs, xdq, xl, xl16, logits;
+  cuda::DeviceBuffer tokens, lidx, x, xn, xn16, qkv, attn, gu, act, xq, xd, xs, xdq, xl, xl16, logits, po;
   cuda::PinnedBuffer h_tokens, h_lidx, h_logits;
   uint64_t buf_version = 0;
   struct GraphRec {
@@ -118,6 +118,7 @@ struct ForwardDevice::Impl {
     xdq = cuda::DeviceBuffer(R * wide * 4);
     xl = cuda::DeviceBuffer(LR * E * 4);
     xl16 = cuda::DeviceBuffer(LR * E * 4);
+    if (M.config().post_norms) po = cuda::DeviceBuffer(R * E * 4);
     logits = cuda::DeviceBuffer(LR * V * 4);
     h_tokens = cuda::PinnedBuffer(R * 4);
     h_lidx = cuda::PinnedBuffer(LR * 4);
@@ -201,6 +202,30 @@ struct ForwardDevice::Impl {
     else cuda::gemm_device(gemm, g, st);
   }
 
+  // x += out projection of a block; with a post-norm (gemma3), x += RMSNorm(projection) * w.
+  void block_out(const DeviceMatrix& W, const float* post_norm, int rows, const float* in32, const void* in16,
+                 void* st) {
+    if (!post_norm) {
+      project(W, rows, in32, in16, x.as<float>(), E, true, st);
+      return;
+    }
+    project(W, rows, in32, in16, po.as<float>(), E, false, st);
+    cuda::RmsNormParams n;
+    n.n_tokens = rows;
+    n.n = E;
+    n.x = po.as<float>();
+    n.w = post_norm;
+    n.eps = M.config().norm_eps;
+    n.out = po.data();
+    cuda::rms_norm_device(n, st);
+    cuda::AddParams a;
+    a.n_tokens = rows;
+    a.n = E;
+    a.x = x.as<float>();
+    a.y = po.as<float>();
+    cuda::add_device(a, st);
+  }
+
   void norm(const float* in, const float* w, int rows, bool f32_out, void* out32, void* out16, void* st) {
     cuda::RmsNormParams n;
     n.n_tokens = rows;
@@ -225,6 +250,7 @@ struct ForwardDevice::Impl {
     em.n_embd = E;
     em.tokens = tokens.as<int32_t>();
     em.n_tokens = rows;
+    em.scale = c.embd_scale;  // gemma3: sqrt(n_embd)
     em.out = x.as<float>();
     cuda::embedding_device(em, st);
     const bool g_qkv_all = true;
@@ -261,7 +287,7 @@ struct ForwardDevice::Impl {
       r.n_rot = c.n_rot;
       r.neox = c.rope_layout == RopeLayout::NeoX;
       r.pos = dev.positions();
-      r.inv_freq = M.inv_freqs();
+      r.inv_freq = c.is_sliding(l) ? M.inv_freqs_swa() : M.inv_freqs();
       r.q = qkv.as<float>();
       r.n_q_heads = HQ;
       r.q_stride = qkvd;
@@ -273,16 +299,15 @@ struct ForwardDevice::Impl {
       dev.launch_append(l, qkv.as<float>() + qd, qkvd, qkv.as<float>() + qd + kvd, qkvd);
       if (encodes) dev.launch_encode(l);
       const bool go = use_gemv(W.wo, rows, det);
-      dev.launch_attend(l, qkv.as<float>(), qkvd, 1.0f / std::sqrt(float(D)), go ? ElemType::f32 : ElemType::f16,
-                        attn.data(), qd);
-      project(W.wo, rows, attn.as<float>(), attn.data(), x.as<float>(), E, true, st);
+      dev.launch_attend(l, qkv.as<float>(), qkvd, c.attn_scale, go ? ElemType::f32 : ElemType::f16, attn.data(), qd);
+      block_out(W.wo, W.post_attn_norm, rows, attn.as<float>(), attn.data(), st);
       // ---- MLP block ----
       const bool gg = use_gemv(W.wgu, rows, det);
       norm(x.as<float>(), W.ffn_norm, rows, gg, xn.data(), xn16.data(), st);
       project(W.wgu, rows, xn.as<float>(), xn16.data(), gu.as<float>(), 2 * F, false, st);
       const bool gd = use_gemv(W.wdown, rows, det);
       cuda::GluParams gl;
-      gl.kind = cuda::GluKind::swiglu;
+      gl.kind = c.ffn_act == FfnActivation::GeluTanh ? cuda::GluKind::gelu_tanh : cuda::GluKind::swiglu;
       gl.n_tokens = rows;
       gl.n = F;
       gl.gate = gu.as<float>();
@@ -292,7 +317,7 @@ struct ForwardDevice::Impl {
       gl.out_type = gd ? ElemType::f32 : ElemType::f16;
       gl.out = act.data();
       cuda::glu_device(gl, st);
-      project(W.wdown, rows, act.as<float>(), act.data(), x.as<float>(), E, true, st);
+      block_out(W.wdown, W.post_ffn_norm, rows, act.as<float>(), act.data(), st);
     }
     if (lrows == 0) return;
     cuda::GatherRowsParams g;
@@ -335,11 +360,13 @@ ForwardDevice::ForwardDevice(std::shared_ptr<const DeviceModel> model, KVStore& 
   VQ_CHECK(kv.geometry().n_heads == c.n_heads && kv.geometry().n_kv_heads == c.n_kv_heads &&
                kv.geometry().head_dim == c.head_dim,
            "forward (cuda): the KV store's geometry differs from the model's");
-  // The device forward implements the llama family (llama, qwen2, qwen3); gemma3's pieces (GELU MLP,
-  // embedding scale, post-norms, sliding-window layers with their own RoPE base) run on the CPU only.
-  VQ_CHECK(c.ffn_act == FfnActivation::SiLU && c.embd_scale == 1.0f && !c.post_norms && c.n_sliding_layers() == 0,
-           "forward (cuda): architecture {} is not implemented on the device (supported: llama, qwen2, qwen3); "
-           "run it with --device cpu", c.arch);
+  // The llama family (llama, qwen2, qwen3) and gemma3 (GELU MLP, embedding scale, post-norms,
+  // sliding-window layers with their own RoPE base).
+  VQ_CHECK(c.n_sliding_layers() == 0 || model_->inv_freqs_swa(),
+           "forward (cuda): {} has sliding-window layers but the device model has no frequencies for them", c.arch);
+  VQ_CHECK(!c.post_norms || std::all_of(model_->layers().begin(), model_->layers().end(),
+                                        [](const DeviceLayer& L) { return L.post_attn_norm && L.post_ffn_norm; }),
+           "forward (cuda): {} uses post-norms but the device model lacks their weights", c.arch);
   impl_ = std::make_unique<Impl>(*model_, kv);
 }
 

@@ -219,22 +219,3 @@ TEST(Engine, CancelFreesBlocksAndBadRequestsAreRefused) {
   EXPECT_THROW(eng.submit(toolong), Error);
 }
 
-// The prefix cache is checked on a KV pool on the cpu only: a device engine with it is refused
-// with one line, before anything runs.
-TEST(Engine, PrefixCacheOnTheDeviceIsRefusedWithOneLine) {
-  VQ_SKIP_WITHOUT_GPU();
-  Tiny& t = Tiny::get();
-  EngineOptions eo;
-  eo.prefix_cache = true;
-  eo.device = KVDevice::cuda;
-  eo.kv_budget_bytes = size_t(64) << 20;
-  try {
-    Engine e(*t.model, t.spec("fp16"), eo);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("prefix cache"), std::string::npos) << m;
-    EXPECT_NE(m.find("cpu"), std::string::npos) << m;
-    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
-  }
-}

@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine_fixture.h"
+#include "gpu_test.h"
 
 using namespace vq;
 using vq::engine_test::Tiny;
@@ -76,6 +77,40 @@ TEST(PrefixCache, HitGivesTheSameTokensAsAMissForEveryMethod) {
     EXPECT_EQ(cold.stats().prefix.hits, 0);
     EXPECT_EQ(warm.stats().prefill_tokens + 96 + 128 + 150 + n - 1, cold.stats().prefill_tokens)
         << "a hit recomputes nothing it took from the cache";
+  }
+}
+
+// The same on the device pool (the methods with device kernels), in the batch-invariant mode: a hit
+// changes where the prompt's chunks are cut, and only that mode makes the rest of the computation
+// independent of the cuts' neighbours, so hit and miss give the same tokens.
+TEST(PrefixCache, HitGivesTheSameTokensAsAMissOnTheDevice) {
+  VQ_SKIP_WITHOUT_GPU();
+  Tiny& t = Tiny::get();
+  const int V = t.model->config().n_vocab, n = 12;
+  const auto shared = random_tokens(100, V, 500);
+  const auto a = cat(shared, random_tokens(50, V, 501));
+  const auto b = cat(shared, random_tokens(40, V, 502));
+  for (const std::string method : {"fp16", "vecinfer:d4b8,r=32"}) {
+    const KVSpec spec = t.spec(method);
+    EngineOptions eo;
+    eo.device = KVDevice::cuda;
+    eo.kv_budget_bytes = size_t(256) << 20;
+    eo.max_step_tokens = 48;
+    eo.deterministic = true;
+    Engine cold(*t.model, spec, eo);
+    eo.prefix_cache = true;
+    Engine warm(*t.model, spec, eo);
+    std::vector<std::vector<int32_t>> prompts = {a, b, a};
+    std::vector<int64_t> hits;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      int64_t hit = 0;
+      const auto got = run_one(warm, prompts[i], n, &hit);
+      hits.push_back(hit);
+      EXPECT_EQ(got, run_one(cold, prompts[i], n)) << method << " request " << i;
+      if (i == 0) prompts.push_back(cat(cat(a, got), random_tokens(20, V, 504)));
+    }
+    EXPECT_EQ(hits, (std::vector<int64_t>{0, 96, 128, 150 + n - 1})) << method;
+    EXPECT_EQ(warm.stats().prefill_tokens + 96 + 128 + 150 + n - 1, cold.stats().prefill_tokens);
   }
 }
 

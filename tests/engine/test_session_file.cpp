@@ -17,6 +17,7 @@
 
 #include "core/sha256.h"
 #include "engine_fixture.h"
+#include "gpu_test.h"
 #include "kvcache/seq_file.h"
 
 using namespace vq;
@@ -107,6 +108,45 @@ TEST(SessionFile, RestoredSequenceContinuesExactlyForEveryMethod) {
     joined.insert(joined.end(), rest.begin(), rest.end());
     EXPECT_EQ(joined, all) << method;
     std::remove(path.c_str());
+  }
+}
+
+// The same from and into a pool on the device (its block bytes cross to the host and back): the
+// restored sequence continues exactly as the one that never stopped, and the file is the one a
+// second save of the restored sequence writes.
+TEST(SessionFile, RestoredSequenceContinuesExactlyOnTheDevice) {
+  VQ_SKIP_WITHOUT_GPU();
+  Tiny& t = Tiny::get();
+  const int V = t.model->config().n_vocab, n1 = 9, n2 = 15;
+  const auto prompt = random_tokens(117, V, 801);
+  for (const std::string method : {"fp16", "vecinfer:d4b8,r=32"}) {
+    const KVSpec spec = t.spec(method);
+    auto session = [&] { return Session(*t.model, spec, 300, 64, size_t(128) << 20, KVDevice::cuda); };
+    Session straight = session();
+    const auto all = continue_greedy(straight, prompt, n1 + n2);
+    Session first = session();
+    auto tokens = prompt;
+    const auto part = continue_greedy(first, tokens, n1);
+    tokens.insert(tokens.end(), part.begin(), part.end());
+    // (the system's temporary folder: the device machine runs the tests outside the build tree)
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("vq_session_dev_" + std::to_string(std::hash<std::string>{}(method))))
+                                 .string();
+    save_sequence(path, first.store(), first.sequence(), tokens, identity_of(first.store()));
+    Session second = session();
+    LoadedSequence ld = load_sequence(path, second.store(), identity_of(second.store()));
+    EXPECT_EQ(ld.n_kv, first.pos());
+    EXPECT_EQ(ld.tokens, tokens);
+    second.sequence() = std::move(ld.seq);
+    const std::string again = path + ".again";
+    save_sequence(again, second.store(), second.sequence(), tokens, identity_of(second.store()));
+    EXPECT_EQ(read_all(again), read_all(path)) << method << ": the restored blocks hold the saved bytes";
+    const auto rest = continue_greedy(second, tokens, n2);
+    std::vector<int32_t> joined = part;
+    joined.insert(joined.end(), rest.begin(), rest.end());
+    EXPECT_EQ(joined, all) << method;
+    std::remove(path.c_str());
+    std::remove(again.c_str());
   }
 }
 

@@ -316,9 +316,6 @@ void run_generate(const GenerateOptions& o) {
                     : loading   ? int(std::max<int64_t>(trained_or_4k, int64_t(ids.size()) + std::max(o.n_predict, 1)))
                                 : int(ids.size()) + std::max(o.n_predict, 1);
   const vx::Device device = resolve_device(o.device);
-  VQ_CHECK(device == vx::Device::cpu || (o.save_session.empty() && !loading),
-           "--save-session/--load-session: session files are read and written from the CPU's KV pool; "
-           "run with --device cpu");
   vx::SessionOptions so;
   so.n_ctx = n_ctx;
   so.max_chunk = o.batch;

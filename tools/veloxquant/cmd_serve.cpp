@@ -167,8 +167,6 @@ void run_serve(const ServeOptions& o) {
   so.device = resolve_device(o.device);
   so.kv_budget_bytes = kv_budget_bytes(model, so.device, o.kv_budget_mib);
   check_kv_budget_holds_a_block(so.kv_budget_bytes, o.kv_budget_mib, vx::min_kv_budget_bytes(model, spec), spec.name());
-  if (so.device == vx::Device::cuda && !o.no_prefix_cache)
-    std::fprintf(stderr, "serve: the prefix cache and sessions work on the cpu's KV pool only: off on the device\n");
   so.max_sequences = o.parallel;
   so.max_step_tokens = o.batch;
   so.n_ctx = o.n_ctx;
