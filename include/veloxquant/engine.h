@@ -33,6 +33,9 @@ struct EngineOptions {
   // Batch-invariant mode: a sequence's tokens do not depend on the other sequences running beside
   // it (prefill cut at fixed positions; on the GPU, batch-invariant kernels). docs/DETERMINISM.md.
   bool deterministic = false;
+  // A prefix cache on the compressed blocks: a request whose prompt starts with tokens an earlier
+  // request computed takes their KV instead of recomputing it (either device).
+  bool prefix_cache = false;
 };
 
 struct SequenceResult {
@@ -61,6 +64,7 @@ struct EngineStats {
   int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
   double step_seconds = 0;  // total time in the batched forward steps
   int running = 0, waiting = 0;
+  int64_t prefix_hits = 0, prefix_hit_tokens = 0;  // requests that started from a cached prefix, tokens taken
 };
 
 struct PoolMemory {

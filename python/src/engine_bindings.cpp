@@ -42,14 +42,15 @@ void bind_engine(nb::module_& m) {
       .def(
           "__init__",
           [](PyEngine* self, const Model& model, const KVSpec& kv_cache, std::optional<size_t> kv_budget_bytes,
-             int max_sequences, int max_step_tokens, int n_ctx, bool deterministic) {
+             int max_sequences, int max_step_tokens, int n_ctx, bool deterministic, bool prefix_cache) {
             EngineOptions o{kv_budget_bytes.value_or(size_t(-1)), max_sequences, max_step_tokens, n_ctx};
             o.deterministic = deterministic;
+            o.prefix_cache = prefix_cache;
             new (self) PyEngine{model, Engine(model, kv_cache, o), {}};
           },
           nb::arg("model"), nb::arg("kv_cache"), nb::kw_only(), nb::arg("kv_budget_bytes") = nb::none(),
           nb::arg("max_sequences") = 16, nb::arg("max_step_tokens") = 512, nb::arg("n_ctx") = 0,
-          nb::arg("deterministic") = false)
+          nb::arg("deterministic") = false, nb::arg("prefix_cache") = false)
       .def(
           "submit",
           [](PyEngine& e, const std::vector<int32_t>& prompt, int max_new_tokens, double temperature, int top_k,
@@ -89,7 +90,8 @@ void bind_engine(nb::module_& m) {
       .def_prop_ro("memory_used_bytes", [](const PyEngine& e) { return e.engine.memory().used_bytes; })
       .def_prop_ro("memory_peak_bytes", [](const PyEngine& e) { return e.engine.memory().peak_bytes; })
       .def_prop_ro("preemptions", [](const PyEngine& e) { return e.engine.stats().preemptions; })
-      .def_prop_ro("steps", [](const PyEngine& e) { return e.engine.stats().steps; });
+      .def_prop_ro("steps", [](const PyEngine& e) { return e.engine.stats().steps; })
+      .def_prop_ro("prefix_hit_tokens", [](const PyEngine& e) { return e.engine.stats().prefix_hit_tokens; });
 }
 
 }  // namespace vqpy

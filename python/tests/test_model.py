@@ -151,3 +151,24 @@ def test_engine_callbacks_fork_and_cancel(model):
     assert streams[a] == streams[b] == model.generate(prompt, max_new_tokens=6, temperature=0, ignore_eos=True,
                                                       kv_cache="q8_0").tokens
     assert done[a].finish_reason == done[b].finish_reason == "length" and done[b].memory.fp16_bytes > 0
+
+
+def test_engine_prefix_cache_and_deterministic(model):
+    tok = model.tokenizer
+    shared = tok.encode("A shared system prompt long enough to fill whole blocks of the pool: answer briefly, "
+                        "plainly, and say when you do not know. Name your sources when you have them, and say so "
+                        "when you have none; never make up a fact. Question:")
+    assert len(shared) > 40
+
+    def run(engine, q):
+        out = []
+        engine.submit(shared + tok.encode(q, add_bos=False), max_new_tokens=4, temperature=0, ignore_eos=True,
+                      on_token=lambda i, t: out.append(t))
+        engine.run()
+        return out
+
+    cold = vq.Engine(model, vq.KVSpec("fp16"), max_step_tokens=32, deterministic=True)
+    warm = vq.Engine(model, vq.KVSpec("fp16"), max_step_tokens=32, deterministic=True, prefix_cache=True)
+    assert run(warm, " the sun?") == run(cold, " the sun?") and warm.prefix_hit_tokens == 0
+    assert run(warm, " the moon?") == run(cold, " the moon?")
+    assert warm.prefix_hit_tokens >= 32 and cold.prefix_hit_tokens == 0

@@ -1,6 +1,8 @@
 // veloxquant::Engine over vq::Engine (src/engine).
 #include "api/impl.h"
 #include "engine/engine.h"
+#include "model/session.h"
+#include "kvcache/kv_identity.h"
 #include "veloxquant/engine.h"
 
 namespace veloxquant {
@@ -32,6 +34,11 @@ static vq::EngineOptions engine_options(const Model& model, const KVSpec& spec, 
   e.n_ctx = o.n_ctx > 0 ? o.n_ctx : default_n_ctx(model);
   e.device = to_internal(o.device);
   e.deterministic = o.deterministic;
+  e.prefix_cache = o.prefix_cache;
+  if (o.prefix_cache) {  // the identity (model file, spec, calibration) roots the cache's hash chains
+    auto probe = vq::make_kv_store(ApiAccess::model(model), ApiAccess::spec(spec), 0);
+    e.kv_identity = vq::kv_identity(*probe, model.info().path).combined();
+  }
   return e;
 }
 
@@ -74,7 +81,8 @@ bool Engine::idle() const { return impl_->engine.idle(); }
 
 EngineStats Engine::stats() const {
   const vq::EngineStats s = impl_->engine.stats();
-  return {s.steps, s.prefill_tokens, s.decode_tokens, s.preemptions, s.step_seconds, s.running, s.waiting};
+  return {s.steps,   s.prefill_tokens, s.decode_tokens,       s.preemptions,        s.step_seconds,
+          s.running, s.waiting,        s.prefix.hits, s.prefix.hit_tokens};
 }
 
 PoolMemory Engine::memory() const {

@@ -76,6 +76,11 @@ class KVMethodDef {
   // Whether the device pool (KVDevice::cuda) has kernels for this method, and, when it has, why
   // this config / geometry / block size cannot run there ("" when it can).
   virtual bool has_device_format() const { return false; }
+  // Without a device format: why the device does not run it (the one place that says so; the
+  // refusal on --device cuda quotes it).
+  virtual std::string device_why_not() const {
+    return "no device attention kernel reads its blocks (the device kernels read fp16 blocks and VecInfer codes)";
+  }
   virtual std::string device_unsupported(const KVCacheConfig& c, const KVGeometry& g, int block_tokens) const {
     return "";
   }

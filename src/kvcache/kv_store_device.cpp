@@ -33,9 +33,9 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
   const KVCacheConfig& c = spec.config;
   const KVMethodDef& method = kv_method(c.method);
   if (!method.has_device_format())
-    return fmt::format("the {} KV cache has no device kernels: --device cuda runs {} (registered methods with a "
-                       "device format); the others run with --device cpu",
-                       c.name(), kv_device_method_names());
+    return fmt::format("the {} KV cache does not run on the device: {}; --device cuda runs {}, the others run with "
+                       "--device cpu",
+                       c.name(), method.device_why_not(), kv_device_method_names());
   const int D = g.head_dim;
   if (D != 64 && D != 128 && D != 256)
     return fmt::format("head_dim {}: the device attention takes head_dim 64, 128 or 256", D);

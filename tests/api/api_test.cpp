@@ -161,6 +161,46 @@ TEST(ApiModel, EngineCallbacksSessionAndSampler) {
   EXPECT_THROW(engine.submit(vx::Request{}), vx::Error);  // empty prompt
 }
 
+// The public Engine's prefix cache and batch-invariant mode: a second request sharing a long prompt
+// prefix takes it from the cache (stats say how many tokens) and gets the tokens a cache-less
+// engine gives.
+TEST(ApiModel, EnginePrefixCacheAndDeterministicMode) {
+  if (!have_default_model()) GTEST_SKIP() << "default model absent (scripts/setup.sh fetches it)";
+  const vx::Model model = vx::Model::load_default();
+  const vx::KVSpec spec = vx::KVSpec::for_model(model, "fp16");
+  const std::vector<int32_t> shared = model.tokenizer().encode(
+      "A long shared system prompt: the assistant answers briefly, in plain words, and never makes up facts it "
+      "does not know. It names its sources when it has them and says so when it has none. Question:");
+  auto run = [&](vx::Engine& e, const std::string& q) {
+    std::vector<int32_t> p = shared, more = model.tokenizer().encode(q, false);
+    p.insert(p.end(), more.begin(), more.end());
+    std::vector<int32_t> got;
+    vx::Request r;
+    r.prompt = p;
+    r.sampling = vx::SamplingParams::greedy();
+    r.max_new_tokens = 5;
+    r.ignore_eos = true;
+    r.on_token = [&](int64_t, int32_t t) {
+      got.push_back(t);
+      return true;
+    };
+    e.submit(std::move(r));
+    e.run();
+    return got;
+  };
+  vx::EngineOptions o{size_t(64) << 20, 2, 32, 256};
+  o.deterministic = true;
+  vx::Engine cold(model, spec, o);
+  o.prefix_cache = true;
+  vx::Engine warm(model, spec, o);
+  EXPECT_EQ(run(warm, " what is the sun?"), run(cold, " what is the sun?"));
+  EXPECT_EQ(warm.stats().prefix_hit_tokens, 0);
+  EXPECT_EQ(run(warm, " what is the moon?"), run(cold, " what is the moon?"));
+  EXPECT_GE(warm.stats().prefix_hit_tokens, 32) << "the shared prompt's full blocks come from the cache";
+  EXPECT_EQ(warm.stats().prefix_hits, 1);
+  EXPECT_EQ(cold.stats().prefix_hits, 0);
+}
+
 // The device through the public API (the CLI's --device): names, auto, and cuda refused with the
 // reason where there is no usable device.
 TEST(ApiRuntime, DeviceChoice) {

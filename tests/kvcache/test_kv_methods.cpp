@@ -74,6 +74,18 @@ TEST(KVMethods, ListsComeFromTheRegistry) {
   EXPECT_EQ(kv_device_method_names(), "fp16 and vecinfer");
   const std::string why = kv_device_unsupported_reason(KVSpec{parse_kv_cache_spec("q5_0"), nullptr}, KVGeometry{8, 2, 64}, 32);
   EXPECT_NE(why, "");
+  // Every method without device kernels states why, and the device's refusal quotes it (the one
+  // place: its registry entry).
+#ifdef VQ_HAVE_CUDA
+  for (const KVMethodDef* m : kv_methods()) {
+    if (m->has_device_format()) continue;
+    EXPECT_FALSE(m->device_why_not().empty()) << m->name();
+    const std::string r =
+        kv_device_unsupported_reason(KVSpec{parse_kv_cache_spec(m->presets().front()), nullptr}, KVGeometry{8, 2, 64}, 32);
+    EXPECT_NE(r.find(m->device_why_not()), std::string::npos) << m->name() << ": " << r;
+    EXPECT_NE(r.find("--device cpu"), std::string::npos) << r;
+  }
+#endif
 }
 
 // Issue 26 item 5: `vecinfer`, `vecinfer:` and `vecinfer:k=d4b8` silently became defaults.

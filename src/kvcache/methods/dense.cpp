@@ -24,6 +24,9 @@ class Fp32Method final : public KVMethodDef {
   double bits_per_element(const KVCacheConfig&) const override { return 32.0; }
   bool dense_f32() const override { return true; }
   bool evaluated() const override { return false; }  // fp16 is eval's reference; fp32 adds nothing
+  std::string device_why_not() const override {
+    return "the device's dense blocks and kernels are fp16 (fp32 exists as the CPU's exact reference)";
+  }
 };
 
 }  // namespace

@@ -131,7 +131,8 @@ class Q50Method final : public KVMethodDef {
                                            int block_tokens) const override {
     return std::make_unique<Q50Format>(g, block_tokens);
   }
-  // No device format: has_device_format() stays false, so --device cuda refuses q5_0 saying so.
+  // No device format: has_device_format() stays false, so --device cuda refuses q5_0 with
+  // device_why_not()'s default reason.
 };
 
 }  // namespace
