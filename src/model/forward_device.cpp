@@ -55,8 +55,7 @@ bool gemv_f16_enabled() {
   return gpu_tuning().gemv_f16;
 }
 
-Path path_of(const DeviceMatrix& m, int rows, bool det) {
-  if (det) return Path::gemm;  // the batch-invariant product, whatever the rows (set_deterministic)
+Path path_of(const DeviceMatrix& m, int rows) {
   if (m.has_gemv() && rows <= cuda::kGemvMaxRows) {
     bool all = true;
     for (const auto& p : m.parts) all = all && cuda::gemv_preferred(p.type, rows);
@@ -66,10 +65,19 @@ Path path_of(const DeviceMatrix& m, int rows, bool det) {
   return Path::gemm;
 }
 
-// Whether the projection reads f32 activations (both GEMV paths, and the int8 rounding of
-// act_int8 matrices), else fp16 for the GEMM.
+// Whether the projection reads f32 activations (both GEMV paths, the int8 rounding of act_int8
+// matrices, the deterministic mode), else fp16 for the GEMM.
 bool use_gemv(const DeviceMatrix& m, int rows, bool det) {
-  return path_of(m, rows, det) != Path::gemm || m.act_int8;
+  return det || path_of(m, rows) != Path::gemm || m.act_int8;
+}
+
+// Deterministic mode: the one path a matrix's rows of short entries take whatever their count
+// (the quantized GEMV where it wins at one row, else the fp16 GEMV).
+bool det_small_quant(const DeviceMatrix& m) {
+  if (!m.has_gemv()) return false;
+  for (const auto& p : m.parts)
+    if (!cuda::gemv_preferred(p.type, 1)) return false;
+  return true;
 }
 
 }  // namespace
@@ -80,9 +88,13 @@ struct ForwardDevice::Impl {
   KVStoreDevice& dev;
   cuda::GemmHandle gemm;
   bool det = false;  // ForwardDevice::set_deterministic
+  // Deterministic mode: the step's first rows come from entries shorter than a prefill tile (they
+  // take the GEMVs, row by row the same whatever their count); the rest from long chunks (the
+  // batch-invariant GEMM). Of the logits rows likewise.
+  int small_rows = 0, small_lrows = 0;
   int cap = 0, lcap = 0;
   int E, HQ, H, D, qd, kvd, qkvd, F, V;
-  cuda::DeviceBuffer tokens, lidx, x, xn, xn16, qkv, attn, gu, act, xq, xd, xs, xdq, xl, xl16, logits, po;
+  cuda::DeviceBuffer tokens, lidx, x, xn, xn16, qkv, attn, gu, act, xq, xd, xs, xdq, xl, xl16, logits, po, x16s;
   cuda::PinnedBuffer h_tokens, h_lidx, h_logits;
   uint64_t buf_version = 0;
   struct GraphRec {
@@ -119,6 +131,7 @@ struct ForwardDevice::Impl {
     xl = cuda::DeviceBuffer(LR * E * 4);
     xl16 = cuda::DeviceBuffer(LR * E * 4);
     if (M.config().post_norms) po = cuda::DeviceBuffer(R * E * 4);
+    if (det) x16s = cuda::DeviceBuffer(std::max(R, LR) * std::max(wide, size_t(E)) * 2);
     logits = cuda::DeviceBuffer(LR * V * 4);
     h_tokens = cuda::PinnedBuffer(R * 4);
     h_lidx = cuda::PinnedBuffer(LR * 4);
@@ -129,8 +142,12 @@ struct ForwardDevice::Impl {
   // y[rows, W.rows] (+)= x W^T. x32: f32 input (quantized for the native product), x16: fp16 input
   // (cuBLAS); only the one the path needs is read.
   void project(const DeviceMatrix& W, int rows, const float* x32, const void* x16, float* y, int64_t ldy, bool acc,
-               void* st) {
-    const Path path = path_of(W, rows, det);
+               void* st, int small = 0) {
+    if (det) {
+      project_det(W, rows, std::min(small, rows), x32, y, ldy, acc, st);
+      return;
+    }
+    const Path path = path_of(W, rows);
     if (W.act_int8 && path != Path::gemv_quant) {
       // The CPU's int8 activation rounding (DeviceMatrix::act_int8): quantize, then back to the
       // float form the product reads.
@@ -198,18 +215,108 @@ struct ForwardDevice::Impl {
     g.y = y;
     g.ldy = ldy;
     g.accumulate = acc;
-    if (det) cuda::gemm_invariant_device(g, st);
-    else cuda::gemm_device(gemm, g, st);
+    cuda::gemm_device(gemm, g, st);
+  }
+
+  // The deterministic mode's product (ForwardDevice::set_deterministic): rows [0, small) through
+  // the GEMVs in groups (row-invariant forms), rows [small, rows) through the batch-invariant GEMM
+  // (their f32 activations cast to fp16 first). x32: [rows, W.cols] packed.
+  void project_det(const DeviceMatrix& W, int rows, int small, const float* x32, float* y, int64_t ldy, bool acc,
+                   void* st) {
+    const bool quant = det_small_quant(W);
+    const int64_t K = W.cols;
+    // act_int8 matrices take the CPU's int8-rounded activations (as in project): the quantized
+    // GEMV rounds them itself; the fp16 GEMV and the GEMM read them rounded back to f32.
+    const float* x_small = x32;
+    const float* x_long = x32;
+    if (W.act_int8 && ((small > 0 && !quant) || small < rows)) {
+      cuda::QuantizeActParams q;
+      q.rows = rows;
+      q.cols = K;
+      q.x = x32;
+      q.q = xq.as<int8_t>();
+      q.d = xd.as<float>();
+      q.s = xs.as<float>();
+      cuda::quantize_act_device(q, st);
+      cuda::DequantizeActParams dq;
+      dq.rows = rows;
+      dq.cols = K;
+      dq.q = xq.as<int8_t>();
+      dq.d = xd.as<float>();
+      dq.out_type = ElemType::f32;
+      dq.out = xdq.data();
+      cuda::dequantize_act_device(dq, st);
+      if (!quant) x_small = xdq.as<float>();
+      x_long = xdq.as<float>();
+    }
+    if (small > 0 && quant) {
+      cuda::QuantizeActParams q;
+      q.rows = small;
+      q.cols = K;
+      q.x_type = ElemType::f32;
+      q.x = x32;
+      q.q = xq.as<int8_t>();
+      q.d = xd.as<float>();
+      q.s = xs.as<float>();
+      cuda::quantize_act_device(q, st);
+      for (int r0 = 0; r0 < small; r0 += cuda::kGemvMaxRows)
+        for (const auto& p : W.parts) {
+          cuda::GemvParams g;
+          g.type = p.type;
+          g.w = p.packed;
+          g.rows = p.rows, g.cols = K;
+          g.m = std::min(cuda::kGemvMaxRows, small - r0);
+          g.xq = xq.as<int8_t>() + size_t(r0) * K, g.xd = xd.as<float>() + size_t(r0) * (K / 32),
+          g.xs = xs.as<float>() + size_t(r0) * (K / 32);
+          g.y = y + size_t(r0) * ldy + p.row0;
+          g.y_stride = ldy;
+          g.accumulate = acc;
+          g.row_invariant = true;
+          cuda::gemv_device(g, st);
+        }
+    } else if (small > 0) {
+      for (int r0 = 0; r0 < small; r0 += cuda::kGemvF16MaxRows) {
+        cuda::GemvF16Params g;
+        g.w = W.f16;
+        g.rows = W.rows, g.cols = K;
+        g.m = std::min(cuda::kGemvF16MaxRows, small - r0);
+        g.x = x_small + size_t(r0) * K;
+        g.x_stride = K;
+        g.y = y + size_t(r0) * ldy;
+        g.y_stride = ldy;
+        g.accumulate = acc;
+        cuda::gemv_f16_device(g, st);
+      }
+    }
+    if (small < rows) {
+      cuda::CastParams c;
+      c.n_tokens = rows - small;
+      c.n = int(K);
+      c.x = x_long + size_t(small) * K;
+      c.out_type = ElemType::f16;
+      c.out = x16s.data();
+      cuda::cast_device(c, st);
+      cuda::GemmParams g;
+      g.m = rows - small, g.n = W.rows, g.k = K;
+      g.ab_type = ElemType::f16;
+      g.w = W.f16;
+      g.x = x16s.data();
+      g.y_type = ElemType::f32;
+      g.y = y + size_t(small) * ldy;
+      g.ldy = ldy;
+      g.accumulate = acc;
+      cuda::gemm_invariant_device(g, st);
+    }
   }
 
   // x += out projection of a block; with a post-norm (gemma3), x += RMSNorm(projection) * w.
   void block_out(const DeviceMatrix& W, const float* post_norm, int rows, const float* in32, const void* in16,
                  void* st) {
     if (!post_norm) {
-      project(W, rows, in32, in16, x.as<float>(), E, true, st);
+      project(W, rows, in32, in16, x.as<float>(), E, true, st, small_rows);
       return;
     }
-    project(W, rows, in32, in16, po.as<float>(), E, false, st);
+    project(W, rows, in32, in16, po.as<float>(), E, false, st, small_rows);
     cuda::RmsNormParams n;
     n.n_tokens = rows;
     n.n = E;
@@ -260,7 +367,7 @@ struct ForwardDevice::Impl {
       // ---- attention block ----
       const bool gq = use_gemv(W.wqkv, rows, det);
       norm(x.as<float>(), W.attn_norm, rows, gq, xn.data(), xn16.data(), st);
-      project(W.wqkv, rows, xn.as<float>(), xn16.data(), qkv.as<float>(), qkvd, false, st);
+      project(W.wqkv, rows, xn.as<float>(), xn16.data(), qkv.as<float>(), qkvd, false, st, small_rows);
       if (W.qkv_bias) {
         cuda::BiasAddParams b;
         b.rows = rows, b.n = qkvd, b.x = qkv.as<float>(), b.x_stride = qkvd, b.bias = W.qkv_bias;
@@ -304,7 +411,7 @@ struct ForwardDevice::Impl {
       // ---- MLP block ----
       const bool gg = use_gemv(W.wgu, rows, det);
       norm(x.as<float>(), W.ffn_norm, rows, gg, xn.data(), xn16.data(), st);
-      project(W.wgu, rows, xn.as<float>(), xn16.data(), gu.as<float>(), 2 * F, false, st);
+      project(W.wgu, rows, xn.as<float>(), xn16.data(), gu.as<float>(), 2 * F, false, st, small_rows);
       const bool gd = use_gemv(W.wdown, rows, det);
       cuda::GluParams gl;
       gl.kind = c.ffn_act == FfnActivation::GeluTanh ? cuda::GluKind::gelu_tanh : cuda::GluKind::swiglu;
@@ -329,7 +436,7 @@ struct ForwardDevice::Impl {
     cuda::gather_rows_device(g, st);
     const bool gout = use_gemv(M.output(), lrows, det);
     norm(xl.as<float>(), M.output_norm(), lrows, gout, xl.data(), xl16.data(), st);
-    project(M.output(), lrows, xl.as<float>(), xl16.data(), logits.as<float>(), V, false, st);
+    project(M.output(), lrows, xl.as<float>(), xl16.data(), logits.as<float>(), V, false, st, small_lrows);
   }
 
   void observe(int layer, int rows, const ForwardDevice::KVObserver& obs, const std::vector<std::pair<int, int>>& er,
@@ -377,7 +484,8 @@ void ForwardDevice::set_deterministic(bool on) {
   if (m.det == on) return;
   m.det = on;
   m.dev.set_deterministic(on);
-  m.graphs.clear();  // captured with the other kernels
+  m.graphs.clear();       // captured with the other kernels
+  m.cap = m.lcap = 0;     // the next step sizes the buffers again (the mode's fp16 staging)
 }
 bool ForwardDevice::deterministic() const { return impl_->det; }
 
@@ -422,6 +530,13 @@ void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
   std::vector<std::pair<int, int>> entry_rows;
   for (int e = 0; e < n_entries; ++e)
     entry_rows.emplace_back(dev.add_rows(*entries[e].seq, pos0[size_t(e)], entries[e].n), entries[e].n);
+  // Deterministic mode: rows and logits rows of the short entries (first, by the order above).
+  m.small_rows = m.small_lrows = 0;
+  for (int e = 0; e < n_entries && !dev.tiles_rows(entries[e].n); ++e) {
+    const BatchEntry& B = entries[e];
+    m.small_rows += B.n;
+    m.small_lrows += B.logits == LogitsWanted::all ? B.n : B.logits == LogitsWanted::last ? 1 : 0;
+  }
   dev.finish_step();
   void* st = dev.stream();
   // Tokens and the rows whose logits are wanted.

@@ -48,9 +48,10 @@ class ForwardDevice {
   // CUDA graphs for decode steps (default on; off: every step launches eagerly).
   void set_graphs(bool on) { graphs_ = on; }
   // Batch-invariant mode (default off): a row's logits are bit-identical whatever else the step
-  // holds (other sequences' rows, how many), given the same chunks of its own sequence. Every
-  // projection takes the batch-invariant GEMM (cuda::gemm_invariant_device) for any row count,
-  // and the attention's split counts stop depending on the step's rows (KVStoreDevice::
+  // holds (other sequences' rows, how many), given the same chunks of its own sequence. Rows of
+  // short entries take the GEMVs in row-invariant forms, rows of long chunks the batch-invariant
+  // GEMM (cuda::gemm_invariant_device), and the attention's split counts stop depending on the
+  // step's rows (KVStoreDevice::
   // set_deterministic). Costs: BENCHMARKS.md "Deterministic mode".
   void set_deterministic(bool on);
   bool deterministic() const;

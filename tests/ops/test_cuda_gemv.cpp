@@ -162,6 +162,64 @@ TEST_P(CudaGemv, MatchesCpuQuantizedProduct) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemv, ::testing::Range<size_t>(0, std::size(kGemv)),
                          [](const auto& p) { return std::string(kGemv[p.param].name); });
 
+// The deterministic mode's GEMVs: with row_invariant (quantized) and always (fp16), each row's
+// result is bit-identical for every m, the row alone or among others.
+TEST(CudaGemvInvariant, RowsAreBitIdenticalForEveryM) {
+  VQ_SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(321);
+  std::normal_distribution<float> nd;
+  const int64_t rows = 300, cols = 1024;
+  std::vector<float> x(size_t(cuda::kGemvMaxRows * cols));
+  for (auto& v : x) v = nd(rng);
+  const ActQ a = quantize_on_device(x, cuda::kGemvMaxRows, cols, cuda::ElemType::f32);
+  for (const uint32_t type : {uint32_t(cuda::ggml::Q8_0), uint32_t(cuda::ggml::Q4_1), uint32_t(cuda::ggml::Q4_K)}) {
+    const std::vector<uint8_t> w = random_weight_rows(type, rows, cols, rng);
+    cuda::DeviceBuffer raw = cuda::to_device(w.data(), w.size());
+    cuda::DeviceBuffer packed(cuda::gemv_packed_bytes(type, rows, cols));
+    cuda::GemvPackParams pk;
+    pk.type = type, pk.src = raw.data(), pk.rows = rows, pk.cols = cols, pk.dst = packed.data();
+    cuda::gemv_pack_device(pk);
+    cuda::DeviceBuffer y(size_t(cuda::kGemvMaxRows * rows) * 4);
+    auto run = [&](int r0, int m) {
+      cuda::GemvParams p;
+      p.type = type, p.w = packed.data(), p.rows = rows, p.cols = cols, p.m = m;
+      p.xq = a.q.as<int8_t>() + size_t(r0) * cols, p.xd = a.d.as<float>() + size_t(r0) * (cols / 32);
+      p.xs = a.s.as<float>() + size_t(r0) * (cols / 32);
+      p.y = y.as<float>(), p.row_invariant = true;
+      cuda::gemv_device(p);
+      std::vector<float> got(size_t(m * rows));
+      y.download(got.data(), got.size() * 4);
+      return got;
+    };
+    const std::vector<float> all = run(0, cuda::kGemvMaxRows);
+    for (int m = 1; m < cuda::kGemvMaxRows; ++m)
+      for (int r0 : {0, cuda::kGemvMaxRows - m}) {
+        const std::vector<float> part = run(r0, m);
+        ASSERT_EQ(std::memcmp(part.data(), all.data() + size_t(r0) * rows, part.size() * 4), 0)
+            << cuda::weight_type_name(type) << ": rows " << r0 << ".." << r0 + m - 1 << " with m = " << m;
+      }
+  }
+  std::vector<uint16_t> w16(size_t(rows * cols));
+  for (auto& v : w16) v = f32_to_f16(nd(rng) * 0.05f);
+  cuda::DeviceBuffer dw = cuda::to_device(w16.data(), w16.size() * 2), dx = cuda::to_device(x.data(), x.size() * 4);
+  cuda::DeviceBuffer y(size_t(cuda::kGemvF16MaxRows * rows) * 4);
+  auto run16 = [&](int r0, int m) {
+    cuda::GemvF16Params p;
+    p.w = dw.data(), p.rows = rows, p.cols = cols, p.m = m, p.x = dx.as<float>() + size_t(r0) * cols;
+    p.y = y.as<float>();
+    cuda::gemv_f16_device(p);
+    std::vector<float> got(size_t(m * rows));
+    y.download(got.data(), got.size() * 4);
+    return got;
+  };
+  const std::vector<float> all16 = run16(0, cuda::kGemvF16MaxRows);
+  for (int m = 1; m < cuda::kGemvF16MaxRows; ++m) {
+    const std::vector<float> part = run16(cuda::kGemvF16MaxRows - m, m);
+    ASSERT_EQ(std::memcmp(part.data(), all16.data() + size_t(cuda::kGemvF16MaxRows - m) * rows, part.size() * 4), 0)
+        << "fp16 GEMV m = " << m;
+  }
+}
+
 TEST(CudaGemvArgs, RejectsBadArguments) {
   EXPECT_FALSE(cuda::gemv_type_supported(g::Q6_K));
   EXPECT_THROW(cuda::gemv_packed_bytes(g::Q6_K, 4, 256), Error);

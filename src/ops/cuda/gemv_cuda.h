@@ -78,6 +78,9 @@ struct GemvParams {
   float* y = nullptr;          // y[i, r] at y + i*y_stride + r (device)
   int64_t y_stride = 0;        // 0: rows
   bool accumulate = false;     // y += X W^T (fuses the residual add after wo / w_down)
+  // One block shape for every m (the batch-invariant mode): a row's result is then bit-identical
+  // whatever m is (the fastest shapes differ between m <= 2 and more, and so would q4_K's sums).
+  bool row_invariant = false;
 };
 void gemv_device(const GemvParams& p, void* stream = nullptr);
 

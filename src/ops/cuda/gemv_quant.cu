@@ -327,24 +327,26 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvK p) {
   }
 }
 
-template <uint32_t T, int M>
+// R0 > 0: that many weight rows per block whatever M (GemvParams::row_invariant), else the
+// measured best (2 rows for M <= 2, 4 above).
+template <uint32_t T, int M, int R0>
 void launch_m(const GemvK& k, cudaStream_t st) {
-  constexpr int R = M <= 2 ? 2 : 4;
+  constexpr int R = R0 > 0 ? R0 : M <= 2 ? 2 : 4;
   const int64_t blocks = (k.rows + R - 1) / R;
   gemv_kernel<T, M, R><<<unsigned(blocks), kThreads, 0, st>>>(k);
 }
 
-template <uint32_t T>
+template <uint32_t T, int R0 = 0>
 void launch_t(const GemvK& k, int m, cudaStream_t st) {
   switch (m) {
-    case 1: launch_m<T, 1>(k, st); break;
-    case 2: launch_m<T, 2>(k, st); break;
-    case 3: launch_m<T, 3>(k, st); break;
-    case 4: launch_m<T, 4>(k, st); break;
-    case 5: launch_m<T, 5>(k, st); break;
-    case 6: launch_m<T, 6>(k, st); break;
-    case 7: launch_m<T, 7>(k, st); break;
-    default: launch_m<T, 8>(k, st); break;
+    case 1: launch_m<T, 1, R0>(k, st); break;
+    case 2: launch_m<T, 2, R0>(k, st); break;
+    case 3: launch_m<T, 3, R0>(k, st); break;
+    case 4: launch_m<T, 4, R0>(k, st); break;
+    case 5: launch_m<T, 5, R0>(k, st); break;
+    case 6: launch_m<T, 6, R0>(k, st); break;
+    case 7: launch_m<T, 7, R0>(k, st); break;
+    default: launch_m<T, 8, R0>(k, st); break;
   }
 }
 
@@ -452,9 +454,17 @@ void gemv_device(const GemvParams& p, void* stream) {
   VQ_CHECK(p.rows / 2 < (int64_t(1) << 31), "cuda::gemv({} [{}, {}]): too many rows", tn, p.rows, p.cols);
   GemvK k{static_cast<const uint8_t*>(p.w), p.rows, p.cols, p.xq, p.xd, p.xs, p.y, ys, p.accumulate};
   cudaStream_t st = as_stream(stream);
-  if (p.type == ggml::Q8_0) launch_t<ggml::Q8_0>(k, p.m, st);
-  else if (p.type == ggml::Q4_1) launch_t<ggml::Q4_1>(k, p.m, st);
-  else launch_t<ggml::Q4_K>(k, p.m, st);
+  if (p.row_invariant) {
+    if (p.type == ggml::Q8_0) launch_t<ggml::Q8_0, 4>(k, p.m, st);
+    else if (p.type == ggml::Q4_1) launch_t<ggml::Q4_1, 4>(k, p.m, st);
+    else launch_t<ggml::Q4_K, 4>(k, p.m, st);
+  } else if (p.type == ggml::Q8_0) {
+    launch_t<ggml::Q8_0>(k, p.m, st);
+  } else if (p.type == ggml::Q4_1) {
+    launch_t<ggml::Q4_1>(k, p.m, st);
+  } else {
+    launch_t<ggml::Q4_K>(k, p.m, st);
+  }
   VQ_CUDA_LAUNCHED("gemv");
 }
 
