@@ -139,6 +139,32 @@ struct ForwardDevice::Impl {
     ++buf_version;
   }
 
+  // f32 rows x [rows, cols] quantized to int8 blocks in xq / xd / xs (the quantized GEMV's input).
+  void quantize_rows(int rows, int64_t cols, const float* x, void* st) {
+    cuda::QuantizeActParams q;
+    q.rows = rows;
+    q.cols = cols;
+    q.x_type = ElemType::f32;
+    q.x = x;
+    q.q = xq.as<int8_t>();
+    q.d = xd.as<float>();
+    q.s = xs.as<float>();
+    cuda::quantize_act_device(q, st);
+  }
+
+  // The CPU's int8 activation rounding of rows x [rows, cols] into xdq (f32 or f16).
+  void round_int8(int rows, int64_t cols, const float* x, ElemType out_type, void* st) {
+    quantize_rows(rows, cols, x, st);
+    cuda::DequantizeActParams dq;
+    dq.rows = rows;
+    dq.cols = cols;
+    dq.q = xq.as<int8_t>();
+    dq.d = xd.as<float>();
+    dq.out_type = out_type;
+    dq.out = xdq.data();
+    cuda::dequantize_act_device(dq, st);
+  }
+
   // y[rows, W.rows] (+)= x W^T. x32: f32 input (quantized for the native product), x16: fp16 input
   // (cuBLAS); only the one the path needs is read.
   void project(const DeviceMatrix& W, int rows, const float* x32, const void* x16, float* y, int64_t ldy, bool acc,
@@ -151,22 +177,7 @@ struct ForwardDevice::Impl {
     if (W.act_int8 && path != Path::gemv_quant) {
       // The CPU's int8 activation rounding (DeviceMatrix::act_int8): quantize, then back to the
       // float form the product reads.
-      cuda::QuantizeActParams q;
-      q.rows = rows;
-      q.cols = W.cols;
-      q.x = x32;
-      q.q = xq.as<int8_t>();
-      q.d = xd.as<float>();
-      q.s = xs.as<float>();
-      cuda::quantize_act_device(q, st);
-      cuda::DequantizeActParams dq;
-      dq.rows = rows;
-      dq.cols = W.cols;
-      dq.q = xq.as<int8_t>();
-      dq.d = xd.as<float>();
-      dq.out_type = path == Path::gemm ? ElemType::f16 : ElemType::f32;
-      dq.out = xdq.data();
-      cuda::dequantize_act_device(dq, st);
+      round_int8(rows, W.cols, x32, path == Path::gemm ? ElemType::f16 : ElemType::f32, st);
       if (path == Path::gemm) x16 = xdq.data();
       else x32 = xdq.as<float>();
     }
@@ -183,15 +194,7 @@ struct ForwardDevice::Impl {
       return;
     }
     if (path == Path::gemv_quant) {
-      cuda::QuantizeActParams q;
-      q.rows = rows;
-      q.cols = W.cols;
-      q.x_type = ElemType::f32;
-      q.x = x32;
-      q.q = xq.as<int8_t>();
-      q.d = xd.as<float>();
-      q.s = xs.as<float>();
-      cuda::quantize_act_device(q, st);
+      quantize_rows(rows, W.cols, x32, st);
       for (const auto& p : W.parts) {
         cuda::GemvParams g;
         g.type = p.type;
@@ -230,35 +233,12 @@ struct ForwardDevice::Impl {
     const float* x_small = x32;
     const float* x_long = x32;
     if (W.act_int8 && ((small > 0 && !quant) || small < rows)) {
-      cuda::QuantizeActParams q;
-      q.rows = rows;
-      q.cols = K;
-      q.x = x32;
-      q.q = xq.as<int8_t>();
-      q.d = xd.as<float>();
-      q.s = xs.as<float>();
-      cuda::quantize_act_device(q, st);
-      cuda::DequantizeActParams dq;
-      dq.rows = rows;
-      dq.cols = K;
-      dq.q = xq.as<int8_t>();
-      dq.d = xd.as<float>();
-      dq.out_type = ElemType::f32;
-      dq.out = xdq.data();
-      cuda::dequantize_act_device(dq, st);
+      round_int8(rows, K, x32, ElemType::f32, st);
       if (!quant) x_small = xdq.as<float>();
       x_long = xdq.as<float>();
     }
     if (small > 0 && quant) {
-      cuda::QuantizeActParams q;
-      q.rows = small;
-      q.cols = K;
-      q.x_type = ElemType::f32;
-      q.x = x32;
-      q.q = xq.as<int8_t>();
-      q.d = xd.as<float>();
-      q.s = xs.as<float>();
-      cuda::quantize_act_device(q, st);
+      quantize_rows(small, K, x32, st);
       for (int r0 = 0; r0 < small; r0 += cuda::kGemvMaxRows)
         for (const auto& p : W.parts) {
           cuda::GemvParams g;

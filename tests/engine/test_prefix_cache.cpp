@@ -45,14 +45,36 @@ std::vector<int32_t> run_one(Engine& eng, const std::vector<int32_t>& prompt, in
   return got;
 }
 
-}  // namespace
-
-TEST(PrefixCache, HitGivesTheSameTokensAsAMissForEveryMethod) {
+// The hit/miss scenario shared by the CPU and device tests: prompt a (100 shared + 50 tokens), b
+// (the same 100 + 40), a again, then a's next turn. a is a miss, cached at its block-aligned chunk
+// end 96, at 128 (its last full block before the prompt's end) and at its end (150 + 11 fed
+// tokens); b shares 96 tokens of full blocks with a; a again starts from 128; a's next turn from
+// a's end. Every request's tokens equal the cache-less engine's.
+void expect_hits_equal_misses(Engine& warm, Engine& cold, const std::string& method) {
   Tiny& t = Tiny::get();
   const int V = t.model->config().n_vocab, n = 12;
   const auto shared = random_tokens(100, V, 500);
   const auto a = cat(shared, random_tokens(50, V, 501));
   const auto b = cat(shared, random_tokens(40, V, 502));
+  std::vector<std::vector<int32_t>> prompts = {a, b, a};
+  std::vector<int64_t> hits;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    int64_t hit = 0;
+    const auto got = run_one(warm, prompts[i], n, &hit);
+    hits.push_back(hit);
+    EXPECT_EQ(got, run_one(cold, prompts[i], n)) << method << " request " << i;
+    if (i == 0) prompts.push_back(cat(cat(a, got), random_tokens(20, V, 504)));
+  }
+  EXPECT_EQ(hits, (std::vector<int64_t>{0, 96, 128, 150 + n - 1})) << method;
+  EXPECT_EQ(cold.stats().prefix.hits, 0);
+  EXPECT_EQ(warm.stats().prefill_tokens + 96 + 128 + 150 + n - 1, cold.stats().prefill_tokens)
+      << "a hit recomputes nothing it took from the cache";
+}
+
+}  // namespace
+
+TEST(PrefixCache, HitGivesTheSameTokensAsAMissForEveryMethod) {
+  Tiny& t = Tiny::get();
   for (const std::string& method : engine_test::all_methods()) {
     const KVSpec spec = t.spec(method);
     ASSERT_EQ(make_kv_store(*t.model, spec)->block_tokens(), 32) << "the expected hits below assume 32";
@@ -61,22 +83,7 @@ TEST(PrefixCache, HitGivesTheSameTokensAsAMissForEveryMethod) {
     Engine cold(*t.model, spec, eo);
     eo.prefix_cache = true;
     Engine warm(*t.model, spec, eo);
-    // a: a miss; cached at its block-aligned chunk end 96, at 128 (its last full block before the
-    // prompt's end) and at its end (150 + 11 fed tokens).
-    // b: shares 96 tokens of full blocks with a. a again: from 128. a's next turn: from a's end.
-    std::vector<std::vector<int32_t>> prompts = {a, b, a};
-    std::vector<int64_t> hits;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      int64_t hit = 0;
-      const auto got = run_one(warm, prompts[i], n, &hit);
-      hits.push_back(hit);
-      EXPECT_EQ(got, run_one(cold, prompts[i], n)) << method << " request " << i;
-      if (i == 0) prompts.push_back(cat(cat(a, got), random_tokens(20, V, 504)));
-    }
-    EXPECT_EQ(hits, (std::vector<int64_t>{0, 96, 128, 150 + n - 1})) << method;
-    EXPECT_EQ(cold.stats().prefix.hits, 0);
-    EXPECT_EQ(warm.stats().prefill_tokens + 96 + 128 + 150 + n - 1, cold.stats().prefill_tokens)
-        << "a hit recomputes nothing it took from the cache";
+    expect_hits_equal_misses(warm, cold, method);
   }
 }
 
@@ -86,10 +93,6 @@ TEST(PrefixCache, HitGivesTheSameTokensAsAMissForEveryMethod) {
 TEST(PrefixCache, HitGivesTheSameTokensAsAMissOnTheDevice) {
   VQ_SKIP_WITHOUT_GPU();
   Tiny& t = Tiny::get();
-  const int V = t.model->config().n_vocab, n = 12;
-  const auto shared = random_tokens(100, V, 500);
-  const auto a = cat(shared, random_tokens(50, V, 501));
-  const auto b = cat(shared, random_tokens(40, V, 502));
   for (const std::string method : {"fp16", "vecinfer:d4b8,r=32"}) {
     const KVSpec spec = t.spec(method);
     EngineOptions eo;
@@ -100,17 +103,7 @@ TEST(PrefixCache, HitGivesTheSameTokensAsAMissOnTheDevice) {
     Engine cold(*t.model, spec, eo);
     eo.prefix_cache = true;
     Engine warm(*t.model, spec, eo);
-    std::vector<std::vector<int32_t>> prompts = {a, b, a};
-    std::vector<int64_t> hits;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      int64_t hit = 0;
-      const auto got = run_one(warm, prompts[i], n, &hit);
-      hits.push_back(hit);
-      EXPECT_EQ(got, run_one(cold, prompts[i], n)) << method << " request " << i;
-      if (i == 0) prompts.push_back(cat(cat(a, got), random_tokens(20, V, 504)));
-    }
-    EXPECT_EQ(hits, (std::vector<int64_t>{0, 96, 128, 150 + n - 1})) << method;
-    EXPECT_EQ(warm.stats().prefill_tokens + 96 + 128 + 150 + n - 1, cold.stats().prefill_tokens);
+    expect_hits_equal_misses(warm, cold, method);
   }
 }
 
