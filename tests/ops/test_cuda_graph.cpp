@@ -19,6 +19,7 @@
 #include "ops/cuda/gemm_cuda.h"
 #include "ops/cuda/gemv_cuda.h"
 #include "ops/cuda/llm_ops_cuda.h"
+#include "ops/cuda/stream_cuda.h"
 #include "ops/cuda/weights_cuda.h"
 
 namespace vq::test {
@@ -130,6 +131,36 @@ TEST(CudaGraph, LayerOpsCaptureAndReplayEqualEager) {
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(st));
+}
+
+// DeviceBuffer::upload and fill_bytes are complete when they return, also from pageable memory
+// (a plain cudaMemcpy returns once the data is staged, before its DMA lands), so work on one of
+// our non-blocking streams may read the buffer next. Each round reads the whole buffer back on a
+// non-blocking stream right after the upload; a copy still in flight shows as old bytes (it did
+// under load from other processes: the device store's parity tests failed that way).
+TEST(CudaBuffers, UploadAndFillHaveLandedWhenTheyReturn) {
+  VQ_SKIP_WITHOUT_CUDA();
+  const size_t n = size_t(48) << 20;  // several staging chunks
+  std::vector<uint8_t> host(n);
+  cuda::DeviceBuffer d(n);
+  cuda::PinnedBuffer back(n);
+  cuda::Stream st;
+  for (int round = 0; round < 6; ++round) {
+    const uint8_t a = uint8_t(3 * round + 1);
+    for (size_t i = 0; i < n; i += 4096) std::fill_n(host.data() + i, 4096, uint8_t(a + (i >> 12)));
+    if (round % 2) {
+      d.fill_bytes(a);
+      std::fill(host.begin(), host.end(), a);
+    } else {
+      d.upload(host.data(), n);
+    }
+    cuda::copy_to_host_async(back.data(), d.data(), n, st.handle());
+    st.synchronize();
+    const auto* b = static_cast<const uint8_t*>(back.data());
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += b[i] != host[i];
+    ASSERT_EQ(bad, 0u) << "round " << round << (round % 2 ? " (fill_bytes)" : " (upload)");
+  }
 }
 
 }  // namespace

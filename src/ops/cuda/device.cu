@@ -95,17 +95,25 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
   VQ_CHECK(offset + bytes <= bytes_, "DeviceBuffer::upload: {} bytes at offset {} exceed size {}", bytes, offset,
            bytes_);
-  if (bytes) VQ_CUDA_CHECK(cudaMemcpy(static_cast<char*>(ptr_) + offset, src, bytes, cudaMemcpyHostToDevice));
+  if (!bytes) return;
+  // cudaMemcpy from pageable memory returns once the data is staged, before its DMA has landed;
+  // kernels on our non-blocking streams are not ordered after it. Wait for the copy itself.
+  VQ_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(ptr_) + offset, src, bytes, cudaMemcpyHostToDevice, cudaStreamLegacy));
+  VQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
   VQ_CHECK(offset + bytes <= bytes_, "DeviceBuffer::download: {} bytes at offset {} exceed size {}", bytes, offset,
            bytes_);
-  if (bytes) VQ_CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost));
+  if (!bytes) return;
+  VQ_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost, cudaStreamLegacy));
+  VQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 void DeviceBuffer::fill_bytes(int value) {
-  if (bytes_) VQ_CUDA_CHECK(cudaMemset(ptr_, value, bytes_));
+  if (!bytes_) return;
+  VQ_CUDA_CHECK(cudaMemsetAsync(ptr_, value, bytes_, cudaStreamLegacy));  // cudaMemset may return before it is done
+  VQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 DeviceBuffer to_device(const void* src, size_t bytes) {

@@ -38,10 +38,12 @@ class DeviceBuffer {
   template <class T>
   T* as() const { return static_cast<T*>(ptr_); }
   size_t size() const { return bytes_; }
-  // Host -> device / device -> host copies of `bytes` at byte `offset` (synchronous).
+  // Host -> device / device -> host copies of `bytes` at byte `offset`, complete when they return
+  // (also from pageable memory, where a plain cudaMemcpy returns before its DMA has landed), so a
+  // kernel on any stream may read them next.
   void upload(const void* src, size_t bytes, size_t offset = 0);
   void download(void* dst, size_t bytes, size_t offset = 0) const;
-  // Sets every byte to `value` (e.g. 0xFF poisons float outputs with NaN).
+  // Sets every byte to `value` (e.g. 0xFF poisons float outputs with NaN); complete when it returns.
   void fill_bytes(int value);
 
  private:
