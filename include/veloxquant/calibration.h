@@ -36,10 +36,22 @@ struct CalibrationOptions {
   // queries re-rotated to random positions in [0, position_span) (0: the positions they ran at).
   bool query_aware = true;
   int64_t position_span = 0;
+  // from_model only: after training, the new cache is compared with fp16 on up to this many tokens
+  // of the text after the max_tokens trained on (held_out_check(); 0: not measured).
+  int held_out_tokens = 1024;
   Device device = Device::cpu;  // where the model runs while recording
 };
 
-// Progress of a long calibration: (stage, done, total); stage is "prefill" or "train".
+// The cache with a calibration against an fp16 cache on tokens its training did not see, measured
+// when it was made (from_model) and stored in its file. tokens == 0: not measured.
+struct CalibrationCheck {
+  int tokens = 0;        // held-out tokens scored
+  double kl = 0;         // mean KL(fp16 || this cache) of the next-token distributions, nats
+  double top1 = 0;       // fraction of positions whose argmax agrees with fp16's
+  double ppl_ratio = 0;  // perplexity with this cache / with fp16
+};
+
+// Progress of a long calibration: (stage, done, total); stage is "prefill", "train" or "check".
 using CalibrationProgress = std::function<void(const char* stage, int done, int total)>;
 
 class Calibration {
@@ -72,6 +84,7 @@ class Calibration {
   int value_books() const;
   uint64_t n_calib_tokens() const;
   std::string model_name() const;
+  CalibrationCheck held_out_check() const;
   // Arrays of layer l (0 <= l < n_layers(), else vq::Error), float32, row-major, owned by the
   // calibration (valid while any copy of this handle lives):
   const float* smoothing(int layer) const;        // [n_kv_heads, head_dim]

@@ -53,6 +53,10 @@ class KVSpec {
   double nominal_bits_per_element() const;  // of the compressed part (16 for fp16)
   bool has_calibration() const;
   Calibration calibration() const;  // throws vq::Error when the method has none
+  // "" unless the calibration's held-out check (Calibration::held_out_check) measured a KL vs fp16
+  // above the 0.02 this project targets for 2-bit caches; then one line with the numbers and
+  // what to use instead, for the caller to show (the CLI prints it as a warning).
+  std::string quality_warning() const;
 
   // A standalone cache for one layer of the given geometry (KVCache interface, kv_cache.h), for
   // code that drives attention by hand; layer selects the calibration's codebooks.

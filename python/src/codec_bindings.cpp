@@ -191,18 +191,21 @@ static void bind_calibration(nb::module_& m) {
       .def_static(
           "from_model",
           [](const veloxquant::Model& model, const std::string& text, int max_tokens, const std::string& kv_cache,
-             int kmeans_iters, uint64_t seed, int max_points_per_centroid, int segment_tokens, int skip_tokens) {
+             int kmeans_iters, uint64_t seed, int max_points_per_centroid, int segment_tokens, int skip_tokens,
+             int held_out_tokens) {
             const veloxquant::KVCacheConfig cfg = veloxquant::parse_kv_cache_config(kv_cache);
+            veloxquant::CalibrationOptions o =
+                calib_options(kmeans_iters, seed, max_points_per_centroid, segment_tokens, skip_tokens);
+            o.held_out_tokens = held_out_tokens;
             nb::gil_scoped_release nogil;
-            return Calibration::from_model(
-                model, text, max_tokens, cfg,
-                calib_options(kmeans_iters, seed, max_points_per_centroid, segment_tokens, skip_tokens));
+            return Calibration::from_model(model, text, max_tokens, cfg, o);
           },
           nb::arg("model"), nb::arg("text"), nb::arg("max_tokens") = 2048, nb::arg("kv_cache") = "vecinfer:d4b8",
           nb::arg("kmeans_iters") = 12, nb::arg("seed") = 1234, nb::arg("max_points_per_centroid") = 64,
-          nb::arg("segment_tokens") = 0, nb::arg("skip_tokens") = 4,
+          nb::arg("segment_tokens") = 0, nb::arg("skip_tokens") = 4, nb::arg("held_out_tokens") = 1024,
           "Runs the model over the first max_tokens tokens of text, records every layer's keys and values and trains "
-          "on them (segment_tokens 0: sequences of 2048 tokens).")
+          "on them (segment_tokens 0: sequences of 2048 tokens); then compares the new cache with fp16 on up to "
+          "held_out_tokens tokens of the text after those (held_out_check).")
       .def_prop_ro("n_layers", &Calibration::n_layers)
       .def_prop_ro("n_kv_heads", &Calibration::n_kv_heads)
       .def_prop_ro("head_dim", &Calibration::head_dim)
@@ -211,6 +214,16 @@ static void bind_calibration(nb::module_& m) {
       .def_prop_ro("granularity", [](const Calibration& c) { return granularity_name(c.granularity()); })
       .def_prop_ro("n_calib_tokens", &Calibration::n_calib_tokens)
       .def_prop_ro("model_name", &Calibration::model_name)
+      .def_prop_ro(
+          "held_out_check",
+          [](const Calibration& c) -> nb::object {
+            const veloxquant::CalibrationCheck k = c.held_out_check();
+            if (k.tokens == 0) return nb::none();
+            nb::dict d;
+            d["tokens"] = k.tokens, d["kl"] = k.kl, d["top1"] = k.top1, d["ppl_ratio"] = k.ppl_ratio;
+            return d;
+          },
+          "None, or the cache against fp16 on held-out tokens when it was made: {tokens, kl, top1, ppl_ratio}.")
       .def(
           "smoothing",
           [](nb::handle self, int layer) {

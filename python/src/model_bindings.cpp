@@ -126,6 +126,9 @@ static void bind_spec(nb::module_& m) {
                      if (!s.has_calibration()) return std::nullopt;
                      return s.calibration();
                    })
+      .def_prop_ro("quality_warning", &KVSpec::quality_warning,
+                   "'' unless the calibration's held-out check measured a KL vs fp16 above 0.02; then the numbers "
+                   "and what to use instead.")
       .def("__repr__", [](const KVSpec& s) { return "KVSpec('" + s.name() + "')"; });
 }
 

@@ -101,6 +101,12 @@ def test_vecinfer_with_in_memory_calibration(model):
     cal = vq.Calibration.from_model(model, TEXT, max_tokens=256, kv_cache="vecinfer:d4b8,gran=shared",
                                     kmeans_iters=4)
     assert (cal.n_layers, cal.n_kv_heads, cal.head_dim) == (30, 3, 64)
+    # The tokens after the 256 trained on make the held-out check (the text has more than 64 left).
+    chk = cal.held_out_check
+    assert chk is not None and 64 <= chk["tokens"] <= 1024
+    assert 0 <= chk["kl"] < 5 and 0 <= chk["top1"] <= 1 and chk["ppl_ratio"] > 0
+    assert vq.Calibration.from_model(model, TEXT, max_tokens=256, kv_cache="vecinfer:d4b8,gran=shared",
+                                     kmeans_iters=1, held_out_tokens=0).held_out_check is None
     spec = vq.KVSpec("vecinfer:d4b8,gran=shared,r=32,sink=4", cal)
     long_prompt = model.tokenizer.encode(TEXT)[:400]
     g = model.generate(long_prompt, max_new_tokens=4, temperature=0, kv_cache=spec)

@@ -19,6 +19,7 @@ static vq::CalibTrainOptions train_options(const CalibrationOptions& o) {
   t.skip_tokens = o.skip_tokens;
   t.query_aware = o.query_aware;
   t.position_span = o.position_span;
+  t.held_out_tokens = o.held_out_tokens;
   return t;
 }
 
@@ -64,6 +65,10 @@ int Calibration::key_books() const { return data_->key_books(); }
 int Calibration::value_books() const { return data_->value_books(); }
 uint64_t Calibration::n_calib_tokens() const { return data_->n_calib_tokens; }
 std::string Calibration::model_name() const { return data_->model; }
+CalibrationCheck Calibration::held_out_check() const {
+  const vq::CalibrationCheck& k = data_->check;
+  return {int(k.tokens), k.kl, k.top1, k.ppl_ratio};
+}
 
 static const vq::CalibrationLayer& layer_of(const vq::Calibration& c, int layer) {
   VQ_CHECK(layer >= 0 && layer < c.n_layers, "calibration: layer {} out of range [0, {})", layer, c.n_layers);

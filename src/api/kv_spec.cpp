@@ -60,6 +60,10 @@ std::string KVSpec::name() const { return impl_->spec.name(); }
 double KVSpec::nominal_bits_per_element() const { return impl_->spec.config.nominal_bits_per_element(); }
 bool KVSpec::has_calibration() const { return impl_->spec.calibration != nullptr; }
 
+std::string KVSpec::quality_warning() const {
+  return impl_->spec.calibration ? vq::calibration_quality_warning(impl_->spec.config, *impl_->spec.calibration) : "";
+}
+
 Calibration KVSpec::calibration() const {
   VQ_CHECK(impl_->spec.calibration, "kv cache {}: has no calibration (only vecinfer caches have one)", name());
   return ApiAccess::make_calibration(impl_->spec.calibration);

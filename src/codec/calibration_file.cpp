@@ -20,10 +20,14 @@ namespace vq {
 namespace {
 
 constexpr char kMagic[8] = {'V', 'Q', 'C', 'A', 'L', 'I', 'B', '\0'};
-constexpr uint32_t kVersion = 1;
+// Version 2 adds the held-out check (CalibrationCheck: u32 tokens, f64 kl, top1, ppl_ratio) after
+// n_calib_tokens; version 1 files still load (no check).
+constexpr uint32_t kVersion = 2;
 constexpr size_t kMaxModelLen = 1024;
-// Fixed part of the header: magic + 13 u32 + 2 u64 + u32 model_len.
-constexpr size_t kFixedHeader = 8 + 13 * 4 + 2 * 8 + 4;
+// Fixed part of the header: magic + 13 u32 + 2 u64 + u32 model_len (+ the check's u32 + 3 f64).
+constexpr size_t kFixedHeaderV1 = 8 + 13 * 4 + 2 * 8 + 4;
+constexpr size_t kCheckBytes = 4 + 3 * 8;
+size_t fixed_header(uint32_t version) { return kFixedHeaderV1 + (version >= 2 ? kCheckBytes : 0); }
 
 bool valid_sub_dim(int d) { return d == 2 || d == 4 || d == 8 || d == 16; }
 
@@ -38,6 +42,7 @@ class Writer {
  public:
   void u32(uint32_t v) { raw(&v, 4); }
   void u64(uint64_t v) { raw(&v, 8); }
+  void f64(double v) { raw(&v, 8); }
   void raw(const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
     buf_.insert(buf_.end(), b, b + n);
@@ -65,6 +70,13 @@ class Reader {
   }
   uint64_t u64(const char* what) {
     uint64_t v;
+    need(8, what);
+    std::memcpy(&v, p_ + off_, 8);
+    off_ += 8;
+    return v;
+  }
+  double f64(const char* what) {
+    double v;
     need(8, what);
     std::memcpy(&v, p_ + off_, 8);
     off_ += 8;
@@ -138,6 +150,14 @@ void Calibration::validate() const {
   VQ_CHECK(granularity == Granularity::shared || granularity == Granularity::per_subspace,
            "calibration: granularity = {} must be 0 (shared) or 1 (per_subspace)", uint32_t(granularity));
   VQ_CHECK(kmeans_iters >= 0, "calibration: kmeans_iters = {} must be >= 0", kmeans_iters);
+  if (check.tokens > 0) {
+    VQ_CHECK(std::isfinite(check.kl) && check.kl >= 0 && check.kl <= 1e3,
+             "calibration: held-out check kl = {} must be finite and in [0, 1000]", check.kl);
+    VQ_CHECK(check.top1 >= 0 && check.top1 <= 1, "calibration: held-out check top1 = {} must be in [0, 1]",
+             check.top1);
+    VQ_CHECK(std::isfinite(check.ppl_ratio) && check.ppl_ratio > 0 && check.ppl_ratio <= 1e6,
+             "calibration: held-out check ppl_ratio = {} must be finite and in (0, 1e6]", check.ppl_ratio);
+  }
   VQ_CHECK(model.size() <= kMaxModelLen, "calibration: model name of {} bytes exceeds {}", model.size(),
            kMaxModelLen);
   VQ_CHECK(layers.size() == size_t(n_layers), "calibration: {} layers present, n_layers = {}", layers.size(),
@@ -170,7 +190,7 @@ void save_calibration(const std::string& path, const Calibration& c) {
   Writer w;
   w.raw(kMagic, 8);
   w.u32(kVersion);
-  w.u32(uint32_t(kFixedHeader + c.model.size()));
+  w.u32(uint32_t(fixed_header(kVersion) + c.model.size()));
   for (int v : {c.n_layers, c.n_kv_heads, c.head_dim, c.key.sub_dim, c.key.bits, c.value.sub_dim, c.value.bits})
     w.u32(uint32_t(v));
   w.u32(uint32_t(c.granularity));
@@ -178,6 +198,10 @@ void save_calibration(const std::string& path, const Calibration& c) {
   w.u32(uint32_t(c.kmeans_iters));
   w.u64(c.seed);
   w.u64(c.n_calib_tokens);
+  w.u32(c.check.tokens);
+  w.f64(c.check.kl);
+  w.f64(c.check.top1);
+  w.f64(c.check.ppl_ratio);
   w.u32(uint32_t(c.model.size()));
   w.raw(c.model.data(), c.model.size());
   for (const CalibrationLayer& L : c.layers) {
@@ -201,8 +225,9 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
   r.raw(magic, 8, "magic");
   VQ_CHECK(std::memcmp(magic, kMagic, 8) == 0, "{}: not a VeloxQuant calibration file (bad magic)", path);
   const uint32_t version = r.u32("version");
-  VQ_CHECK(version == kVersion, "{}: calibration file version {} is not supported (this build reads version {})",
-           path, version, kVersion);
+  VQ_CHECK(version >= 1 && version <= kVersion,
+           "{}: calibration file version {} is not supported (this build reads versions 1..{})", path, version,
+           kVersion);
   const uint32_t header_bytes = r.u32("header_bytes");
   Calibration c;
   c.n_layers = header_int(r, path, "n_layers", 4096);
@@ -219,10 +244,16 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
   c.kmeans_iters = int(r.u32("kmeans_iters") & 0x7fffffffu);
   c.seed = r.u64("seed");
   c.n_calib_tokens = r.u64("n_calib_tokens");
+  if (version >= 2) {
+    c.check.tokens = r.u32("check_tokens");
+    c.check.kl = r.f64("check_kl");
+    c.check.top1 = r.f64("check_top1");
+    c.check.ppl_ratio = r.f64("check_ppl_ratio");
+  }
   const uint32_t model_len = r.u32("model_len");
   VQ_CHECK(model_len <= kMaxModelLen, "{}: header field model_len = {} exceeds {}", path, model_len, kMaxModelLen);
-  VQ_CHECK(header_bytes == kFixedHeader + model_len, "{}: header_bytes = {} but the header holds {} bytes", path,
-           header_bytes, kFixedHeader + model_len);
+  VQ_CHECK(header_bytes == fixed_header(version) + model_len, "{}: header_bytes = {} but the header holds {} bytes",
+           path, header_bytes, fixed_header(version) + model_len);
   c.model.resize(model_len);
   r.raw(c.model.data(), model_len, "model name");
   try {  // header parameters must be mutually consistent before the sizes below mean anything

@@ -38,6 +38,16 @@ struct CalibrationLayer {
   std::vector<float> value_codebooks;  // [n_kv_heads, value_books, 2^value.bits, value.sub_dim] f32
 };
 
+// The calibration's own quality check (issue 18): the cache with these codebooks against an fp16
+// cache on tokens of the calibration text that training did not see (the ones after it), measured
+// when the file was made. tokens == 0: not measured (older files, or a text with nothing left).
+struct CalibrationCheck {
+  uint32_t tokens = 0;   // held-out tokens scored
+  double kl = 0;         // mean KL(fp16 || this cache) of the next-token distributions, nats
+  double top1 = 0;       // fraction of positions whose argmax agrees with fp16's
+  double ppl_ratio = 0;  // perplexity with this cache / with fp16
+};
+
 struct Calibration {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0;
   CodecParams key, value;
@@ -47,6 +57,7 @@ struct Calibration {
   uint64_t seed = 0;
   uint64_t n_calib_tokens = 0;
   std::string model;  // free text (model name / file), <= 1024 bytes
+  CalibrationCheck check;  // stored from file version 2 on
   std::vector<CalibrationLayer> layers;  // [n_layers]
 
   // Codebooks per KV head: 1 (shared) or head_dim / sub_dim (per_subspace).

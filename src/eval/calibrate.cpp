@@ -2,6 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -13,6 +16,7 @@
 #include "core/cache_dir.h"
 #include "core/error.h"
 #include "core/input_file.h"
+#include "eval/perplexity.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_method.h"
 #include "model/layers.h"
@@ -23,8 +27,9 @@ namespace vq {
 
 // Tag of the first-use calibration recipe, part of the cached file's name. -r2: sinks left out of
 // training (CalibTrainOptions::skip_tokens); -r3: query-aware smoothing (issue 18); -r4: 8192
-// tokens instead of 2048 (kFirstUseCalibTokens).
-static constexpr const char* kCalibRecipe = "-r4";
+// tokens instead of 2048 (kFirstUseCalibTokens); -r5: the same codebooks plus the held-out check
+// (Calibration::check), so that the first-use file can warn (issue 18).
+static constexpr const char* kCalibRecipe = "-r5";
 // Tokens per calibration sequence (see calibrate_model).
 static constexpr int kCalibSegment = 2048;
 
@@ -162,12 +167,61 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
   return train_calibration(cfg, mc.n_kv_heads, mc.head_dim, k, v, rec.n_tokens, opt, model_name);
 }
 
+CalibrationCheck measure_calibration(const Model& model, const std::vector<int32_t>& ids, const KVCacheConfig& cfg,
+                                     const Calibration& cal, KVDevice device) {
+  VQ_CHECK(ids.size() >= 2, "calibration check: {} tokens (at least 2)", ids.size());
+  KVCacheConfig c = cfg;
+  // A non-owning handle: the spec lives only for this call.
+  c.calibration = std::shared_ptr<const Calibration>(&cal, [](const Calibration*) {});
+  c.calibration_file.clear();
+  const KVSpec method = make_kv_spec(c), reference = make_kv_spec(parse_kv_cache_spec("fp16"));
+  PerplexityOptions po;
+  po.n_ctx = int(ids.size());
+  po.chunk = 256;
+  po.device = device;
+  const PerplexityResult r = evaluate_perplexity(model, ids, method, &reference, po);
+  CalibrationCheck out;
+  out.tokens = uint32_t(r.n_scored);
+  out.kl = std::max(0.0, r.kl);  // rounding can leave a tiny negative mean
+  out.top1 = r.top1;
+  out.ppl_ratio = r.ref_perplexity > 0 ? r.perplexity / r.ref_perplexity : 0;
+  VQ_CHECK(std::isfinite(out.kl) && std::isfinite(out.ppl_ratio) && out.ppl_ratio > 0,
+           "calibration check: {} gave a non-finite KL ({}) or perplexity ratio ({}) on held-out tokens", cfg.name(),
+           out.kl, out.ppl_ratio);
+  return out;
+}
+
+std::string calibration_quality_warning(const KVCacheConfig& cfg, const Calibration& cal) {
+  const CalibrationCheck& k = cal.check;
+  if (k.tokens == 0 || k.kl <= kQualityTargetKL) return "";
+  std::string fix;
+  if (cfg.key.bits <= 8 && cfg.key == cfg.value && cfg.key.sub_dim == 4)
+    fix = "vecinfer:k=d4b10,v=d8b12 stores the same bytes per token (with 10x larger codebooks) and cut this KL by "
+          "about a third on every model measured; ";
+  fix += "a 4-bit or wider cache (e.g. vecinfer:d2b8, q8_0 or fp16) is the safe choice for this model";
+  return fmt::format(
+      "{}: its calibration measured KL {:.4f} vs fp16 (top-1 agreement {:.1f}%, perplexity {:+.2f}%) on {} held-out "
+      "tokens, above the {} this project targets for 2-bit caches (docs/QUALITY.md); {}",
+      cfg.name(), k.kl, 100.0 * k.top1, 100.0 * (k.ppl_ratio - 1), k.tokens, kQualityTargetKL, fix);
+}
+
 Calibration calibrate_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
                             const CalibTrainOptions& opt, const std::string& model_name,
                             const CalibProgress& progress, KVDevice device) {
   cfg.validate(model.config().head_dim);
   VQ_CHECK(max_tokens >= 16, "calibrate: --tokens {} must be >= 16", max_tokens);
-  std::vector<int32_t> ids = model.tokenizer().encode(text, model.tokenizer().add_bos_default());
+  VQ_CHECK(opt.held_out_tokens >= 0, "calibrate: held_out_tokens {} must be >= 0", opt.held_out_tokens);
+  const bool bos = model.tokenizer().add_bos_default();
+  std::vector<int32_t> ids = model.tokenizer().encode(text, bos);
+  // The held-out check's tokens: the ones after those trained on (a window of their own, starting
+  // with BOS where the model adds one).
+  std::vector<int32_t> held;
+  if (int64_t(ids.size()) - max_tokens >= 64 && opt.held_out_tokens >= 64) {
+    const size_t n = std::min(ids.size() - size_t(max_tokens), size_t(opt.held_out_tokens) - (bos ? 1 : 0));
+    held.reserve(n + 1);
+    if (bos) held.push_back(ids.front());
+    for (size_t i = 0; i < n; ++i) held.push_back(ids[size_t(max_tokens) + i]);
+  }
   if (int(ids.size()) > max_tokens) ids.resize(size_t(max_tokens));
   VQ_CHECK(ids.size() >= 16, "calibrate: the text gives only {} tokens", ids.size());
   // The text runs as independent sequences of `seg` tokens (each from an empty cache): keys are
@@ -175,8 +229,15 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
   // vs fp16 at context 1024, d4b8): 8192 tokens as one sequence 0.044, as 4 x 2048 0.030, 2048
   // tokens 0.027; positions far beyond the evaluated ones spread the centroids thin.
   const int seg = opt.segment_tokens > 0 ? opt.segment_tokens : kCalibSegment;
-  return calibrate_recording(model, record_kv(model, ids, seg, progress, device, calib_position_span(model, opt)), cfg,
-                             opt, model_name, progress);
+  Calibration cal = calibrate_recording(
+      model, record_kv(model, ids, seg, progress, device, calib_position_span(model, opt)), cfg, opt, model_name,
+      progress);
+  if (!held.empty()) {
+    if (progress) progress("check", 0, 1);
+    cal.check = measure_calibration(model, held, cfg, cal, device);
+    if (progress) progress("check", 1, 1);
+  }
+  return cal;
 }
 
 KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg) {

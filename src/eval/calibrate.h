@@ -50,6 +50,18 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
                                 const CalibTrainOptions& opt, const std::string& model_name,
                                 const CalibProgress& progress = {});
 
+// The cache of cfg with calibration `cal` against an fp16 cache on `ids` (tokens training did not
+// see), as one window: the numbers stored in Calibration::check.
+CalibrationCheck measure_calibration(const Model& model, const std::vector<int32_t>& ids, const KVCacheConfig& cfg,
+                                     const Calibration& cal, KVDevice device = KVDevice::cpu);
+
+// The KL vs fp16 this project targets for a 2-bit cache (issue 18). A calibration whose held-out
+// check measured more gets calibration_quality_warning's message.
+inline constexpr double kQualityTargetKL = 0.02;
+// "" when cal's check is absent or within kQualityTargetKL, else one line: the cache, the measured
+// numbers, and what to use instead.
+std::string calibration_quality_warning(const KVCacheConfig& cfg, const Calibration& cal);
+
 // The first-use calibration's recipe (resolve_calibration): the first kFirstUseCalibTokens tokens of
 // the Jargon File, default training options, and this configuration for cfg. 8192 tokens (4 sequences
 // of 2048): with 256 centroids per sub-space, 2048 tokens give 8 points per centroid and the books
@@ -58,7 +70,8 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
 inline constexpr int kFirstUseCalibTokens = 8192;
 KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg);
 
-// Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens).
+// Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens); the
+// opt.held_out_tokens after them (when the text has at least 64) make the held-out check.
 // Runs them through the model (fp16 cache, on `device`) as independent sequences of opt.segment_tokens tokens
 // (0: 2048, see calibrate.cpp) and trains the calibration (each sequence's first opt.skip_tokens
 // left out: the cache keeps them in fp16).

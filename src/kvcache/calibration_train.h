@@ -36,6 +36,10 @@ struct CalibTrainOptions {
   // 0 (the default): the positions the calibration text ran at. Measured (docs/QUALITY.md): a span
   // far past the evaluated context costs quality there, so it is not the default.
   int64_t position_span = 0;
+  // For the model-level trainer (eval/calibrate.h calibrate_model): after training, the new cache is
+  // compared with fp16 on up to this many tokens of the text that follow the ones trained on
+  // (Calibration::check; 0 or no tokens left: not measured).
+  int held_out_tokens = 1024;
   // Called after each finished (layer, head, K/V) job with (done, total); from worker threads,
   // serialised by the trainer.
   std::function<void(int, int)> progress;

@@ -101,6 +101,55 @@ TEST(Calibration, RoundTrip) {
   }
 }
 
+// Rewrites the trailing checksum so that an edited file is checksum-consistent (the attack the
+// value bounds exist for: the checksum only catches accidents).
+void fix_checksum(std::vector<char>& b) {
+  const uint64_t sum = checksum64(b.data(), b.size() - 8);
+  std::memcpy(b.data() + b.size() - 8, &sum, 8);
+}
+
+// Version 2 stores the held-out check; version 1 files (no check) still load, with the same data.
+TEST(Calibration, HeldOutCheckRoundTripsAndVersion1FilesStillLoad) {
+  Calibration c = make_calib(Granularity::per_subspace);
+  c.check = {1024, 0.0412, 0.903, 1.033};
+  const std::string p = tmp_path("check"), q = tmp_path("check_v1");
+  save_calibration(p, c);
+  const Calibration d = load_calibration(p);
+  EXPECT_EQ(d.check.tokens, 1024u);
+  EXPECT_EQ(d.check.kl, 0.0412);
+  EXPECT_EQ(d.check.top1, 0.903);
+  EXPECT_EQ(d.check.ppl_ratio, 1.033);
+  // The same file as version 1: no check fields (28 bytes at offset 72, after n_calib_tokens).
+  auto b = read_all(p);
+  constexpr size_t kAt = 72, kBytes = 28;
+  b.erase(b.begin() + kAt, b.begin() + kAt + kBytes);
+  const uint32_t one = 1;
+  std::memcpy(b.data() + 8, &one, 4);
+  uint32_t header_bytes;
+  std::memcpy(&header_bytes, b.data() + 12, 4);
+  header_bytes -= uint32_t(kBytes);
+  std::memcpy(b.data() + 12, &header_bytes, 4);
+  fix_checksum(b);
+  write_all(q, b);
+  const Calibration e = load_calibration(q);
+  EXPECT_EQ(e.check.tokens, 0u);
+  EXPECT_EQ(e.model, "test-model");
+  EXPECT_EQ(e.n_calib_tokens, 999u);
+  for (int l = 0; l < 3; ++l) EXPECT_EQ(e.layers[size_t(l)].key_codebooks, c.layers[size_t(l)].key_codebooks);
+  // A check that cannot be a measurement is refused even with a valid checksum.
+  struct Case { size_t at; double v; const char* needle; };
+  for (const Case& k : {Case{76, std::nan(""), "held-out check kl = nan"}, Case{76, -1.0, "kl = -1"},
+                        Case{84, 1.5, "top1 = 1.5"}, Case{92, 0.0, "ppl_ratio = 0"}}) {
+    auto bad = read_all(p);
+    std::memcpy(bad.data() + k.at, &k.v, 8);
+    fix_checksum(bad);
+    write_all(q, bad);
+    expect_load_error(q, k.needle, k.needle);
+  }
+  std::remove(p.c_str());
+  std::remove(q.c_str());
+}
+
 TEST(Calibration, TruncationAtManyOffsets) {
   const std::string p = tmp_path("trunc");
   save_calibration(p, make_calib(Granularity::shared));
@@ -161,9 +210,12 @@ TEST(Calibration, WrongMagicAndVersion) {
   write_all(p, m);
   expect_load_error(p, "magic", "magic");
   auto v = b;
-  v[8] = 2;  // version field, little-endian u32 at offset 8
+  v[8] = 3;  // version field, little-endian u32 at offset 8
   write_all(p, v);
-  expect_load_error(p, "version 2", "version");
+  expect_load_error(p, "version 3", "version");
+  v[8] = 0;
+  write_all(p, v);
+  expect_load_error(p, "version 0", "version 0");
   std::remove(p.c_str());
   expect_load_error(p, "cannot open", "missing file");
 }
@@ -200,13 +252,6 @@ TEST(Calibration, GeometryMismatchAndInvalidData) {
   write_all(p, b);
   expect_load_error(p, "", "edited head_dim");
   std::remove(p.c_str());
-}
-
-// Rewrites the trailing checksum so that an edited file is checksum-consistent (the attack the
-// value bounds exist for: the checksum only catches accidents).
-void fix_checksum(std::vector<char>& b) {
-  const uint64_t sum = checksum64(b.data(), b.size() - 8);
-  std::memcpy(b.data() + b.size() - 8, &sum, 8);
 }
 
 TEST(Calibration, OutOfBoundValuesAreRefusedEvenWithAValidChecksum) {

@@ -58,13 +58,18 @@ def hadamard_block(d):
     return d & -d
 
 
-def calibration_bytes(layers, heads, head_dim, key=(4, 8), value=(4, 8), shared=False, seed=0, model=b"tiny"):
+def calibration_bytes(layers, heads, head_dim, key=(4, 8), value=(4, 8), shared=False, seed=0, model=b"tiny",
+                      check=None):
     """A valid calibration file: positive smoothing, N(0,1) codebooks. Returns (bytes, payload
-    offsets {"smoothing": [...], "key": [...], "value": [...]} per layer, for edits)."""
+    offsets {"smoothing": [...], "key": [...], "value": [...]} per layer, for edits). check: None
+    for a version-1 file, else (tokens, kl, top1, ppl_ratio), the held-out check of version 2."""
     rng = np.random.default_rng(seed)
-    out = bytearray(struct.pack(_HEADER, b"VQCALIB\0", 1, _FIXED + len(model), layers, heads, head_dim,
-                                key[0], key[1], value[0], value[1], 0 if shared else 1,
-                                hadamard_block(head_dim), 3, seed, 64, len(model)))
+    head = struct.pack(_HEADER[:-1], b"VQCALIB\0", 1 if check is None else 2,
+                       _FIXED + len(model) + (0 if check is None else 28), layers, heads, head_dim, key[0], key[1],
+                       value[0], value[1], 0 if shared else 1, hadamard_block(head_dim), 3, seed, 64)
+    if check is not None:
+        head += struct.pack("<Iddd", *check)
+    out = bytearray(head + struct.pack("<I", len(model)))
     out += model
     where = {"smoothing": [], "key": [], "value": []}
     for _ in range(layers):

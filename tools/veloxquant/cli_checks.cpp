@@ -51,6 +51,11 @@ void check_trained_context(int64_t n, int64_t n_ctx_train, bool allow_longer, co
                escape_control(what).c_str(), (long long)n, (long long)trained);
 }
 
+void warn_kv_quality(const veloxquant::KVSpec& spec) {
+  const std::string w = spec.quality_warning();
+  if (!w.empty()) std::fprintf(stderr, "veloxquant: warning: %s\n", escape_control(w).c_str());
+}
+
 void check_kv_budget_holds_a_block(size_t budget, double mib, size_t one, const std::string& kv_name) {
   VQ_CHECK(budget >= one,
            "--kv-budget: {} ({} bytes) cannot hold one block per layer of the {} cache ({} bytes, {:.3f} MiB); give "

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "veloxquant/config.h"
+#include "veloxquant/kv_spec.h"
 
 namespace vq::cli {
 
@@ -44,6 +45,10 @@ void check_session_dir(const std::string& dir, bool given);
 // --load-session: a regular file (not a link, directory, device or pipe) that can be opened,
 // checked before the model loads; its contents are checked by load_sequence.
 void check_session_input(const std::string& path, const std::string& what);
+
+// The spec's quality warning (KVSpec::quality_warning: its calibration's held-out check measured
+// a KL vs fp16 above the target), as one "veloxquant: warning:" line on stderr; nothing otherwise.
+void warn_kv_quality(const veloxquant::KVSpec& spec);
 
 // Text from a file (a prompt, an id list, a name) made safe to print on a terminal.
 std::string printable(const std::string& text);

@@ -25,6 +25,7 @@ struct CalibrateOptions {
   uint64_t seed = 1234;
   std::string smoothing = "query";
   int64_t position_span = 0;
+  int held_out = 1024;
 };
 
 void run_calibrate(const CalibrateOptions& o) {
@@ -33,6 +34,8 @@ void run_calibrate(const CalibrateOptions& o) {
   if (!(o.iters >= 1 && o.iters <= 1000)) throw vx::Error(fmt::format("--iters: {} must be in 1..1000", o.iters));
   if (!(o.tokens >= 16 && o.tokens <= (1 << 24)))
     throw vx::Error(fmt::format("--tokens: {} must be in 16..16777216", o.tokens));
+  if (!(o.held_out == 0 || (o.held_out >= 64 && o.held_out <= (1 << 20))))
+    throw vx::Error(fmt::format("--held-out: {} must be 0 (no check) or in 64..1048576", o.held_out));
   vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
   const KVCacheConfig cfg = vx::parse_kv_cache_config(o.kv_cache);
   if (!vx::kv_cache_needs_calibration(cfg))
@@ -47,6 +50,7 @@ void run_calibrate(const CalibrateOptions& o) {
   opt.seed = o.seed;
   opt.query_aware = o.smoothing == "query";
   opt.position_span = o.position_span;
+  opt.held_out_tokens = o.held_out;
   opt.device = resolve_device(o.device);
   ProgressBar bar;
   const auto t0 = std::chrono::steady_clock::now();
@@ -56,6 +60,14 @@ void run_calibrate(const CalibrateOptions& o) {
   std::fprintf(stderr, "calibrate: %s, %llu tokens, %d layers x %d KV heads, %.1f s -> %s\n", cfg.name().c_str(),
                (unsigned long long)c.n_calib_tokens(), c.n_layers(), c.n_kv_heads(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), o.out.c_str());
+  const vx::CalibrationCheck k = c.held_out_check();
+  if (k.tokens > 0)
+    std::fprintf(stderr, "calibrate: held-out check on %d tokens after the ones trained on: KL %.4f vs fp16, top-1 "
+                 "agreement %.1f%%, perplexity %+.2f%%\n", k.tokens, k.kl, 100 * k.top1, 100 * (k.ppl_ratio - 1));
+  else if (o.held_out > 0)
+    std::fprintf(stderr, "calibrate: no held-out check: the text has fewer than 64 tokens after the %d trained on\n",
+                 o.tokens);
+  warn_kv_quality(vx::KVSpec::parse(cfg.name(), c));
 }
 
 }  // namespace
@@ -80,6 +92,10 @@ void add_calibrate(CLI::App& app) {
   c->add_option("--position-span", o->position_span,
                 "Re-rotate the recorded keys/queries to random positions in [0, N) (0: as run; docs/QUALITY.md)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24))
+      ->capture_default_str();
+  c->add_option("--held-out", o->held_out,
+                "Tokens of the text after --tokens on which the new cache is compared with fp16 (stored in the file; "
+                "0: no check)")
       ->capture_default_str();
   add_device_option(c, o->device);
   c->callback([o] { run_calibrate(*o); });

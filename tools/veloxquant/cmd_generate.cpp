@@ -296,6 +296,7 @@ void run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
     if (d == t) std::fprintf(stderr, "\n");
   });
+  warn_kv_quality(spec);
   if (parallel) {
     if (texts.empty()) texts.push_back("");  // --prompt-ids
     run_parallel(o, model, path, spec, texts);

@@ -57,6 +57,7 @@ void run_perplexity(const PplOptions& o) {
   const vx::KVSpec method = vx::KVSpec::for_model_config(
       model, cfg, o.calib, [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
   if (made) std::fprintf(stderr, "perplexity: made the first-use calibration of %s\n", method.name().c_str());
+  warn_kv_quality(method);
   const vx::KVSpec reference = vx::KVSpec::parse("fp16");
   const vx::Tokenizer tok = model.tokenizer();
   const std::vector<int32_t> ids = tok.encode(text);

@@ -163,6 +163,7 @@ void run_serve(const ServeOptions& o) {
     std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
     if (d == t) std::fprintf(stderr, "\n");
   });
+  warn_kv_quality(spec);
   vx::ServerOptions so;
   so.device = resolve_device(o.device);
   so.kv_budget_bytes = kv_budget_bytes(model, so.device, o.kv_budget_mib);

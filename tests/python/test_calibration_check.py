@@ -1,0 +1,73 @@
+"""Issue 18, deliverable 4: a calibration file carries the held-out check made with it (the cache
+against fp16 on tokens training did not see); commands that load a calibration whose check is
+above the 0.02 KL target print one warning with the numbers and the fix, and run. Files without a
+check (version 1) or within the target print nothing. Bad --held-out values are refused."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.reference.bad_inputs import calibration_bytes  # noqa: E402
+from tests.reference.tiny_models import write_tiny  # noqa: E402
+
+VQ_BIN = os.environ.get("VQ_BIN", str(ROOT / "build/release/tools/veloxquant/veloxquant"))
+NO_MODEL = "/nonexistent/dir/model.gguf"
+
+
+def run(*args, timeout=60):
+    r = subprocess.run([VQ_BIN, *map(str, args)], capture_output=True, timeout=timeout)
+    return r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    model = tmp_path_factory.mktemp("tinycheck") / "tiny.gguf"
+    write_tiny(model)
+    return model
+
+
+def generate_with(tiny, calib):
+    rc, _, err = run("generate", "-m", tiny, "--prompt-ids", "1,2,3", "-n", "2", "-q", "--kv-cache",
+                     "vecinfer:d4b8", "--calib", calib)
+    assert rc == 0, err
+    return [line for line in err.splitlines() if "warning" in line]
+
+
+def test_a_check_above_the_target_warns_with_its_numbers(tiny, tmp_path):
+    bad = tmp_path / "bad.vqcal"
+    bad.write_bytes(calibration_bytes(2, 2, 16, check=(1024, 0.35, 0.61, 1.42))[0])
+    warnings = generate_with(tiny, bad)
+    assert len(warnings) == 1, warnings
+    w = warnings[0]
+    assert w.startswith("veloxquant: warning: vecinfer:d4b8: its calibration measured KL 0.3500"), w
+    for needle in ("top-1 agreement 61.0%", "perplexity +42.00%", "1024 held-out tokens", "0.02",
+                   "vecinfer:k=d4b10,v=d8b12", "q8_0"):
+        assert needle in w, (needle, w)
+
+
+def test_no_warning_within_the_target_or_without_a_check(tiny, tmp_path):
+    good = tmp_path / "good.vqcal"
+    good.write_bytes(calibration_bytes(2, 2, 16, check=(1024, 0.015, 0.96, 1.01))[0])
+    assert generate_with(tiny, good) == []
+    v1 = tmp_path / "v1.vqcal"
+    v1.write_bytes(calibration_bytes(2, 2, 16)[0])  # version 1: no check stored
+    assert generate_with(tiny, v1) == []
+
+
+def test_a_stored_check_that_is_no_measurement_is_refused(tiny, tmp_path):
+    nan = tmp_path / "nan.vqcal"
+    nan.write_bytes(calibration_bytes(2, 2, 16, check=(1024, float("nan"), 0.9, 1.0))[0])
+    rc, _, err = run("generate", "-m", tiny, "--prompt-ids", "1,2,3", "-n", "2", "-q", "--kv-cache",
+                     "vecinfer:d4b8", "--calib", nan)
+    assert rc == 1 and str(nan) in err and "held-out check kl = nan" in err, err
+
+
+def test_held_out_flag_is_checked_before_the_model_loads(tmp_path):
+    for bad in ("10", "-1", "2000000"):
+        rc, _, err = run("calibrate", "-m", NO_MODEL, "--text", NO_MODEL, "-o", tmp_path / "x.vqcal",
+                         "--held-out", bad)
+        assert rc == 1 and f"--held-out: {bad} must be 0 (no check) or in 64..1048576" in err, err
