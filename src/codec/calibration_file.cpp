@@ -61,27 +61,9 @@ class Reader {
     VQ_CHECK(bytes <= n_ - off_, "{}: truncated: {} needs {} bytes at offset {} but the file has {} bytes", path_, what,
              bytes, off_, n_);
   }
-  uint32_t u32(const char* what) {
-    uint32_t v;
-    need(4, what);
-    std::memcpy(&v, p_ + off_, 4);
-    off_ += 4;
-    return v;
-  }
-  uint64_t u64(const char* what) {
-    uint64_t v;
-    need(8, what);
-    std::memcpy(&v, p_ + off_, 8);
-    off_ += 8;
-    return v;
-  }
-  double f64(const char* what) {
-    double v;
-    need(8, what);
-    std::memcpy(&v, p_ + off_, 8);
-    off_ += 8;
-    return v;
-  }
+  uint32_t u32(const char* what) { return scalar<uint32_t>(what); }
+  uint64_t u64(const char* what) { return scalar<uint64_t>(what); }
+  double f64(const char* what) { return scalar<double>(what); }
   void raw(void* dst, size_t bytes, const char* what) {
     need(bytes, what);
     if (bytes) std::memcpy(dst, p_ + off_, bytes);
@@ -90,6 +72,13 @@ class Reader {
   size_t offset() const { return off_; }
 
  private:
+  template <class T>
+  T scalar(const char* what) {
+    T v;
+    raw(&v, sizeof(T), what);
+    return v;
+  }
+
   const std::string& path_;
   const uint8_t* p_;
   size_t n_, off_ = 0;

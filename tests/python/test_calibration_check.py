@@ -2,32 +2,13 @@
 against fp16 on tokens training did not see); commands that load a calibration whose check is
 above the 0.02 KL target print one warning with the numbers and the fix, and run. Files without a
 check (version 1) or within the target print nothing. Bad --held-out values are refused."""
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from tests.python.test_cli_flags_issue26 import NO_MODEL, run, tiny  # noqa: E402,F401 (tiny: the fixture)
 from tests.reference.bad_inputs import calibration_bytes  # noqa: E402
-from tests.reference.tiny_models import write_tiny  # noqa: E402
-
-VQ_BIN = os.environ.get("VQ_BIN", str(ROOT / "build/release/tools/veloxquant/veloxquant"))
-NO_MODEL = "/nonexistent/dir/model.gguf"
-
-
-def run(*args, timeout=60):
-    r = subprocess.run([VQ_BIN, *map(str, args)], capture_output=True, timeout=timeout)
-    return r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    model = tmp_path_factory.mktemp("tinycheck") / "tiny.gguf"
-    write_tiny(model)
-    return model
 
 
 def generate_with(tiny, calib):
