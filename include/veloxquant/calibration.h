@@ -22,6 +22,9 @@ namespace veloxquant {
 
 class Model;
 
+// The fewest held-out tokens a calibration check scores (CalibrationOptions::held_out_tokens).
+inline constexpr int kMinHeldOutTokens = 64;
+
 struct CalibrationOptions {
   int kmeans_iters = 12;
   uint64_t seed = 1234;
@@ -37,7 +40,8 @@ struct CalibrationOptions {
   bool query_aware = true;
   int64_t position_span = 0;
   // from_model only: after training, the new cache is compared with fp16 on up to this many tokens
-  // of the text after the max_tokens trained on (held_out_check(); 0: not measured).
+  // of the text after the max_tokens trained on (held_out_check(); 0: not measured; otherwise at
+  // least kMinHeldOutTokens, and the text must have that many left, or there is no check).
   int held_out_tokens = 1024;
   Device device = Device::cpu;  // where the model runs while recording
 };

@@ -10,6 +10,8 @@
 
 namespace veloxquant {
 
+static_assert(kMinHeldOutTokens == vq::kMinHeldOutTokens, "the public and internal held-out minimum differ");
+
 static vq::CalibTrainOptions train_options(const CalibrationOptions& o) {
   vq::CalibTrainOptions t;
   t.kmeans_iters = o.kmeans_iters;

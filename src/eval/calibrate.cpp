@@ -216,7 +216,7 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
   // The held-out check's tokens: the ones after those trained on (a window of their own, starting
   // with BOS where the model adds one).
   std::vector<int32_t> held;
-  if (int64_t(ids.size()) - max_tokens >= 64 && opt.held_out_tokens >= 64) {
+  if (int64_t(ids.size()) - max_tokens >= kMinHeldOutTokens && opt.held_out_tokens >= kMinHeldOutTokens) {
     const size_t n = std::min(ids.size() - size_t(max_tokens), size_t(opt.held_out_tokens) - (bos ? 1 : 0));
     held.reserve(n + 1);
     if (bos) held.push_back(ids.front());

@@ -55,6 +55,10 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
 CalibrationCheck measure_calibration(const Model& model, const std::vector<int32_t>& ids, const KVCacheConfig& cfg,
                                      const Calibration& cal, KVDevice device = KVDevice::cpu);
 
+// The fewest held-out tokens a calibration check scores (CalibTrainOptions::held_out_tokens; the
+// public veloxquant::kMinHeldOutTokens, checked equal in src/api/calibration.cpp).
+inline constexpr int kMinHeldOutTokens = 64;
+
 // The KL vs fp16 this project targets for a 2-bit cache (issue 18). A calibration whose held-out
 // check measured more gets calibration_quality_warning's message.
 inline constexpr double kQualityTargetKL = 0.02;

@@ -34,8 +34,9 @@ void run_calibrate(const CalibrateOptions& o) {
   if (!(o.iters >= 1 && o.iters <= 1000)) throw vx::Error(fmt::format("--iters: {} must be in 1..1000", o.iters));
   if (!(o.tokens >= 16 && o.tokens <= (1 << 24)))
     throw vx::Error(fmt::format("--tokens: {} must be in 16..16777216", o.tokens));
-  if (!(o.held_out == 0 || (o.held_out >= 64 && o.held_out <= (1 << 20))))
-    throw vx::Error(fmt::format("--held-out: {} must be 0 (no check) or in 64..1048576", o.held_out));
+  if (!(o.held_out == 0 || (o.held_out >= vx::kMinHeldOutTokens && o.held_out <= (1 << 20))))
+    throw vx::Error(fmt::format("--held-out: {} must be 0 (no check) or in {}..1048576", o.held_out,
+                                vx::kMinHeldOutTokens));
   vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
   const KVCacheConfig cfg = vx::parse_kv_cache_config(o.kv_cache);
   if (!vx::kv_cache_needs_calibration(cfg))
@@ -65,8 +66,8 @@ void run_calibrate(const CalibrateOptions& o) {
     std::fprintf(stderr, "calibrate: held-out check on %d tokens after the ones trained on: KL %.4f vs fp16, top-1 "
                  "agreement %.1f%%, perplexity %+.2f%%\n", k.tokens, k.kl, 100 * k.top1, 100 * (k.ppl_ratio - 1));
   else if (o.held_out > 0)
-    std::fprintf(stderr, "calibrate: no held-out check: the text has fewer than 64 tokens after the %d trained on\n",
-                 o.tokens);
+    std::fprintf(stderr, "calibrate: no held-out check: the text has fewer than %d tokens after the %d trained on\n",
+                 vx::kMinHeldOutTokens, o.tokens);
   warn_kv_quality(vx::KVSpec::parse(cfg.name(), c));
 }
 
