@@ -195,7 +195,7 @@ std::string calibration_quality_warning(const KVCacheConfig& cfg, const Calibrat
   const CalibrationCheck& k = cal.check;
   if (k.tokens == 0 || k.kl <= kQualityTargetKL) return "";
   std::string fix;
-  if (cfg.key.bits <= 8 && cfg.key == cfg.value && cfg.key.sub_dim == 4)
+  if (cfg.key == cfg.value && cfg.key == PQPreset{4, 8})  // the split has d4b8's bytes, no other preset's
     fix = "vecinfer:k=d4b10,v=d8b12 stores the same bytes per token (with 10x larger codebooks) and cut this KL by "
           "about a third on every model measured; ";
   fix += "a 4-bit or wider cache (e.g. vecinfer:d2b8, q8_0 or fp16) is the safe choice for this model";

@@ -30,6 +30,17 @@ def test_a_check_above_the_target_warns_with_its_numbers(tiny, tmp_path):
         assert needle in w, (needle, w)
 
 
+def test_the_same_bytes_alternative_is_offered_only_for_d4b8(tiny, tmp_path):
+    d4b6 = tmp_path / "d4b6.vqcal"
+    d4b6.write_bytes(calibration_bytes(2, 2, 16, key=(4, 6), value=(4, 6), check=(512, 0.2, 0.8, 1.2))[0])
+    rc, _, err = run("generate", "-m", tiny, "--prompt-ids", "1,2,3", "-n", "2", "-q", "--kv-cache",
+                     "vecinfer:d4b6", "--calib", d4b6)
+    assert rc == 0, err
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "vecinfer:d4b6: its calibration measured KL 0.2000" in warnings[0], err
+    assert "k=d4b10,v=d8b12" not in warnings[0] and "q8_0" in warnings[0], warnings[0]
+
+
 def test_no_warning_within_the_target_or_without_a_check(tiny, tmp_path):
     good = tmp_path / "good.vqcal"
     good.write_bytes(calibration_bytes(2, 2, 16, check=(1024, 0.015, 0.96, 1.01))[0])
