@@ -15,16 +15,20 @@ Key schemes (d4b8: sub-vectors of 4, 256 centroids per sub-space, k-means on the
          qwaugmix: half at their own positions, half re-rotated)
   pre    keys coded before RoPE (RoPE applied to the decoded key): a bound, not a shippable kernel
   *mean  per-channel key mean removed first; *_sh one codebook shared by the sub-spaces
+  *rot   the pre-RoPE key mean mu, rotated to each block's first position p_b (blocks of BLK tokens),
+         removed before coding and added back after: score = q . code(k - R(p_b) mu) + q . R(p_b) mu
+         exactly; ROTPAIRS=lo keeps only the rotary pairs that turn less than ROTMAXRAD per block
 OFF shifts the evaluation positions (RoPE makes exact attention depend on distances only, so this
 asks how codes trained at positions < 1024 do at positions OFF..OFF+1024, i.e. a long context).
 """
-import sys, math, numpy as np
+import os, sys, math, numpy as np
 np.random.seed(0)
 cal = np.load(sys.argv[1]); ev = np.load(sys.argv[2])
 layers = [int(x) for x in sys.argv[3].split(',')] if len(sys.argv) > 3 and sys.argv[3] != 'all' else range(int(cal['n_layers']))
 schemes = sys.argv[4].split(',') if len(sys.argv) > 4 else ['base', 'mean', 'pre', 'premean']
 D = int(cal['head_dim']); n_rot = int(cal['n_rot']); neox = bool(cal['neox']); freqs = cal['freqs']
 SINK, R, SUB, K = 4, 128, 4, 256
+BLK = float(os.environ.get('BLK', '16'))
 
 def rope(x, pos):
     ang = pos[:, None] * freqs[None, :]
@@ -82,6 +86,10 @@ class KeyCodec:
             x = kcal if pre else rope(kcal[:, None, :], poscal)[:, 0]
             x = x[SINK:]
         self.mu = x.mean(0) if 'mean' in kind else np.zeros(D)
+        self.mu_pre = None
+        if 'rot' in kind:
+            self.mu_pre = rot_mean(kcal[SINK:])
+            x = x - rot_offset(self.mu_pre, poscal[SINK:])
         y = x - self.mu
         self.lam = np.maximum(np.sqrt(np.abs(y).max(0)), 1e-4)
         if kind.startswith('qw'):  # query-weighted smoothing: lambda_c = (Var k_c / E q_c^2)^(1/4)
@@ -98,10 +106,36 @@ class KeyCodec:
     def decode_post(self, k, pos):  # returns post-RoPE reconstructed keys
         pre = self.kind.startswith('pre')
         x = k if pre else rope(k[:, None, :], pos)[:, 0]
-        z = ((x - self.mu) / self.lam) @ Hd.T
+        off = rot_offset(self.mu_pre, pos) if self.mu_pre is not None else 0.0
+        z = ((x - off - self.mu) / self.lam) @ Hd.T
         zq = pq_apply(z, self.books, self.shared)
-        xq = (zq @ Hd) * self.lam + self.mu
+        xq = (zq @ Hd) * self.lam + self.mu + off
         return rope(xq[:, None, :], pos)[:, 0] if pre else xq
+
+def rot_mean(kpre):  # pre-RoPE key mean, restricted to the rotary pairs ROTPAIRS selects
+    mu = kpre.mean(0)
+    if os.environ.get('ROTPAIRS', 'all') == 'lo':
+        slow = freqs * BLK < float(os.environ.get('ROTMAXRAD', '0.05'))  # per pair
+        h = n_rot // 2
+        keep = np.ones(D, bool)
+        if neox: keep[:h] = slow; keep[h:n_rot] = slow
+        else: keep[0:n_rot:2] = slow; keep[1:n_rot:2] = slow
+        mu = np.where(keep, mu, 0.0)
+    top = int(os.environ.get('ROTTOP', '0'))  # keep only the top pairs by mean energy
+    if top:
+        h = n_rot // 2
+        if neox: e = mu[:h] ** 2 + mu[h:n_rot] ** 2
+        else: e = mu[0:n_rot:2] ** 2 + mu[1:n_rot:2] ** 2
+        slow = np.zeros(h, bool); slow[np.argsort(-e)[:top]] = True
+        keep = np.zeros(D, bool)
+        if neox: keep[:h] = slow; keep[h:n_rot] = slow
+        else: keep[0:n_rot:2] = slow; keep[1:n_rot:2] = slow
+        mu = np.where(keep, mu, 0.0)
+    return mu
+
+def rot_offset(mu, pos):  # R(p_b) mu for each position's block start p_b
+    ref = np.floor(pos / BLK) * BLK
+    return rope(np.broadcast_to(mu, (len(pos), 1, D)).copy(), ref)[:, 0]
 
 def attn_err(q, k, v, kq, vq, pos):  # q [n,G,D] post-rope; k,kq [n,D] post-rope
     pos = pos - pos[0]
@@ -123,7 +157,6 @@ def attn_err(q, k, v, kq, vq, pos):  # q [n,G,D] post-rope; k,kq [n,D] post-rope
         kls.append((p * (np.log(p + 1e-30) - np.log(ph + 1e-30))).sum(1).mean())
     return float(np.mean(errs)), float(np.mean(kls))
 
-import os
 OFF = float(os.environ.get("OFF", "0")); AUGMAX = float(os.environ.get("AUGMAX", "32768"))
 posc = cal['pos'].astype(np.float64); pose = ev['pos'].astype(np.float64) + OFF
 print('layer ' + ' '.join(f'{s:>18}' for s in schemes) + '   |mu|/rms  (out-err, score-KL)')

@@ -39,6 +39,11 @@ struct CalibrationOptions {
   // queries re-rotated to random positions in [0, position_span) (0: the positions they ran at).
   bool query_aware = true;
   int64_t position_span = 0;
+  // from_model only: the rotated key mean (docs/QUALITY.md "Rotated key mean"): the keys' pre-RoPE
+  // mean, turned to each segment of this many tokens, is removed before coding and its exact score
+  // added back in attention. 0: keys coded with their mean; -1 (auto): 16 when `device` is the CPU,
+  // else 0. A calibration with it runs on the CPU only (the device kernels do not add the mean back yet).
+  int key_mean_tokens = -1;
   // from_model only: after training, the new cache is compared with fp16 on up to this many tokens
   // of the text after the max_tokens trained on (held_out_check(); 0: not measured; otherwise at
   // least kMinHeldOutTokens, and the text must have that many left, or there is no check).
@@ -87,6 +92,9 @@ class Calibration {
   int key_books() const;    // codebooks per KV head: 1 (shared) or head_dim / key sub_dim
   int value_books() const;
   uint64_t n_calib_tokens() const;
+  // The rotated key mean's segment (CalibrationOptions::key_mean_tokens); 0: none. A calibration
+  // with one runs on the CPU only.
+  int key_mean_tokens() const;
   std::string model_name() const;
   CalibrationCheck held_out_check() const;
   // Arrays of layer l (0 <= l < n_layers(), else vq::Error), float32, row-major, owned by the

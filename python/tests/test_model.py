@@ -105,8 +105,10 @@ def test_vecinfer_with_in_memory_calibration(model):
     chk = cal.held_out_check
     assert chk is not None and 64 <= chk["tokens"] <= 1024
     assert 0 <= chk["kl"] < 5 and 0 <= chk["top1"] <= 1 and chk["ppl_ratio"] > 0
-    assert vq.Calibration.from_model(model, TEXT, max_tokens=256, kv_cache="vecinfer:d4b8,gran=shared",
-                                     kmeans_iters=1, held_out_tokens=0).held_out_check is None
+    assert cal.key_mean_tokens == 16  # the rotated key mean, the default
+    plain = vq.Calibration.from_model(model, TEXT, max_tokens=256, kv_cache="vecinfer:d4b8,gran=shared",
+                                      kmeans_iters=1, held_out_tokens=0, key_mean_tokens=0)
+    assert plain.held_out_check is None and plain.key_mean_tokens == 0
     spec = vq.KVSpec("vecinfer:d4b8,gran=shared,r=32,sink=4", cal)
     long_prompt = model.tokenizer.encode(TEXT)[:400]
     g = model.generate(long_prompt, max_new_tokens=4, temperature=0, kv_cache=spec)

@@ -21,6 +21,7 @@ static vq::CalibTrainOptions train_options(const CalibrationOptions& o) {
   t.skip_tokens = o.skip_tokens;
   t.query_aware = o.query_aware;
   t.position_span = o.position_span;
+  t.key_mean_tokens = o.key_mean_tokens >= 0 ? o.key_mean_tokens : o.device == Device::cpu ? 16 : 0;
   t.held_out_tokens = o.held_out_tokens;
   return t;
 }
@@ -66,6 +67,7 @@ CodebookGranularity Calibration::granularity() const { return to_public(data_->g
 int Calibration::key_books() const { return data_->key_books(); }
 int Calibration::value_books() const { return data_->value_books(); }
 uint64_t Calibration::n_calib_tokens() const { return data_->n_calib_tokens; }
+int Calibration::key_mean_tokens() const { return data_->key_mean_tokens; }
 std::string Calibration::model_name() const { return data_->model; }
 CalibrationCheck Calibration::held_out_check() const {
   const vq::CalibrationCheck& k = data_->check;

@@ -21,13 +21,19 @@ namespace {
 
 constexpr char kMagic[8] = {'V', 'Q', 'C', 'A', 'L', 'I', 'B', '\0'};
 // Version 2 adds the held-out check (CalibrationCheck: u32 tokens, f64 kl, top1, ppl_ratio) after
-// n_calib_tokens; version 1 files still load (no check).
-constexpr uint32_t kVersion = 2;
+// n_calib_tokens; version 3 the rotated key mean (u32 key_mean_tokens, rope_neox, n_rot, then per
+// layer the mean and the rotary frequencies). Versions 1 and 2 still load (no check, no mean).
+constexpr uint32_t kVersion = 3;
 constexpr size_t kMaxModelLen = 1024;
 // Fixed part of the header: magic + 13 u32 + 2 u64 + u32 model_len (+ the check's u32 + 3 f64).
 constexpr size_t kFixedHeaderV1 = 8 + 13 * 4 + 2 * 8 + 4;
 constexpr size_t kCheckBytes = 4 + 3 * 8;
-size_t fixed_header(uint32_t version) { return kFixedHeaderV1 + (version >= 2 ? kCheckBytes : 0); }
+constexpr size_t kKeyMeanBytes = 3 * 4;
+size_t fixed_header(uint32_t version) {
+  return kFixedHeaderV1 + (version >= 2 ? kCheckBytes : 0) + (version >= 3 ? kKeyMeanBytes : 0);
+}
+// The largest key_mean_tokens a file may hold (a block of the pool is at most this long).
+constexpr int kMaxKeyMeanTokens = 4096;
 
 bool valid_sub_dim(int d) { return d == 2 || d == 4 || d == 8 || d == 16; }
 
@@ -47,7 +53,8 @@ class Writer {
     const auto* b = static_cast<const uint8_t*>(p);
     buf_.insert(buf_.end(), b, b + n);
   }
-  void floats(const std::vector<float>& v) { raw(v.data(), v.size() * sizeof(float)); }
+  template <class T>
+  void floats(const std::vector<T>& v) { raw(v.data(), v.size() * sizeof(T)); }
   std::vector<uint8_t>& bytes() { return buf_; }
 
  private:
@@ -149,6 +156,12 @@ void Calibration::validate() const {
   }
   VQ_CHECK(model.size() <= kMaxModelLen, "calibration: model name of {} bytes exceeds {}", model.size(),
            kMaxModelLen);
+  VQ_CHECK(key_mean_tokens >= 0 && key_mean_tokens <= kMaxKeyMeanTokens,
+           "calibration: key_mean_tokens = {} must be in 0..{}", key_mean_tokens, kMaxKeyMeanTokens);
+  if (has_key_mean())
+    VQ_CHECK(n_rot >= 2 && n_rot <= head_dim && n_rot % 2 == 0,
+             "calibration: n_rot = {} must be even and in 2..head_dim ({}) when the key mean is stored", n_rot,
+             head_dim);
   VQ_CHECK(layers.size() == size_t(n_layers), "calibration: {} layers present, n_layers = {}", layers.size(),
            n_layers);
   const size_t n_smooth = size_t(n_kv_heads) * head_dim;
@@ -171,6 +184,22 @@ void Calibration::validate() const {
                i / size_t(head_dim), i % size_t(head_dim), L.smoothing[i], kMinLambda, kMaxCalibrationValue);
     check_codebook_values(L.key_codebooks, l, "key", key_books(), key);
     check_codebook_values(L.value_codebooks, l, "value", value_books(), value);
+    if (!has_key_mean()) {
+      VQ_CHECK(L.key_mean.empty() && L.rope_freqs.empty(),
+               "calibration: layer {} holds a key mean but key_mean_tokens = 0", l);
+      continue;
+    }
+    VQ_CHECK(L.key_mean.size() == n_smooth, "calibration: layer {} key mean has {} floats, expected [{}, {}] = {}", l,
+             L.key_mean.size(), n_kv_heads, head_dim, n_smooth);
+    VQ_CHECK(L.rope_freqs.size() == size_t(n_rot / 2), "calibration: layer {} has {} rope freqs, expected n_rot / 2 = {}",
+             l, L.rope_freqs.size(), n_rot / 2);
+    for (size_t i = 0; i < L.key_mean.size(); ++i)
+      VQ_CHECK(std::fabs(L.key_mean[i]) <= kMaxCalibrationValue,
+               "calibration: layer {} key mean[{}, {}] = {} is not finite or exceeds the bound {}", l,
+               i / size_t(head_dim), i % size_t(head_dim), L.key_mean[i], kMaxCalibrationValue);
+    for (size_t i = 0; i < L.rope_freqs.size(); ++i)
+      VQ_CHECK(L.rope_freqs[i] > 0 && L.rope_freqs[i] <= 1e3,  // NaN fails too
+               "calibration: layer {} rope freq[{}] = {} must be in (0, 1000]", l, i, L.rope_freqs[i]);
   }
 }
 
@@ -191,12 +220,17 @@ void save_calibration(const std::string& path, const Calibration& c) {
   w.f64(c.check.kl);
   w.f64(c.check.top1);
   w.f64(c.check.ppl_ratio);
+  w.u32(uint32_t(c.key_mean_tokens));
+  w.u32(c.rope_neox ? 1 : 0);
+  w.u32(uint32_t(c.n_rot));
   w.u32(uint32_t(c.model.size()));
   w.raw(c.model.data(), c.model.size());
   for (const CalibrationLayer& L : c.layers) {
     w.floats(L.smoothing);
     w.floats(L.key_codebooks);
     w.floats(L.value_codebooks);
+    w.floats(L.key_mean);  // empty without the key mean
+    w.floats(L.rope_freqs);
   }
   const uint64_t sum = checksum64(w.bytes().data(), w.bytes().size());
   w.u64(sum);
@@ -239,6 +273,19 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
     c.check.top1 = r.f64("check_top1");
     c.check.ppl_ratio = r.f64("check_ppl_ratio");
   }
+  if (version >= 3) {
+    const uint32_t kmt = r.u32("key_mean_tokens");
+    VQ_CHECK(kmt <= uint32_t(kMaxKeyMeanTokens), "{}: header field key_mean_tokens = {} exceeds {}", path, kmt,
+             kMaxKeyMeanTokens);
+    c.key_mean_tokens = int(kmt);
+    const uint32_t neox = r.u32("rope_neox");
+    VQ_CHECK(neox <= 1, "{}: header field rope_neox = {} must be 0 or 1", path, neox);
+    c.rope_neox = neox == 1;
+    const uint32_t n_rot = r.u32("n_rot");
+    VQ_CHECK(kmt == 0 || (n_rot >= 2 && n_rot <= uint32_t(c.head_dim) && n_rot % 2 == 0),
+             "{}: header field n_rot = {} must be even and in 2..head_dim ({})", path, n_rot, c.head_dim);
+    c.n_rot = int(n_rot);
+  }
   const uint32_t model_len = r.u32("model_len");
   VQ_CHECK(model_len <= kMaxModelLen, "{}: header field model_len = {} exceeds {}", path, model_len, kMaxModelLen);
   VQ_CHECK(header_bytes == fixed_header(version) + model_len, "{}: header_bytes = {} but the header holds {} bytes",
@@ -253,8 +300,10 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
   } catch (const Error& e) {
     VQ_FAIL("{}: inconsistent header: {}", path, e.what());
   }
-  const size_t per_layer = size_t(c.n_kv_heads) * c.head_dim + c.key_codebook_floats() + c.value_codebook_floats();
-  const size_t expected = r.offset() + size_t(c.n_layers) * per_layer * sizeof(float) + 8;
+  const size_t per_layer =
+      (size_t(c.n_kv_heads) * c.head_dim * (c.has_key_mean() ? 2 : 1) + c.key_codebook_floats() +
+       c.value_codebook_floats()) * sizeof(float) + (c.has_key_mean() ? size_t(c.n_rot / 2) * sizeof(double) : 0);
+  const size_t expected = r.offset() + size_t(c.n_layers) * per_layer + 8;
   VQ_CHECK(size >= expected, "{}: truncated: {} bytes, the header implies {}", path, size, expected);
   VQ_CHECK(size == expected, "{}: {} trailing bytes after the data the header implies ({} bytes)", path,
            size - expected, expected);
@@ -271,6 +320,12 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
     r.raw(L.smoothing.data(), L.smoothing.size() * 4, "smoothing");
     r.raw(L.key_codebooks.data(), L.key_codebooks.size() * 4, "key codebooks");
     r.raw(L.value_codebooks.data(), L.value_codebooks.size() * 4, "value codebooks");
+    if (c.has_key_mean()) {
+      L.key_mean.resize(size_t(c.n_kv_heads) * c.head_dim);
+      L.rope_freqs.resize(size_t(c.n_rot / 2));
+      r.raw(L.key_mean.data(), L.key_mean.size() * 4, "key mean");
+      r.raw(L.rope_freqs.data(), L.rope_freqs.size() * 8, "rope freqs");
+    }
   }
   try {
     c.validate();

@@ -2,13 +2,17 @@
 // VecInfer calibration data (API.md) and its versioned binary file.
 //
 // File layout (all integers and floats little-endian):
-//   magic "VQCALIB\0" (8 bytes) | u32 version (=1) | u32 header_bytes (from file start)
+//   magic "VQCALIB\0" (8 bytes) | u32 version (=3) | u32 header_bytes (from file start)
 //   u32 n_layers, n_kv_heads, head_dim | u32 key_sub_dim, key_bits, value_sub_dim, value_bits
 //   u32 granularity (0 shared, 1 per_subspace) | u32 hadamard_block | u32 kmeans_iters
-//   u64 seed | u64 n_calib_tokens | u32 model_len | model bytes (<= 1024)
+//   u64 seed | u64 n_calib_tokens
+//   (version >= 2) u32 check_tokens | f64 check_kl, check_top1, check_ppl_ratio
+//   (version >= 3) u32 key_mean_tokens | u32 rope_neox | u32 n_rot
+//   u32 model_len | model bytes (<= 1024)
 //   then per layer: smoothing [n_kv_heads, head_dim] f32,
 //                   key codebooks [n_kv_heads, k_books, 2^key_bits, key_sub_dim] f32,
-//                   value codebooks [n_kv_heads, v_books, 2^value_bits, value_sub_dim] f32
+//                   value codebooks [n_kv_heads, v_books, 2^value_bits, value_sub_dim] f32,
+//                   (key_mean_tokens > 0) key mean [n_kv_heads, head_dim] f32, rope freqs [n_rot / 2] f64
 //   then u64 xxh64 (seed 0) of every preceding byte.
 // The file size must equal exactly what the header implies. Written atomically.
 // Values: every codebook value finite with |x| <= kMaxCalibrationValue, every smoothing factor
@@ -36,6 +40,11 @@ struct CalibrationLayer {
   std::vector<float> smoothing;        // [n_kv_heads, head_dim] f32 (lambda)
   std::vector<float> key_codebooks;    // [n_kv_heads, key_books, 2^key.bits, key.sub_dim] f32
   std::vector<float> value_codebooks;  // [n_kv_heads, value_books, 2^value.bits, value.sub_dim] f32
+  // The rotated key mean (Calibration::key_mean_tokens > 0; docs/QUALITY.md "Rotated key mean"):
+  // key_mean [n_kv_heads, head_dim], the pre-RoPE mean of the keys, zero outside the rotary pairs
+  // it covers; rope_freqs [n_rot / 2], the layer's rotary frequencies (radians per position).
+  std::vector<float> key_mean;
+  std::vector<double> rope_freqs;
 };
 
 // The calibration's own quality check (issue 18): the cache with these codebooks against an fp16
@@ -58,6 +67,15 @@ struct Calibration {
   uint64_t n_calib_tokens = 0;
   std::string model;  // free text (model name / file), <= 1024 bytes
   CalibrationCheck check;  // stored from file version 2 on
+  // Rotated key mean (file version 3; 0: none). A key at position p is coded as
+  // k - R(p_b) mu with p_b = p rounded down to a multiple of key_mean_tokens and R the layer's RoPE
+  // (rope_neox: pairs (i, i + n_rot/2), else (2i, 2i+1)); attention adds q . R(p_b) mu back to each
+  // score, exactly. Keys of models with large k_proj biases (Qwen2.5) carry a big mean that RoPE
+  // turns with position: removed, the codebooks need not follow it past the positions they saw.
+  int key_mean_tokens = 0;
+  bool rope_neox = false;
+  int n_rot = 0;
+  bool has_key_mean() const { return key_mean_tokens > 0; }
   std::vector<CalibrationLayer> layers;  // [n_layers]
 
   // Codebooks per KV head: 1 (shared) or head_dim / sub_dim (per_subspace).

@@ -13,9 +13,11 @@
 #include <sstream>
 
 #include "codec/calibration_check.h"
+#include "codec/key_mean.h"
 #include "core/cache_dir.h"
 #include "core/error.h"
 #include "core/input_file.h"
+#include "core/thread_pool.h"
 #include "eval/perplexity.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_method.h"
@@ -82,6 +84,7 @@ KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int s
   const int H = mc.n_kv_heads, Hq = mc.n_heads, D = mc.head_dim, group = Hq / H;
   KVRecording rec;
   rec.n_tokens = n;
+  rec.segment = seg;
   rec.keys.resize(size_t(mc.n_layers));
   rec.values.resize(size_t(mc.n_layers));
   rec.query_energy.assign(size_t(mc.n_layers), std::vector<double>(size_t(H) * D, 0.0));
@@ -94,6 +97,8 @@ KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int s
     target.resize(size_t(n));
     for (auto& t : target) t = pick(rng);
   }
+  rec.positions.resize(size_t(n));
+  for (int g = 0; g < n; ++g) rec.positions[size_t(g)] = target.empty() ? g % seg : target[size_t(g)];
   std::vector<float> qbuf, kbuf, cosb(size_t(mc.n_rot / 2)), sinb(size_t(mc.n_rot / 2));
   for (int s0 = 0; s0 < n; s0 += seg) {
     const int ns = std::min(seg, n - s0);
@@ -164,7 +169,47 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
   }
   if (progress) opt.progress = [&](int d, int t) { progress("train", d, t); };
   if (opt.query_energy.empty() && opt.query_aware) opt.query_energy = rec.query_energy;
-  return train_calibration(cfg, mc.n_kv_heads, mc.head_dim, k, v, rec.n_tokens, opt, model_name);
+  // The rotated key mean (codec/key_mean.h): measured on the recording, removed from the keys the
+  // codebooks train on exactly as the cache removes it before coding.
+  const int T = opt.key_mean_tokens;
+  VQ_CHECK(T >= 0 && T <= 4096, "calibrate: key mean segment of {} tokens must be in 0..4096", T);
+  std::vector<std::vector<float>> centred, means;
+  if (T > 0 && mc.n_rot >= 2) {
+    VQ_CHECK(rec.positions.size() == size_t(rec.n_tokens) && rec.segment > 0,
+             "calibrate: the recording has no positions (internal error)");
+    const bool neox = mc.rope_layout == RopeLayout::NeoX;
+    std::vector<bool> use(size_t(rec.n_tokens));
+    for (int64_t t = 0; t < rec.n_tokens; ++t) use[size_t(t)] = t % rec.segment >= opt.skip_tokens;
+    centred.resize(size_t(mc.n_layers));
+    means.resize(size_t(mc.n_layers));
+    parallel_for(size_t(mc.n_layers), [&](size_t l0, size_t l1, int) {
+      for (size_t l = l0; l < l1; ++l) {
+        means[l] = pre_rope_key_mean(rec.keys[l].data(), rec.positions.data(), use, rec.n_tokens, mc.n_kv_heads,
+                                     mc.head_dim, mc.n_rot, neox, model.rope_inv_freqs(int(l)), T);
+        centred[l] = rec.keys[l];
+        const RotatedKeyMean km(means[l], model.rope_inv_freqs(int(l)), mc.n_kv_heads, mc.head_dim, mc.n_rot, neox,
+                                T);
+        const size_t row = size_t(mc.n_kv_heads) * mc.head_dim;
+        for (int64_t t = 0; t < rec.n_tokens; ++t)
+          for (int h = 0; h < mc.n_kv_heads; ++h)
+            km.subtract(h, rec.positions[size_t(t)], 1, centred[l].data() + size_t(t) * row + size_t(h) * mc.head_dim,
+                        mc.head_dim);
+        k[l] = centred[l].data();
+      }
+    });
+  }
+  Calibration cal = train_calibration(cfg, mc.n_kv_heads, mc.head_dim, k, v, rec.n_tokens, opt, model_name);
+  if (!means.empty()) {
+    cal.key_mean_tokens = T;
+    cal.rope_neox = mc.rope_layout == RopeLayout::NeoX;
+    cal.n_rot = mc.n_rot;
+    for (int l = 0; l < mc.n_layers; ++l) {
+      cal.layers[size_t(l)].key_mean = std::move(means[size_t(l)]);
+      cal.layers[size_t(l)].rope_freqs = model.rope_inv_freqs(l);
+    }
+    cal.validate();
+  }
+  return cal;
 }
 
 CalibrationCheck measure_calibration(const Model& model, const std::vector<int32_t>& ids, const KVCacheConfig& cfg,

@@ -31,6 +31,8 @@ struct KVRecording {
   int64_t n_tokens = 0;
   std::vector<std::vector<float>> keys, values;
   std::vector<std::vector<double>> query_energy;
+  std::vector<int64_t> positions;  // [n_tokens] the position each token's keys were rotated to
+  int segment = 0;                 // tokens per independent sequence
 };
 // position_span > 0: each token's keys and queries are re-rotated (RoPE) from the position they ran
 // at to a random position in [0, position_span), so that codebooks trained on them cover every

@@ -36,6 +36,10 @@ struct CalibTrainOptions {
   // 0 (the default): the positions the calibration text ran at. Measured (docs/QUALITY.md): a span
   // far past the evaluated context costs quality there, so it is not the default.
   int64_t position_span = 0;
+  // For the model-level trainer (eval/calibrate.h calibrate_recording): the rotated key mean's segment
+  // (Calibration::key_mean_tokens; codec/key_mean.h); 0: keys coded with their mean, as before (the
+  // device kernels do not apply the mean yet, so the first-use recipe, made for both devices, keeps 0).
+  int key_mean_tokens = 0;
   // For the model-level trainer (eval/calibrate.h calibrate_model): after training, the new cache is
   // compared with fp16 on up to this many tokens of the text that follow the ones trained on
   // (Calibration::check; 0 or no tokens left: not measured).

@@ -7,7 +7,7 @@
 
 namespace vq {
 
-void CodedFormat::encode_block(float*, float*, uint8_t*) const {
+void CodedFormat::encode_block(float*, float*, uint8_t*, int64_t) const {
   VQ_FAIL("{} cache: encode_block is not defined for this format", name());
 }
 void CodedFormat::write_tokens(const float*, const float*, int, int, uint8_t*) const {

@@ -47,9 +47,10 @@ class CodedFormat {
   virtual bool direct() const { return false; }
   virtual size_t codebook_bytes() const { return 0; }
 
-  // Windowed: encodes one full block. k, v: [n_kv_heads, block_tokens, head_dim] f32 (the
-  // function may overwrite them); block: [block_bytes()].
-  virtual void encode_block(float* k, float* v, uint8_t* block) const;
+  // Windowed: encodes one full block whose first token sits at position pos0 (a format may code
+  // keys relative to their position: VecInfer's rotated key mean). k, v: [n_kv_heads, block_tokens,
+  // head_dim] f32 (the function may overwrite them); block: [block_bytes()].
+  virtual void encode_block(float* k, float* v, uint8_t* block, int64_t pos0) const;
   // Direct: writes n tokens into slots [slot, slot + n) of a block. k, v: [n, n_kv_heads, head_dim].
   virtual void write_tokens(const float* k, const float* v, int n, int slot, uint8_t* block) const;
 
@@ -65,9 +66,10 @@ class CodedFormat {
   // Accumulates n coded tokens into the online-softmax state of query i (of the prepared entry)
   // and the `group` query heads of KV head h: m, d: [group], o: [group, head_dim] (not
   // normalised). Token 0 of the run sits at slot `first` of blocks[0]; later tokens continue
-  // through blocks[1], blocks[2], ... (each the base address of a block).
+  // through blocks[1], blocks[2], ... (each the base address of a block); slot 0 of blocks[0]
+  // holds position pos0.
   virtual void attend(const QueryPrep& prep, int i, int h, const uint8_t* const* blocks, int first, int64_t n,
-                      float* m, float* d, float* o) const = 0;
+                      float* m, float* d, float* o, int64_t pos0) const = 0;
 
   const KVGeometry& geometry() const { return geo_; }
   int block_tokens() const { return B_; }

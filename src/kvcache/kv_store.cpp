@@ -348,7 +348,7 @@ void KVStore::append(SeqKV& s, int layer, const float* k, const float* v, int n)
       const uint8_t* src = pool_.data(dense_arena_, sl.dense[j]);
       if (f32) read_block<float>(src, H, D, B_, kf.data(), vf.data());
       else read_block<uint16_t>(src, H, D, B_, kf.data(), vf.data());
-      L.format->encode_block(kf.data(), vf.data(), pool_.data(L.coded_arena, sl.coded[j]));
+      L.format->encode_block(kf.data(), vf.data(), pool_.data(L.coded_arena, sl.coded[j]), int64_t(j) * B_);
     }
   });
 }
@@ -519,7 +519,7 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
                          j * B_ + B_ - 1, layer);
                 ptrs.push_back(pool_.data(L.coded_arena, id));
               }
-              L.format->attend(*prep[size_t(I.e)], i, h, ptrs.data(), int(c0 % B_), c1 - c0, mi, di, oi);
+              L.format->attend(*prep[size_t(I.e)], i, h, ptrs.data(), int(c0 % B_), c1 - c0, mi, di, oi, c0 / B_ * B_);
             }
             const int64_t w0 = std::max(kb, ce);
             if (has_dense(L) && lim > w0) {  // fp16 window

@@ -44,6 +44,10 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
   if (B < 32 || (B & (B - 1)) != 0)
     return fmt::format("blocks of {} tokens: the device pool takes a power of two >= 32", B);
   if (std::string why = method.device_unsupported(c, g, B); !why.empty()) return why;
+  if (spec.calibration && spec.calibration->has_key_mean())
+    return "this calibration codes keys without their rotated mean (calibration file version 3, made with "
+           "--key-mean rotated); the device kernels do not add it back yet: for --device cuda make one with "
+           "`veloxquant calibrate --key-mean none`";
   if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
   return "";
 #endif

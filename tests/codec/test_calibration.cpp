@@ -109,7 +109,7 @@ void fix_checksum(std::vector<char>& b) {
 }
 
 // Version 2 stores the held-out check; version 1 files (no check) still load, with the same data.
-TEST(Calibration, HeldOutCheckRoundTripsAndVersion1FilesStillLoad) {
+TEST(Calibration, HeldOutCheckRoundTripsAndVersion1And2FilesStillLoad) {
   Calibration c = make_calib(Granularity::per_subspace);
   c.check = {1024, 0.0412, 0.903, 1.033};
   const std::string p = tmp_path("check"), q = tmp_path("check_v1");
@@ -119,19 +119,30 @@ TEST(Calibration, HeldOutCheckRoundTripsAndVersion1FilesStillLoad) {
   EXPECT_EQ(d.check.kl, 0.0412);
   EXPECT_EQ(d.check.top1, 0.903);
   EXPECT_EQ(d.check.ppl_ratio, 1.033);
-  // The same file as version 1: no check fields (28 bytes at offset 72, after n_calib_tokens).
-  auto b = read_all(p);
-  constexpr size_t kAt = 72, kBytes = 28;
-  b.erase(b.begin() + kAt, b.begin() + kAt + kBytes);
-  const uint32_t one = 1;
-  std::memcpy(b.data() + 8, &one, 4);
-  uint32_t header_bytes;
-  std::memcpy(&header_bytes, b.data() + 12, 4);
-  header_bytes -= uint32_t(kBytes);
-  std::memcpy(b.data() + 12, &header_bytes, 4);
-  fix_checksum(b);
-  write_all(q, b);
-  const Calibration e = load_calibration(q);
+  // The same file as version 2 (no key-mean fields: 12 bytes at offset 100, after the check) and as
+  // version 1 (no check either: 28 more bytes at offset 72, after n_calib_tokens).
+  auto older = [&](uint32_t version) {
+    auto b = read_all(p);
+    size_t removed = 12;
+    b.erase(b.begin() + 100, b.begin() + 112);
+    if (version == 1) {
+      b.erase(b.begin() + 72, b.begin() + 100);
+      removed += 28;
+    }
+    std::memcpy(b.data() + 8, &version, 4);
+    uint32_t header_bytes;
+    std::memcpy(&header_bytes, b.data() + 12, 4);
+    header_bytes -= uint32_t(removed);
+    std::memcpy(b.data() + 12, &header_bytes, 4);
+    fix_checksum(b);
+    write_all(q, b);
+    return load_calibration(q);
+  };
+  const Calibration v2 = older(2);
+  EXPECT_EQ(v2.check.tokens, 1024u);
+  EXPECT_EQ(v2.check.kl, 0.0412);
+  EXPECT_FALSE(v2.has_key_mean());
+  const Calibration e = older(1);
   EXPECT_EQ(e.check.tokens, 0u);
   EXPECT_EQ(e.model, "test-model");
   EXPECT_EQ(e.n_calib_tokens, 999u);
@@ -210,9 +221,9 @@ TEST(Calibration, WrongMagicAndVersion) {
   write_all(p, m);
   expect_load_error(p, "magic", "magic");
   auto v = b;
-  v[8] = 3;  // version field, little-endian u32 at offset 8
+  v[8] = 4;  // version field, little-endian u32 at offset 8
   write_all(p, v);
-  expect_load_error(p, "version 3", "version");
+  expect_load_error(p, "version 4", "version");
   v[8] = 0;
   write_all(p, v);
   expect_load_error(p, "version 0", "version 0");

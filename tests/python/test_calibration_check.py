@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from tests.python.test_cli_flags_issue26 import NO_MODEL, run, tiny  # noqa: E402,F401 (tiny: the fixture)
-from tests.reference.bad_inputs import calibration_bytes  # noqa: E402
+from tests.reference.bad_inputs import calibration_bytes, with_float  # noqa: E402
 
 
 def generate_with(tiny, calib):
@@ -63,3 +63,25 @@ def test_held_out_flag_is_checked_before_the_model_loads(tmp_path):
         rc, _, err = run("calibrate", "-m", NO_MODEL, "--text", NO_MODEL, "-o", tmp_path / "x.vqcal",
                          "--held-out", bad)
         assert rc == 1 and f"--held-out: {bad} must be 0 (no check) or in 64..1048576" in err, err
+
+
+def test_a_rotated_key_mean_calibration_runs_and_a_bad_one_is_refused(tiny, tmp_path):
+    """Calibration file version 3 with a rotated key mean (docs/QUALITY.md) runs on the CPU cache;
+    a stored mean that is not finite is refused naming it (the device refusal is tested in C++:
+    KeyMean.TheDeviceSaysItDoesNotRunIt)."""
+    km = tmp_path / "km.vqcal"
+    data, where = calibration_bytes(2, 2, 16, check=(512, 0.01, 0.97, 1.0), key_mean=(16, True, 16))
+    km.write_bytes(data)
+    assert generate_with(tiny, km) == []
+    # layer 1's mean starts after its value codebooks: 2 heads x 16 dims x 4 bytes from the end of layer 1
+    mean_at = len(data) - 8 - 8 * 8 - 2 * 16 * 4
+    km.write_bytes(with_float(data, mean_at + 4 * 3, float("nan")))
+    rc, _, err = run("generate", "-m", tiny, "--prompt-ids", "1,2,3", "-n", "2", "-q", "--kv-cache",
+                     "vecinfer:d4b8", "--calib", km)
+    assert rc == 1 and "layer 1 key mean[0, 3] = nan" in err, err
+
+
+def test_bad_key_mean_flag_is_refused(tmp_path):
+    rc, _, err = run("calibrate", "-m", NO_MODEL, "--text", tmp_path / "t.txt", "-o", tmp_path / "x.vqcal",
+                     "--key-mean", "sideways")
+    assert rc != 0 and "--key-mean" in err and "sideways" in err, err

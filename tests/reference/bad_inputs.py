@@ -59,16 +59,22 @@ def hadamard_block(d):
 
 
 def calibration_bytes(layers, heads, head_dim, key=(4, 8), value=(4, 8), shared=False, seed=0, model=b"tiny",
-                      check=None):
+                      check=None, key_mean=None):
     """A valid calibration file: positive smoothing, N(0,1) codebooks. Returns (bytes, payload
     offsets {"smoothing": [...], "key": [...], "value": [...]} per layer, for edits). check: None
-    for a version-1 file, else (tokens, kl, top1, ppl_ratio), the held-out check of version 2."""
+    for a version-1 file, else (tokens, kl, top1, ppl_ratio), the held-out check of version 2.
+    key_mean: (tokens, neox, n_rot) for a version-3 file with a rotated key mean (N(0,1) means,
+    frequencies 10000^(-2i/n_rot)); it needs a check."""
     rng = np.random.default_rng(seed)
-    head = struct.pack(_HEADER[:-1], b"VQCALIB\0", 1 if check is None else 2,
-                       _FIXED + len(model) + (0 if check is None else 28), layers, heads, head_dim, key[0], key[1],
+    version = 1 if check is None else 2 if key_mean is None else 3
+    extra = (0 if check is None else 28) + (0 if key_mean is None else 12)
+    head = struct.pack(_HEADER[:-1], b"VQCALIB\0", version,
+                       _FIXED + len(model) + extra, layers, heads, head_dim, key[0], key[1],
                        value[0], value[1], 0 if shared else 1, hadamard_block(head_dim), 3, seed, 64)
     if check is not None:
         head += struct.pack("<Iddd", *check)
+    if key_mean is not None:
+        head += struct.pack("<III", key_mean[0], 1 if key_mean[1] else 0, key_mean[2])
     out = bytearray(head + struct.pack("<I", len(model)))
     out += model
     where = {"smoothing": [], "key": [], "value": []}
@@ -79,6 +85,10 @@ def calibration_bytes(layers, heads, head_dim, key=(4, 8), value=(4, 8), shared=
             books = 1 if shared else head_dim // d
             where[side].append(len(out))
             out += rng.standard_normal(heads * books * (1 << b) * d).astype("<f4").tobytes()
+        if key_mean is not None:
+            n_rot = key_mean[2]
+            out += rng.standard_normal(heads * head_dim).astype("<f4").tobytes()
+            out += (10000.0 ** (-2.0 * np.arange(n_rot // 2) / n_rot)).astype("<f8").tobytes()
     out += struct.pack("<Q", xxh64(bytes(out)))
     return bytes(out), where
 

@@ -25,6 +25,7 @@ struct CalibrateOptions {
   uint64_t seed = 1234;
   std::string smoothing = "query";
   int64_t position_span = 0;
+  std::string key_mean = "auto";
   int held_out = 1024;
 };
 
@@ -51,6 +52,7 @@ void run_calibrate(const CalibrateOptions& o) {
   opt.seed = o.seed;
   opt.query_aware = o.smoothing == "query";
   opt.position_span = o.position_span;
+  opt.key_mean_tokens = o.key_mean == "rotated" ? 16 : o.key_mean == "none" ? 0 : -1;
   opt.held_out_tokens = o.held_out;
   opt.device = resolve_device(o.device);
   ProgressBar bar;
@@ -93,6 +95,12 @@ void add_calibrate(CLI::App& app) {
   c->add_option("--position-span", o->position_span,
                 "Re-rotate the recorded keys/queries to random positions in [0, N) (0: as run; docs/QUALITY.md)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24))
+      ->capture_default_str();
+  c->add_option("--key-mean", o->key_mean,
+                "rotated: remove the keys' pre-RoPE mean, turned to each 16-token segment, before coding and add its "
+                "exact score back (the cache then runs on the CPU only; docs/QUALITY.md \"Rotated key mean\"); none: "
+                "code keys with their mean (runs on --device cuda too); auto: rotated with --device cpu, else none")
+      ->check(CLI::IsMember({"auto", "rotated", "none"}))
       ->capture_default_str();
   c->add_option("--held-out", o->held_out,
                 "Tokens of the text after --tokens on which the new cache is compared with fp16 (stored in the file; "

@@ -62,7 +62,7 @@ class KiviFormat final : public CodedFormat {
     return true;
   }
 
-  void encode_block(float* kf, float* vf, uint8_t* block) const override {
+  void encode_block(float* kf, float* vf, uint8_t* block, int64_t) const override {
     const int H = geo_.n_kv_heads, D = geo_.head_dim;
     std::vector<uint16_t> codes(static_cast<size_t>(D));
     std::vector<float> sc(static_cast<size_t>(D)), mn(static_cast<size_t>(D));
@@ -106,7 +106,7 @@ class KiviFormat final : public CodedFormat {
   }
 
   void attend(const QueryPrep& prep, int i, int h, const uint8_t* const* blocks, int first, int64_t n, float* m,
-              float* d, float* o) const override {
+              float* d, float* o, int64_t) const override {
     cpu::KiviAttnArgs a;
     a.group = geo_.n_heads / geo_.n_kv_heads;
     a.head_dim = geo_.head_dim;

@@ -44,12 +44,12 @@ class HadamardFormat final : public CodedFormat {
   }
 
   void attend(const QueryPrep& prep, int i, int h, const uint8_t* const* blocks, int first, int64_t n, float* m,
-              float* d, float* o) const override {
+              float* d, float* o, int64_t pos0) const override {
     // The kernel accumulates rotated values: carry the running output into the rotated space
     // (H o) and back (H H o~ = o) around it; m and d are scores-only and need nothing.
     const size_t group = size_t(geo_.n_heads / geo_.n_kv_heads);
     rotate(o, group);
-    inner_->attend(prep, i, h, blocks, first, n, m, d, o);
+    inner_->attend(prep, i, h, blocks, first, n, m, d, o, pos0);
     rotate(o, group);
   }
 

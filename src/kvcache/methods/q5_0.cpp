@@ -89,7 +89,7 @@ class Q50Format final : public CodedFormat {
   // Decodes each token's K and V rows and folds them into the online softmax (a plain scalar
   // kernel: the method's point is the format, not the speed).
   void attend(const QueryPrep& prep, int i, int h, const uint8_t* const* blocks, int first, int64_t n, float* m,
-              float* d, float* o) const override {
+              float* d, float* o, int64_t) const override {
     const int G = geo_.n_heads / geo_.n_kv_heads, D = geo_.head_dim;
     const float* q = static_cast<const ScaledQueries&>(prep).at(i, h);  // [G, D], already scaled
     std::vector<float> kr(static_cast<size_t>(D)), vr(static_cast<size_t>(D));

@@ -43,7 +43,7 @@ class ScalarBlockFormat final : public CodedFormat {
   }
 
   void attend(const QueryPrep& prep, int i, int h, const uint8_t* const* blocks, int first, int64_t n, float* m,
-              float* d, float* o) const override {
+              float* d, float* o, int64_t) const override {
     cpu::BlockQuantAttnArgs a;
     a.group = geo_.n_heads / geo_.n_kv_heads;
     a.head_dim = geo_.head_dim;

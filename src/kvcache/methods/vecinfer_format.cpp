@@ -8,6 +8,7 @@
 
 #include "codec/calibration_check.h"
 #include "codec/calibration_file.h"
+#include "codec/key_mean.h"
 #include "codec/key_transform.h"
 #include "codec/product_quantizer.h"
 #include "core/buffer.h"
@@ -27,6 +28,8 @@ namespace {
 class VecInferPrep final : public QueryPrep {
  public:
   std::vector<float> qt;    // [n_q, n_heads, head_dim]
+  std::vector<float> q;     // [n_q, n_heads, head_dim] the queries as given (rotated key mean only)
+  float scale = 1;
   std::vector<float> luts;  // [n_q, n_kv_heads, lut_n] when prebuilt, else empty
   size_t lut_n = 0;
 };
@@ -34,7 +37,7 @@ class VecInferPrep final : public QueryPrep {
 class VecInferFormat final : public CodedFormat {
  public:
   VecInferFormat(const KVGeometry& g, int B, const KVCacheConfig& cfg, const Calibration& c, int layer)
-      : CodedFormat(g, B), cfg_(cfg) {
+      : CodedFormat(g, B), cfg_(cfg), key_mean_(c, layer) {
     const CalibrationLayer& L = c.layers[size_t(layer)];
     lambda_ = L.smoothing;
     const int H = g.n_kv_heads, D = g.head_dim;
@@ -70,8 +73,10 @@ class VecInferFormat final : public CodedFormat {
     return b;
   }
 
-  void encode_block(float* kf, float* vf, uint8_t* block) const override {
+  void encode_block(float* kf, float* vf, uint8_t* block, int64_t pos0) const override {
     const int H = geo_.n_kv_heads, D = geo_.head_dim;
+    if (!key_mean_.empty())
+      for (int h = 0; h < H; ++h) key_mean_.subtract(h, pos0, B_, kf + size_t(h) * B_ * D, D);
     for (int h = 0; h < H; ++h) transform_keys(kf + size_t(h) * B_ * D, B_, 1, D, lambda_.data() + size_t(h) * D);
     for (int h = 0; h < H; ++h) {
       kpq_[size_t(h)].encode(kf + size_t(h) * B_ * D, B_, block + size_t(h) * B_ * krow_);
@@ -83,6 +88,8 @@ class VecInferFormat final : public CodedFormat {
     const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, G = HQ / H;
     auto p = std::make_unique<VecInferPrep>();
     p->qt.assign(q, q + size_t(n_q) * HQ * D);
+    if (!key_mean_.empty()) p->q = p->qt;
+    p->scale = scale;
     transform_queries(p->qt.data(), n_q, HQ, H, D, lambda_.data());
     for (auto& x : p->qt) x *= scale;
     p->lut_n = lut_n_;
@@ -101,13 +108,24 @@ class VecInferFormat final : public CodedFormat {
   }
 
   void attend(const QueryPrep& prep_in, int i, int h, const uint8_t* const* blocks, int first, int64_t n, float* m,
-              float* d, float* o) const override {
+              float* d, float* o, int64_t pos0) const override {
     const auto& prep = static_cast<const VecInferPrep&>(prep_in);
     const int HQ = geo_.n_heads, H = geo_.n_kv_heads, D = geo_.head_dim, G = HQ / H;
     PQAttnArgs a = base_;
     a.q = prep.qt.data() + (size_t(i) * HQ + size_t(h) * G) * D;
     a.k_codebook = kpq_[size_t(h)].codebooks().data();
     a.v_codebook = vpq_[size_t(h)].codebooks().data();
+    thread_local std::vector<float> bias;  // [segments of the run, G]: the rotated key mean's score terms
+    if (!key_mean_.empty()) {
+      const int64_t p_first = pos0 + first, T = key_mean_.tokens();
+      const int n_seg = int((p_first + n - 1) / T - p_first / T + 1);
+      bias.resize(size_t(n_seg) * G);
+      key_mean_.score_bias(h, prep.q.data() + (size_t(i) * HQ + size_t(h) * G) * D, G, prep.scale, p_first, n_seg,
+                           bias.data());
+      a.seg_bias = bias.data();
+      a.seg_tokens = int(T);
+      a.seg_first = int(p_first % T);
+    }
     if (reference_) return attend_reference(a, h, blocks, first, n, m, d, o);
     const float* lut;
     thread_local AlignedBuffer<float> lut_buf;
@@ -170,6 +188,7 @@ class VecInferFormat final : public CodedFormat {
   }
 
   KVCacheConfig cfg_;
+  RotatedKeyMean key_mean_;                     // empty unless the calibration stores one
   std::vector<float> lambda_;                   // [n_kv_heads, head_dim]
   std::vector<ProductQuantizer> kpq_, vpq_;     // [n_kv_heads]
   std::vector<std::vector<float>> kbook_t_;     // [n_kv_heads] channel-major key codebooks

@@ -301,8 +301,8 @@ HWY_INLINE void ValuesGeneric(const float* cb, int64_t book_stride, int nvs, int
 }
 
 template <class KT, class VT>
-void BlockHeads(const PQAttnArgs& a, const float* lut, const KT* const* kc, const VT* const* vc, int nb, float* S,
-                float* acc, Prefetch pf) {
+void BlockHeads(const PQAttnArgs& a, const float* lut, const KT* const* kc, const VT* const* vc, int b0, int nb,
+                float* S, float* acc, Prefetch pf) {
   const int D = a.head_dim, nks = D / a.k_sub_dim, nvs = D / a.v_sub_dim, K = 1 << a.k_bits;
   const int64_t vbook = a.v_books == 1 ? 0 : (int64_t(1) << a.v_bits) * a.v_sub_dim;
   const int n_hg = (a.group + kHeads - 1) / kHeads;
@@ -310,6 +310,11 @@ void BlockHeads(const PQAttnArgs& a, const float* lut, const KT* const* kc, cons
     const int g0 = hg * kHeads, ng = std::min(kHeads, a.group - g0);
     Scores(lut + int64_t(hg) * nks * K * kHeads, nks, K, kc, nb, S, pf);
     pf = Prefetch{};  // the first head group's pass requested them
+    if (a.seg_bias)  // the rotated key mean's score terms, one per segment of seg_tokens tokens
+      for (int t = 0; t < nb; ++t) {
+        const float* bias = a.seg_bias + size_t((a.seg_first + b0 + t) / a.seg_tokens) * a.group + g0;
+        for (int h = 0; h < ng; ++h) S[t * kHeads + h] += bias[h];
+      }
     float alpha[kHeads];  // alpha: [4] rescale of the heads' running outputs
     SoftmaxBlock(S, nb, ng, a.m + g0, a.d + g0, alpha);
     std::fill(acc, acc + int64_t(kHeads) * D, 0.0f);
@@ -384,10 +389,10 @@ void Accumulate(const PQAttnArgs& a, const float* lut) {
       for (int t = 0; t < nb; ++t) unpack_codes(kr[size_t(t)], nks, a.k_bits, k16.data() + size_t(t) * nks);
     if (!v8)
       for (int t = 0; t < nb; ++t) unpack_codes(vr[size_t(t)], nvs, a.v_bits, v16.data() + size_t(t) * nvs);
-    if (k8 && v8) BlockHeads(a, lut, kr.data(), vr.data(), nb, s_buf.data(), acc_buf.data(), pf);
-    else if (k8) BlockHeads(a, lut, kr.data(), v16r.data(), nb, s_buf.data(), acc_buf.data(), pf);
-    else if (v8) BlockHeads(a, lut, k16r.data(), vr.data(), nb, s_buf.data(), acc_buf.data(), pf);
-    else BlockHeads(a, lut, k16r.data(), v16r.data(), nb, s_buf.data(), acc_buf.data(), pf);
+    if (k8 && v8) BlockHeads(a, lut, kr.data(), vr.data(), b0, nb, s_buf.data(), acc_buf.data(), pf);
+    else if (k8) BlockHeads(a, lut, kr.data(), v16r.data(), b0, nb, s_buf.data(), acc_buf.data(), pf);
+    else if (v8) BlockHeads(a, lut, k16r.data(), vr.data(), b0, nb, s_buf.data(), acc_buf.data(), pf);
+    else BlockHeads(a, lut, k16r.data(), v16r.data(), b0, nb, s_buf.data(), acc_buf.data(), pf);
     std::copy(kr.begin() + kBlock, kr.begin() + kBlock + n_next, kr.begin());
   }
 }

@@ -26,6 +26,12 @@ void check_pq_attn_args(const PQAttnArgs& a, const char* who) {
   VQ_CHECK(a.q && a.m && a.d && a.o, "{}: q, m, d and o must be set", who);
   VQ_CHECK(a.n_tokens == 0 || (a.k_codes && a.v_codes && a.k_codebook && a.v_codebook),
            "{}: codes and codebooks must be set when n_tokens = {}", who, a.n_tokens);
+  VQ_CHECK(!a.seg_bias || (a.seg_tokens >= 1 && a.seg_first >= 0 && a.seg_first < a.seg_tokens),
+           "{}: seg_tokens = {} / seg_first = {} do not describe segments", who, a.seg_tokens, a.seg_first);
+}
+
+float seg_bias_at(const PQAttnArgs& a, int t, int g) {
+  return a.seg_bias ? a.seg_bias[size_t((a.seg_first + t) / a.seg_tokens) * a.group + g] : 0.0f;
 }
 
 namespace ref {
@@ -53,7 +59,7 @@ void pq_attention(const PQAttnArgs& a) {
       const uint8_t* row = a.k_codes + size_t(t) * krow;
       double sc = 0;
       for (int j = 0; j < nks; ++j) sc += lut[size_t(j) * kc + read_code(row, j, a.k_bits)];
-      s[size_t(t)] = float(sc);
+      s[size_t(t)] = float(sc) + seg_bias_at(a, t, g);
       mx = std::max(mx, s[size_t(t)]);
     }
     double den = 0;
@@ -100,8 +106,8 @@ void pq_attention_dequantized(const PQAttnArgs& a) {
     for (int t = 0; t < a.n_tokens; ++t) {
       double dot = 0;
       for (int c = 0; c < D; ++c) dot += double(q[c]) * K[size_t(t) * D + c];
-      s[size_t(t)] = dot;
-      mx = std::max(mx, dot);
+      s[size_t(t)] = dot + seg_bias_at(a, t, g);
+      mx = std::max(mx, s[size_t(t)]);
     }
     double den = 0;
     std::vector<double> acc(size_t(D), 0.0);

@@ -27,6 +27,11 @@ struct PQAttnArgs {
   const uint8_t* const* v_blocks = nullptr;
   int block_tokens = 0;
   int first = 0;
+  // Score terms added per segment (VecInfer's rotated key mean, codec/key_mean.h): token t of the run
+  // gets seg_bias[((seg_first + t) / seg_tokens) * group + g] added to its score for head g (already
+  // * scale). Null: none.
+  const float* seg_bias = nullptr;
+  int seg_tokens = 0, seg_first = 0;
   float* m = nullptr;                // [group] out: max score
   float* d = nullptr;                // [group] out: sum exp(s - m)
   float* o = nullptr;                // [group, head_dim] out: sum_t exp(s_t - m) v_t (not normalised)
@@ -34,6 +39,8 @@ struct PQAttnArgs {
 
 // Throws vq::Error naming the field unless the arguments are consistent.
 void check_pq_attn_args(const PQAttnArgs& a, const char* who);
+// The seg_bias term of run token t, head g (0 without seg_bias).
+float seg_bias_at(const PQAttnArgs& a, int t, int g);
 
 namespace ref {
 // n_tokens == 0 -> m = -inf, d = 0, o = 0.

@@ -1,0 +1,132 @@
+#include "codec/key_mean.h"
+
+#include <cmath>
+#include <utility>
+
+#include "codec/calibration_file.h"
+#include "core/error.h"
+
+namespace vq {
+
+std::vector<float> pre_rope_key_mean(const float* k, const int64_t* pos, const std::vector<bool>& use, int64_t n,
+                                     int n_heads, int head_dim, int n_rot, bool neox, const std::vector<double>& freqs,
+                                     int T) {
+  VQ_CHECK(n_rot >= 2 && n_rot <= head_dim && n_rot % 2 == 0 && freqs.size() == size_t(n_rot / 2) && T >= 1,
+           "key mean: n_rot {} / {} frequencies / segment {} do not fit head_dim {}", n_rot, freqs.size(), T,
+           head_dim);
+  const int half = n_rot / 2;
+  std::vector<double> sum(size_t(n_heads) * head_dim, 0.0);
+  int64_t count = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (!use.empty() && !use[size_t(t)]) continue;
+    ++count;
+    for (int i = 0; i < half; ++i) {
+      if (freqs[size_t(i)] * T > kKeyMeanMaxTurn) continue;
+      const double ang = -double(pos[t]) * freqs[size_t(i)], c = std::cos(ang), s = std::sin(ang);
+      int a, b;
+      rope_pair(i, n_rot, neox, a, b);
+      for (int h = 0; h < n_heads; ++h) {
+        const float* row = k + (size_t(t) * n_heads + size_t(h)) * head_dim;
+        sum[size_t(h) * head_dim + a] += row[a] * c - row[b] * s;
+        sum[size_t(h) * head_dim + b] += row[a] * s + row[b] * c;
+      }
+    }
+  }
+  std::vector<float> mu(sum.size(), 0.0f);
+  if (count > 0)
+    for (size_t i = 0; i < mu.size(); ++i) mu[i] = float(sum[i] / double(count));
+  return mu;
+}
+
+RotatedKeyMean::RotatedKeyMean(const Calibration& c, int layer) {
+  if (c.has_key_mean()) {
+    const CalibrationLayer& L = c.layers[size_t(layer)];
+    *this = RotatedKeyMean(L.key_mean, L.rope_freqs, c.n_kv_heads, c.head_dim, c.n_rot, c.rope_neox,
+                           c.key_mean_tokens);
+  }
+}
+
+RotatedKeyMean::RotatedKeyMean(std::vector<float> mu, const std::vector<double>& freqs, int n_kv_heads, int head_dim,
+                               int n_rot, bool neox, int T)
+    : T_(T), D_(head_dim), mu_(std::move(mu)) {
+  VQ_CHECK(T >= 1 && mu_.size() == size_t(n_kv_heads) * head_dim && freqs.size() == size_t(n_rot / 2),
+           "key mean: segment {} / {} floats / {} frequencies do not fit {} heads x {} dims, n_rot {}", T, mu_.size(),
+           freqs.size(), n_kv_heads, head_dim, n_rot);
+  for (int i = 0; i < n_rot / 2; ++i) {
+    int a, b;
+    rope_pair(i, n_rot, neox, a, b);
+    bool any = false;
+    for (int h = 0; h < n_kv_heads; ++h)
+      any = any || mu_[size_t(h) * D_ + a] != 0.0f || mu_[size_t(h) * D_ + b] != 0.0f;
+    if (any) pairs_.push_back({a, b, freqs[size_t(i)]});
+  }
+}
+
+void RotatedKeyMean::subtract(int h, int64_t p0, int n, float* k, int64_t stride) const {
+  const float* mu = mu_.data() + size_t(h) * D_;
+  int64_t seg = -1;
+  std::vector<float> off(pairs_.size() * 2);
+  for (int t = 0; t < n; ++t) {
+    const int64_t s = segment_start(p0 + t);
+    if (s != seg) {
+      seg = s;
+      for (size_t j = 0; j < pairs_.size(); ++j) {
+        const Pair& P = pairs_[j];
+        const double ang = double(s) * P.freq, c = std::cos(ang), sn = std::sin(ang);
+        off[2 * j] = float(mu[P.a] * c - mu[P.b] * sn);
+        off[2 * j + 1] = float(mu[P.a] * sn + mu[P.b] * c);
+      }
+    }
+    float* row = k + t * stride;
+    for (size_t j = 0; j < pairs_.size(); ++j) {
+      row[pairs_[j].a] -= off[2 * j];
+      row[pairs_[j].b] -= off[2 * j + 1];
+    }
+  }
+}
+
+void RotatedKeyMean::score_bias(int h, const float* q, int group, float scale, int64_t p0, int n_seg,
+                                float* out) const {
+  // q . R(phi) mu over pair (a, b) = cos(phi) (q_a mu_a + q_b mu_b) + sin(phi) (q_b mu_a - q_a mu_b):
+  // per pair and query two coefficients, then per segment one rotation of (cos, sin) by T * freq
+  // (double precision: the recurrence runs over every segment of the context).
+  const float* mu = mu_.data() + size_t(h) * D_;
+  const size_t np = pairs_.size();
+  thread_local std::vector<double> A, B, cs, sn, dc, ds;
+  A.resize(np * size_t(group));
+  B.resize(A.size());
+  cs.resize(np);
+  sn.resize(np);
+  dc.resize(np);
+  ds.resize(np);
+  for (int g = 0; g < group; ++g)
+    for (size_t j = 0; j < np; ++j) {
+      const float* qg = q + size_t(g) * D_;
+      const Pair& P = pairs_[j];
+      A[size_t(g) * np + j] = double(scale) * (double(qg[P.a]) * mu[P.a] + double(qg[P.b]) * mu[P.b]);
+      B[size_t(g) * np + j] = double(scale) * (double(qg[P.b]) * mu[P.a] - double(qg[P.a]) * mu[P.b]);
+    }
+  const double s0 = double(segment_start(p0));
+  for (size_t j = 0; j < np; ++j) {
+    cs[j] = std::cos(s0 * pairs_[j].freq);
+    sn[j] = std::sin(s0 * pairs_[j].freq);
+    dc[j] = std::cos(double(T_) * pairs_[j].freq);
+    ds[j] = std::sin(double(T_) * pairs_[j].freq);
+  }
+  for (int s = 0; s < n_seg; ++s) {
+    for (int g = 0; g < group; ++g) {
+      const double* a = A.data() + size_t(g) * np;
+      const double* b = B.data() + size_t(g) * np;
+      double acc = 0;
+      for (size_t j = 0; j < np; ++j) acc += a[j] * cs[j] + b[j] * sn[j];
+      out[size_t(s) * group + g] = float(acc);
+    }
+    for (size_t j = 0; j < np; ++j) {
+      const double c = cs[j] * dc[j] - sn[j] * ds[j];
+      sn[j] = sn[j] * dc[j] + cs[j] * ds[j];
+      cs[j] = c;
+    }
+  }
+}
+
+}  // namespace vq
