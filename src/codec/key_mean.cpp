@@ -1,5 +1,7 @@
 #include "codec/key_mean.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <utility>
 
@@ -7,6 +9,8 @@
 #include "core/error.h"
 
 namespace vq {
+
+std::atomic<uint64_t> RotatedKeyMean::next_id_{0};
 
 std::vector<float> pre_rope_key_mean(const float* k, const int64_t* pos, const std::vector<bool>& use, int64_t n,
                                      int n_heads, int head_dim, int n_rot, bool neox, const std::vector<double>& freqs,
@@ -48,7 +52,7 @@ RotatedKeyMean::RotatedKeyMean(const Calibration& c, int layer) {
 
 RotatedKeyMean::RotatedKeyMean(std::vector<float> mu, const std::vector<double>& freqs, int n_kv_heads, int head_dim,
                                int n_rot, bool neox, int T)
-    : T_(T), D_(head_dim), mu_(std::move(mu)) {
+    : T_(T), D_(head_dim), id_(next_id_.fetch_add(1) + 1), mu_(std::move(mu)) {
   VQ_CHECK(T >= 1 && mu_.size() == size_t(n_kv_heads) * head_dim && freqs.size() == size_t(n_rot / 2),
            "key mean: segment {} / {} floats / {} frequencies do not fit {} heads x {} dims, n_rot {}", T, mu_.size(),
            freqs.size(), n_kv_heads, head_dim, n_rot);
@@ -88,44 +92,57 @@ void RotatedKeyMean::subtract(int h, int64_t p0, int n, float* k, int64_t stride
 void RotatedKeyMean::score_bias(int h, const float* q, int group, float scale, int64_t p0, int n_seg,
                                 float* out) const {
   // q . R(phi) mu over pair (a, b) = cos(phi) (q_a mu_a + q_b mu_b) + sin(phi) (q_b mu_a - q_a mu_b):
-  // per pair and query two coefficients, then per segment one rotation of (cos, sin) by T * freq
-  // (double precision: the recurrence runs over every segment of the context).
+  // per pair and query two coefficients; the segments' (cos, sin) per pair come from one rotation
+  // by T * freq per segment (in double: the recurrence runs over every segment of the context),
+  // stored [pair][segment] so that the sums below run over the segments in vector lanes.
   const float* mu = mu_.data() + size_t(h) * D_;
-  const size_t np = pairs_.size();
-  thread_local std::vector<double> A, B, cs, sn, dc, ds;
+  const size_t np = pairs_.size(), ns = size_t(n_seg);
+  thread_local std::vector<float> A, B, cs, sn, acc;
   A.resize(np * size_t(group));
   B.resize(A.size());
-  cs.resize(np);
-  sn.resize(np);
-  dc.resize(np);
-  ds.resize(np);
+  acc.resize(ns);
   for (int g = 0; g < group; ++g)
     for (size_t j = 0; j < np; ++j) {
       const float* qg = q + size_t(g) * D_;
       const Pair& P = pairs_[j];
-      A[size_t(g) * np + j] = double(scale) * (double(qg[P.a]) * mu[P.a] + double(qg[P.b]) * mu[P.b]);
-      B[size_t(g) * np + j] = double(scale) * (double(qg[P.b]) * mu[P.a] - double(qg[P.a]) * mu[P.b]);
+      A[size_t(g) * np + j] = scale * (qg[P.a] * mu[P.a] + qg[P.b] * mu[P.b]);
+      B[size_t(g) * np + j] = scale * (qg[P.b] * mu[P.a] - qg[P.a] * mu[P.b]);
     }
-  const double s0 = double(segment_start(p0));
-  for (size_t j = 0; j < np; ++j) {
-    cs[j] = std::cos(s0 * pairs_[j].freq);
-    sn[j] = std::sin(s0 * pairs_[j].freq);
-    dc[j] = std::cos(double(T_) * pairs_[j].freq);
-    ds[j] = std::sin(double(T_) * pairs_[j].freq);
-  }
-  for (int s = 0; s < n_seg; ++s) {
-    for (int g = 0; g < group; ++g) {
-      const double* a = A.data() + size_t(g) * np;
-      const double* b = B.data() + size_t(g) * np;
-      double acc = 0;
-      for (size_t j = 0; j < np; ++j) acc += a[j] * cs[j] + b[j] * sn[j];
-      out[size_t(s) * group + g] = float(acc);
-    }
+  // The table depends only on this layer's pairs and the segments: a thread's next call for the same
+  // layer and first segment (the other queries and heads of a step) reuses it when long enough.
+  thread_local uint64_t owner = 0;  // id_ of the table's RotatedKeyMean (ids start at 1)
+  thread_local int64_t owner_seg0 = -1;
+  thread_local size_t stride = 0;
+  const int64_t seg0 = segment_start(p0);
+  if (owner != id_ || owner_seg0 != seg0 || stride < ns || cs.size() != np * stride) {
+    stride = ns;
+    cs.resize(np * ns);
+    sn.resize(np * ns);
     for (size_t j = 0; j < np; ++j) {
-      const double c = cs[j] * dc[j] - sn[j] * ds[j];
-      sn[j] = sn[j] * dc[j] + cs[j] * ds[j];
-      cs[j] = c;
+      double c = std::cos(double(seg0) * pairs_[j].freq), s = std::sin(double(seg0) * pairs_[j].freq);
+      const double dc = std::cos(double(T_) * pairs_[j].freq), ds = std::sin(double(T_) * pairs_[j].freq);
+      float* cj = cs.data() + j * ns;
+      float* sj = sn.data() + j * ns;
+      for (size_t t = 0; t < ns; ++t) {
+        cj[t] = float(c);
+        sj[t] = float(s);
+        const double c2 = c * dc - s * ds;
+        s = s * dc + c * ds;
+        c = c2;
+      }
     }
+    owner = id_;
+    owner_seg0 = seg0;
+  }
+  for (int g = 0; g < group; ++g) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (size_t j = 0; j < np; ++j) {
+      const float a = A[size_t(g) * np + j], b = B[size_t(g) * np + j];
+      const float* cj = cs.data() + j * stride;
+      const float* sj = sn.data() + j * stride;
+      for (size_t t = 0; t < ns; ++t) acc[t] += a * cj[t] + b * sj[t];
+    }
+    for (size_t t = 0; t < ns; ++t) out[t * size_t(group) + size_t(g)] = acc[t];
   }
 }
 

@@ -9,6 +9,7 @@
 // and T-token segment. Only the rotary pairs that turn by at most kKeyMeanMaxTurn radians within a
 // segment carry the mean (faster pairs average out over any calibration text and would make the
 // residual vary inside the segment).
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -16,8 +17,10 @@ namespace vq {
 
 struct Calibration;
 
-// Pairs whose rotation over one segment of T tokens exceeds this (radians) carry no mean.
-inline constexpr double kKeyMeanMaxTurn = 1.0;
+// Pairs whose rotation over one segment of T tokens exceeds this (radians) carry no mean. Measured
+// (docs/QUALITY.md "Rotated key mean"): 0.1 beat 1.0 on Gemma 3 at contexts 2048 and 8192; within a
+// segment the mean of a pair turning 1 rad spreads the residual the codebooks must cover.
+inline constexpr double kKeyMeanMaxTurn = 0.1;
 
 // Channels (a, b) of rotary pair i: NeoX (i, i + n_rot/2), else (2i, 2i + 1).
 inline void rope_pair(int i, int n_rot, bool neox, int& a, int& b) {
@@ -57,6 +60,8 @@ class RotatedKeyMean {
     double freq;
   };
   int T_ = 0, D_ = 0;
+  uint64_t id_ = 0;  // distinct per constructed mean (copies share it: same contents); keys score_bias's table
+  static std::atomic<uint64_t> next_id_;
   std::vector<Pair> pairs_;  // the pairs some head's mean covers
   std::vector<float> mu_;    // [n_kv_heads, head_dim]
 };
