@@ -279,7 +279,9 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
       progress);
   if (!held.empty()) {
     if (progress) progress("check", 0, 1);
-    cal.check = measure_calibration(model, held, cfg, cal, device);
+    // A calibration with the rotated key mean runs on the CPU only (the device refuses it): it is
+    // checked there whichever device recorded it.
+    cal.check = measure_calibration(model, held, cfg, cal, cal.has_key_mean() ? KVDevice::cpu : device);
     if (progress) progress("check", 1, 1);
   }
   return cal;
