@@ -2,6 +2,7 @@
 // exactness of "code k - R(p_b) mu, add q . R(p_b) mu back", the cache's fast attention against its
 // dequantising reference with the mean on, and the calibration file that stores it.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -224,7 +225,7 @@ TEST(KeyMean, KeysFarPastTheCalibrationPositionsKeepTheirAccuracy) {
 TEST(KeyMean, CalibrationFileKeepsTheMeanAndRefusesBadOnes) {
   std::mt19937 rng(7);
   auto calib = calibration_with_mean("vecinfer:d4b8", 2, 64, 64, false, 400, rng, nullptr);
-  const std::string path = std::string(VQ_BINARY_DIR) + "/test_key_mean.vqcal";
+  const std::string path = testing::TempDir() + "test_key_mean_" + std::to_string(::getpid()) + ".vqcal";
   save_calibration(path, *calib);
   const Calibration back = load_calibration(path);
   EXPECT_EQ(back.key_mean_tokens, 16);
