@@ -2,7 +2,8 @@
 // product-quantized, codes bit-packed. Block: keys [n_kv_heads][block_tokens][krow] then values
 // [n_kv_heads][block_tokens][vrow]. Attention on the codes: per (query, KV head) a lookup table
 // LUT[j][c] = q~_j . c, scores as sums of table reads, values decoded in registers
-// (ops/cpu/pq_attention.h).
+// (ops/cpu/pq_attention.h). With a rotated key mean in the calibration (codec/key_mean.h) the keys
+// are coded without it and its exact score is added per 16-token segment.
 #include <algorithm>
 #include <vector>
 
