@@ -52,7 +52,7 @@ RotatedKeyMean::RotatedKeyMean(const Calibration& c, int layer) {
 
 RotatedKeyMean::RotatedKeyMean(std::vector<float> mu, const std::vector<double>& freqs, int n_kv_heads, int head_dim,
                                int n_rot, bool neox, int T)
-    : T_(T), D_(head_dim), id_(next_id_.fetch_add(1) + 1), mu_(std::move(mu)) {
+    : T_(T), D_(head_dim), H_(n_kv_heads), id_(next_id_.fetch_add(1) + 1), mu_(std::move(mu)) {
   VQ_CHECK(T >= 1 && mu_.size() == size_t(n_kv_heads) * head_dim && freqs.size() == size_t(n_rot / 2),
            "key mean: segment {} / {} floats / {} frequencies do not fit {} heads x {} dims, n_rot {}", T, mu_.size(),
            freqs.size(), n_kv_heads, head_dim, n_rot);
@@ -66,25 +66,39 @@ RotatedKeyMean::RotatedKeyMean(std::vector<float> mu, const std::vector<double>&
   }
 }
 
-void RotatedKeyMean::subtract(int h, int64_t p0, int n, float* k, int64_t stride) const {
-  const float* mu = mu_.data() + size_t(h) * D_;
+void RotatedKeyMean::subtract(int64_t p0, int n, float* k, int64_t token_stride, int64_t head_stride) const {
+  const size_t np = pairs_.size();
+  thread_local std::vector<double> cs, sn;  // [pair] the current segment's cos, sin
+  thread_local std::vector<float> off;      // [head][pair][2] R(p_b) mu on the kept pairs
+  cs.resize(np);
+  sn.resize(np);
+  off.resize(size_t(H_) * np * 2);
   int64_t seg = -1;
-  std::vector<float> off(pairs_.size() * 2);
   for (int t = 0; t < n; ++t) {
     const int64_t s = segment_start(p0 + t);
     if (s != seg) {
       seg = s;
-      for (size_t j = 0; j < pairs_.size(); ++j) {
-        const Pair& P = pairs_[j];
-        const double ang = double(s) * P.freq, c = std::cos(ang), sn = std::sin(ang);
-        off[2 * j] = float(mu[P.a] * c - mu[P.b] * sn);
-        off[2 * j + 1] = float(mu[P.a] * sn + mu[P.b] * c);
+      for (size_t j = 0; j < np; ++j) {
+        cs[j] = std::cos(double(s) * pairs_[j].freq);
+        sn[j] = std::sin(double(s) * pairs_[j].freq);
+      }
+      for (int h = 0; h < H_; ++h) {
+        const float* mu = mu_.data() + size_t(h) * D_;
+        float* o = off.data() + size_t(h) * np * 2;
+        for (size_t j = 0; j < np; ++j) {
+          const Pair& P = pairs_[j];
+          o[2 * j] = float(mu[P.a] * cs[j] - mu[P.b] * sn[j]);
+          o[2 * j + 1] = float(mu[P.a] * sn[j] + mu[P.b] * cs[j]);
+        }
       }
     }
-    float* row = k + t * stride;
-    for (size_t j = 0; j < pairs_.size(); ++j) {
-      row[pairs_[j].a] -= off[2 * j];
-      row[pairs_[j].b] -= off[2 * j + 1];
+    for (int h = 0; h < H_; ++h) {
+      float* row = k + t * token_stride + h * head_stride;
+      const float* o = off.data() + size_t(h) * np * 2;
+      for (size_t j = 0; j < np; ++j) {
+        row[pairs_[j].a] -= o[2 * j];
+        row[pairs_[j].b] -= o[2 * j + 1];
+      }
     }
   }
 }

@@ -48,8 +48,10 @@ class RotatedKeyMean {
   int tokens() const { return T_; }
   // The segment start of position p.
   int64_t segment_start(int64_t p) const { return p / T_ * T_; }
-  // k [n, head_dim] of KV head h, tokens at positions p0 .. p0 + n - 1: k -= R(p_b) mu_h.
-  void subtract(int h, int64_t p0, int n, float* k, int64_t stride) const;
+  // Keys of every KV head for tokens at positions p0 .. p0 + n - 1: k -= R(p_b) mu_h, where the row of
+  // token t, head h starts at k + t * token_stride + h * head_stride. The rotated mean is computed once
+  // per segment for all heads.
+  void subtract(int64_t p0, int n, float* k, int64_t token_stride, int64_t head_stride) const;
   // The score terms q_g . R(p_b) mu_h * scale for the n_seg segments starting at segment_start(p0)
   // and the group's queries q [group, head_dim]: out [n_seg, group].
   void score_bias(int h, const float* q, int group, float scale, int64_t p0, int n_seg, float* out) const;
@@ -59,7 +61,7 @@ class RotatedKeyMean {
     int a, b;
     double freq;
   };
-  int T_ = 0, D_ = 0;
+  int T_ = 0, D_ = 0, H_ = 0;
   uint64_t id_ = 0;  // distinct per constructed mean (copies share it: same contents); keys score_bias's table
   static std::atomic<uint64_t> next_id_;
   std::vector<Pair> pairs_;  // the pairs some head's mean covers

@@ -190,10 +190,8 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
         const RotatedKeyMean km(means[l], model.rope_inv_freqs(int(l)), mc.n_kv_heads, mc.head_dim, mc.n_rot, neox,
                                 T);
         const size_t row = size_t(mc.n_kv_heads) * mc.head_dim;
-        for (int64_t t = 0; t < rec.n_tokens; ++t)
-          for (int h = 0; h < mc.n_kv_heads; ++h)
-            km.subtract(h, rec.positions[size_t(t)], 1, centred[l].data() + size_t(t) * row + size_t(h) * mc.head_dim,
-                        mc.head_dim);
+        for (int64_t t = 0; t < rec.n_tokens; ++t)  // positions are per token (a span makes them random)
+          km.subtract(rec.positions[size_t(t)], 1, centred[l].data() + size_t(t) * row, 0, mc.head_dim);
         k[l] = centred[l].data();
       }
     });

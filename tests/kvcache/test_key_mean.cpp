@@ -63,7 +63,7 @@ std::shared_ptr<const Calibration> calibration_with_mean(const char* spec, int H
   const auto mean = pre_rope_key_mean(k.data(), pos.data(), {}, n, H, D, n_rot, neox, freqs, 16);
   const RotatedKeyMean km(mean, freqs, H, D, n_rot, neox, 16);
   for (int t = 0; t < n; ++t)
-    for (int h = 0; h < H; ++h) km.subtract(h, t, 1, k.data() + (size_t(t) * H + h) * D, D);
+    km.subtract(t, 1, k.data() + size_t(t) * H * D, 0, D);
   CalibTrainOptions opt;
   opt.kmeans_iters = 6;
   Calibration c = train_calibration(parse_kv_cache_spec(spec), H, D, {k.data()}, {v.data()}, n, opt, "mean");
@@ -139,8 +139,10 @@ TEST(KeyMean, SubtractedMeanPlusScoreBiasIsTheExactScore) {
   for (int s = 0; s < n_seg; s += 37) {
     const int64_t p = (p0 / 16 + s) * 16 + (s % 16);  // a token inside segment s
     auto k = randn(size_t(D), rng);
-    std::vector<float> kc = k;
-    km.subtract(1, p, 1, kc.data(), D);
+    std::vector<float> kc(size_t(H) * D);  // both heads' rows; head 1 holds k
+    std::copy(k.begin(), k.end(), kc.begin() + D);
+    km.subtract(p, 1, kc.data(), 0, D);
+    kc.erase(kc.begin(), kc.begin() + D);
     for (int g = 0; g < G; ++g) {
       double exact = 0, coded = 0;
       for (int e = 0; e < D; ++e) {

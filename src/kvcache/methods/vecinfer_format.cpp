@@ -76,8 +76,7 @@ class VecInferFormat final : public CodedFormat {
 
   void encode_block(float* kf, float* vf, uint8_t* block, int64_t pos0) const override {
     const int H = geo_.n_kv_heads, D = geo_.head_dim;
-    if (!key_mean_.empty())
-      for (int h = 0; h < H; ++h) key_mean_.subtract(h, pos0, B_, kf + size_t(h) * B_ * D, D);
+    if (!key_mean_.empty()) key_mean_.subtract(pos0, B_, kf, D, int64_t(B_) * D);  // kf: [H][B][D]
     for (int h = 0; h < H; ++h) transform_keys(kf + size_t(h) * B_ * D, B_, 1, D, lambda_.data() + size_t(h) * D);
     for (int h = 0; h < H; ++h) {
       kpq_[size_t(h)].encode(kf + size_t(h) * B_ * D, B_, block + size_t(h) * B_ * krow_);
