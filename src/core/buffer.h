@@ -1,11 +1,19 @@
 #pragma once
-// AlignedBuffer<T>: an owning, 64-byte-aligned array of trivially copyable T.
+// AlignedBuffer<T>: an owning, 64-byte-aligned array of trivially copyable T. Large buffers
+// (kHugeBytes and more: packed weights, KV pools) are aligned to 2 MiB and, on Linux, marked for
+// transparent huge pages before they are first touched: with the common THP mode "madvise", a
+// 1 GB weight copy then takes ~500 page faults instead of ~260k, and the products that stream
+// it miss the TLB far less.
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <type_traits>
 #include <utility>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace vq {
 
@@ -15,6 +23,8 @@ class AlignedBuffer {
 
  public:
   static constexpr size_t kAlign = 64;
+  static constexpr size_t kHugeAlign = size_t(2) << 20;
+  static constexpr size_t kHugeBytes = size_t(8) << 20;
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t n) { resize(n); }
   AlignedBuffer(const AlignedBuffer& o) : AlignedBuffer(o.n_) {
@@ -39,9 +49,14 @@ class AlignedBuffer {
     if (n == n_) return;
     T* q = nullptr;
     if (n) {
-      const size_t bytes = ((n * sizeof(T) + kAlign - 1) / kAlign) * kAlign;
-      q = static_cast<T*>(std::aligned_alloc(kAlign, bytes));
+      const bool huge = n * sizeof(T) >= kHugeBytes;
+      const size_t align = huge ? kHugeAlign : kAlign;
+      const size_t bytes = ((n * sizeof(T) + align - 1) / align) * align;
+      q = static_cast<T*>(std::aligned_alloc(align, bytes));
       if (!q) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+      if (huge) (void)::madvise(static_cast<void*>(q), bytes, MADV_HUGEPAGE);  // advice only: may be refused
+#endif
       const size_t keep = n < n_ ? n : n_;
       if (keep) std::memcpy(q, p_, keep * sizeof(T));
       if (n > keep) std::memset(static_cast<void*>(q + keep), 0, (n - keep) * sizeof(T));

@@ -153,6 +153,25 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t,
   if (err) std::rethrow_exception(err);
 }
 
+void ThreadPool::parallel_for_dynamic(size_t n, const std::function<void(size_t, size_t, int)>& fn, size_t chunk) {
+  if (n == 0) return;
+  chunk = std::max<size_t>(chunk, 1);
+  const size_t pieces = (n + chunk - 1) / chunk;
+  if (pieces <= 1 || size() <= 1 || tl_inside_pool) {
+    fn(0, n, 0);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  parallel_for(
+      std::min<size_t>(pieces, size_t(size())),
+      [&](size_t, size_t, int index) {
+        for (size_t p = next.fetch_add(1, std::memory_order_relaxed); p < pieces;
+             p = next.fetch_add(1, std::memory_order_relaxed))
+          fn(p * chunk, std::min(n, (p + 1) * chunk), index);
+      },
+      1);
+}
+
 namespace {
 std::mutex g_pool_mu;
 std::atomic<ThreadPool*> g_pool{nullptr};  // made on first use, never destroyed before exit

@@ -39,6 +39,11 @@ class ThreadPool {
   // fn(begin, end, thread_index) for each; returns when all are done. Exceptions thrown by fn
   // are rethrown (the first one) on the calling thread.
   void parallel_for(size_t n, const std::function<void(size_t, size_t, int)>& fn, size_t grain = 1);
+  // The same split handed out on demand: [0, n) in pieces of `chunk` items (the last one
+  // shorter), each taken by the next thread that is free, so a thread slowed down (preempted,
+  // or on a busier core) takes fewer pieces instead of holding up the job. The pieces a thread
+  // gets are not contiguous; fn(begin, end, thread_index) is called once per piece.
+  void parallel_for_dynamic(size_t n, const std::function<void(size_t, size_t, int)>& fn, size_t chunk);
   // Changes the thread count (1..1024) once no job is running; see the contract above.
   void resize(int n_threads);
 
@@ -74,6 +79,10 @@ int num_threads();
 // parallel_for on the default pool.
 inline void parallel_for(size_t n, const std::function<void(size_t, size_t, int)>& fn, size_t grain = 1) {
   default_pool().parallel_for(n, fn, grain);
+}
+
+inline void parallel_for_dynamic(size_t n, const std::function<void(size_t, size_t, int)>& fn, size_t chunk) {
+  default_pool().parallel_for_dynamic(n, fn, chunk);
 }
 
 }  // namespace vq

@@ -81,6 +81,7 @@ Forward::Forward(const Model& model, KVStore& kv) : model_(model), cfg_(model.co
                kv.geometry().head_dim == g.head_dim,
            "forward: the KV store's geometry differs from the model's");
   if (kv.device_kind() == KVDevice::cuda) dev_ = std::make_unique<ForwardDevice>(DeviceModel::upload(model), kv);
+  else model.pack_for_cpu();
 }
 
 Forward::~Forward() = default;

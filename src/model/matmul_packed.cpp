@@ -985,7 +985,11 @@ void matmul_packed_multi(const PackedJob* jobs, int n_jobs, const QuantizedRows&
       packed_groups_kernel(P, g0, g1, X, jobs[j].y, P.rows);
     }
   };
-  parallel_for(size_t(pairs), run, grain);
+  // Handed out in pieces (about 4 per thread), not one range per thread: the weight streams
+  // are bound by memory bandwidth, and a thread that falls behind (preempted; its core's share
+  // of the bandwidth) would otherwise hold up the whole product.
+  const size_t per_thread = (size_t(pairs) + 4 * size_t(num_threads()) - 1) / (4 * size_t(num_threads()));
+  parallel_for_dynamic(size_t(pairs), run, std::max(grain, per_thread));
 }
 
 void matmul_packed(const PackedWeight& P, const QuantizedRows& X, float* y) {

@@ -109,4 +109,13 @@ void Model::check_weights_finite() const {
   }
 }
 
+void Model::pack_for_cpu() const {
+  auto pack = [](const WeightMatrix& w) {
+    if (w.packed) packed_weight(*w.packed, w.type, w.data, w.rows, w.cols);
+  };
+  for (const LayerWeights& L : layers_)
+    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*w);
+  pack(output_);
+}
+
 }  // namespace vq

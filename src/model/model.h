@@ -24,8 +24,9 @@ struct WeightMatrix {
   GGMLType type = GGMLType::F32;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
-  // Row-interleaved copy for the CPU products, made on first use (model/matmul_packed.h) and
-  // shared by the copies of this matrix; null when the type has no packed layout.
+  // Row-interleaved copy for the CPU products, made by Model::pack_for_cpu or on first use
+  // (model/matmul_packed.h) and shared by the copies of this matrix; null when the type has no
+  // packed layout.
   std::shared_ptr<PackedSlot> packed;
 };
 
@@ -71,6 +72,11 @@ class Model {
   // yields garbage, and the attention's softmax can hide it from the logits. One pass over the
   // float tensors and a few bytes per quantized block, which the first forward pass reads anyway.
   void check_weights_finite() const;
+  // Makes the packed copies (model/matmul_packed.h) of every weight the CPU products use, now
+  // rather than at the first product that needs each: a model that runs on the CPU packs at
+  // session creation, so the first prompt's prefill is not charged for it (a model run on the
+  // device never calls this). Thread-safe and idempotent (the copies are made once).
+  void pack_for_cpu() const;
 
  private:
   Model() = default;

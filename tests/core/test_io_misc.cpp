@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/atomic_file.h"
+#include "core/buffer.h"
 #include "core/checksum.h"
 #include "core/env.h"
 #include "common/error_of.h"
@@ -103,6 +104,31 @@ TEST(Checksum, DetectsEverySingleBitFlip) {
       buf[i] ^= uint8_t(1 << bit);
     }
   EXPECT_NE(checksum64(buf.data(), buf.size() - 1), base);  // truncation
+}
+
+// Small buffers are 64-byte aligned, large ones (packed weights, KV pools) 2 MiB aligned for
+// huge pages; either way new elements are zero and resize keeps the old ones.
+TEST(AlignedBuffer, AlignmentZeroingAndResize) {
+  AlignedBuffer<uint8_t> small(100);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % AlignedBuffer<uint8_t>::kAlign, 0u);
+  for (uint8_t v : small) ASSERT_EQ(v, 0);
+  small[99] = 7;
+  const size_t big_n = AlignedBuffer<float>::kHugeBytes / sizeof(float) + 3;
+  AlignedBuffer<float> big(big_n);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % AlignedBuffer<float>::kHugeAlign, 0u);
+  EXPECT_EQ(big[0], 0.0f);
+  EXPECT_EQ(big[big_n - 1], 0.0f);
+  big[1] = 1.5f, big[big_n - 1] = 2.5f;
+  big.resize(big_n * 2);  // grows: old values kept, new ones zero
+  EXPECT_EQ(big[1], 1.5f);
+  EXPECT_EQ(big[big_n - 1], 2.5f);
+  EXPECT_EQ(big[big_n * 2 - 1], 0.0f);
+  small.resize(AlignedBuffer<uint8_t>::kHugeBytes);  // small to large: moves to a 2 MiB boundary
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % AlignedBuffer<uint8_t>::kHugeAlign, 0u);
+  EXPECT_EQ(small[99], 7);
+  big.resize(10);  // large to small
+  EXPECT_EQ(big[1], 1.5f);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % AlignedBuffer<float>::kAlign, 0u);
 }
 
 }  // namespace

@@ -31,6 +31,47 @@ TEST(ThreadPool, EveryIndexExactlyOnce) {
   }
 }
 
+// The on-demand split: every index once, pieces of exactly `chunk` items (the last shorter)
+// starting at multiples of chunk, valid thread indices; a slowed thread takes fewer pieces;
+// exceptions reach the caller; inside a job it runs serially.
+TEST(ThreadPool, DynamicSplitCoversEveryIndexInWholePieces) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(64), size_t(1001)})
+      for (size_t chunk : {size_t(0), size_t(1), size_t(3), size_t(100), size_t(5000)}) {
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<int> bad{0};
+        const size_t c = std::max<size_t>(chunk, 1);
+        pool.parallel_for_dynamic(n, [&](size_t b, size_t e, int t) {
+          if (t < 0 || t >= threads || b >= e || b % c != 0 || (e - b != c && e != n)) ++bad;
+          for (size_t i = b; i < e; ++i) ++hits[i];
+        }, chunk);
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << chunk << " " << i;
+        EXPECT_EQ(bad.load(), 0);
+      }
+  }
+  ThreadPool pool(2);
+  // Thread 0 (the caller) sleeps in its first piece: the worker takes the rest.
+  std::vector<std::atomic<int>> owner(40);
+  pool.parallel_for_dynamic(40, [&](size_t b, size_t, int t) {
+    if (b == 0 && t == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    owner[b] = t + 1;
+  }, 1);
+  int by_worker = 0;
+  for (auto& o : owner) by_worker += o.load() == 2;
+  if (owner[0].load() == 1) {  // else the worker took piece 0 and slept
+    EXPECT_GE(by_worker, 30);
+  }
+  EXPECT_THROW(pool.parallel_for_dynamic(100, [](size_t b, size_t, int) {
+    if (b == 50) throw std::runtime_error("piece 50");
+  }, 10), std::runtime_error);
+  std::atomic<int> inner{0};
+  pool.parallel_for(2, [&](size_t, size_t, int) {
+    pool.parallel_for_dynamic(10, [&](size_t b, size_t e, int t) { inner += int(e - b) * (t == 0 && b == 0 && e == 10); }, 1);
+  });
+  EXPECT_EQ(inner.load(), 20);  // each nested call ran as one piece on its own thread
+}
+
 // Jobs of few parts on a large pool use only threads 0..parts-1 (the others neither run nor are
 // waited for), and a quick run of jobs whose part counts change every time, some after the
 // workers went to sleep, still covers every index exactly once.

@@ -184,6 +184,30 @@ TEST(Forward, LastLogitsAndResetAndThreads) {
   EXPECT_LT(rel_max_diff(one, two), 1e-5);
 }
 
+// A CPU session packs every weight the products use when it is made (Model::pack_for_cpu), so
+// the first prompt is not charged for it; a model nobody runs packs nothing.
+TEST(Forward, CpuSessionPacksTheWeightsUpFront) {
+  TinySpec s;
+  const auto m = vq::Model::load(vq::test::write_tiny_model(s, vq::test::tiny_path("fwd_pack")));
+  std::vector<const vq::WeightMatrix*> ws{&m->output()};
+  for (const auto& L : m->layers())
+    for (const vq::WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
+  int slots = 0;
+  for (const vq::WeightMatrix* w : ws)
+    if (w->packed) {
+      ++slots;
+      EXPECT_TRUE(w->packed->w.data.empty()) << w->name;
+    }
+  ASSERT_GT(slots, 0) << "the tiny model has no packable weight";
+  vq::Session sess(*m, cache("fp32"), 16);
+  for (const vq::WeightMatrix* w : ws)
+    if (w->packed) {
+      EXPECT_EQ(w->packed->w.rows, w->rows) << w->name;
+      EXPECT_EQ(w->packed->w.cols, w->cols) << w->name;
+      EXPECT_FALSE(w->packed->w.data.empty()) << w->name;
+    }
+}
+
 // gemma3: the window of the local layers changes exactly the positions past it. Same weights
 // with window 8 and with a window longer than the sequence: logits agree at positions 0..7
 // (every window still holds all keys), differ after. A cache without windowed attention works
