@@ -111,7 +111,7 @@ void RotatedKeyMean::score_bias(int h, const float* q, int group, float scale, i
   // stored [pair][segment] so that the sums below run over the segments in vector lanes.
   const float* mu = mu_.data() + size_t(h) * D_;
   const size_t np = pairs_.size(), ns = size_t(n_seg);
-  thread_local std::vector<float> A, B, cs, sn, acc;
+  thread_local std::vector<float> A, B, acc;
   A.resize(np * size_t(group));
   B.resize(A.size());
   acc.resize(ns);
@@ -122,21 +122,34 @@ void RotatedKeyMean::score_bias(int h, const float* q, int group, float scale, i
       A[size_t(g) * np + j] = scale * (qg[P.a] * mu[P.a] + qg[P.b] * mu[P.b]);
       B[size_t(g) * np + j] = scale * (qg[P.b] * mu[P.a] - qg[P.a] * mu[P.b]);
     }
-  // The table depends only on this layer's pairs and the segments: a thread's next call for the same
-  // layer and first segment (the other queries and heads of a step) reuses it when long enough.
-  thread_local uint64_t owner = 0;  // id_ of the table's RotatedKeyMean (ids start at 1)
-  thread_local int64_t owner_seg0 = -1;
-  thread_local size_t stride = 0;
+  // The table depends only on this layer's pairs and the first segment: a thread keeps the last
+  // kTables of them (keyed by the object's id and the first segment; reused when long enough), so
+  // the calls of one query over consecutive key units, and the other queries and heads of a step,
+  // find theirs. Values are the same whether found or rebuilt (same start, same recurrence).
+  struct Table {
+    uint64_t id = 0;  // ids start at 1
+    int64_t seg0 = -1;
+    size_t stride = 0;
+    std::vector<float> cs, sn;  // [pair][stride]
+  };
+  constexpr size_t kTables = 64;
+  thread_local std::vector<Table> tables(kTables);
+  thread_local size_t next_slot = 0;
   const int64_t seg0 = segment_start(p0);
-  if (owner != id_ || owner_seg0 != seg0 || stride < ns || cs.size() != np * stride) {
-    stride = ns;
-    cs.resize(np * ns);
-    sn.resize(np * ns);
+  Table* tab = nullptr;
+  for (Table& t : tables)
+    if (t.id == id_ && t.seg0 == seg0 && t.stride >= ns && t.cs.size() == np * t.stride) tab = &t;
+  if (!tab) {
+    tab = &tables[next_slot];
+    next_slot = (next_slot + 1) % kTables;
+    tab->stride = ns;
+    tab->cs.resize(np * ns);
+    tab->sn.resize(np * ns);
     for (size_t j = 0; j < np; ++j) {
       double c = std::cos(double(seg0) * pairs_[j].freq), s = std::sin(double(seg0) * pairs_[j].freq);
       const double dc = std::cos(double(T_) * pairs_[j].freq), ds = std::sin(double(T_) * pairs_[j].freq);
-      float* cj = cs.data() + j * ns;
-      float* sj = sn.data() + j * ns;
+      float* cj = tab->cs.data() + j * ns;
+      float* sj = tab->sn.data() + j * ns;
       for (size_t t = 0; t < ns; ++t) {
         cj[t] = float(c);
         sj[t] = float(s);
@@ -145,9 +158,12 @@ void RotatedKeyMean::score_bias(int h, const float* q, int group, float scale, i
         c = c2;
       }
     }
-    owner = id_;
-    owner_seg0 = seg0;
+    tab->id = id_;
+    tab->seg0 = seg0;
   }
+  const size_t stride = tab->stride;
+  const std::vector<float>& cs = tab->cs;
+  const std::vector<float>& sn = tab->sn;
   for (int g = 0; g < group; ++g) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (size_t j = 0; j < np; ++j) {

@@ -427,6 +427,17 @@ void KVStore::check_attend(int layer, const AttnEntry* ents, int n_ents) const {
   }
 }
 
+namespace {
+// Merges partial (sb, ob) into (sa, acc). One out-of-line function for both places that merge
+// (inside an item and across items), so that both run the very same instructions: the batch
+// invariance of attend() depends on it.
+[[gnu::noinline]] void merge_partial(SoftmaxState& sa, float* acc, const SoftmaxState& sb, const float* ob, int D) {
+  float wa, wb;
+  softmax_merge(sa, sb, wa, wb);
+  for (int c = 0; c < D; ++c) acc[c] = acc[c] * wa + ob[c] * wb;
+}
+}  // namespace
+
 void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) const {
   VQ_CHECK(layer >= 0 && layer < n_layers(), "kv store: layer {} out of range [0, {})", layer, n_layers());
   check_attend(layer, ents, n_ents);
@@ -440,8 +451,14 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
     if (L.format && E.n_q > 0 && L.coded_end(E.pos0 + E.n_q - 1, B_) > L.coded_begin())
       prep[size_t(e)] = L.format->prepare(E.q, E.n_q, scale);
   }
-  // Work items: entry x KV head x block of up to 8 queries x key range. Keys are split (units of
-  // >= 256 tokens) only when the rest cannot keep the threads busy (decode).
+  // Work items: entry x KV head x block of up to 8 queries x key range. Batch invariance: every
+  // query's result is the same whatever else is in the step, however its tokens were chunked and
+  // on any thread count. So the keys are cut at fixed positions, units of U = 256 tokens
+  // (multiples of U), each unit's partial softmax state is computed from an empty state, and a
+  // query's partials are merged in key order, always by the same operations: either inside one
+  // item that walks its units in order, or, when the keys are split over items to keep the threads
+  // busy (decode: few entries and heads), one item per unit, merged in order afterwards. A
+  // unit with no key visible to a query leaves its state unchanged in both.
   struct Item {
     int e, h, q0, q1, split;
     int64_t t0, t1;
@@ -449,7 +466,10 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
   const int threads = num_threads();
   int64_t base_total = 0;
   for (int e = 0; e < n_ents; ++e) base_total += int64_t(H) * ((ents[e].n_q + 7) / 8);
-  const int64_t unit = (256 + B_ - 1) / B_ * B_;
+  const int64_t U = (256 + B_ - 1) / B_ * B_;
+  // Per-unit partial states of a split entry take n_units * n_q * HQ * (D + 2) floats; beyond
+  // this the entry is walked by one item per query block instead.
+  constexpr size_t kMaxSplitStateBytes = size_t(64) << 20;
   std::vector<Item> items;
   std::vector<int64_t> n_splits(size_t(n_ents), 1), state_off(size_t(n_ents) + 1, 0);
   for (int e = 0; e < n_ents; ++e) {
@@ -459,19 +479,20 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
       continue;
     }
     const int64_t n_keys = E.pos0 + E.n_q;
-    const int64_t n_units = (n_keys + unit - 1) / unit;
-    int64_t ns = 1;
-    if (base_total < 4 * int64_t(threads)) ns = std::min(n_units, (8 * int64_t(threads) + base_total - 1) / base_total);
-    const int64_t per = (n_units + ns - 1) / ns;
-    ns = (n_units + per - 1) / per;
+    // The units some query of the entry sees (a sliding window's first query sees the fewest).
+    const int64_t u_lo = L.key_begin(E.pos0) / U, u_hi = (n_keys + U - 1) / U;
+    const bool split = base_total < 4 * int64_t(threads) && u_hi - u_lo > 1 &&
+                       size_t(u_hi - u_lo) * size_t(E.n_q) * size_t(HQ) * size_t(D + 2) * sizeof(float) <=
+                           kMaxSplitStateBytes;
+    const int64_t ns = split ? u_hi - u_lo : 1;
     n_splits[size_t(e)] = ns;
     const int qb = E.n_q >= 8 ? 8 : E.n_q;
     for (int q0 = 0; q0 < E.n_q; q0 += qb)
       for (int h = 0; h < H; ++h)
         for (int64_t sp = 0; sp < ns; ++sp) {
           const int q1 = std::min(E.n_q, q0 + qb);
-          const int64_t t0 = sp * per * unit;
-          const int64_t t1 = std::min({n_keys, t0 + per * unit, E.pos0 + q1});  // the block's last query sees the most
+          const int64_t t0 = (u_lo + sp) * U;
+          const int64_t t1 = std::min({n_keys, split ? t0 + U : n_keys, E.pos0 + q1});  // the block's last query sees the most
           items.push_back({e, h, q0, q1, int(sp), t0, t1});
         }
     state_off[size_t(e) + 1] = state_off[size_t(e)] + ns * E.n_q * HQ;
@@ -480,8 +501,9 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
   const size_t n_state = size_t(state_off.back());
   AlignedBuffer<float> m_buf(n_state), d_buf(n_state), o_buf(n_state * D);
   parallel_for(items.size(), [&](size_t b, size_t e_end, int) {
-    // per item: m, d [8, G]; o [8, G, D]; vis [8]
+    // per item: the running state m, d [8, G], o [8, G, D]; the current unit's um, ud, uo alike; vis [8]
     std::vector<float> m(size_t(8) * G), d(size_t(8) * G), o(size_t(8) * G * D);
+    std::vector<float> um(size_t(8) * G), ud(size_t(8) * G), uo(size_t(8) * G * D);
     int64_t vis[8];
     for (size_t it = b; it < e_end; ++it) {
       const Item& I = items[it];
@@ -491,20 +513,43 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
       std::fill(m.begin(), m.begin() + nq * G, -INFINITY);
       std::fill(d.begin(), d.begin() + nq * G, 0.0f);
       std::fill(o.begin(), o.begin() + size_t(nq) * G * D, 0.0f);
-      if (I.t1 > I.t0) {
-        if (!L.format && L.window == 0) {  // all dense: the queries of the block in one call
-          for (int i = 0; i < nq; ++i) vis[i] = std::min(I.t1, E.pos0 + I.q0 + i + 1) - I.t0;
-          attend_dense(sl, h, E.q + (size_t(I.q0) * HQ + size_t(h) * G) * D, int64_t(HQ) * D, nq, scale, vis, I.t0,
-                       I.t1, m.data(), d.data(), o.data());
-        } else {
-          for (int i = I.q0; i < I.q1; ++i) {
-            const int64_t pos = E.pos0 + i, lim = std::min(I.t1, pos + 1);
-            const int64_t kb = std::max(I.t0, L.key_begin(pos));
+      // The unit partials of rows [r0, r1) of the block (query i - I.q0 times G + head g) into
+      // the running state, as the final merge below does.
+      auto merge_rows = [&](int r0, int r1) {
+        for (int r = r0; r < r1; ++r) {
+          SoftmaxState st{m[size_t(r)], d[size_t(r)]};
+          merge_partial(st, o.data() + size_t(r) * D, SoftmaxState{um[size_t(r)], ud[size_t(r)]},
+                        uo.data() + size_t(r) * D, D);
+          m[size_t(r)] = st.m, d[size_t(r)] = st.d;
+        }
+      };
+      if (!L.format && L.window == 0) {  // all dense: per unit, the queries of the block in one call
+        for (int64_t a0 = I.t0; a0 < I.t1; a0 += U) {
+          const int64_t a1 = std::min(I.t1, a0 + U);
+          std::fill(um.begin(), um.begin() + nq * G, -INFINITY);
+          std::fill(ud.begin(), ud.begin() + nq * G, 0.0f);
+          std::fill(uo.begin(), uo.begin() + size_t(nq) * G * D, 0.0f);
+          for (int i = 0; i < nq; ++i) vis[i] = std::min(a1, E.pos0 + I.q0 + i + 1) - a0;
+          attend_dense(sl, h, E.q + (size_t(I.q0) * HQ + size_t(h) * G) * D, int64_t(HQ) * D, nq, scale, vis, a0, a1,
+                       um.data(), ud.data(), uo.data());
+          merge_rows(0, nq * G);
+        }
+      } else {  // per query (its lookup tables are built once for all its units), per unit
+        for (int i = I.q0; i < I.q1; ++i) {
+          const int64_t pos = E.pos0 + i;
+          const int r0 = (i - I.q0) * G;
+          float* mi = um.data() + size_t(r0);
+          float* di = ud.data() + size_t(r0);
+          float* oi = uo.data() + size_t(r0) * D;
+          const float* qi = E.q + (size_t(i) * HQ + size_t(h) * G) * D;
+          for (int64_t a0 = I.t0; a0 < std::min(I.t1, pos + 1); a0 += U) {
+            const int64_t lim = std::min({I.t1, a0 + U, pos + 1});
+            const int64_t kb = std::max(a0, L.key_begin(pos));
+            if (kb >= lim) continue;  // no key of this unit in the query's window
             const int64_t cb = L.coded_begin(), ce = std::max(L.coded_end(pos, B_), cb);
-            float* mi = m.data() + size_t(i - I.q0) * G;
-            float* di = d.data() + size_t(i - I.q0) * G;
-            float* oi = o.data() + size_t(i - I.q0) * G * D;
-            const float* qi = E.q + (size_t(i) * HQ + size_t(h) * G) * D;
+            std::fill(mi, mi + G, -INFINITY);
+            std::fill(di, di + G, 0.0f);
+            std::fill(oi, oi + size_t(G) * D, 0.0f);
             if (has_dense(L) && std::min(lim, cb) > kb) {  // fp16 sinks
               const int64_t v1 = std::min(lim, cb), nv = v1 - kb;
               attend_dense(sl, h, qi, 0, 1, scale, &nv, kb, v1, mi, di, oi);
@@ -526,6 +571,7 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
               const int64_t nv = lim - w0;
               attend_dense(sl, h, qi, 0, 1, scale, &nv, w0, lim, mi, di, oi);
             }
+            merge_rows(r0, r0 + G);
           }
         }
       }
@@ -551,10 +597,7 @@ void KVStore::attend(int layer, const AttnEntry* ents, int n_ents, float scale) 
       std::copy(o_buf.data() + (base + r) * D, o_buf.data() + (base + r + 1) * D, acc);
       for (int64_t sp = 1; sp < n_splits[size_t(e)]; ++sp) {
         const size_t idx = base + size_t(sp) * per_split + r;
-        float wa, wb;
-        softmax_merge(st, SoftmaxState{m_buf[idx], d_buf[idx]}, wa, wb);
-        const float* ob = o_buf.data() + idx * D;
-        for (int c = 0; c < D; ++c) acc[c] = acc[c] * wa + ob[c] * wb;
+        merge_partial(st, acc, SoftmaxState{m_buf[idx], d_buf[idx]}, o_buf.data() + idx * D, D);
       }
       const float inv = st.d > 0 ? 1.0f / st.d : 0.0f;
       for (int c = 0; c < D; ++c) acc[c] *= inv;

@@ -5,6 +5,7 @@
 // (ops/cpu/pq_attention.h). With a rotated key mean in the calibration (codec/key_mean.h) the keys
 // are coded without it and its exact score is added per 16-token segment.
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "codec/calibration_check.h"
@@ -33,6 +34,11 @@ class VecInferPrep final : public QueryPrep {
   float scale = 1;
   std::vector<float> luts;  // [n_q, n_kv_heads, lut_n] when prebuilt, else empty
   size_t lut_n = 0;
+  // Distinct per preparation: keys the table a thread built last for (query, head) when the
+  // tables are not prebuilt (prefill), so the calls of one query over consecutive key units
+  // build it once. An address would not do: a new preparation may reuse a freed one's.
+  uint64_t id = next_id.fetch_add(1, std::memory_order_relaxed) + 1;
+  static inline std::atomic<uint64_t> next_id{0};
 };
 
 class VecInferFormat final : public CodedFormat {
@@ -129,11 +135,16 @@ class VecInferFormat final : public CodedFormat {
     if (reference_) return attend_reference(a, h, blocks, first, n, m, d, o);
     const float* lut;
     thread_local AlignedBuffer<float> lut_buf;
+    thread_local uint64_t lut_prep = 0;  // (preparation id, query, head) of lut_buf's table
+    thread_local int lut_i = -1, lut_h = -1;
     if (!prep.luts.empty()) {
       lut = prep.luts.data() + (size_t(i) * H + size_t(h)) * lut_n_;
     } else {
-      if (lut_buf.size() < lut_n_) lut_buf.resize(lut_n_);
-      cpu::pq_build_lut(a, kbook_t_[size_t(h)].data(), lut_buf.data());
+      if (lut_prep != prep.id || lut_i != i || lut_h != h || lut_buf.size() < lut_n_) {
+        if (lut_buf.size() < lut_n_) lut_buf.resize(lut_n_);
+        cpu::pq_build_lut(a, kbook_t_[size_t(h)].data(), lut_buf.data());
+        lut_prep = prep.id, lut_i = i, lut_h = h;
+      }
       lut = lut_buf.data();
     }
     // This head's code rows in each block of the run: kp[j], vp[j].
