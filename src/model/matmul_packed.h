@@ -126,7 +126,8 @@ struct PackedJob {
 };
 void matmul_packed_multi(const PackedJob* jobs, int n_jobs, const QuantizedRows& X);
 
-// A weight's packed copy made on first use (thread-safe), so that a model loaded for another
+// A weight's packed copy, made once (thread-safe) when a CPU session is created
+// (Model::pack_for_cpu) or by the first product that needs it, so that a model loaded for another
 // device packs nothing. Held by WeightMatrix (model.h) for packable weights.
 struct PackedSlot {
   std::once_flag once;
