@@ -54,5 +54,6 @@ void bind_codec(nb::module_& m);
 nb::class_<veloxquant::Model> bind_model(nb::module_& m);
 void bind_generate(nb::module_& m, nb::class_<veloxquant::Model>& model);
 void bind_engine(nb::module_& m);
+void bind_server(nb::module_& m);
 
 }  // namespace vqpy

@@ -19,4 +19,5 @@ NB_MODULE(_veloxquant, m) {
   auto model = vqpy::bind_model(m);
   vqpy::bind_generate(m, model);
   vqpy::bind_engine(m);
+  vqpy::bind_server(m);
 }

@@ -180,3 +180,41 @@ def test_engine_prefix_cache_and_deterministic(model):
     assert run(warm, " the sun?") == run(cold, " the sun?") and warm.prefix_hit_tokens == 0
     assert run(warm, " the moon?") == run(cold, " the moon?")
     assert warm.prefix_hit_tokens >= 32 and cold.prefix_hit_tokens == 0
+
+
+def test_server_serves_completions_and_stops(model, tmp_path):
+    """veloxquant.Server from Python: port 0 binds a free port, run() in a thread serves the
+    OpenAI-compatible API (greedy text equal to Model.generate's), stop() ends run(); a bad option
+    is refused naming it."""
+    import http.client
+    import json
+    import threading
+
+    server = vq.Server(model, vq.KVSpec("q8_0"), port=0, session_dir=str(tmp_path / "sessions"),
+                       max_sequences=2)
+    assert server.port == -1
+    port = server.bind()
+    assert port > 0 and server.port == port
+    t = threading.Thread(target=server.run)
+    t.start()
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        c.request("GET", "/health")
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200
+        ids = model.tokenizer.encode("The capital of France is")
+        body = {"model": server.model_name, "prompt": ids, "max_tokens": 8, "temperature": 0,
+                "ignore_eos": True, "return_token_ids": True}
+        c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200
+        got = json.loads(r.read())["choices"][0]["token_ids"]
+        want = model.generate(ids, max_new_tokens=8, temperature=0, kv_cache="q8_0", ignore_eos=True).tokens
+        assert got == list(want) and len(got) == 8
+    finally:
+        server.stop()
+        t.join(timeout=60)
+    assert not t.is_alive()
+    with pytest.raises(vq.Error, match="max_sequences"):
+        vq.Server(model, vq.KVSpec("fp16"), port=0, max_sequences=0)

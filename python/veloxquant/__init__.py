@@ -12,6 +12,9 @@ Quick start::
     codes = pq.encode(x)                           # uint8 [n, pq.code_size]
     x_hat = pq.decode(codes)                       # float32 [n, 64]
 
+    server = vq.Server(model, vq.KVSpec("vecinfer:d4b8"), port=8080)   # OpenAI-compatible HTTP
+    server.run()                                   # until server.stop() (from another thread)
+
 Arrays go in and out as NumPy arrays without copies when they are C-contiguous and of the
 documented dtype (others are converted once). Errors raise ``veloxquant.Error`` (a RuntimeError)
 with a message naming the field, file or value at fault.
@@ -29,6 +32,7 @@ from ._veloxquant import (  # noqa: F401
     ProductQuantizer,
     Sampler,
     SequenceResult,
+    Server,
     Session,
     Tokenizer,
     cuda_available,
@@ -53,6 +57,7 @@ __all__ = [
     "ProductQuantizer",
     "Sampler",
     "SequenceResult",
+    "Server",
     "Session",
     "Tokenizer",
     "cuda_available",
