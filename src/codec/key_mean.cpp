@@ -138,7 +138,7 @@ void RotatedKeyMean::score_bias(int h, const float* q, int group, float scale, i
   const int64_t seg0 = segment_start(p0);
   Table* tab = nullptr;
   for (Table& t : tables)
-    if (t.id == id_ && t.seg0 == seg0 && t.stride >= ns && t.cs.size() == np * t.stride) tab = &t;
+    if (t.id == id_ && t.seg0 == seg0 && t.stride >= ns) tab = &t;  // an id's tables all have np pairs
   if (!tab) {
     tab = &tables[next_slot];
     next_slot = (next_slot + 1) % kTables;

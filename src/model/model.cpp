@@ -114,7 +114,7 @@ void Model::pack_for_cpu() const {
     if (w.packed) packed_weight(*w.packed, w.type, w.data, w.rows, w.cols);
   };
   for (const LayerWeights& L : layers_)
-    for (const WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*w);
+    for (const WeightMatrix* w : L.matrices()) pack(*w);
   pack(output_);
 }
 

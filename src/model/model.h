@@ -1,6 +1,7 @@
 #pragma once
 // A loaded llama-family model (weights stay in the memory-mapped GGUF). The forward pass over
 // it lives in model/session.h.
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -39,6 +40,8 @@ struct LayerWeights {
   std::vector<float> post_attn_norm, post_ffn_norm;  // [n_embd]
   WeightMatrix wq, wk, wv, wo;                // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim]
   WeightMatrix w_gate, w_up, w_down;          // [n_ff, n_embd] x2, [n_embd, n_ff]
+  // The seven products' matrices, in the order above.
+  std::array<const WeightMatrix*, 7> matrices() const { return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down}; }
 };
 
 class Model {

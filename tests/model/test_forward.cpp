@@ -191,7 +191,7 @@ TEST(Forward, CpuSessionPacksTheWeightsUpFront) {
   const auto m = vq::Model::load(vq::test::write_tiny_model(s, vq::test::tiny_path("fwd_pack")));
   std::vector<const vq::WeightMatrix*> ws{&m->output()};
   for (const auto& L : m->layers())
-    for (const vq::WeightMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) ws.push_back(w);
+    for (const vq::WeightMatrix* w : L.matrices()) ws.push_back(w);
   int slots = 0;
   for (const vq::WeightMatrix* w : ws)
     if (w->packed) {
