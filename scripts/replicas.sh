@@ -13,7 +13,10 @@
 # threads (default: the cores split evenly) pinned to its own cores with taskset, so replicas do not
 # fight over cores. --kv-events: replica i publishes vLLM-format KV events on ipc://RUN_DIR/kv-i.pub
 # (replay on ipc://RUN_DIR/kv-i.replay). Logs and pids live in RUN_DIR (default .replicas/).
-# Everything listens on loopback only.
+# Everything listens on loopback only. A replica that dies is taken out of the rotation after 2
+# failed sends (the router's circuit breaker; its default of 10 is more than the 5 tries a request
+# gets, and the cache-aware policy keeps sending a prompt to the replica that holds its prefix, so a
+# request could spend all its tries on the dead one), retried after 10 s; health checks every 5 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -121,7 +124,8 @@ up() {
   done
   for ((i = 0; i < n; i++)); do wait_http "${urls[$i]}/health" "$(cat "$dir/replica-$i.pid")" "replica-$i"; done
   "$PY" -m sglang_router.launch_router --host 127.0.0.1 --port "$port" --worker-urls "${urls[@]}" \
-    --policy "$policy" --log-level warn >"$dir/router.log" 2>&1 &
+    --policy "$policy" --cb-failure-threshold 2 --cb-timeout-duration-secs 10 --health-check-interval-secs 5 \
+    --log-level warn >"$dir/router.log" 2>&1 &
   echo $! >"$dir/router.pid"
   wait_http "http://127.0.0.1:$port/v1/models" "$(cat "$dir/router.pid")" router
   trap - ERR
