@@ -56,11 +56,15 @@ class RotatedKeyMean {
   // and the group's queries q [group, head_dim]: out [n_seg, group].
   void score_bias(int h, const float* q, int group, float scale, int64_t p0, int n_seg, float* out) const;
 
- private:
   struct Pair {
-    int a, b;
-    double freq;
+    int a, b;     // its channels
+    double freq;  // radians per token
   };
+  // The pairs some head's mean covers, and mu [n_kv_heads, head_dim] (the device store's copy).
+  const std::vector<Pair>& pairs() const { return pairs_; }
+  const std::vector<float>& mean() const { return mu_; }
+
+ private:
   int T_ = 0, D_ = 0, H_ = 0;
   uint64_t id_ = 0;  // distinct per constructed mean (copies share it: same contents); keys score_bias's table
   static std::atomic<uint64_t> next_id_;

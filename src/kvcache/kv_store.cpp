@@ -233,7 +233,7 @@ void KVStore::encode(SeqKV& s, int layer, size_t j) {
   sl.coded[j] = c;
   if (dev_) {
     dev_->note_block(s, layer, true, j);
-    dev_->note_encode(layer, pool_.data(dense_arena_, d), pool_.data(L.coded_arena, c));
+    dev_->note_encode(layer, pool_.data(dense_arena_, d), pool_.data(L.coded_arena, c), int64_t(j) * B_);
   }
 }
 

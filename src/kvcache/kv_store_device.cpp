@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "codec/calibration_file.h"
+#include "codec/key_mean.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "kvcache/kv_method.h"
 
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
+#include "ops/cuda/key_mean_cuda.h"
 #include "ops/cuda/kv_blocks_cuda.h"
 #include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/pq_attention_cuda.h"
@@ -44,10 +46,12 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
   if (B < 32 || (B & (B - 1)) != 0)
     return fmt::format("blocks of {} tokens: the device pool takes a power of two >= 32", B);
   if (std::string why = method.device_unsupported(c, g, B); !why.empty()) return why;
-  if (spec.calibration && spec.calibration->has_key_mean())
-    return "this calibration codes keys without their rotated mean (calibration file version 3, made with "
-           "--key-mean rotated); the device kernels do not add it back yet: for --device cuda make one with "
-           "`veloxquant calibrate --key-mean none`";
+  if (spec.calibration && spec.calibration->has_key_mean()) {
+    const int T = spec.calibration->key_mean_tokens;
+    if ((T & (T - 1)) != 0)
+      return fmt::format("the calibration's rotated key mean has segments of {} tokens: the device takes a power of "
+                         "two (`veloxquant calibrate` makes 16)", T);
+  }
   if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
   return "";
 #endif
@@ -83,7 +87,7 @@ void KVStoreDevice::copy_to_host(const std::vector<HostCopy>&) const { VQ_NO_CUD
 void KVStoreDevice::copy_to_device(const std::vector<HostCopy>&) { VQ_NO_CUDA; }
 void KVStoreDevice::note_block(const SeqKV&, int, bool, size_t) {}
 void KVStoreDevice::note_copy(const uint8_t*, uint8_t*, size_t) {}
-void KVStoreDevice::note_encode(int, const uint8_t*, uint8_t*) {}
+void KVStoreDevice::note_encode(int, const uint8_t*, uint8_t*, int64_t) {}
 void KVStoreDevice::release_table(SeqKV&) {}
 
 #else
@@ -115,6 +119,20 @@ struct LayerBooks {
   cuda::DeviceBuffer lambda, k32, v32, k16, v16;
 };
 
+// A layer's rotated key mean on the device (key_mean_cuda.h); table indexes Impl::km_tables.
+struct LayerKeyMean {
+  int n_pairs = 0;  // 0: none
+  int table = -1;
+  cuda::DeviceBuffer pairs, chan, mu;
+};
+// The (cos, sin) table of one set of pair frequencies (layers with the same rotary frequencies
+// share it), grown on the host in double as the step's positions pass its end.
+struct KeyMeanTable {
+  std::vector<double> freqs;
+  int64_t segs = 0;
+  cuda::DeviceBuffer cs;
+};
+
 // A sequence's device block table: [n_layers][2 (dense, coded)][cap] block base pointers.
 struct DevTable {
   cuda::DeviceBuffer buf;
@@ -138,6 +156,13 @@ struct KVStoreDevice::Impl {
   cuda::Event fork, join;    // main -> side before the query transform, side -> main before the merge
   int L = 0, H = 0, HQ = 0, D = 0, B = 0;
   std::vector<LayerBooks> books;
+  std::vector<LayerKeyMean> km;         // per layer (n_pairs 0: none)
+  std::vector<KeyMeanTable> km_tables;
+  std::vector<cuda::PagedRule> km_rules;  // the distinct rules of layers with a key mean
+  int km_lt = 0;                          // log2 of the segment (tokens)
+  std::vector<int64_t> row_boff;          // the open step's rows: their first score term, count per head
+  std::vector<int32_t> row_bnseg;
+  cuda::DeviceBuffer kbias;               // the step's score terms (PagedKeyBias::values)
   std::vector<cuda::PagedRule> rules;
   std::vector<DevTable> tables;
   std::vector<int32_t> free_tables;
@@ -160,7 +185,7 @@ struct KVStoreDevice::Impl {
   // descriptor layout (byte offsets into host / dev)
   int rows_cap = 0, seq_cap = 0, jobs_cap = 0, upd_cap = 0, copy_cap = 0, tiles_cap = 0;
   size_t o_pos = 0, o_rowseq = 0, o_dtab = 0, o_ctab = 0, o_njobs = 0, o_jobs = 0, o_nupd = 0, o_upd = 0, o_ncopy = 0,
-         o_copy = 0, o_skip = 0, o_tiles = 0, total = 0;
+         o_copy = 0, o_skip = 0, o_tiles = 0, o_boff = 0, o_bnseg = 0, total = 0;
   cuda::PinnedBuffer host;
   cuda::DeviceBuffer dev;
   uint64_t version = 0;
@@ -251,6 +276,8 @@ struct KVStoreDevice::Impl {
     o_copy = take(size_t(copy_cap) * sizeof(cuda::BlockCopy));
     o_skip = take(size_t(rows_cap));
     o_tiles = take(size_t(tiles_cap) * sizeof(cuda::PagedPrefillTile));
+    o_boff = take(size_t(rows_cap) * 8);
+    o_bnseg = take(size_t(rows_cap) * 4);
     total = o;
     host = cuda::PinnedBuffer(total);
     dev = cuda::DeviceBuffer(total);
@@ -306,6 +333,64 @@ struct KVStoreDevice::Impl {
       ++version;
     }
   }
+
+  // The rotated key mean's part of a step (finish_step): each row's score terms (as many
+  // segments per query head as its widest coded range over the layers), the terms' buffer, and the
+  // (cos, sin) tables up to the step's last position (or the last encoded block's).
+  void plan_key_mean(int64_t max_pos) {
+    if (km_rules.empty()) return;
+    const int rows = int(row_pos.size());
+    row_boff.resize(size_t(rows));
+    row_bnseg.resize(size_t(rows));
+    int64_t total = 0;
+    for (int r = 0; r < rows; ++r) {
+      int64_t n = 0;
+      for (const cuda::PagedRule& rule : km_rules) {
+        const cuda::PagedRanges g = cuda::paged_ranges(rule, row_pos[size_t(r)]);
+        if (g.code_hi > g.code_lo) n = std::max<int64_t>(n, ((g.code_hi - 1) >> km_lt) - (g.code_lo >> km_lt) + 1);
+      }
+      row_boff[size_t(r)] = total;
+      row_bnseg[size_t(r)] = int32_t(n);
+      total += n * HQ;
+    }
+    const size_t bytes = size_t(std::max<int64_t>(total, 1)) * sizeof(float);
+    if (bytes > kbias.size()) {
+      kbias = cuda::DeviceBuffer(bytes + bytes / 4);
+      ++version;
+    }
+    const int64_t need_segs = (max_pos >> km_lt) + 1;
+    for (KeyMeanTable& t : km_tables) {
+      if (t.segs >= need_segs) continue;
+      const int64_t segs = std::max<int64_t>(need_segs * 2, 4096 >> km_lt);
+      const size_t np = t.freqs.size();
+      std::vector<float> cs(size_t(segs) * np * 2);
+      for (int64_t sg = 0; sg < segs; ++sg)
+        for (size_t j = 0; j < np; ++j) {
+          const double ang = double(sg << km_lt) * t.freqs[j];
+          cs[(size_t(sg) * np + j) * 2] = float(std::cos(ang));
+          cs[(size_t(sg) * np + j) * 2 + 1] = float(std::sin(ang));
+        }
+      stream.synchronize();  // the old table may be read by the previous step's kernels
+      t.cs = cuda::to_device(cs.data(), cs.size() * sizeof(float));
+      t.segs = segs;
+      ++version;
+    }
+  }
+
+  cuda::KeyMeanDevice key_mean_of(int layer) const {
+    cuda::KeyMeanDevice d;
+    const LayerKeyMean& k = km[size_t(layer)];
+    if (k.n_pairs == 0) return d;
+    const KeyMeanTable& t = km_tables[size_t(k.table)];
+    d.n_pairs = k.n_pairs;
+    d.pairs = k.pairs.as<int32_t>();
+    d.chan = k.chan.as<int32_t>();
+    d.mu = k.mu.as<float>();
+    d.cs = t.cs.as<float>();
+    d.cs_segs = t.segs;
+    d.log2_tokens = km_lt;
+    return d;
+  }
 };
 
 KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(store)) {
@@ -341,6 +426,35 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
                             m.stream.handle());
     cuda::f32_to_f16_device(b.v32.as<float>(), b.v16.as<uint16_t>(), int64_t(cl.value_codebooks.size()),
                             m.stream.handle());
+    const RotatedKeyMean mean(cal, l + store.calib_offset_);
+    if (mean.empty()) continue;
+    if (m.km.empty()) m.km.resize(size_t(m.L));
+    while ((1 << m.km_lt) < mean.tokens()) ++m.km_lt;
+    LayerKeyMean& k = m.km[size_t(l)];
+    std::vector<int32_t> pairs, chan(size_t(m.D), 0);
+    std::vector<double> freqs;
+    for (const RotatedKeyMean::Pair& pr : mean.pairs()) {
+      const int j = int(freqs.size());
+      pairs.push_back(pr.a);
+      pairs.push_back(pr.b);
+      chan[size_t(pr.a)] = 2 * j + 1;
+      chan[size_t(pr.b)] = 2 * j + 2;
+      freqs.push_back(pr.freq);
+    }
+    k.n_pairs = int(freqs.size());
+    k.pairs = cuda::to_device(pairs.data(), pairs.size() * 4);
+    k.chan = cuda::to_device(chan.data(), chan.size() * 4);
+    k.mu = cuda::to_device(mean.mean().data(), mean.mean().size() * 4);
+    for (size_t i = 0; i < m.km_tables.size() && k.table < 0; ++i)
+      if (m.km_tables[i].freqs == freqs) k.table = int(i);
+    if (k.table < 0) {
+      k.table = int(m.km_tables.size());
+      m.km_tables.push_back(KeyMeanTable{freqs, 0, {}});
+    }
+    const bool seen = std::any_of(m.km_rules.begin(), m.km_rules.end(), [&](const cuda::PagedRule& x) {
+      return x.sink_end == r.sink_end && x.residual == r.residual && x.window == r.window;
+    });
+    if (!seen) m.km_rules.push_back(r);
   }
   const bool any_coded = std::any_of(m.rules.begin(), m.rules.end(), [](const cuda::PagedRule& r) { return r.coded; });
   m.tile_rows = cuda::paged_prefill_tile_rows(any_coded);
@@ -431,6 +545,13 @@ bool KVStoreDevice::finish_step() {
   int njobs = 0;
   for (const auto& j : m.jobs) njobs = std::max(njobs, int(j.size()));
   const uint64_t v0 = m.version;
+  if (!m.km_rules.empty()) {
+    int64_t max_pos = 0;
+    for (int32_t p : m.row_pos) max_pos = std::max<int64_t>(max_pos, p);
+    for (const auto& lj : m.jobs)
+      for (const cuda::BlockEncodeJob& j : lj) max_pos = std::max<int64_t>(max_pos, int64_t(j.pos0) + m.B - 1);
+    m.plan_key_mean(max_pos);
+  }
   m.layout(std::max(rows, 1), std::max(seqs, 1), njobs, int(m.updates.size()), int(m.copies.size()),
            int(m.tiles.size()));
   m.size_workspace(std::max(rows, 1));
@@ -455,6 +576,10 @@ bool KVStoreDevice::finish_step() {
   std::copy(m.copies.begin(), m.copies.end(), m.hptr<cuda::BlockCopy>(m.o_copy));
   std::copy(m.row_skip.begin(), m.row_skip.end(), m.hptr<uint8_t>(m.o_skip));
   std::copy(m.tiles.begin(), m.tiles.end(), m.hptr<cuda::PagedPrefillTile>(m.o_tiles));
+  if (!m.km_rules.empty()) {
+    std::copy(m.row_boff.begin(), m.row_boff.end(), m.hptr<int64_t>(m.o_boff));
+    std::copy(m.row_bnseg.begin(), m.row_bnseg.end(), m.hptr<int32_t>(m.o_bnseg));
+  }
   cuda::copy_to_device_async(m.dev.data(), m.host.data(), m.total, m.stream.handle());
   m.open = false;
   return m.version != v0;
@@ -515,6 +640,7 @@ void KVStoreDevice::launch_encode(int layer) {
   p.k_books = b.k32.as<float>();
   p.v_sub_dim = c.value.sub_dim, p.v_bits = c.value.bits, p.v_per_subspace = cal.value_books() > 1;
   p.v_books = b.v32.as<float>();
+  if (!m.km.empty()) p.key_mean = m.key_mean_of(layer);
   cuda::kv_encode_blocks_device(p, m.stream.handle());
 }
 
@@ -551,6 +677,25 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
     p.q_code = m.qcode.as<float>();
     p.k_book = m.books[size_t(layer)].k16.as<uint16_t>();
     p.v_book = m.books[size_t(layer)].v16.as<uint16_t>();
+    if (!m.km.empty() && m.km[size_t(layer)].n_pairs > 0) {
+      p.key_bias.values = m.kbias.as<float>();
+      p.key_bias.row_off = m.dptr<int64_t>(m.o_boff);
+      p.key_bias.row_nseg = m.dptr<int32_t>(m.o_bnseg);
+      p.key_bias.log2_tokens = m.km_lt;
+      cuda::KeyBiasParams kb;
+      kb.rows = rows;
+      kb.n_kv_heads = m.H;
+      kb.group = m.HQ / m.H;
+      kb.head_dim = m.D;
+      kb.rule = p.rule;
+      kb.pos = p.pos;
+      kb.q = q;
+      kb.q_stride = q_stride;
+      kb.scale = scale;
+      kb.km = m.key_mean_of(layer);
+      kb.out = p.key_bias;
+      cuda::key_bias_device(kb, m.stream.handle());
+    }
   }
   if (!m.tiles.empty()) {
     p.tiles = m.dptr<cuda::PagedPrefillTile>(m.o_tiles);
@@ -674,10 +819,10 @@ void KVStoreDevice::note_copy(const uint8_t* src, uint8_t* dst, size_t bytes) {
   m.copies.push_back({src, dst, uint64_t(bytes)});
 }
 
-void KVStoreDevice::note_encode(int layer, const uint8_t* dense, uint8_t* coded) {
+void KVStoreDevice::note_encode(int layer, const uint8_t* dense, uint8_t* coded, int64_t pos0) {
   Impl& m = *impl_;
   VQ_CHECK(m.open, "kv store (cuda): an encode outside a step (internal error)");
-  m.jobs[size_t(layer)].push_back({dense, coded});
+  m.jobs[size_t(layer)].push_back({dense, coded, int32_t(pos0)});
 }
 
 void KVStoreDevice::release_table(SeqKV& s) {

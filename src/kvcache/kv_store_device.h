@@ -90,7 +90,8 @@ class KVStoreDevice {
   // ---- bookkeeping hooks (KVStore) ----
   void note_block(const SeqKV& s, int layer, bool coded, size_t j);
   void note_copy(const uint8_t* src, uint8_t* dst, size_t bytes);
-  void note_encode(int layer, const uint8_t* dense, uint8_t* coded);
+  // pos0: the position of the block's first token (the rotated key mean's segments).
+  void note_encode(int layer, const uint8_t* dense, uint8_t* coded, int64_t pos0);
   void release_table(SeqKV& s);
 
   struct Impl;

@@ -265,14 +265,20 @@ TEST(KeyMean, TensorParallelRanksGetTheirHeadsMeans) {
   EXPECT_EQ(s.layers[0].rope_freqs, calib->layers[0].rope_freqs);
 }
 
-TEST(KeyMean, TheDeviceSaysItDoesNotRunIt) {
+TEST(KeyMean, TheDeviceTakesItWithPowerOfTwoSegments) {
 #ifdef VQ_HAVE_CUDA
   std::mt19937 rng(8);
   KVCacheConfig cfg = parse_kv_cache_spec("vecinfer:d4b8");
-  cfg.calibration = calibration_with_mean("vecinfer:d4b8", 2, 64, 64, true, 300, rng, nullptr);
+  auto calib = calibration_with_mean("vecinfer:d4b8", 2, 64, 64, true, 300, rng, nullptr);
+  cfg.calibration = calib;
   const std::string why = kv_device_unsupported_reason(make_kv_spec(cfg), KVGeometry{4, 2, 64}, 32);
-  EXPECT_NE(why.find("--key-mean none"), std::string::npos) << why;
+  EXPECT_EQ(why.find("key mean"), std::string::npos) << why;  // "" with a GPU, else why there is none
+  Calibration odd = *calib;
+  odd.key_mean_tokens = 12;
+  cfg.calibration = std::make_shared<const Calibration>(odd);
+  const std::string why12 = kv_device_unsupported_reason(make_kv_spec(cfg), KVGeometry{4, 2, 64}, 32);
+  EXPECT_NE(why12.find("segments of 12 tokens: the device takes a power of two"), std::string::npos) << why12;
 #else
-  GTEST_SKIP() << "no CUDA backend in this build: the device refusal is not compiled";
+  GTEST_SKIP() << "no CUDA backend in this build: the device check is not compiled";
 #endif
 }

@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "codec/calibration_file.h"
+#include "codec/key_mean.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_store.h"
@@ -30,13 +32,43 @@ struct Case {
   const char* spec;
   int window = 0;  // sliding window of layer 1 (0: global)
   int prompt = 75; // tokens of the first chunk (long ones: the decode rows use many splits)
+  bool key_mean = false;  // the calibration carries a rotated key mean (codec/key_mean.h)
 };
+
+// A rotated key mean of magnitude ~3 on the rotary pairs that turn slowly (as calibrate keeps them):
+// without its score terms, or coded with its mean still in, the scores are off by O(1).
+void add_key_mean(Calibration& cal, int D, uint64_t seed) {
+  std::mt19937 rng{uint32_t(seed)};
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const int n_rot = D;
+  cal.key_mean_tokens = 16;
+  cal.rope_neox = seed % 2 == 0;
+  cal.n_rot = n_rot;
+  for (auto& L : cal.layers) {
+    L.rope_freqs.resize(size_t(n_rot / 2));
+    L.key_mean.assign(size_t(cal.n_kv_heads) * D, 0.0f);
+    for (int i = 0; i < n_rot / 2; ++i) {
+      L.rope_freqs[size_t(i)] = std::pow(1e6, -2.0 * i / n_rot);
+      if (L.rope_freqs[size_t(i)] * cal.key_mean_tokens > kKeyMeanMaxTurn) continue;
+      int a, b;
+      rope_pair(i, n_rot, cal.rope_neox, a, b);
+      for (int h = 0; h < cal.n_kv_heads; ++h) {
+        L.key_mean[size_t(h) * D + a] = nd(rng);
+        L.key_mean[size_t(h) * D + b] = nd(rng);
+      }
+    }
+  }
+  cal.validate();
+}
 
 KVSpec spec_for(const Case& c, int layers) {
   KVCacheConfig cfg = parse_kv_cache_spec(c.spec);
   KVSpec s{cfg, nullptr};
-  if (cfg.method == KVMethod::vecinfer)
-    s.calibration = std::make_shared<const Calibration>(random_calibration(cfg, layers, c.H, c.D, 7));
+  if (cfg.method == KVMethod::vecinfer) {
+    Calibration cal = random_calibration(cfg, layers, c.H, c.D, 7);
+    if (c.key_mean) add_key_mean(cal, c.D, uint64_t(c.HQ + c.D));
+    s.calibration = std::make_shared<const Calibration>(std::move(cal));
+  }
   return s;
 }
 
@@ -182,6 +214,17 @@ const Case kCases[] = {
     {"d4b8_shared_g8_d64_lut8", 8, 1, 64, "vecinfer:d4b8,gran=shared"},
     {"d4b8_sub_g2_d256_vparts", 16, 8, 256, "vecinfer:d4b8", 0, 1500},
     {"d4b8_sub_g4_d256_vparts_window", 4, 1, 256, "vecinfer:d4b8", 300},
+    // the rotated key mean (issue 18): the encoder's subtraction and the score terms in the LUT
+    // kernel (4 and 8 heads per entry, two value parts), gather-mma and the prefill kernel
+    {"kmean_d4b8_shared_g3_d64_lut", 9, 3, 64, "vecinfer:d4b8,gran=shared", 0, 75, true},
+    {"kmean_d4b8_sub_g6_d128_lut8_long", 12, 2, 128, "vecinfer:d4b8", 0, 1500, true},
+    {"kmean_d4b8_sub_g2_d256_vparts_long", 16, 8, 256, "vecinfer:d4b8", 0, 1500, true},
+    {"kmean_d8b12_sub_g1_d64_gather", 2, 2, 64, "vecinfer:d8b12", 0, 75, true},
+    {"kmean_d8b12_r32_g2_d64_gather_prefill", 4, 2, 64, "vecinfer:d8b12,r=32,gran=shared", 0, 75, true},
+    {"kmean_d4b8_r32_g4_d128_prefill", 8, 2, 128, "vecinfer:d4b8,r=32", 0, 600, true},
+    {"kmean_d8b8_r32_g3_d256_prefill", 12, 4, 256, "vecinfer:d8b8,r=32", 0, 75, true},
+    {"kmean_d4b8_window", 8, 2, 64, "vecinfer:d4b8", 100, 75, true},
+    {"kmean_d4b8_r64_sink0_g16", 16, 1, 64, "vecinfer:d4b8,r=64,sink=0", 0, 400, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceStoreParity, ::testing::ValuesIn(kCases),
@@ -196,7 +239,9 @@ TEST(DeviceStore, SmallRunForSanitizers) {
                         {"small", 8, 2, 64, "vecinfer:d4b8,r=32,gran=shared"},
                         {"small", 8, 2, 64, "vecinfer:d4b8,r=32"},
                         {"small_g8", 16, 2, 128, "vecinfer:d4b8,r=32"},
-                        {"small_d256", 8, 4, 256, "vecinfer:d4b8,r=32"}};
+                        {"small_d256", 8, 4, 256, "vecinfer:d4b8,r=32"},
+                        {"small_kmean", 8, 2, 64, "vecinfer:d4b8,r=32", 0, 75, true},
+                        {"small_kmean_gather", 4, 2, 64, "vecinfer:d8b12,r=32", 0, 75, true}};
   for (const Case& c : cases) {
     const char* kv = c.spec;
     const KVSpec spec = spec_for(c, 2);

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "ops/cuda/elem_type.h"
+#include "ops/cuda/key_mean_cuda.h"
 
 namespace vq::cuda {
 
@@ -56,6 +57,7 @@ void step_fixup_device(const StepFixupParams& p, void* stream = nullptr);
 struct BlockEncodeJob {
   const uint8_t* dense = nullptr;  // a dense block (fp16)
   uint8_t* coded = nullptr;        // its coded block
+  int32_t pos0 = 0;                // position of the block's first token (the rotated key mean's segments)
 };
 struct KVEncodeParams {
   int n_kv_heads = 0, head_dim = 0;
@@ -70,6 +72,7 @@ struct KVEncodeParams {
   int v_sub_dim = 4, v_bits = 8;
   bool v_per_subspace = false;
   const float* v_books = nullptr;
+  KeyMeanDevice key_mean;          // n_pairs > 0: keys are coded as k - R(p_b) mu (key_mean_cuda.h)
 };
 void kv_encode_blocks_device(const KVEncodeParams& p, void* stream = nullptr);
 

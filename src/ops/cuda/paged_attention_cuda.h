@@ -66,6 +66,25 @@ VQ_HD PagedRanges paged_ranges(const PagedRule& r, int64_t t) {
   return g;
 }
 
+// VecInfer's rotated key mean (codec/key_mean.h) on the device: the coded keys are k - R(p_b) mu,
+// and every score of a coded key at position u gains the term scale * q . R(p_b) mu, p_b = u
+// rounded down to a multiple of 2^log2_tokens: one number per (row, query head, segment), computed
+// for the step by key_bias_device (key_mean_cuda.h) into `values` before the attention kernels run.
+// Row r's numbers start at row_off[r]: row_nseg[r] per query head (the segments of the widest coded
+// range any layer of the store gives that row), the first one the segment of the row's code_lo.
+struct PagedKeyBias {
+  float* values = nullptr;            // null: the layer has no key mean
+  const int64_t* row_off = nullptr;   // [rows]
+  const int32_t* row_nseg = nullptr;  // [rows]
+  int log2_tokens = 4;
+};
+
+// Where the term of (row r, query head qh, coded key u) lies in values (u in the row's code range).
+VQ_HD int64_t key_bias_index(const PagedKeyBias& kb, int64_t row_off, int row_nseg, int64_t code_lo, int qh,
+                             int64_t u) {
+  return row_off + int64_t(qh) * row_nseg + ((u >> kb.log2_tokens) - (code_lo >> kb.log2_tokens));
+}
+
 // Prefill: a tile of consecutive query rows (positions) of one sequence, computed by the
 // tensor-core prefill kernel (each key block read once per tile); at most
 // paged_prefill_positions_per_tile(group, tile_rows) rows, block_tokens 32. A tile holds
@@ -103,6 +122,7 @@ struct PagedAttnParams {
   const uint16_t* k_book = nullptr;
   const uint16_t* v_book = nullptr;
   PQAttnKernel kernel = PQAttnKernel::automatic;
+  PagedKeyBias key_bias;      // coded layers of a calibration with the rotated key mean
   // Split counts (paged_attention_plan fills them from the SM count; fixed for a captured graph).
   int coded_splits = 0, dense_splits = 0;
   int dense_variant = -1;     // the dense split kernel's variant (paged_attention_plan)

@@ -73,6 +73,7 @@ struct PrefillParams {
   ElemType out_type;
   void* out;
   int64_t out_stride;
+  PagedKeyBias kbias;  // coded passes: the rotated key mean's score terms (values null: none)
 };
 
 using namespace ptx;  // smem_u32, cp_async*, ldsm_x4(_t), mma16816, pack_half2 (mma_ptx.cuh)
@@ -386,6 +387,17 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     rg[h] = paged_ranges(p.rule, rvalid[h] ? rpos[h] : 0);
   }
 
+  // The rotated key mean: row h's term of coded key u is kbias.values[bbase[h] + (u >> log2_tokens)].
+  int64_t bbase[2] = {0, 0};
+  if (coded_layer && p.kbias.values) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!rvalid[h]) continue;
+      const int m = warp * 16 + g + 8 * h, r = tile.row0 + m / G, qh = kh * G + m % G;
+      bbase[h] = key_bias_index(p.kbias, p.kbias.row_off[r], p.kbias.row_nseg[r], rg[h].code_lo, qh, 0);
+    }
+  }
+
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -456,6 +468,20 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
           mma16816(s[n0 / 8], a, b[0], b[1]);
           mma16816(s[n0 / 8 + 1], a, b[2], b[3]);
         }
+      }
+    }
+    if (form == 1 && p.kbias.values) {  // the rotated key mean's terms, on the keys a row reads as codes
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!rvalid[h]) continue;
+        const int64_t clo = rg[h].code_lo, chi = rg[h].code_hi;
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int64_t u = u0 + n * 8 + 2 * t + c;
+            if (u >= clo && u < chi) s[n][2 * h + c] += p.kbias.values[bbase[h] + (u >> p.kbias.log2_tokens)] * kLog2e;
+          }
       }
     }
     float alpha[2];
@@ -698,6 +724,7 @@ void launch_prefill(const PagedAttnParams& a, float* part, cudaStream_t st) {
   pp.rule = a.rule;
   pp.pos = a.pos;
   pp.row_table = a.row_table;
+  pp.kbias = a.key_bias;
   pp.dense_tables = a.dense_tables;
   pp.coded_tables = a.coded_tables;
   pp.q = a.q;

@@ -48,6 +48,7 @@ struct SplitParams {
   PagedRule rule;
   int lb;              // log2(block_tokens)
   int64_t keys_bytes;  // n_kv_heads * block_tokens * kcb: where a block's values start
+  PagedKeyBias kbias;  // paged mode: the rotated key mean's score terms (values null: none)
 };
 
 using ptx::smem_u32;  // mma_ptx.cuh
@@ -225,6 +226,18 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(Split
       }
     }
     const int lv = lo - tok0;  // tokens below the row's coded range (paged mode, first tile only)
+    if (kPaged && p.kbias.values) {  // the rotated key mean's terms (S^T rows g, g+8; head columns 2t, 2t+1)
+      const int nseg = p.kbias.row_nseg[b];
+      const int64_t off = p.kbias.row_off[b];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (ht * kHeadsTile + 2 * t + j >= p.group) continue;
+        const int qh = kh * p.group + ht * kHeadsTile + 2 * t + j;
+        if (g < nv && g >= lv) sc[j] += p.kbias.values[key_bias_index(p.kbias, off, nseg, lo, qh, tok0 + g)] * kLog2e;
+        if (g + 8 < nv && g + 8 >= lv)
+          sc[2 + j] += p.kbias.values[key_bias_index(p.kbias, off, nseg, lo, qh, tok0 + g + 8)] * kLog2e;
+      }
+    }
     if (g >= nv || g < lv) sc[0] = sc[1] = -INFINITY;
     if (g + 8 >= nv || g + 8 < lv) sc[2] = sc[3] = -INFINITY;
 
@@ -692,6 +705,7 @@ void launch_gather_split_paged(const PagedAttnParams& a, float* part, cudaStream
   while ((1 << lb) < a.rule.block_tokens) ++lb;
   sp.lb = lb;
   sp.keys_bytes = int64_t(a.n_kv_heads) * a.rule.block_tokens * pl.kcb;
+  sp.kbias = a.key_bias;
   launch_gather_split<true>(b, pl, sp, a.coded_splits, st);
 }
 

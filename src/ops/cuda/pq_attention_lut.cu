@@ -55,6 +55,7 @@ struct LutParams {
   PagedRule rule;
   int lb;              // log2(block_tokens); block_tokens >= 32, so a 32-token group is in one block
   int64_t keys_bytes;  // n_kv_heads * block_tokens * kcb
+  PagedKeyBias kbias;  // paged mode: the rotated key mean's score terms (values null: none)
 };
 
 using ptx::mma16816;  // mma_ptx.cuh
@@ -340,6 +341,13 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
     if (tok0 + lane >= tok_end || tok0 + lane < lo) {
 #pragma unroll
       for (int h = 0; h < kH; ++h) sc[h] = -INFINITY;
+    } else if (kPaged && p.kbias.values) {  // the rotated key mean's term of this token's segment
+      const int64_t bi = key_bias_index(p.kbias, p.kbias.row_off[b], p.kbias.row_nseg[b], lo,
+                                        kh * p.group + ht4 * kH, tok0 + lane);
+      const int nseg = p.kbias.row_nseg[b];
+#pragma unroll
+      for (int h = 0; h < kH; ++h)
+        if (ht4 * kH + h < p.group) sc[h] += p.kbias.values[bi + int64_t(h) * nseg] * kLog2e;
     }
 
     // ---- online softmax (base 2); rescale only when a running max grows (warp-uniform) ----
@@ -619,6 +627,7 @@ void launch_lut_split_paged(const PagedAttnParams& a, float* part, cudaStream_t 
   while ((1 << lb) < a.rule.block_tokens) ++lb;
   lp.lb = lb;
   lp.keys_bytes = int64_t(a.n_kv_heads) * a.rule.block_tokens * int64_t(code_row_bytes(a.head_dim / a.k_sub_dim, 8));
+  lp.kbias = a.key_bias;
   launch_lut<true>(batch_args_of(a), lp, a.coded_splits, st);
 }
 

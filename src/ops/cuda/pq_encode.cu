@@ -49,6 +49,10 @@ struct EncodeParams {
   const int* n_jobs;
   int64_t x_job_offset, code_job_offset;
   int grid_jobs;  // grid z: max_jobs in the batched mode, else 1
+  // Keys of a calibration with the rotated key mean (batched mode): token t of a job is at position
+  // jobs[z].pos0 + t and is coded as x - R(p_b) mu (key_mean_cuda.h). km.n_pairs == 0: none.
+  KeyMeanDevice km;
+  int64_t pos0;
 };
 
 // The job's view of the arguments (unchanged outside the batched mode); false: no such job.
@@ -58,6 +62,7 @@ __device__ __forceinline__ bool job_params(EncodeParams& p) {
   if (z >= *p.n_jobs) return false;
   p.x = p.jobs[z].dense + p.x_job_offset;
   p.packed = p.jobs[z].coded + p.code_job_offset;
+  p.pos0 = p.jobs[z].pos0;
   return true;
 }
 
@@ -80,6 +85,7 @@ __device__ void transform_rows_warp(const EncodeParams& p, int h, int64_t t0, in
       if (i < epl) {
         const int e = lane + 32 * i;
         float x = load_elem(p.x, base + e * p.x_elem_stride, p.elem);
+        if (p.km.n_pairs) x -= key_mean_offset(p.km, h, p.head_dim, p.pos0 + t0 + r, e);
         if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + e];
         v[i] = x;
       }
@@ -96,6 +102,7 @@ __device__ void load_rows_plain(const EncodeParams& p, int h, int64_t t0, int tt
   for (int i = threadIdx.x; i < n; i += kThreads) {
     const int r = i / p.head_dim, e = i - r * p.head_dim;
     float x = load_elem(p.x, (t0 + r) * p.x_token_stride + int64_t(h) * p.x_head_stride + e * p.x_elem_stride, p.elem);
+    if (p.km.n_pairs) x -= key_mean_offset(p.km, h, p.head_dim, p.pos0 + t0 + r, e);
     if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + e];
     s_x[r * ldx + e] = x;
   }
@@ -220,6 +227,7 @@ __global__ void encode_generic_kernel(EncodeParams p0, int DS) {
     if (p.hblock) {
       for (int e = 0; e < p.head_dim; ++e) {
         float x = load_elem(p.x, xrow + e * p.x_elem_stride, p.elem);
+        if (p.km.n_pairs) x -= key_mean_offset(p.km, h, p.head_dim, p.pos0 + t, e);
         if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + e];
         xt[e] = x;
       }
@@ -247,6 +255,7 @@ __global__ void encode_generic_kernel(EncodeParams p0, int DS) {
           x = xt[ch];
         } else {
           x = load_elem(p.x, xrow + int64_t(ch) * p.x_elem_stride, p.elem);
+          if (p.km.n_pairs) x -= key_mean_offset(p.km, h, p.head_dim, p.pos0 + t, ch);
           if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + ch];
         }
         xs[e] = x;
@@ -447,6 +456,7 @@ void kv_encode_blocks_device(const KVEncodeParams& a, void* stream) {
       p.lambda = a.lambda;
       p.hblock = D & -D;
       p.codebooks = a.k_books;
+      p.km = a.key_mean;
       p.bits = a.k_bits;
       p.code_job_offset = 0;
     } else {  // values: [H][B][D] after the keys
