@@ -41,8 +41,8 @@ struct CalibrationOptions {
   int64_t position_span = 0;
   // from_model only: the rotated key mean (docs/QUALITY.md "Rotated key mean"): the keys' pre-RoPE
   // mean, turned to each segment of this many tokens, is removed before coding and its exact score
-  // added back in attention. 0: keys coded with their mean; -1 (auto): 16 when `device` is the CPU,
-  // else 0. A calibration with it runs on the CPU only (the device kernels do not add the mean back yet).
+  // added back in attention (on the CPU and the GPU). 0: keys coded with their mean; -1 (auto): 16;
+  // on the GPU a power of two.
   int key_mean_tokens = -1;
   // from_model only: after training, the new cache is compared with fp16 on up to this many tokens
   // of the text after the max_tokens trained on (held_out_check(); 0: not measured; otherwise at
@@ -92,8 +92,7 @@ class Calibration {
   int key_books() const;    // codebooks per KV head: 1 (shared) or head_dim / key sub_dim
   int value_books() const;
   uint64_t n_calib_tokens() const;
-  // The rotated key mean's segment (CalibrationOptions::key_mean_tokens); 0: none. A calibration
-  // with one runs on the CPU only.
+  // The rotated key mean's segment (CalibrationOptions::key_mean_tokens); 0: none.
   int key_mean_tokens() const;
   std::string model_name() const;
   CalibrationCheck held_out_check() const;

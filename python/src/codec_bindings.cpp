@@ -208,8 +208,7 @@ static void bind_calibration(nb::module_& m) {
           "Runs the model over the first max_tokens tokens of text, records every layer's keys and values and trains "
           "on them (segment_tokens 0: sequences of 2048 tokens); then compares the new cache with fp16 on up to "
           "held_out_tokens tokens of the text after those (held_out_check). key_mean_tokens > 0: the keys' rotated "
-          "mean is removed before coding (a calibration for the CPU only; 0: none, runs on the GPU too; -1: 16 on "
-          "the CPU).")
+          "mean is removed before coding and its exact score added back (CPU and GPU); 0: none; -1: 16).")
       .def_prop_ro("key_mean_tokens", &Calibration::key_mean_tokens,
                    "the rotated key mean's segment in tokens; 0: none")
       .def_prop_ro("n_layers", &Calibration::n_layers)

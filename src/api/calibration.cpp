@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "api/impl.h"
+#include "codec/key_mean.h"
 #include "core/error.h"
 #include "kvcache/calibration_train.h"
 #include "eval/calibrate.h"
@@ -21,7 +22,7 @@ static vq::CalibTrainOptions train_options(const CalibrationOptions& o) {
   t.skip_tokens = o.skip_tokens;
   t.query_aware = o.query_aware;
   t.position_span = o.position_span;
-  t.key_mean_tokens = o.key_mean_tokens >= 0 ? o.key_mean_tokens : o.device == Device::cpu ? 16 : 0;
+  t.key_mean_tokens = o.key_mean_tokens >= 0 ? o.key_mean_tokens : vq::kKeyMeanTokens;
   t.held_out_tokens = o.held_out_tokens;
   return t;
 }

@@ -21,6 +21,9 @@ struct Calibration;
 // (docs/QUALITY.md "Rotated key mean"): 0.1 beat 1.0 on Gemma 3 at contexts 2048 and 8192; within a
 // segment the mean of a pair turning 1 rad spreads the residual the codebooks must cover.
 inline constexpr double kKeyMeanMaxTurn = 0.1;
+// The segment the tools use (calibrate, the API's default, the first-use recipe): a power of two, as
+// the device kernels take.
+inline constexpr int kKeyMeanTokens = 16;
 
 // Channels (a, b) of rotary pair i: NeoX (i, i + n_rot/2), else (2i, 2i + 1).
 inline void rope_pair(int i, int n_rot, bool neox, int& a, int& b) {

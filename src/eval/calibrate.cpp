@@ -30,8 +30,9 @@ namespace vq {
 // Tag of the first-use calibration recipe, part of the cached file's name. -r2: sinks left out of
 // training (CalibTrainOptions::skip_tokens); -r3: query-aware smoothing (issue 18); -r4: 8192
 // tokens instead of 2048 (kFirstUseCalibTokens); -r5: the same codebooks plus the held-out check
-// (Calibration::check), so that the first-use file can warn (issue 18).
-static constexpr const char* kCalibRecipe = "-r5";
+// (Calibration::check), so that the first-use file can warn (issue 18); -r6: the rotated key mean
+// (kKeyMeanTokens; docs/QUALITY.md "Rotated key mean"), now that the device kernels add it back.
+static constexpr const char* kCalibRecipe = "-r6";
 // Tokens per calibration sequence (see calibrate_model).
 static constexpr int kCalibSegment = 2048;
 
@@ -277,9 +278,7 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
       progress);
   if (!held.empty()) {
     if (progress) progress("check", 0, 1);
-    // A calibration with the rotated key mean runs on the CPU only (the device refuses it): it is
-    // checked there whichever device recorded it.
-    cal.check = measure_calibration(model, held, cfg, cal, cal.has_key_mean() ? KVDevice::cpu : device);
+    cal.check = measure_calibration(model, held, cfg, cal, device);
     if (progress) progress("check", 1, 1);
   }
   return cal;
@@ -332,6 +331,7 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
            calibration_howto(cfg));
   const KVCacheConfig c = first_use_calib_config(cfg);
   CalibTrainOptions opt;
+  opt.key_mean_tokens = kKeyMeanTokens;
   const Calibration cal = calibrate_model(model, read_text_file(text_path), kFirstUseCalibTokens, c, opt,
                                           std::filesystem::path(model_path).filename().string(), progress);
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <random>
 
+#include "codec/key_mean.h"
 #include "codec/key_transform.h"
 #include "codec/product_quantizer.h"
 #include "core/error.h"
@@ -134,6 +135,32 @@ Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int H, in
   }
   c.validate();
   return c;
+}
+
+void add_random_key_mean(Calibration& c, const std::vector<double>& freqs, int n_rot, bool neox, int T, uint64_t seed,
+                         float scale) {
+  VQ_CHECK(n_rot >= 2 && n_rot <= c.head_dim && n_rot % 2 == 0 && freqs.size() == size_t(n_rot / 2) && T >= 1,
+           "random key mean: n_rot {} / {} frequencies / segment {} do not fit head_dim {}", n_rot, freqs.size(), T,
+           c.head_dim);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  c.key_mean_tokens = T;
+  c.rope_neox = neox;
+  c.n_rot = n_rot;
+  for (auto& L : c.layers) {
+    L.rope_freqs = freqs;
+    L.key_mean.assign(size_t(c.n_kv_heads) * c.head_dim, 0.0f);
+    for (int i = 0; i < n_rot / 2; ++i) {
+      if (freqs[size_t(i)] * T > kKeyMeanMaxTurn) continue;
+      int a, b;
+      rope_pair(i, n_rot, neox, a, b);
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        L.key_mean[size_t(h) * c.head_dim + a] = nd(rng);
+        L.key_mean[size_t(h) * c.head_dim + b] = nd(rng);
+      }
+    }
+  }
+  c.validate();
 }
 
 }  // namespace vq

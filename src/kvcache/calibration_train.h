@@ -37,8 +37,8 @@ struct CalibTrainOptions {
   // far past the evaluated context costs quality there, so it is not the default.
   int64_t position_span = 0;
   // For the model-level trainer (eval/calibrate.h calibrate_recording): the rotated key mean's segment
-  // (Calibration::key_mean_tokens; codec/key_mean.h); 0: keys coded with their mean, as before (the
-  // device kernels do not apply the mean yet, so the first-use recipe, made for both devices, keeps 0).
+  // (Calibration::key_mean_tokens; codec/key_mean.h); 0: keys coded with their mean. The CLI, the API
+  // and the first-use recipe use kKeyMeanTokens.
   int key_mean_tokens = 0;
   // For the model-level trainer (eval/calibrate.h calibrate_model): after training, the new cache is
   // compared with fp16 on up to this many tokens of the text that follow the ones trained on
@@ -60,5 +60,10 @@ Calibration train_calibration(const KVCacheConfig& cfg, int n_kv_heads, int head
 // shapes matter: smoothing factors 1 + |N(0, 0.1)|, codebooks N(0, scale^2) (granularity from cfg).
 Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, uint64_t seed,
                                float scale = 1.0f);
+// Gives c a rotated key mean (codec/key_mean.h) with random contents, N(0, scale^2) on the rotary
+// pairs of freqs [n_rot / 2] (radians per token, every layer) that turn slowly enough over a
+// segment of T tokens to carry one (as the trainer keeps them), for speed work and parity tests.
+void add_random_key_mean(Calibration& c, const std::vector<double>& freqs, int n_rot, bool neox, int T, uint64_t seed,
+                         float scale = 3.0f);
 
 }  // namespace vq

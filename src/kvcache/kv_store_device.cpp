@@ -48,9 +48,9 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
   if (std::string why = method.device_unsupported(c, g, B); !why.empty()) return why;
   if (spec.calibration && spec.calibration->has_key_mean()) {
     const int T = spec.calibration->key_mean_tokens;
-    if ((T & (T - 1)) != 0)
-      return fmt::format("the calibration's rotated key mean has segments of {} tokens: the device takes a power of "
-                         "two (`veloxquant calibrate` makes 16)", T);
+    if (T != 16)
+      return fmt::format("the calibration's rotated key mean has segments of {} tokens: the device kernels take 16 "
+                         "(what `veloxquant calibrate` makes)", T);
   }
   if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
   return "";

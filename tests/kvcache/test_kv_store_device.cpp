@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "codec/calibration_file.h"
-#include "codec/key_mean.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_store.h"
@@ -35,38 +34,16 @@ struct Case {
   bool key_mean = false;  // the calibration carries a rotated key mean (codec/key_mean.h)
 };
 
-// A rotated key mean of magnitude ~3 on the rotary pairs that turn slowly (as calibrate keeps them):
-// without its score terms, or coded with its mean still in, the scores are off by O(1).
-void add_key_mean(Calibration& cal, int D, uint64_t seed) {
-  std::mt19937 rng{uint32_t(seed)};
-  std::normal_distribution<float> nd(0.0f, 3.0f);
-  const int n_rot = D;
-  cal.key_mean_tokens = 16;
-  cal.rope_neox = seed % 2 == 0;
-  cal.n_rot = n_rot;
-  for (auto& L : cal.layers) {
-    L.rope_freqs.resize(size_t(n_rot / 2));
-    L.key_mean.assign(size_t(cal.n_kv_heads) * D, 0.0f);
-    for (int i = 0; i < n_rot / 2; ++i) {
-      L.rope_freqs[size_t(i)] = std::pow(1e6, -2.0 * i / n_rot);
-      if (L.rope_freqs[size_t(i)] * cal.key_mean_tokens > kKeyMeanMaxTurn) continue;
-      int a, b;
-      rope_pair(i, n_rot, cal.rope_neox, a, b);
-      for (int h = 0; h < cal.n_kv_heads; ++h) {
-        L.key_mean[size_t(h) * D + a] = nd(rng);
-        L.key_mean[size_t(h) * D + b] = nd(rng);
-      }
-    }
-  }
-  cal.validate();
-}
-
 KVSpec spec_for(const Case& c, int layers) {
   KVCacheConfig cfg = parse_kv_cache_spec(c.spec);
   KVSpec s{cfg, nullptr};
   if (cfg.method == KVMethod::vecinfer) {
     Calibration cal = random_calibration(cfg, layers, c.H, c.D, 7);
-    if (c.key_mean) add_key_mean(cal, c.D, uint64_t(c.HQ + c.D));
+    if (c.key_mean) {  // magnitude ~3: without its score terms, or coded with it, the scores are off by O(1)
+      std::vector<double> freqs(size_t(c.D / 2));
+      for (int i = 0; i < c.D / 2; ++i) freqs[size_t(i)] = std::pow(1e6, -2.0 * i / c.D);
+      add_random_key_mean(cal, freqs, c.D, (c.HQ + c.D) % 2 == 0, 16, uint64_t(c.HQ + c.D));
+    }
     s.calibration = std::make_shared<const Calibration>(std::move(cal));
   }
   return s;

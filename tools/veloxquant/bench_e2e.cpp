@@ -52,6 +52,7 @@ struct E2EArgs {
   int warmup = 40, prefill_chunk = 2048;
   bool skip_logits = false;
   bool deterministic = false;
+  std::string key_mean = "none";
 };
 
 std::vector<int> parse_list(const std::string& s, const char* what) {
@@ -93,11 +94,13 @@ void run_e2e(const E2EArgs& a) {
     d.kv_budget_mib = a.kv_budget_mib;
     d.skip_logits = a.skip_logits;
     d.deterministic = a.deterministic;
+    d.key_mean = a.key_mean;
     d.json = a.json;
     run_e2e_device(d);
     return;
   }
   VQ_CHECK(a.device == "cpu", "--device: '{}' is cpu or cuda for bench e2e", a.device);
+  VQ_CHECK(a.key_mean == "none", "--key-mean: the CPU rows use --calib (a file made with `calibrate --key-mean ...`)");
   VQ_CHECK(a.geometry.empty(), "--geometry is for --device cuda (random device weights)");
   VQ_CHECK(a.itl_prompt == 0, "--itl is for --device cuda");
   VQ_CHECK(!a.deterministic, "--deterministic is for --device cuda (the CPU forward is batch-invariant as it is)");
@@ -231,6 +234,11 @@ void add_bench_e2e(CLI::App* bench) {
   c->add_option("--prefill-chunk", a->prefill_chunk, "--device cuda: prompt tokens per step")->capture_default_str();
   c->add_flag("--skip-logits", a->skip_logits, "--device cuda: do not copy logits back (the device step alone)");
   c->add_flag("--deterministic", a->deterministic, "--device cuda: time the batch-invariant mode");
+  c->add_option("--key-mean", a->key_mean,
+                "--device cuda: VecInfer caches with random calibrations without (none), with (rotated) or both "
+                "ways with a rotated key mean (16-token segments, as calibrate makes)")
+      ->check(CLI::IsMember({"none", "rotated", "both"}))
+      ->capture_default_str();
   c->callback([a] { run_e2e(*a); });
 }
 

@@ -140,11 +140,26 @@ void run_e2e_device(const E2EDeviceArgs& a) {
       cuda::random_fill_device(r);
     }
   };
+  // The caches to time: each --kv-cache, and for calibrated ones without and/or with a rotated key
+  // mean (--key-mean), labelled in the tables.
+  VQ_CHECK(a.key_mean == "none" || a.key_mean == "rotated" || a.key_mean == "both",
+           "--key-mean: '{}' is none, rotated or both", a.key_mean);
+  std::vector<std::pair<std::string, KVSpec>> variants;
   for (const std::string& kvs : a.kv_caches) {
-    const KVCacheConfig cfg = parse_kv_cache_spec(kvs);
-    KVSpec spec{cfg, nullptr};
-    if (kv_method(cfg.method).needs_calibration())
-      spec.calibration = std::make_shared<const Calibration>(random_calibration(cfg, L, H, D, 5));
+    const KVCacheConfig c = parse_kv_cache_spec(kvs);
+    if (!kv_method(c.method).needs_calibration()) {
+      variants.push_back({c.name(), KVSpec{c, nullptr}});
+      continue;
+    }
+    for (int with : {0, 1}) {
+      if ((with == 0 && a.key_mean == "rotated") || (with == 1 && a.key_mean == "none")) continue;
+      Calibration cal = random_calibration(c, L, H, D, 5);
+      if (with) add_random_key_mean(cal, plain_inv_freqs(mc), mc.n_rot, true, 16, 6);
+      variants.push_back({c.name() + (with ? " +key mean" : ""),
+                          KVSpec{c, std::make_shared<const Calibration>(std::move(cal))}});
+    }
+  }
+  for (const auto& [label, spec] : variants) {
     for (int ctx : a.ctxs) {
       const size_t headroom = size_t(3) << 30;  // activations, cuBLAS, attention workspaces
       const size_t free_b = cuda::device_free_bytes();
@@ -176,7 +191,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
       }
       const double fill_s = std::chrono::duration<double>(Clock::now() - t_fill).count();
       std::fprintf(stderr, "%s ctx %d: %d of %d sequences filled in %.1f s (pool %.1f GiB used of %.1f GiB)\n",
-                   cfg.name().c_str(), ctx, fitted, max_b, fill_s, double(store.pool().used_bytes()) / 1073741824.0,
+                   label.c_str(), ctx, fitted, max_b, fill_s, double(store.pool().used_bytes()) / 1073741824.0,
                    double(store.pool().budget_bytes()) / 1073741824.0);
       ForwardDevice fwd(dm, store);
       fwd.set_skip_logits_download(a.skip_logits);
@@ -184,10 +199,10 @@ void run_e2e_device(const E2EDeviceArgs& a) {
       for (int B : a.batches) {
         const size_t seq_bytes = seqs.empty() ? 0 : store.token_bytes(seqs[0]);
         if (B > fitted) {
-          std::printf("| %s | %d | %d | does not fit | | | %.1f | | |\n", cfg.name().c_str(), ctx, B,
+          std::printf("| %s | %d | %d | does not fit | | | %.1f | | |\n", label.c_str(), ctx, B,
                       double(seq_bytes ? seq_bytes : 0) * B / 1e9);
           std::fflush(stdout);
-          out.push_back({{"kv_cache", cfg.name()}, {"ctx", ctx}, {"batch", B}, {"fits", false},
+          out.push_back({{"kv_cache", label}, {"ctx", ctx}, {"batch", B}, {"fits", false},
                          {"geometry", gs->name}});
           continue;
         }
@@ -224,18 +239,18 @@ void run_e2e_device(const E2EDeviceArgs& a) {
         }
         forks.clear();
         if (!fits) {
-          std::printf("| %s | %d | %d | does not fit | | | | | |\n", cfg.name().c_str(), ctx, B);
-          out.push_back({{"kv_cache", cfg.name()}, {"ctx", ctx}, {"batch", B}, {"fits", false}, {"geometry", gs->name}});
+          std::printf("| %s | %d | %d | does not fit | | | | | |\n", label.c_str(), ctx, B);
+          out.push_back({{"kv_cache", label}, {"ctx", ctx}, {"batch", B}, {"fits", false}, {"geometry", gs->name}});
           continue;
         }
         const double step = median(dt);
         const double wb = double(dm->step_weight_bytes(B));
         const double floor_ms = (wb + double(kv_bytes)) / (bw * 1e9) * 1e3;
-        std::printf("| %s | %d | %d | %.3f | %.1f | %.2f | %.3f | %.3f | %.2fx |\n", cfg.name().c_str(), ctx, B,
+        std::printf("| %s | %d | %d | %.3f | %.1f | %.2f | %.3f | %.3f | %.2fx |\n", label.c_str(), ctx, B,
                     step * 1e3, B / step, wb / 1e9, double(kv_bytes) / 1e9, floor_ms, step * 1e3 / floor_ms);
         std::fflush(stdout);
         const ForwardDeviceStats& st = fwd.stats();
-        out.push_back({{"kv_cache", cfg.name()}, {"ctx", ctx}, {"batch", B}, {"fits", true}, {"step_ms", step * 1e3},
+        out.push_back({{"kv_cache", label}, {"ctx", ctx}, {"batch", B}, {"fits", true}, {"step_ms", step * 1e3},
                        {"step_ms_best", *std::min_element(dt.begin(), dt.end()) * 1e3}, {"tok_s", B / step},
                        {"weight_bytes", wb}, {"kv_bytes", kv_bytes}, {"floor_ms", floor_ms}, {"copy_gbs", bw},
                        {"graph_replays", st.graph_replays}, {"graph_captures", st.graph_captures},
@@ -293,7 +308,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
           }
           if (!fits) {
             std::printf("| %s | itl: %d streams at %d + a %d-token prompt, %d per step | does not fit | | | | | | |\n",
-                        cfg.name().c_str(), B, ctx, a.itl_prompt, C);
+                        label.c_str(), B, ctx, a.itl_prompt, C);
             continue;
           }
           auto pct = [](std::vector<double> v, double q) {
@@ -303,10 +318,10 @@ void run_e2e_device(const E2EDeviceArgs& a) {
           const double i50 = pct(idle, 0.5), i99 = pct(idle, 0.99), d50 = pct(during, 0.5), d99 = pct(during, 0.99);
           std::printf("| %s | itl: %d streams at %d + a %d-token prompt, %d per step | idle p50 %.2f ms, p99 %.2f | "
                       "during p50 %.2f ms, p99 %.2f | p99 %.2fx idle | prompt prefilled in %.2f s (%.0f tok/s) | | | |\n",
-                      cfg.name().c_str(), B, ctx, a.itl_prompt, C, i50 * 1e3, i99 * 1e3, d50 * 1e3, d99 * 1e3, d99 / i99,
+                      label.c_str(), B, ctx, a.itl_prompt, C, i50 * 1e3, i99 * 1e3, d50 * 1e3, d99 * 1e3, d99 / i99,
                       prefill_s, a.itl_prompt / prefill_s);
           std::fflush(stdout);
-          out.push_back({{"kv_cache", cfg.name()}, {"ctx", ctx}, {"streams", B}, {"itl_prompt", a.itl_prompt},
+          out.push_back({{"kv_cache", label}, {"ctx", ctx}, {"streams", B}, {"itl_prompt", a.itl_prompt},
                          {"itl_chunk", C}, {"idle_p50_ms", i50 * 1e3}, {"idle_p99_ms", i99 * 1e3},
                          {"during_p50_ms", d50 * 1e3}, {"during_p99_ms", d99 * 1e3}, {"prefill_s", prefill_s},
                          {"geometry", gs->name}});
@@ -335,10 +350,10 @@ void run_e2e_device(const E2EDeviceArgs& a) {
         }
         best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      std::printf("| %s | prefill %d | 1 | %.1f ms | %.0f tok/s (chunks of %d) | | | | |\n", cfg.name().c_str(), n,
+      std::printf("| %s | prefill %d | 1 | %.1f ms | %.0f tok/s (chunks of %d) | | | | |\n", label.c_str(), n,
                   best * 1e3, n / best, a.prefill_chunk);
       std::fflush(stdout);
-      out.push_back({{"kv_cache", cfg.name()}, {"prefill", n}, {"prefill_ms", best * 1e3}, {"prefill_tok_s", n / best},
+      out.push_back({{"kv_cache", label}, {"prefill", n}, {"prefill_ms", best * 1e3}, {"prefill_tok_s", n / best},
                      {"chunk", a.prefill_chunk}, {"geometry", gs->name}});
     }
   }

@@ -52,7 +52,7 @@ void run_calibrate(const CalibrateOptions& o) {
   opt.seed = o.seed;
   opt.query_aware = o.smoothing == "query";
   opt.position_span = o.position_span;
-  opt.key_mean_tokens = o.key_mean == "rotated" ? 16 : o.key_mean == "none" ? 0 : -1;
+  opt.key_mean_tokens = o.key_mean == "none" ? 0 : -1;  // rotated, auto: the default segment
   opt.held_out_tokens = o.held_out;
   opt.device = resolve_device(o.device);
   ProgressBar bar;
@@ -97,9 +97,9 @@ void add_calibrate(CLI::App& app) {
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24))
       ->capture_default_str();
   c->add_option("--key-mean", o->key_mean,
-                "rotated: remove the keys' pre-RoPE mean, turned to each 16-token segment, before coding and add its "
-                "exact score back (the cache then runs on the CPU only; docs/QUALITY.md \"Rotated key mean\"); none: "
-                "code keys with their mean (runs on --device cuda too); auto: rotated with --device cpu, else none")
+                "rotated (auto: the same): remove the keys' pre-RoPE mean, turned to each 16-token segment, before "
+                "coding and add its exact score back (CPU and GPU; docs/QUALITY.md \"Rotated key mean\"); none: code "
+                "keys with their mean")
       ->check(CLI::IsMember({"auto", "rotated", "none"}))
       ->capture_default_str();
   c->add_option("--held-out", o->held_out,

@@ -76,7 +76,7 @@ struct PagedKeyBias {
   float* values = nullptr;            // null: the layer has no key mean
   const int64_t* row_off = nullptr;   // [rows]
   const int32_t* row_nseg = nullptr;  // [rows]
-  int log2_tokens = 4;
+  int log2_tokens = 4;  // the attention kernels take 4 (segments of 16 tokens)
 };
 
 // Where the term of (row r, query head qh, coded key u) lies in values (u in the row's code range).

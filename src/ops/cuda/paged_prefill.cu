@@ -78,6 +78,12 @@ struct PrefillParams {
 
 using namespace ptx;  // smem_u32, cp_async*, ldsm_x4(_t), mma16816, pack_half2 (mma_ptx.cuh)
 
+// 4 bytes global -> shared, asynchronously; valid == false reads nothing and writes 0.
+__device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
 __device__ __forceinline__ uint32_t code_of(const uint8_t* row, int i, int bits) {
   if (bits == 8) return row[i];
   const int bit = i * bits;
@@ -147,10 +153,14 @@ struct PrefillSmem {
 };
 
 // Bytes of a stage's code-row area with NB blocks per pass: K rows (padded to 16), V rows, 16 spare
-// (code_of may read a byte or two past a row).
+// (code_of may read a byte or two past a row), then with the rotated key mean the pass's score terms
+// [128 rows][2 NB segments of 16 tokens] f32 (prefill_kbias_offset).
+__host__ __device__ inline int prefill_kbias_offset(const PrefillParams& pp, int NB) {
+  return ((kB * NB * pp.kcb + 15) & ~15) + ((kB * NB * pp.vcb + 15) & ~15) + 16;
+}
 int prefill_raw_bytes(const PrefillParams& pp, int NB) {
   if (!pp.rule.coded) return 0;
-  return ((kB * NB * pp.kcb + 15) & ~15) + ((kB * NB * pp.vcb + 15) & ~15) + 16;
+  return prefill_kbias_offset(pp, NB) + (pp.kbias.values ? 128 * 2 * NB * 4 : 0);
 }
 
 // Dynamic shared memory of prefill_kernel<D, W, NB, WG> (the layout above).
@@ -299,6 +309,25 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   const int64_t j_begin = j_first + int64_t(blockIdx.z) * per_split;
   walk.j_end = min(j_begin + per_split, j_first + n_passes);
 
+  // The rotated key mean's terms: issue() stages a coded pass's KN / 16 segment terms of every row in
+  // the stage (kbst), half a row per thread (thread i: row i / 2, segments (i & 1) * NB ..), zeros
+  // outside the row's code range; the products start from them.
+  const bool kb_on = coded_layer && p.kbias.values != nullptr;
+  int64_t kb_base = 0, kb_slo = 0, kb_shi = -1;  // staged row's term of segment s: values[kb_base + s], s in [slo, shi]
+  if (kb_on) {
+    const int m = threadIdx.x >> 1, pi = m / G;
+    if (pi < n_pos && pi < P) {
+      const int r = tile.row0 + pi;
+      const PagedRanges g = paged_ranges(p.rule, p.pos[r]);
+      if (g.code_hi > g.code_lo) {
+        kb_base = key_bias_index(p.kbias, p.kbias.row_off[r], p.kbias.row_nseg[r], g.code_lo, kh * G + m % G, 0);
+        kb_slo = g.code_lo >> 4, kb_shi = (g.code_hi - 1) >> 4;
+      }
+    }
+  }
+  const int kb_off = prefill_kbias_offset(p, NB);
+  auto kbst = [&](int s) { return reinterpret_cast<float*>(rawst(s) + kb_off); };
+
   // Issue the copies of pass (j, form) into stage s (one commit group): its NB pool blocks, each
   // only where some row reads it in this form (others: dense V zeroed, coded rows left as they are,
   // decoding to finite values that the masks drop).
@@ -306,6 +335,15 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     __half* ks = kst(s);
     __half* vs = vst(s);
     unsigned char* raw = rawst(s);
+    if (form == 1 && kb_on) {  // this thread's half row of the pass's terms
+      float* dst = kbst(s) + (threadIdx.x >> 1) * (2 * NB) + (threadIdx.x & 1) * NB;
+      const int64_t sg0 = j * (KN / 16) + (threadIdx.x & 1) * NB;
+#pragma unroll
+      for (int k = 0; k < NB; ++k) {
+        const bool ok = sg0 + k >= kb_slo && sg0 + k <= kb_shi;
+        cp_async4_zfill(dst + k, ok ? p.kbias.values + kb_base + sg0 + k : p.kbias.values, ok);
+      }
+    }
 #pragma unroll
     for (int hb = 0; hb < NB; ++hb) {
       const int64_t b = j * NB + hb, u0 = b * kB;
@@ -387,16 +425,6 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     rg[h] = paged_ranges(p.rule, rvalid[h] ? rpos[h] : 0);
   }
 
-  // The rotated key mean: row h's term of coded key u is kbias.values[bbase[h] + (u >> log2_tokens)].
-  int64_t bbase[2] = {0, 0};
-  if (coded_layer && p.kbias.values) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!rvalid[h]) continue;
-      const int m = warp * 16 + g + 8 * h, r = tile.row0 + m / G, qh = kh * G + m % G;
-      bbase[h] = key_bias_index(p.kbias, p.kbias.row_off[r], p.kbias.row_nseg[r], rg[h].code_lo, qh, 0);
-    }
-  }
 
   float o[NT][4];
 #pragma unroll
@@ -431,8 +459,24 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     // ---- S = Q K^T: 16 rows x KN keys per warp ----
     const __half* qs = form ? qc : qp;
     float s[NS][4];
+    if (form == 1 && kb_on) {
+      // The accumulators start at the rotated key mean's terms staged with the pass (the products add
+      // to them): segments of 16 tokens, so column groups 2k, 2k + 1 share segment k of the pass.
+      // Keys outside a row's code range got 0 and are masked below.
+      const float* kbs = kbst(st);
 #pragma unroll
-    for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      for (int h = 0; h < 2; ++h) {
+        const float* row = kbs + (warp * 16 + g + 8 * h) * (2 * NB);
+#pragma unroll
+        for (int k = 0; k < NS / 2; ++k) {
+          const float v = row[k] * kLog2e;
+          s[2 * k][2 * h] = s[2 * k][2 * h + 1] = s[2 * k + 1][2 * h] = s[2 * k + 1][2 * h + 1] = v;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    }
     const int mi = lane >> 3, r8 = lane & 7;
 #if defined(VQ_HAVE_WGMMA)
     if constexpr (WG) {
@@ -468,20 +512,6 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
           mma16816(s[n0 / 8], a, b[0], b[1]);
           mma16816(s[n0 / 8 + 1], a, b[2], b[3]);
         }
-      }
-    }
-    if (form == 1 && p.kbias.values) {  // the rotated key mean's terms, on the keys a row reads as codes
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (!rvalid[h]) continue;
-        const int64_t clo = rg[h].code_lo, chi = rg[h].code_hi;
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int64_t u = u0 + n * 8 + 2 * t + c;
-            if (u >= clo && u < chi) s[n][2 * h + c] += p.kbias.values[bbase[h] + (u >> p.kbias.log2_tokens)] * kLog2e;
-          }
       }
     }
     float alpha[2];

@@ -284,12 +284,37 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) oc[mt][0] = oc[mt][1] = oc[mt][2] = oc[mt][3] = 0.f;
 
+  // The rotated key mean's terms of a group (paged mode, kbias set): this lane's token, the tile's
+  // heads, loaded one group ahead with the codes. Segments are 16 tokens (kv_device_unsupported_reason).
+  const bool kb_on = kPaged && p.kbias.values != nullptr;
+  int64_t kb_base = 0;
+  int kb_nseg = 0;
+  if (kb_on) {
+    kb_nseg = p.kbias.row_nseg[b];
+    kb_base = key_bias_index(p.kbias, p.kbias.row_off[b], kb_nseg, lo, kh * p.group + ht4 * kH, 0);
+  }
+  auto load_bias = [&](int gi, float (&bv)[kH]) {
+    const int tok = tok_begin + gi * 32 + lane;
+    const bool ok = tok < tok_end && tok >= lo;
+#pragma unroll
+    for (int h = 0; h < kH; ++h)
+      bv[h] = ok && ht4 * kH + h < p.group ? p.kbias.values[kb_base + int64_t(h) * kb_nseg + (tok >> 4)] * kLog2e : 0.f;
+  };
+
   uint32_t kw[NW4], vw[2][4][VWN];
-  if (warp < n_groups) load_codes(warp, kw, vw);
+  float bv[kH];
+  if (warp < n_groups) {
+    load_codes(warp, kw, vw);
+    if (kb_on) load_bias(warp, bv);
+  }
   for (int gi = warp; gi < n_groups; gi += kNW) {
     uint32_t kwn[NW4], vwn[2][4][VWN];
+    float bvn[kH];
     const bool more = gi + kNW < n_groups;
-    if (more) load_codes(gi + kNW, kwn, vwn);
+    if (more) {
+      load_codes(gi + kNW, kwn, vwn);
+      if (kb_on) load_bias(gi + kNW, bvn);
+    }
 
     // ---- scores of token tok0 + lane for the 4 heads ----
     float sc[kH];
@@ -341,13 +366,9 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
     if (tok0 + lane >= tok_end || tok0 + lane < lo) {
 #pragma unroll
       for (int h = 0; h < kH; ++h) sc[h] = -INFINITY;
-    } else if (kPaged && p.kbias.values) {  // the rotated key mean's term of this token's segment
-      const int64_t bi = key_bias_index(p.kbias, p.kbias.row_off[b], p.kbias.row_nseg[b], lo,
-                                        kh * p.group + ht4 * kH, tok0 + lane);
-      const int nseg = p.kbias.row_nseg[b];
+    } else if (kb_on) {  // the rotated key mean's term of this token's segment
 #pragma unroll
-      for (int h = 0; h < kH; ++h)
-        if (ht4 * kH + h < p.group) sc[h] += p.kbias.values[bi + int64_t(h) * nseg] * kLog2e;
+      for (int h = 0; h < kH; ++h) sc[h] += bv[h];
     }
 
     // ---- online softmax (base 2); rescale only when a running max grows (warp-uniform) ----
@@ -424,6 +445,8 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
     __syncwarp();  // the P tile is rewritten next iteration
 
     if (more) {
+#pragma unroll
+      for (int h = 0; h < kH; ++h) bv[h] = bvn[h];
 #pragma unroll
       for (int j = 0; j < NW4; ++j) kw[j] = kwn[j];
 #pragma unroll
