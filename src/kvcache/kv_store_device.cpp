@@ -48,9 +48,9 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
   if (std::string why = method.device_unsupported(c, g, B); !why.empty()) return why;
   if (spec.calibration && spec.calibration->has_key_mean()) {
     const int T = spec.calibration->key_mean_tokens;
-    if (T != 16)
-      return fmt::format("the calibration's rotated key mean has segments of {} tokens: the device kernels take 16 "
-                         "(what `veloxquant calibrate` makes)", T);
+    if (T != kKeyMeanTokens)
+      return fmt::format("the calibration's rotated key mean has segments of {} tokens: the device kernels take {} "
+                         "(what `veloxquant calibrate` makes)", T, kKeyMeanTokens);
   }
   if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
   return "";
@@ -91,6 +91,8 @@ void KVStoreDevice::note_encode(int, const uint8_t*, uint8_t*, int64_t) {}
 void KVStoreDevice::release_table(SeqKV&) {}
 
 #else
+
+static_assert(1 << cuda::kKeyMeanSegmentLog2 == kKeyMeanTokens, "the device's key-mean segment is the tools' one");
 
 namespace {
 // GpuTuning::coded_gather_mma (VQ_CODED_ATTN_KERNEL=gather_mma): the gather-mma split kernel for
@@ -159,7 +161,6 @@ struct KVStoreDevice::Impl {
   std::vector<LayerKeyMean> km;         // per layer (n_pairs 0: none)
   std::vector<KeyMeanTable> km_tables;
   std::vector<cuda::PagedRule> km_rules;  // the distinct rules of layers with a key mean
-  int km_lt = 0;                          // log2 of the segment (tokens)
   std::vector<int64_t> row_boff;          // the open step's rows: their first score term, count per head
   std::vector<int32_t> row_bnseg;
   cuda::DeviceBuffer kbias;               // the step's score terms (PagedKeyBias::values)
@@ -347,7 +348,8 @@ struct KVStoreDevice::Impl {
       int64_t n = 0;
       for (const cuda::PagedRule& rule : km_rules) {
         const cuda::PagedRanges g = cuda::paged_ranges(rule, row_pos[size_t(r)]);
-        if (g.code_hi > g.code_lo) n = std::max<int64_t>(n, ((g.code_hi - 1) >> km_lt) - (g.code_lo >> km_lt) + 1);
+        constexpr int lt = cuda::kKeyMeanSegmentLog2;
+        if (g.code_hi > g.code_lo) n = std::max<int64_t>(n, ((g.code_hi - 1) >> lt) - (g.code_lo >> lt) + 1);
       }
       row_boff[size_t(r)] = total;
       row_bnseg[size_t(r)] = int32_t(n);
@@ -358,15 +360,15 @@ struct KVStoreDevice::Impl {
       kbias = cuda::DeviceBuffer(bytes + bytes / 4);
       ++version;
     }
-    const int64_t need_segs = (max_pos >> km_lt) + 1;
+    const int64_t need_segs = (max_pos >> cuda::kKeyMeanSegmentLog2) + 1;
     for (KeyMeanTable& t : km_tables) {
       if (t.segs >= need_segs) continue;
-      const int64_t segs = std::max<int64_t>(need_segs * 2, 4096 >> km_lt);
+      const int64_t segs = std::max<int64_t>(need_segs * 2, 4096 >> cuda::kKeyMeanSegmentLog2);
       const size_t np = t.freqs.size();
       std::vector<float> cs(size_t(segs) * np * 2);
       for (int64_t sg = 0; sg < segs; ++sg)
         for (size_t j = 0; j < np; ++j) {
-          const double ang = double(sg << km_lt) * t.freqs[j];
+          const double ang = double(sg << cuda::kKeyMeanSegmentLog2) * t.freqs[j];
           cs[(size_t(sg) * np + j) * 2] = float(std::cos(ang));
           cs[(size_t(sg) * np + j) * 2 + 1] = float(std::sin(ang));
         }
@@ -388,7 +390,6 @@ struct KVStoreDevice::Impl {
     d.mu = k.mu.as<float>();
     d.cs = t.cs.as<float>();
     d.cs_segs = t.segs;
-    d.log2_tokens = km_lt;
     return d;
   }
 };
@@ -429,7 +430,6 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
     const RotatedKeyMean mean(cal, l + store.calib_offset_);
     if (mean.empty()) continue;
     if (m.km.empty()) m.km.resize(size_t(m.L));
-    while ((1 << m.km_lt) < mean.tokens()) ++m.km_lt;
     LayerKeyMean& k = m.km[size_t(l)];
     std::vector<int32_t> pairs, chan(size_t(m.D), 0);
     std::vector<double> freqs;
@@ -681,7 +681,6 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
       p.key_bias.values = m.kbias.as<float>();
       p.key_bias.row_off = m.dptr<int64_t>(m.o_boff);
       p.key_bias.row_nseg = m.dptr<int32_t>(m.o_bnseg);
-      p.key_bias.log2_tokens = m.km_lt;
       cuda::KeyBiasParams kb;
       kb.rows = rows;
       kb.n_kv_heads = m.H;

@@ -15,23 +15,13 @@
 #include "kvcache/factory.h"
 #include "kvcache/kv_store.h"
 #include "test_util.h"
+#include "trained_spec.h"
 
 using namespace vq;
 
 namespace {
 
-KVSpec spec_for(const std::string& s, const KVGeometry& g, std::mt19937& rng) {
-  KVCacheConfig cfg = parse_kv_cache_spec(s);
-  if (cfg.method == KVMethod::vecinfer) {
-    const int n = 512;
-    auto k = randn(size_t(n) * g.n_kv_heads * g.head_dim, rng), v = randn(size_t(n) * g.n_kv_heads * g.head_dim, rng);
-    CalibTrainOptions opt;
-    opt.kmeans_iters = 2;
-    std::vector<const float*> kp{k.data()}, vp{v.data()};
-    cfg.calibration = std::make_shared<Calibration>(train_calibration(cfg, g.n_kv_heads, g.head_dim, kp, vp, n, opt, "random"));
-  }
-  return make_kv_spec(cfg);
-}
+KVSpec spec_for(const std::string& s, const KVGeometry& g, std::mt19937& rng) { return trained_spec(s, g, rng, 1, 2); }
 
 }  // namespace
 

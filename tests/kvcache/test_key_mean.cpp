@@ -265,7 +265,7 @@ TEST(KeyMean, TensorParallelRanksGetTheirHeadsMeans) {
   EXPECT_EQ(s.layers[0].rope_freqs, calib->layers[0].rope_freqs);
 }
 
-TEST(KeyMean, TheDeviceTakesItWithPowerOfTwoSegments) {
+TEST(KeyMean, TheDeviceTakesItWithSixteenTokenSegments) {
 #ifdef VQ_HAVE_CUDA
   std::mt19937 rng(8);
   KVCacheConfig cfg = parse_kv_cache_spec("vecinfer:d4b8");

@@ -12,22 +12,14 @@
 #include "kvcache/kv_store.h"
 #include "ops/ref/attention.h"
 #include "test_util.h"
+#include "trained_spec.h"
 
 using namespace vq;
 
 namespace {
 
 KVSpec spec_for(const std::string& s, const KVGeometry& g, std::mt19937& rng, int n_layers = 1) {
-  KVCacheConfig cfg = parse_kv_cache_spec(s);
-  if (cfg.method == KVMethod::vecinfer) {
-    const int n = 512;
-    auto k = randn(size_t(n) * g.n_kv_heads * g.head_dim, rng), v = randn(size_t(n) * g.n_kv_heads * g.head_dim, rng);
-    CalibTrainOptions opt;
-    opt.kmeans_iters = 4;
-    std::vector<const float*> kp(size_t(n_layers), k.data()), vp(size_t(n_layers), v.data());
-    cfg.calibration = std::make_shared<Calibration>(train_calibration(cfg, g.n_kv_heads, g.head_dim, kp, vp, n, opt, "random"));
-  }
-  return make_kv_spec(cfg);
+  return trained_spec(s, g, rng, n_layers, 4);
 }
 
 }  // namespace

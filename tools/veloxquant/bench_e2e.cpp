@@ -100,7 +100,8 @@ void run_e2e(const E2EArgs& a) {
     return;
   }
   VQ_CHECK(a.device == "cpu", "--device: '{}' is cpu or cuda for bench e2e", a.device);
-  VQ_CHECK(a.key_mean == "none", "--key-mean: the CPU rows use --calib (a file made with `calibrate --key-mean ...`)");
+  VQ_CHECK(a.key_mean == "none",
+           "--key-mean is for --device cuda (the CPU rows take a calibration file, --calib, made by `calibrate --key-mean`)");
   VQ_CHECK(a.geometry.empty(), "--geometry is for --device cuda (random device weights)");
   VQ_CHECK(a.itl_prompt == 0, "--itl is for --device cuda");
   VQ_CHECK(!a.deterministic, "--deterministic is for --device cuda (the CPU forward is batch-invariant as it is)");

@@ -72,7 +72,7 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 
 __global__ void __launch_bounds__(kThreads) key_bias_kernel(KeyBiasParams p, int rpb) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int np = p.km.n_pairs, G = p.group, D = p.head_dim, lt = p.km.log2_tokens;
+  const int np = p.km.n_pairs, G = p.group, D = p.head_dim, lt = kKeyMeanSegmentLog2;
   const int kp = k_padded(np), ldk = k_stride(np);
   const int n_out = rpb * G, m_pad = outs_padded(rpb, G);
   int64_t* seg_lo = reinterpret_cast<int64_t*>(smem);  // [rpb] first segment of the row's coded range
@@ -169,9 +169,8 @@ __global__ void __launch_bounds__(kThreads) key_bias_kernel(KeyBiasParams p, int
 void key_bias_device(const KeyBiasParams& p, void* stream) {
   VQ_CHECK(p.rows >= 0 && p.n_kv_heads >= 1 && p.n_kv_heads <= 65535 && p.group >= 1 && p.group <= 16,
            "cuda::key_bias: rows {} / {} KV heads / group {} out of range", p.rows, p.n_kv_heads, p.group);
-  VQ_CHECK(p.km.n_pairs >= 1 && 2 * p.km.n_pairs <= p.head_dim && p.km.log2_tokens >= 0 && p.km.log2_tokens <= 12,
-           "cuda::key_bias: {} pairs / segments of 2^{} tokens do not fit head_dim {}", p.km.n_pairs,
-           p.km.log2_tokens, p.head_dim);
+  VQ_CHECK(p.km.n_pairs >= 1 && 2 * p.km.n_pairs <= p.head_dim, "cuda::key_bias: {} pairs do not fit head_dim {}",
+           p.km.n_pairs, p.head_dim);
   if (p.rows == 0) return;
   VQ_CHECK(p.pos && p.q && p.km.pairs && p.km.mu && p.km.cs && p.out.values && p.out.row_off && p.out.row_nseg,
            "cuda::key_bias: a null pointer");

@@ -560,9 +560,8 @@ void check_paged_attention(const PagedAttnParams& p) {
            "cuda::paged_attention: {} prefill tiles need tiles, row_skip and blocks of 32 tokens", p.n_tiles);
   VQ_CHECK(p.n_tiles == 0 || p.tile_rows == 64 || p.tile_rows == 128,
            "cuda::paged_attention: prefill tiles of {} rows (64 or 128: paged_prefill_tile_rows)", p.tile_rows);
-  VQ_CHECK(!p.key_bias.values || (p.rule.coded && p.key_bias.log2_tokens == 4 && p.key_bias.row_off && p.key_bias.row_nseg),
-           "cuda::paged_attention: key_bias on a layer without codes, or segments of 2^{} tokens (the kernels take 16)",
-           p.key_bias.log2_tokens);
+  VQ_CHECK(!p.key_bias.values || (p.rule.coded && p.key_bias.row_off && p.key_bias.row_nseg),
+           "cuda::paged_attention: key_bias on a layer without codes, or without its row offsets");
   const size_t need = paged_attention_workspace_bytes(p);
   VQ_CHECK(p.workspace_bytes >= need && (need == 0 || p.workspace),
            "cuda::paged_attention: workspace of {} bytes is smaller than the {} needed", p.workspace_bytes, need);

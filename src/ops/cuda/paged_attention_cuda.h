@@ -68,21 +68,21 @@ VQ_HD PagedRanges paged_ranges(const PagedRule& r, int64_t t) {
 
 // VecInfer's rotated key mean (codec/key_mean.h) on the device: the coded keys are k - R(p_b) mu,
 // and every score of a coded key at position u gains the term scale * q . R(p_b) mu, p_b = u
-// rounded down to a multiple of 2^log2_tokens: one number per (row, query head, segment), computed
-// for the step by key_bias_device (key_mean_cuda.h) into `values` before the attention kernels run.
-// Row r's numbers start at row_off[r]: row_nseg[r] per query head (the segments of the widest coded
-// range any layer of the store gives that row), the first one the segment of the row's code_lo.
+// rounded down to a multiple of 16 (kKeyMeanSegmentLog2; the device store takes calibrations with
+// that segment only): one number per (row, query head, segment), computed for the step by
+// key_bias_device (key_mean_cuda.h) into `values` before the attention kernels run. Row r's numbers
+// start at row_off[r]: row_nseg[r] per query head (the segments of the widest coded range any
+// layer of the store gives that row), the first one the segment of the row's code_lo.
+inline constexpr int kKeyMeanSegmentLog2 = 4;
 struct PagedKeyBias {
   float* values = nullptr;            // null: the layer has no key mean
   const int64_t* row_off = nullptr;   // [rows]
   const int32_t* row_nseg = nullptr;  // [rows]
-  int log2_tokens = 4;  // the attention kernels take 4 (segments of 16 tokens)
 };
 
 // Where the term of (row r, query head qh, coded key u) lies in values (u in the row's code range).
-VQ_HD int64_t key_bias_index(const PagedKeyBias& kb, int64_t row_off, int row_nseg, int64_t code_lo, int qh,
-                             int64_t u) {
-  return row_off + int64_t(qh) * row_nseg + ((u >> kb.log2_tokens) - (code_lo >> kb.log2_tokens));
+VQ_HD int64_t key_bias_index(int64_t row_off, int row_nseg, int64_t code_lo, int qh, int64_t u) {
+  return row_off + int64_t(qh) * row_nseg + ((u >> kKeyMeanSegmentLog2) - (code_lo >> kKeyMeanSegmentLog2));
 }
 
 // Prefill: a tile of consecutive query rows (positions) of one sequence, computed by the

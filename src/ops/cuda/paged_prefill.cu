@@ -309,6 +309,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   const int64_t j_begin = j_first + int64_t(blockIdx.z) * per_split;
   walk.j_end = min(j_begin + per_split, j_first + n_passes);
 
+  // (segments of 16 tokens: a pass of KN keys spans KN / 16 of them, column groups 2k, 2k + 1 the k-th)
+  static_assert(kKeyMeanSegmentLog2 == 4, "the staged terms' layout takes segments of 16 tokens");
   // The rotated key mean's terms: issue() stages a coded pass's KN / 16 segment terms of every row in
   // the stage (kbst), half a row per thread (thread i: row i / 2, segments (i & 1) * NB ..), zeros
   // outside the row's code range; the products start from them.
@@ -320,8 +322,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
       const int r = tile.row0 + pi;
       const PagedRanges g = paged_ranges(p.rule, p.pos[r]);
       if (g.code_hi > g.code_lo) {
-        kb_base = key_bias_index(p.kbias, p.kbias.row_off[r], p.kbias.row_nseg[r], g.code_lo, kh * G + m % G, 0);
-        kb_slo = g.code_lo >> 4, kb_shi = (g.code_hi - 1) >> 4;
+        kb_base = key_bias_index(p.kbias.row_off[r], p.kbias.row_nseg[r], g.code_lo, kh * G + m % G, 0);
+        kb_slo = g.code_lo >> kKeyMeanSegmentLog2, kb_shi = (g.code_hi - 1) >> kKeyMeanSegmentLog2;
       }
     }
   }

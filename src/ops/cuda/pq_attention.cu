@@ -233,9 +233,9 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(Split
       for (int j = 0; j < 2; ++j) {
         if (ht * kHeadsTile + 2 * t + j >= p.group) continue;
         const int qh = kh * p.group + ht * kHeadsTile + 2 * t + j;
-        if (g < nv && g >= lv) sc[j] += p.kbias.values[key_bias_index(p.kbias, off, nseg, lo, qh, tok0 + g)] * kLog2e;
+        if (g < nv && g >= lv) sc[j] += p.kbias.values[key_bias_index(off, nseg, lo, qh, tok0 + g)] * kLog2e;
         if (g + 8 < nv && g + 8 >= lv)
-          sc[2 + j] += p.kbias.values[key_bias_index(p.kbias, off, nseg, lo, qh, tok0 + g + 8)] * kLog2e;
+          sc[2 + j] += p.kbias.values[key_bias_index(off, nseg, lo, qh, tok0 + g + 8)] * kLog2e;
       }
     }
     if (g >= nv || g < lv) sc[0] = sc[1] = -INFINITY;

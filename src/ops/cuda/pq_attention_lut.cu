@@ -291,14 +291,14 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
   int kb_nseg = 0;
   if (kb_on) {
     kb_nseg = p.kbias.row_nseg[b];
-    kb_base = key_bias_index(p.kbias, p.kbias.row_off[b], kb_nseg, lo, kh * p.group + ht4 * kH, 0);
+    kb_base = key_bias_index(p.kbias.row_off[b], kb_nseg, lo, kh * p.group + ht4 * kH, 0);
   }
   auto load_bias = [&](int gi, float (&bv)[kH]) {
     const int tok = tok_begin + gi * 32 + lane;
     const bool ok = tok < tok_end && tok >= lo;
 #pragma unroll
     for (int h = 0; h < kH; ++h)
-      bv[h] = ok && ht4 * kH + h < p.group ? p.kbias.values[kb_base + int64_t(h) * kb_nseg + (tok >> 4)] * kLog2e : 0.f;
+      bv[h] = ok && ht4 * kH + h < p.group ? p.kbias.values[kb_base + int64_t(h) * kb_nseg + (tok >> kKeyMeanSegmentLog2)] * kLog2e : 0.f;
   };
 
   uint32_t kw[NW4], vw[2][4][VWN];
