@@ -17,6 +17,14 @@ namespace vq {
 
 // One spec option a method takes: its canonical key ("r") and the longer spellings ("residual").
 // The key "" is a bare value (vecinfer's "d4b8").
+// llama.cpp's scalar block types of 32 elements that the device kernels read and write
+// (ops/cuda/scalar_blocks.cuh): a direct method whose blocks are one of them runs on the device.
+enum class DeviceScalarBlocks { none, q8_0, q4_0, q5_0 };
+struct DeviceScalar {
+  DeviceScalarBlocks blocks = DeviceScalarBlocks::none;
+  bool rotated = false;  // rows, queries and the output through the Walsh-Hadamard rotation (q4_0h)
+};
+
 struct KVSpecOption {
   std::string key;
   std::vector<std::string> aliases;
@@ -76,10 +84,16 @@ class KVMethodDef {
   // Whether the device pool (KVDevice::cuda) has kernels for this method, and, when it has, why
   // this config / geometry / block size cannot run there ("" when it can).
   virtual bool has_device_format() const { return false; }
+  // A direct method with a device format: its blocks as the device's scalar block type
+  // ([2 (K, V)][n_kv_heads][block_tokens][head_dim/32 blocks], the CPU format's own layout); the
+  // device codes each row on append and its attention kernels dequantize the rows into their
+  // fp16 tiles. none: fp16 and vecinfer (the store's own device paths).
+  virtual DeviceScalar device_scalar() const { return {}; }
   // Without a device format: why the device does not run it (the one place that says so; the
   // refusal on --device cuda quotes it).
   virtual std::string device_why_not() const {
-    return "no device attention kernel reads its blocks (the device kernels read fp16 blocks and VecInfer codes)";
+    return "no device attention kernel reads its blocks (the device kernels read fp16 blocks, llama.cpp's per-token "
+           "scalar blocks and VecInfer codes)";
   }
   virtual std::string device_unsupported(const KVCacheConfig& c, const KVGeometry& g, int block_tokens) const {
     return "";
@@ -95,7 +109,7 @@ const KVMethodDef* find_kv_method_by_head(const std::string& head);
 // The presets of every method (the CLI/server/Python method lists); evaluated_only: those eval
 // compares by default.
 std::vector<std::string> kv_method_presets(bool evaluated_only = false);
-// "fp16 and vecinfer": the methods with device kernels.
+// "fp16, q8_0, ... and vecinfer": the methods with device kernels, in registration order.
 std::string kv_device_method_names();
 
 // Helpers for methods' option parsers: throw naming the spec and the bad part.

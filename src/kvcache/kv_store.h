@@ -50,7 +50,7 @@ struct KVSpec {
 
 struct KVStoreOptions {
   size_t budget_bytes = size_t(-1);  // pool budget (all layers, all sequences)
-  KVDevice device = KVDevice::cpu;   // where the blocks live (cuda: fp16 and vecinfer methods)
+  KVDevice device = KVDevice::cpu;   // where the blocks live (cuda: the methods with a device format)
   int block_tokens = 0;              // 0: the default (32, or a multiple of the KIVI group)
   // Per-layer sliding-window size in tokens (0: global attention); empty: all global.
   std::vector<int> sliding_window;

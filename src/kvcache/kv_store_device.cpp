@@ -46,6 +46,8 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
   if (B < 32 || (B & (B - 1)) != 0)
     return fmt::format("blocks of {} tokens: the device pool takes a power of two >= 32", B);
   if (std::string why = method.device_unsupported(c, g, B); !why.empty()) return why;
+  if (method.direct() && method.device_scalar().blocks == DeviceScalarBlocks::none)
+    return fmt::format("the {} KV cache is direct but its registry entry names no device block type", c.name());
   if (spec.calibration && spec.calibration->has_key_mean()) {
     const int T = spec.calibration->key_mean_tokens;
     if (T != kKeyMeanTokens)
@@ -108,6 +110,17 @@ bool attn_fork_enabled() { return gpu_tuning().attn_fork; }
 
 namespace {
 
+// The device's form of a direct method's blocks (KVMethodDef::device_scalar).
+cuda::PagedElem scalar_elem(const KVCacheConfig& c) {
+  switch (kv_method(c.method).device_scalar().blocks) {
+    case DeviceScalarBlocks::q8_0: return cuda::PagedElem::q8_0;
+    case DeviceScalarBlocks::q4_0: return cuda::PagedElem::q4_0;
+    case DeviceScalarBlocks::q5_0: return cuda::PagedElem::q5_0;
+    case DeviceScalarBlocks::none: break;
+  }
+  VQ_FAIL("kv store (cuda): the direct method {} names no device block type (KVMethodDef::device_scalar)", c.name());
+}
+
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // Deterministic mode: the decode kernels' split counts are planned for this many rows.
 constexpr int kDetNominalRows = 4;
@@ -165,6 +178,9 @@ struct KVStoreDevice::Impl {
   std::vector<int32_t> row_bnseg;
   cuda::DeviceBuffer kbias;               // the step's score terms (PagedKeyBias::values)
   std::vector<cuda::PagedRule> rules;
+  std::vector<uint8_t> direct;     // per layer: a direct method's scalar blocks (read through the coded tables)
+  bool rotate = false;             // q4_0h: rows, queries and outputs through the Walsh-Hadamard rotation
+  cuda::DeviceBuffer ones;         // [H * D] 1.0f: the rotation's query transform (no smoothing)
   std::vector<DevTable> tables;
   std::vector<int32_t> free_tables;
   std::vector<int32_t> dirty_tables;  // tables with pending entries
@@ -413,7 +429,9 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
     r.residual = L.residual;
     r.window = L.window;
     r.coded = L.format && !L.direct;
+    if (L.format && L.direct) r.elem = scalar_elem(store.spec().config);
     m.rules.push_back(r);
+    m.direct.push_back(L.format && L.direct ? 1 : 0);
     if (!r.coded) continue;
     const Calibration& cal = *store.spec().calibration;
     const CalibrationLayer& cl = cal.layers[size_t(l + store.calib_offset_)];
@@ -455,6 +473,11 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
       return x.sink_end == r.sink_end && x.residual == r.residual && x.window == r.window;
     });
     if (!seen) m.km_rules.push_back(r);
+  }
+  m.rotate = kv_method(store.spec().config.method).device_scalar().rotated;
+  if (m.rotate) {
+    const std::vector<float> ones(size_t(m.H) * m.D, 1.0f);
+    m.ones = cuda::to_device(ones.data(), ones.size() * 4);
   }
   const bool any_coded = std::any_of(m.rules.begin(), m.rules.end(), [](const cuda::PagedRule& r) { return r.coded; });
   m.tile_rows = cuda::paged_prefill_tile_rows(any_coded);
@@ -618,7 +641,10 @@ void KVStoreDevice::launch_append(int layer, const float* k, int64_t k_stride, c
   p.v = v, p.v_stride = v_stride;
   p.pos = m.dptr<int32_t>(m.o_pos);
   p.row_table = m.dptr<int32_t>(m.o_rowseq);
-  p.tables = m.dptr<uint8_t* const*>(m.o_dtab + size_t(layer) * m.seq_cap * 8);
+  const bool direct = m.direct[size_t(layer)] != 0;  // rows coded into the layer's scalar blocks
+  p.tables = m.dptr<uint8_t* const*>((direct ? m.o_ctab : m.o_dtab) + size_t(layer) * m.seq_cap * 8);
+  p.elem = m.rules[size_t(layer)].elem;
+  p.rotate = direct && m.rotate;
   cuda::kv_append_device(p, m.stream.handle());
 }
 
@@ -656,6 +682,24 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
   p.q = q;
   p.q_stride = q_stride;
   p.scale = scale;
+  const bool direct = m.direct[size_t(layer)] != 0;
+  if (direct) p.dense_tables = p.coded_tables;  // a direct layer's only blocks: its scalar blocks
+  const bool rotated = direct && m.rotate;
+  if (rotated) {  // the keys were rotated: score with H q (the softmax scale stays the kernels')
+    cuda::QueryTransformParams t;
+    t.rows = rows;
+    t.n_q_heads = m.HQ;
+    t.n_kv_heads = m.H;
+    t.head_dim = m.D;
+    t.q = q;
+    t.q_stride = q_stride;
+    t.lambda = m.ones.as<float>();
+    t.scale = 1.0f;
+    t.out = m.qcode.as<float>();
+    cuda::query_transform_device(t, m.stream.handle());
+    p.q = m.qcode.as<float>();
+    p.q_stride = int64_t(m.HQ) * m.D;
+  }
   if (p.rule.coded && attn_fork_enabled()) {
     m.fork.record(m.stream.handle());
     m.fork.wait(m.side.handle());
@@ -708,6 +752,16 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
   p.workspace = m.work.data();
   p.workspace_bytes = m.work.size();
   cuda::paged_attention_device(p, m.stream.handle());
+  if (rotated) {  // the values were rotated too: the output back (H is its own inverse)
+    cuda::RotateRowsParams r;
+    r.rows = rows;
+    r.n_heads = m.HQ;
+    r.head_dim = m.D;
+    r.type = out_type;
+    r.x = out;
+    r.stride = out_stride;
+    cuda::rotate_rows_device(r, m.stream.handle());
+  }
 }
 
 void KVStoreDevice::append_device(SeqKV& s, int layer, const float* k, const float* v, int n) {

@@ -7,8 +7,11 @@
 //   append: rows of K/V written into the fp16 blocks (channel-major keys, as on the CPU),
 //   encode: fp16 blocks leaving the window encoded into VecInfer blocks by the fused encoder,
 //   attend: a paged kernel that reads every row's blocks through its block table.
-// Methods: fp16 and vecinfer (any preset with sub_dim 4, 8 or 16 dividing head_dim / 8, head_dim
-// 64, 128 or 256); the constructor refuses the others naming the supported ones.
+// Methods: those whose registry entry has a device format (KVMethodDef::has_device_format): fp16,
+// vecinfer (any preset with sub_dim 4, 8 or 16 dividing head_dim / 8) and the direct scalar-block
+// methods (q8_0, q4_0, q4_0h, q5_0: KVMethodDef::device_scalar; each row coded into its slot on
+// append, the attention kernels dequantize), head_dim 64, 128 or 256; the constructor refuses the
+// others quoting the registry's reason.
 //
 // One step (the forward's, or one of the host-data helpers below):
 //   begin_step(); the store's append_blocks() for every (sequence, layer) that grows;

@@ -71,9 +71,15 @@ TEST(KVMethods, ListsComeFromTheRegistry) {
   EXPECT_NE(std::find(evaluated.begin(), evaluated.end(), "q4_0h"), evaluated.end());
   EXPECT_EQ(std::find(evaluated.begin(), evaluated.end(), "fp32"), evaluated.end());
   EXPECT_NE(kv_cache_spec_syntax().find("q4_0h"), std::string::npos);
-  EXPECT_EQ(kv_device_method_names(), "fp16 and vecinfer");
-  const std::string why = kv_device_unsupported_reason(KVSpec{parse_kv_cache_spec("q5_0"), nullptr}, KVGeometry{8, 2, 64}, 32);
+  EXPECT_EQ(kv_device_method_names(), "fp16, q8_0, q4_0, q4_0h, q5_0 and vecinfer");
+  const std::string why = kv_device_unsupported_reason(KVSpec{parse_kv_cache_spec("kivi2"), nullptr}, KVGeometry{8, 2, 64}, 32);
   EXPECT_NE(why, "");
+  // A direct method runs on the device only through a scalar block type the device knows.
+  for (const KVMethodDef* m : kv_methods()) {
+    if (m->has_device_format() && m->direct()) {
+      EXPECT_NE(int(m->device_scalar().blocks), int(DeviceScalarBlocks::none)) << m->name();
+    }
+  }
   // Every method without device kernels states why, and the device's refusal quotes it (the one
   // place: its registry entry).
 #ifdef VQ_HAVE_CUDA

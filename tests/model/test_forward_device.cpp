@@ -24,6 +24,7 @@
 #include "kvcache/seq_file.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
+#include "kvcache/kv_method.h"
 #include "model/forward_device.h"
 #include "model/model.h"
 #include "model/session.h"
@@ -102,10 +103,12 @@ TEST_P(ForwardDeviceParity, LogitsAndGreedyTokensMatchTheCpu) {
   auto model = tiny(g, std::string("fwd_dev_") + g.name);
   const KVSpec spec = spec_of(*model, GetParam().kv);
   const int V = g.n_vocab, n_prompt = 40, n_decode = 60;
-  // VecInfer prefills 2 tokens per step: the device then takes the int8-activation GEMV, the CPU's
-  // numerics, so the keys are the CPU's to rounding and near-tie centroid choices agree (the fp16
-  // GEMM path is compared on the fp16 cache and in the batched test).
-  const int chunk = spec.config.method == KVMethod::vecinfer ? 2 : 16;
+  // Coded caches prefill 2 tokens per step: the device then takes the int8-activation GEMV, the
+  // CPU's numerics, so the keys are the CPU's to rounding and near-tie codes agree (with fp16 GEMM
+  // keys a 4-bit scalar block's code flips at a boundary move a value by a whole step: q4_0h's
+  // worst cosine 0.9985). The fp16 GEMM path is compared on the fp16 cache and in the batched
+  // test; the scalar blocks' prefill kernel in DeviceStoreParity.
+  const int chunk = spec.config.method == KVMethod::fp16 ? 16 : 2;
   Session cpu(*model, spec, 256, chunk);
   Session dev(*model, spec, 256, chunk, size_t(-1), KVDevice::cuda);
   std::mt19937 rng(9);
@@ -116,7 +119,16 @@ TEST_P(ForwardDeviceParity, LogitsAndGreedyTokensMatchTheCpu) {
   dev.forward(prompt.data(), n_prompt, ld.data(), true);
   double worst = 1.0;
   for (int i = 0; i < n_prompt; ++i) worst = std::min(worst, cosine(lc.data() + size_t(i) * V, ld.data() + size_t(i) * V, V));
-  EXPECT_GE(worst, 0.999) << "prefill logits";
+  // A 4-bit scalar cache (q4_0, q4_0h) codes each element to one of 16 steps: where the device's
+  // keys differ from the CPU's by the forwards' rounding (fp16 cache: ~2% of the logits' scale, the
+  // cosine below), codes flip and move an element by a whole step, so the two runs drift further
+  // apart (measured worst cosine 0.9983-0.9990 on these models). Their kernels are exact against
+  // the CPU store on identical inputs (DeviceStoreParity: equal block bytes, nmse <= 5e-6); here
+  // they get a looser cosine and count only greedy steps with a 5% margin.
+  const bool coarse = kv_method(spec.config.method).direct() && kv_method(spec.config.method).bits_per_element(spec.config) < 6;
+  const double min_cos = coarse ? 0.997 : 0.999;
+  const float min_margin = coarse ? 0.05f : 0.02f;
+  EXPECT_GE(worst, min_cos) << "prefill logits";
   int32_t next = argmax(lc.data() + size_t(n_prompt - 1) * V, V);
   int counted = 0, equal = 0;
   std::vector<float> sc(static_cast<size_t>(V)), sd(static_cast<size_t>(V));
@@ -131,7 +143,7 @@ TEST_P(ForwardDeviceParity, LogitsAndGreedyTokensMatchTheCpu) {
     for (int i = 0; i < V; ++i)
       scale = std::max(scale, std::fabs(sc[size_t(i)])), diff = std::max(diff, std::fabs(sc[size_t(i)] - sd[size_t(i)]));
     const float m = margin(sc.data(), V);
-    if (m > 0.02f * scale) {
+    if (m > min_margin * scale) {
       ++counted;
       equal += a == b;
       if (a != b)
@@ -141,8 +153,9 @@ TEST_P(ForwardDeviceParity, LogitsAndGreedyTokensMatchTheCpu) {
     }
     next = a;
   }
-  EXPECT_GE(worst, 0.999) << "decode logits (worst cosine over all steps)";
-  EXPECT_EQ(equal, counted) << "greedy tokens differ where the CPU's top-2 margin exceeds 2% of the logits' scale";
+  EXPECT_GE(worst, min_cos) << "decode logits (worst cosine over all steps)";
+  EXPECT_EQ(equal, counted) << "greedy tokens differ where the CPU's top-2 margin exceeds " << min_margin * 100
+                            << "% of the logits' scale";
   std::printf("[ parity ] %s %s: worst cosine %.6f, %d of %d greedy tokens counted equal\n", g.name, GetParam().kv,
               worst, equal, counted);
   EXPECT_GT(counted, n_decode / 2);
@@ -150,7 +163,10 @@ TEST_P(ForwardDeviceParity, LogitsAndGreedyTokensMatchTheCpu) {
 }
 
 const ParityCase kParity[] = {{0, "fp16"}, {0, "vecinfer:d4b8,r=32"}, {1, "fp16"}, {1, "vecinfer:d4b8,r=32,gran=shared"},
-                              {1, "vecinfer:k=d8b8,v=d4b8,r=32"}, {2, "fp16"}, {2, "vecinfer:d4b8,r=32"}};
+                              {1, "vecinfer:k=d8b8,v=d4b8,r=32"}, {2, "fp16"}, {2, "vecinfer:d4b8,r=32"},
+                              // the scalar-block methods on the device (issue 19)
+                              {0, "q8_0"}, {1, "q8_0"}, {1, "q4_0"}, {1, "q4_0h"}, {0, "q4_0h"}, {2, "q4_0"},
+                              {2, "q5_0"}};
 
 INSTANTIATE_TEST_SUITE_P(Cases, ForwardDeviceParity, ::testing::ValuesIn(kParity),
                          [](const ::testing::TestParamInfo<ParityCase>& i) {

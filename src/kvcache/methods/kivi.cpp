@@ -144,7 +144,7 @@ class KiviMethod final : public KVMethodDef {
   std::string name() const override { return "kivi"; }
   std::string device_why_not() const override {
     return "no device kernel reads its per-channel key groups with zero points (the device kernels read fp16 "
-           "blocks and VecInfer codes)";
+           "blocks, llama.cpp's per-token scalar blocks and VecInfer codes)";
   }
   std::vector<std::string> heads() const override { return {"kivi", "kivi2", "kivi4"}; }
   void take_head(const std::string& head, KVCacheConfig& c) const override {

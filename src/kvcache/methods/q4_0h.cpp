@@ -82,6 +82,8 @@ class Q40hMethod final : public KVMethodDef {
   }
   double bits_per_element(const KVCacheConfig&) const override { return 4.5; }  // q4_0 blocks of the rotated rows
   bool direct() const override { return true; }
+  bool has_device_format() const override { return true; }
+  DeviceScalar device_scalar() const override { return {DeviceScalarBlocks::q4_0, true}; }
   void validate(const KVCacheConfig&, int hd) const override {
     if (hd > 0)
       VQ_CHECK(hd % 32 == 0, "kv_cache.method: {} needs head_dim divisible by its block of 32 (head_dim {})", name(), hd);

@@ -131,8 +131,9 @@ class Q50Method final : public KVMethodDef {
                                            int block_tokens) const override {
     return std::make_unique<Q50Format>(g, block_tokens);
   }
-  // No device format: has_device_format() stays false, so --device cuda refuses q5_0 with
-  // device_why_not()'s default reason.
+  // The device reads and writes these blocks (ops/cuda/scalar_blocks.cuh knows the q5_0 type).
+  bool has_device_format() const override { return true; }
+  DeviceScalar device_scalar() const override { return {DeviceScalarBlocks::q5_0}; }
 };
 
 }  // namespace

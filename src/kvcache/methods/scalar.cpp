@@ -82,6 +82,8 @@ class ScalarMethod final : public KVMethodDef {
   std::vector<std::string> examples() const override { return q4_ ? std::vector<std::string>{} : std::vector<std::string>{"q8_0"}; }
   double bits_per_element(const KVCacheConfig&) const override { return q4_ ? 4.5 : 8.5; }  // + one fp16 scale per 32
   bool direct() const override { return true; }
+  bool has_device_format() const override { return true; }
+  DeviceScalar device_scalar() const override { return {q4_ ? DeviceScalarBlocks::q4_0 : DeviceScalarBlocks::q8_0}; }
   void validate(const KVCacheConfig&, int hd) const override {
     if (hd > 0)
       VQ_CHECK(hd % 32 == 0, "kv_cache.method: {} needs head_dim divisible by its block of 32 (head_dim {})", name(), hd);

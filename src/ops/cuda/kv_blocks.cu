@@ -10,6 +10,7 @@
 #include "ops/cuda/hadamard.cuh"
 #include "ops/cuda/kv_blocks_cuda.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/scalar_blocks.cuh"
 
 namespace vq::cuda {
 namespace {
@@ -31,6 +32,62 @@ __global__ void kv_append_kernel(KVAppendParams p) {
     K[(size_t(h) * D + c) * B + slot] = __float2half_rn(kr[c]);
     V[(size_t(h) * B + slot) * D + c] = __float2half_rn(vr[c]);
   }
+}
+
+// Scalar blocks: grid (rows, n_kv_heads), 64 threads: warp 0 codes the K row, warp 1 the V row
+// (element lane + 32*i in register i: register i is block i of the row).
+template <PagedElem E>
+__global__ void kv_append_scalar_kernel(KVAppendParams p) {
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
+  const int r = blockIdx.x, h = blockIdx.y, kind = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int H = p.n_kv_heads, D = p.head_dim, B = p.block_tokens, epl = D / 32;
+  constexpr int QB = detail::scalar_block_bytes(E);
+  const int64_t t = p.pos[r];
+  uint8_t* blk = p.tables[p.row_table ? p.row_table[r] : r][t / B];
+  const int slot = int(t & (B - 1));
+  const float* x = kind == 0 ? p.k + int64_t(r) * p.k_stride + int64_t(h) * D : p.v + int64_t(r) * p.v_stride + int64_t(h) * D;
+  uint8_t* row = blk + ((size_t(kind) * H + size_t(h)) * B + size_t(slot)) * size_t(epl) * QB;
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (i < epl) v[i] = x[lane + 32 * i];
+  if (p.rotate) {  // vq::fwht_inplace: the butterflies, then * 1/sqrt(block)
+    const int hb = D & -D;
+    detail::fwht_warp(v, epl, hb, lane);
+    const float s = 1.0f / sqrtf(float(hb));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], s);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (i < epl) detail::quantize_block_warp<E>(v[i], lane, row + size_t(i) * QB);
+}
+
+// Warp per (row, head): x = H x (vq::fwht_inplace's butterflies and scale), f32 or f16 in place.
+__global__ void rotate_rows_kernel(RotateRowsParams p) {
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
+  const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int64_t item = int64_t(blockIdx.x) * warps + (threadIdx.x >> 5);
+  if (item >= int64_t(p.rows) * p.n_heads) return;
+  const int64_t r = item / p.n_heads, h = item % p.n_heads;
+  const int D = p.head_dim, epl = D / 32, hb = D & -D;
+  const int64_t base = r * p.stride + h * D;
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (i < epl)
+      v[i] = p.type == ElemType::f16 ? __half2float(static_cast<const __half*>(p.x)[base + lane + 32 * i])
+                                     : static_cast<const float*>(p.x)[base + lane + 32 * i];
+  detail::fwht_warp(v, epl, hb, lane);
+  const float s = 1.0f / sqrtf(float(hb));
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (i < epl) {
+      if (p.type == ElemType::f16) static_cast<__half*>(p.x)[base + lane + 32 * i] = __float2half_rn(v[i] * s);
+      else static_cast<float*>(p.x)[base + lane + 32 * i] = v[i] * s;
+    }
 }
 
 // blockIdx.y == 0: table updates (thread per update); 1: copies (block per copy).
@@ -136,6 +193,17 @@ void kv_append_device(const KVAppendParams& p, void* stream) {
   if (!q.k_stride) q.k_stride = int64_t(p.n_kv_heads) * p.head_dim;
   if (!q.v_stride) q.v_stride = int64_t(p.n_kv_heads) * p.head_dim;
   VQ_CHECK(p.rows <= 2147483647 && p.n_kv_heads <= 65535, "cuda::kv_append: grid too large");
+  if (p.elem != PagedElem::f16) {
+    VQ_CHECK(p.head_dim % 32 == 0 && p.head_dim <= 256 && (!p.rotate || (p.head_dim & (p.head_dim - 1)) == 0),
+             "cuda::kv_append: scalar blocks need head_dim % 32 == 0 and <= 256 (a power of two to rotate), not {}",
+             p.head_dim);
+    const dim3 grid(unsigned(p.rows), unsigned(p.n_kv_heads));
+    const cudaStream_t st = as_stream(stream);
+    if (p.elem == PagedElem::q8_0) launch_pdl("kv_append_scalar_kernel", kv_append_scalar_kernel<PagedElem::q8_0>, grid, dim3(64), 0, st, q);
+    else if (p.elem == PagedElem::q4_0) launch_pdl("kv_append_scalar_kernel", kv_append_scalar_kernel<PagedElem::q4_0>, grid, dim3(64), 0, st, q);
+    else launch_pdl("kv_append_scalar_kernel", kv_append_scalar_kernel<PagedElem::q5_0>, grid, dim3(64), 0, st, q);
+    return;
+  }
   launch_pdl("kv_append_kernel", kv_append_kernel, dim3(unsigned(p.rows), unsigned(p.n_kv_heads)), dim3(128), 0,
              as_stream(stream), q);
 }
@@ -165,6 +233,20 @@ void query_transform_device(const QueryTransformParams& p, void* stream) {
   const int64_t items = int64_t(p.rows) * p.n_q_heads;
   launch_pdl("query_transform_kernel", query_transform_kernel, dim3(unsigned((items + 3) / 4)), dim3(128), 0,
              as_stream(stream), q);
+}
+
+void rotate_rows_device(const RotateRowsParams& p, void* stream) {
+  VQ_CHECK(p.head_dim % 32 == 0 && p.head_dim >= 32 && p.head_dim <= 256 && p.n_heads >= 1,
+           "cuda::rotate_rows: head_dim {} (a multiple of 32 in 32..256), n_heads {}", p.head_dim, p.n_heads);
+  VQ_CHECK(p.type == ElemType::f32 || p.type == ElemType::f16, "cuda::rotate_rows: type {} (f32 or f16)",
+           elem_type_name(p.type));
+  if (p.rows == 0) return;
+  VQ_CHECK(p.x, "cuda::rotate_rows: null x");
+  RotateRowsParams q = p;
+  if (!q.stride) q.stride = int64_t(p.n_heads) * p.head_dim;
+  const int64_t items = int64_t(p.rows) * p.n_heads;
+  launch_pdl("rotate_rows_kernel", rotate_rows_kernel, dim3(unsigned((items + 3) / 4)), dim3(128), 0, as_stream(stream),
+             q);
 }
 
 void bias_add_device(const BiasAddParams& p, void* stream) {

@@ -29,6 +29,11 @@ struct KVAppendParams {
   const int32_t* pos = nullptr;          // [rows]
   const int32_t* row_table = nullptr;    // [rows] row r uses tables[row_table[r]] (null: tables[r])
   uint8_t* const* const* tables = nullptr;  // the sequences' dense block tables
+  // Scalar blocks (a direct method's, elem_type.h): each K and V row is coded into its slot's
+  // rows, bit for bit as codec/scalar_blocks.h; rotate: after the orthonormal Walsh-Hadamard
+  // rotation of the row (q4_0h; head_dim a power of two). The tables are then the coded ones.
+  PagedElem elem = PagedElem::f16;
+  bool rotate = false;
 };
 void kv_append_device(const KVAppendParams& p, void* stream = nullptr);
 
@@ -87,6 +92,16 @@ struct QueryTransformParams {
   float* out = nullptr;           // [rows][n_q_heads][head_dim] packed
 };
 void query_transform_device(const QueryTransformParams& p, void* stream = nullptr);
+
+// ---- x = H x per (row, head) in place: the orthonormal block Walsh-Hadamard rotation of
+// vq::fwht_inplace (q4_0h's attention output back from the rotated space) ----
+struct RotateRowsParams {
+  int rows = 0, n_heads = 0, head_dim = 0;  // head_dim % 32 == 0, <= 256
+  ElemType type = ElemType::f32;            // f32 or f16
+  void* x = nullptr;                        // row r at x + r*stride: [n_heads][head_dim]
+  int64_t stride = 0;                       // elements; 0: packed
+};
+void rotate_rows_device(const RotateRowsParams& p, void* stream = nullptr);
 
 // ---- x[r] += bias (broadcast over rows) ----
 struct BiasAddParams {

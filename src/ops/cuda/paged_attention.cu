@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
@@ -15,6 +16,7 @@
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
+#include "ops/cuda/scalar_blocks.cuh"
 #include "ops/cuda/stream_cuda.h"
 
 namespace vq::cuda {
@@ -62,6 +64,26 @@ struct DenseLayout {
   static_assert(2 * stage_bytes >= (16 * D + 32) * 4, "merge scratch must fit in a warp's stages");
 };
 
+// A warp's shared memory in the dense split kernel for blocks of element form E: fp16 blocks
+// stream through ST stages of the fp16 tiles; scalar blocks (PagedElem q8_0 ...) stream their raw
+// rows (a tile's K rows then its V rows, token-major as the pool holds them) through ST raw
+// stages and are dequantized into one fp16 tile of the same layout before the products.
+template <int D, int KN, PagedElem E>
+struct DenseStages {
+  using Lay = DenseLayout<D, KN>;
+  static constexpr bool quant = E != PagedElem::f16;
+  static constexpr int row_bytes = detail::scalar_row_bytes(E, D);
+  static constexpr int raw_bytes = 2 * KN * row_bytes;  // a multiple of 16 (row_bytes % 4 == 0, KN >= 16)
+  static constexpr int warp_bytes(int st) { return quant ? Lay::stage_bytes + st * raw_bytes : st * Lay::stage_bytes; }
+  static constexpr int stages(int warps, int budget) {
+    const int s = quant ? (budget / warps - Lay::stage_bytes) / raw_bytes : budget / (Lay::stage_bytes * warps);
+    return s < 2 ? 2 : s > 8 ? 8 : s;
+  }
+  static constexpr size_t smem(int warps, int st) { return size_t(Lay::q_bytes) + size_t(warps) * warp_bytes(st); }
+  static_assert(!quant || (raw_bytes % 16 == 0 && Lay::stage_bytes + 2 * raw_bytes >= (16 * D + 32) * 4),
+                "raw stages must be 16-byte multiples and a warp's area must hold the merge scratch");
+};
+
 // Grid (splits, n_kv_heads, rows), W warps. A block takes every query head of one KV head (the
 // group, up to 16, as the 16 rows of the tensor-core tiles: K/V bytes are read once per group)
 // over one split of the row's dense tokens (sinks + window, or all keys of an fp16 layer), as
@@ -71,9 +93,13 @@ struct DenseLayout {
 // q and P enter as fp16 hi + lo pairs, so the result keeps fp32-like precision. Online softmax
 // in base 2 per row; the warps' states are merged through shared memory at the end into the
 // split's partial (m, l, o).
-template <int D, int KN, int W, int ST>
+// Scalar blocks (E != f16): the same walk and products; a tile's raw rows arrive by cp.async in the
+// warp's raw stages and are dequantized (scalar_blocks.cuh) into the warp's fp16 tile.
+template <int D, int KN, int W, int ST, PagedElem E>
 __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
   using Lay = DenseLayout<D, KN>;
+  using Stg = DenseStages<D, KN, E>;
+  constexpr bool QT = Stg::quant;
   constexpr int QLD = Lay::QLD, KLD = Lay::KLD;
   constexpr int NS = KN / 8, NO = D / 8;
   extern __shared__ __align__(16) unsigned char dsm_raw[];
@@ -91,7 +117,9 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int H = p.n_kv_heads, B = 1 << p.lb, G = p.group;
   const uint8_t* const* tab = p.tables[p.row_table ? p.row_table[b] : b];
-  __half* mine = stages + size_t(warp) * ST * Lay::stage_halves;
+  unsigned char* mine_b = reinterpret_cast<unsigned char*>(stages) + size_t(warp) * Stg::warp_bytes(ST);
+  __half* mine = reinterpret_cast<__half*>(mine_b);
+  auto raw_stage = [&](int k) { return mine_b + Lay::stage_bytes + (k % ST) * Stg::raw_bytes; };
   // The warp's k-th tile: tiles go to the warps in groups of TPB (the tiles of one 32-token span),
   // so the two halves of a block's key rows (KN = 16) are read by one warp back to back.
   constexpr int TPB = KN >= 32 ? 1 : 32 / KN;
@@ -117,6 +145,20 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
       int t0, lo, hi;
       dt.at(tile_of(k), t0, lo, hi);
       const int slot0 = t0 & (B - 1);
+      if constexpr (QT) {  // the tile's K rows, then its V rows: KN * row_bytes contiguous bytes each
+        constexpr int RB = Stg::row_bytes, SPAN = KN * RB;
+        const uint8_t* b8 = reinterpret_cast<const uint8_t*>(blk);
+        const uint8_t* kr = b8 + (size_t(kh) * B + slot0) * RB;
+        const uint8_t* vr = b8 + (size_t(H + kh) * B + slot0) * RB;
+        unsigned char* raw = raw_stage(k);
+#pragma unroll
+        for (int i = lane; i < SPAN / 16; i += 32) {
+          cp_async16(raw + 16 * i, kr + 16 * i);
+          cp_async16(raw + SPAN + 16 * i, vr + 16 * i);
+        }
+        cp_async_commit();
+        return;
+      }
       const __half* kg = blk + size_t(kh) * D * B + slot0;
       const __half* vg = blk + size_t(H) * D * B + (size_t(kh) * B + slot0) * D;
       __half* ks = mine + (k % ST) * Lay::stage_halves;
@@ -160,7 +202,39 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
     next_blk = block_of(k + ST);
     cp_async_wait<ST - 1>();  // tile k has landed (this lane's copies) ...
     __syncwarp();              // ... and every lane's
-    const __half* ks = mine + (k % ST) * Lay::stage_halves;
+    if constexpr (QT) {
+      // Dequantize the raw rows into the fp16 tile, keys and values both token-major in the
+      // values' swizzled layout (vswz: 16-byte stores, conflict-free ldmatrix; the keys are then
+      // read without .trans); values of tokens outside the tile's range are zeros (their P is 0,
+      // and unwritten slots may decode to NaN). Item i: token i / (D/8), channels 8*(i % (D/8)) ..
+      // (An earlier form wrote the keys channel-major, 8 two-byte stores per item: decode 1.7-2x
+      // slower than this.)
+      constexpr int RB = Stg::row_bytes, QB = detail::scalar_block_bytes(E);
+      const unsigned char* raw = raw_stage(k);
+      int t0, lo, hi;
+      dt.at(tile_of(k), t0, lo, hi);
+      __half* kt = mine;
+      __half* vt = mine + D * KLD;
+#pragma unroll 4
+      for (int i = lane; i < KN * (D / 8); i += 32) {
+        const int r = i / (D / 8), ch = i % (D / 8);
+        const unsigned char* kb = raw + r * RB + (ch >> 2) * QB;
+        float x[8];
+        uint4 w;
+        __half2* h2 = reinterpret_cast<__half2*>(&w);
+        detail::dequantize8<E>(kb, ch & 3, x);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) h2[e] = __floats2half2_rn(x[2 * e], x[2 * e + 1]);
+        *reinterpret_cast<uint4*>(kt + Lay::vswz(r, ch)) = w;
+        detail::dequantize8<E>(kb + KN * RB, ch & 3, x);
+        const bool live = t0 + r >= lo && t0 + r < hi;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) h2[e] = live ? __floats2half2_rn(x[2 * e], x[2 * e + 1]) : __float2half2_rn(0.f);
+        *reinterpret_cast<uint4*>(vt + Lay::vswz(r, ch)) = w;
+      }
+      __syncwarp();
+    }
+    const __half* ks = QT ? mine : mine + (k % ST) * Lay::stage_halves;
     const __half* vs = ks + D * KLD;
     // ---- S = Q K^T: 16 rows (query heads) x KN tokens ----
     // (the hi and lo products in separate accumulators: two independent mma chains, not one)
@@ -177,7 +251,8 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
 #pragma unroll
       for (int n0 = 0; n0 < KN; n0 += 16) {
         uint32_t bb[4];
-        ldsm_x4_t(bb, ks + Lay::kswz(k0 + r8 + (mi & 1) * 8, n0 / 8 + (mi >> 1)));
+        if constexpr (QT) ldsm_x4(bb, ks + Lay::vswz(n0 + r8 + (mi >> 1) * 8, k0 / 8 + (mi & 1)));  // [KN][D]
+        else ldsm_x4_t(bb, ks + Lay::kswz(k0 + r8 + (mi & 1) * 8, n0 / 8 + (mi >> 1)));           // [D][KN]
         mma16816(s[n0 / 8], ah, bb[0], bb[1]);
         mma16816(s[n0 / 8 + 1], ah, bb[2], bb[3]);
         mma16816(sl[n0 / 8], al, bb[0], bb[1]);
@@ -246,7 +321,7 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
     *reinterpret_cast<float2*>(wo + (g + 8) * D + n * 8 + 2 * t4) = make_float2(o[n][2], o[n][3]);
   }
   __syncthreads();
-  constexpr int WSTRIDE = ST * Lay::stage_halves / 2;  // floats between two warps' scratch
+  constexpr int WSTRIDE = Stg::warp_bytes(ST) / 4;  // floats between two warps' scratch
   const float* sw = reinterpret_cast<const float*>(stages);
   const int64_t pstride = 2 * kTile8 + kTile8 * D;
   for (int i = threadIdx.x; i < G * D + 2 * G; i += 32 * W) {
@@ -368,18 +443,19 @@ constexpr int kNumDenseVariants = int(sizeof(kDenseVariants) / sizeof(kDenseVari
 int g_forced_dense_variant = -1;
 int g_coded_split_cap = 0;  // bench only: 0 = kLutMaxSplits
 
-template <int D, int VI>
+template <int D, int VI, PagedElem E>
 struct DenseKernel {
   // At head_dim 256 a tile is 16 tokens; warps halve until two stages each fit in shared memory.
-  static constexpr int kn = D == 256 ? 16 : kDenseVariants[VI].kn;
-  static constexpr int fit_warps(int w) {
-    return w > 1 && DenseLayout<D, kn>::smem(w, 2) > 227 * 1024 ? fit_warps(w / 2) : w;
-  }
+  // Scalar blocks: 16-token tiles and two raw stages, so that several blocks share an SM (the
+  // dequantization is ALU work whose latency more warps hide).
+  static constexpr bool quant = E != PagedElem::f16;
+  static constexpr int kn = D == 256 || quant ? 16 : kDenseVariants[VI].kn;
+  using Stg = DenseStages<D, kn, E>;
+  static constexpr int fit_warps(int w) { return w > 1 && Stg::smem(w, 2) > 227 * 1024 ? fit_warps(w / 2) : w; }
   static constexpr DenseVariant v{kn, fit_warps(kDenseVariants[VI].warps), kDenseVariants[VI].budget};
-  using Lay = DenseLayout<D, v.kn>;
-  static constexpr int st = Lay::stages(v.warps, v.budget);
-  static constexpr size_t smem = Lay::smem(v.warps, st);
-  static constexpr auto fn = dense_mma_kernel<D, v.kn, v.warps, st>;
+  static constexpr int st = quant ? 2 : Stg::stages(v.warps, v.budget);
+  static constexpr size_t smem = Stg::smem(v.warps, st);
+  static constexpr auto fn = dense_mma_kernel<D, v.kn, v.warps, st, E>;
   static_assert(smem <= 227 * 1024, "dense split kernel: shared memory over the per-block limit");
   // Sets the dynamic shared-memory limit once; returns the resident blocks per SM.
   static int prepare() {
@@ -398,20 +474,39 @@ struct DenseKernel {
   }
 };
 
+// Calls f(ElemTag<E>{}) with the compile-time form of e (the .cu files are C++17).
+template <PagedElem E>
+using ElemTag = std::integral_constant<PagedElem, E>;
+template <class F>
+auto with_elem(PagedElem e, F&& f) {
+  switch (e) {
+    case PagedElem::q8_0: return f(ElemTag<PagedElem::q8_0>{});
+    case PagedElem::q4_0: return f(ElemTag<PagedElem::q4_0>{});
+    case PagedElem::q5_0: return f(ElemTag<PagedElem::q5_0>{});
+    default: return f(ElemTag<PagedElem::f16>{});
+  }
+}
+
+// Tokens per tile of the dense kernel (DenseKernel::kn; the merge walks the same tiles).
+int dense_tile_tokens(int D, int vi, PagedElem e) {
+  return D == 256 || e != PagedElem::f16 ? 16 : kDenseVariants[vi].kn;
+}
+
 template <int D>
-int dense_blocks_per_sm(int vi) {
+int dense_blocks_per_sm(int vi, PagedElem e) {
   static_assert(kNumDenseVariants == 1, "dispatch every variant here");
   (void)vi;
-  return DenseKernel<D, 0>::prepare();
+  return with_elem(e, [](auto tag) { return DenseKernel<D, 0, decltype(tag)::value>::prepare(); });
 }
-int dense_blocks_per_sm(int D, int vi) {
-  return D == 64 ? dense_blocks_per_sm<64>(vi) : D == 128 ? dense_blocks_per_sm<128>(vi) : dense_blocks_per_sm<256>(vi);
+int dense_blocks_per_sm(int D, int vi, PagedElem e) {
+  return D == 64 ? dense_blocks_per_sm<64>(vi, e) : D == 128 ? dense_blocks_per_sm<128>(vi, e)
+                                                             : dense_blocks_per_sm<256>(vi, e);
 }
 
 template <int D>
 void launch_dense_d(const DenseParams& dp, int rows, int vi, cudaStream_t st, bool pdl) {
   (void)vi;
-  DenseKernel<D, 0>::launch(dp, rows, st, pdl);
+  with_elem(dp.rule.elem, [&](auto tag) { DenseKernel<D, 0, decltype(tag)::value>::launch(dp, rows, st, pdl); });
 }
 
 // Split count of the dense kernel for `units` (row, KV head) pairs: the fewest splits whose
@@ -465,6 +560,8 @@ std::string paged_attention_unsupported_reason(const PagedAttnParams& p) {
   const int B = p.rule.block_tokens;
   if (B < 32 || B > 4096 || (B & (B - 1)) != 0)
     return fmt::format("block_tokens = {} must be a power of two in 32..4096", B);
+  if (p.rule.elem != PagedElem::f16 && p.rule.coded)
+    return "a layer of scalar blocks (PagedRule::elem) has no coded form";
   if (p.rule.coded) {
     for (int side = 0; side < 2; ++side) {
       const int d = side ? p.v_sub_dim : p.k_sub_dim, bits = side ? p.v_bits : p.k_bits;
@@ -504,7 +601,7 @@ PagedDecodeChoice paged_attention_choose(const PagedAttnParams& p, int sms) {
     const int64_t dense_max = p.rule.sink_end + p.rule.residual + p.rule.block_tokens;
     c.dense_splits = int(std::clamp<int64_t>((dense_max + 127) / 128, 1, 8));
   } else {
-    const int per_sm = cuda_device_available() ? dense_blocks_per_sm(p.head_dim, c.dense_variant) : 1;
+    const int per_sm = cuda_device_available() ? dense_blocks_per_sm(p.head_dim, c.dense_variant, p.rule.elem) : 1;
     c.dense_splits = dense_split_count(units, sms, per_sm);
   }
   return c;
@@ -627,7 +724,7 @@ void paged_attention_device(const PagedAttnParams& all, void* stream) {
   mp.coded_splits = p.rule.coded ? p.coded_splits : 0;
   mp.dense_splits = p.dense_splits;
   mp.lut = lut;
-  mp.dense_tile = p.head_dim == 256 ? 16 : kDenseVariants[p.dense_variant].kn;
+  mp.dense_tile = dense_tile_tokens(p.head_dim, p.dense_variant, p.rule.elem);
   mp.coded_part = coded_part;
   mp.dense_part = dense_part;
   mp.out_type = p.out_type;

@@ -40,6 +40,7 @@ struct PagedRule {
   int64_t residual = 0;   // R
   int64_t window = 0;     // sliding window W (0: global)
   bool coded = false;     // the layer has a coded (VecInfer) form
+  PagedElem elem = PagedElem::f16;  // the blocks of an all-dense layer (coded == false)
 };
 
 // Key ranges [lo, hi) of a query at position t; empty ranges have hi <= lo.

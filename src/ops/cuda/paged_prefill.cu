@@ -5,6 +5,9 @@
 // block's K/V is read once per tile, not once per query row as in the decode kernels:
 //   dense pass: fp16 K (channel-major [D][32]) and V ([32][D]) copied by cp.async into shared
 //               memory;
+//   scalar pass (an all-dense layer of scalar blocks, PagedRule::elem): the blocks' raw rows (K
+//               then V) copied by cp.async, then dequantized in shared memory into token-major
+//               K and V tiles (scalar_blocks.cuh), scored with the plain queries;
 //   coded pass: the blocks' code rows (K then V) copied by cp.async, then decoded in shared
 //               memory into a token-major K tile [KN][D] and the V tile (centroids from the fp16
 //               books, staged in shared memory when they are small); keys there are in the
@@ -36,6 +39,7 @@
 #include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
+#include "ops/cuda/scalar_blocks.cuh"
 #include "ops/cuda/wgmma_ptx.cuh"
 
 namespace vq::cuda::detail {
@@ -57,7 +61,7 @@ struct PrefillParams {
   int64_t q_stride;
   float qscale;         // scale * log2(e) for the plain queries
   const float* q_code;  // [rows][n_q_heads][D]: already times scale
-  int kd, kbits, kbooks, kcb;  // coded keys: sub_dim, bits, books per head, packed row bytes
+  int kd, kbits, kbooks, kcb;  // coded keys: sub_dim, bits, books per head, packed row bytes (scalar blocks: kcb, vcb)
   int vd, vbits, vbooks, vcb;
   const __half* k_book;  // [n_kv_heads, kbooks, 2^kbits, kd]
   const __half* v_book;
@@ -133,6 +137,33 @@ __device__ __forceinline__ int cm_off(int r, int c, int cols) {
   return (r >> 3) * (cols * 8) + (c >> 3) * 64 + (r & 7) * 8 + (c & 7);
 }
 
+// Scalar passes: the KN raw K rows at raw and V rows at vraw (row_bytes each, token-major) into
+// fp16 tiles, 8 channels per item at k(n, d) / v(n, d) (8 consecutive channels from a multiple of
+// 8 are contiguous in both layouts); live(n) false: the value row is zeros (no row reads the
+// token, and its slot may hold anything).
+template <PagedElem E, class KOff, class VOff, class Live>
+__device__ __forceinline__ void dequant_pass(int kn, int D, const unsigned char* raw, const unsigned char* vraw,
+                                             int row_bytes, __half* ks, __half* vs, KOff k, VOff v, Live live, int tid,
+                                             int nth) {
+  constexpr int QB = scalar_block_bytes(E);
+  const int nch = D / 8;
+  for (int i = tid; i < kn * nch; i += nth) {
+    const int n = i / nch, ch = i % nch;
+    float x[8];
+    uint4 w;
+    __half2* h2 = reinterpret_cast<__half2*>(&w);
+    dequantize8<E>(raw + n * row_bytes + (ch >> 2) * QB, ch & 3, x);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) h2[e] = __floats2half2_rn(x[2 * e], x[2 * e + 1]);
+    *reinterpret_cast<uint4*>(ks + k(n, 8 * ch)) = w;
+    const bool ok = live(n);
+    dequantize8<E>(vraw + n * row_bytes + (ch >> 2) * QB, ch & 3, x);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) h2[e] = ok ? __floats2half2_rn(x[2 * e], x[2 * e + 1]) : __float2half2_rn(0.f);
+    *reinterpret_cast<uint4*>(vs + v(n, 8 * ch)) = w;
+  }
+}
+
 // Layout of one tile's shared memory (halves unless said): qp [R][D] | qc [R][D] (coded layers) |
 // 2 stages of { K | V [KN][D] | raw code bytes } | books, KN = 32*NB keys per pass. K is [D][KN]
 // for dense passes (channel-major, as the pool holds it) and [KN][D] for decoded ones. WG = false
@@ -159,7 +190,7 @@ __host__ __device__ inline int prefill_kbias_offset(const PrefillParams& pp, int
   return ((kB * NB * pp.kcb + 15) & ~15) + ((kB * NB * pp.vcb + 15) & ~15) + 16;
 }
 int prefill_raw_bytes(const PrefillParams& pp, int NB) {
-  if (!pp.rule.coded) return 0;
+  if (!pp.rule.coded && pp.rule.elem == PagedElem::f16) return 0;
   return prefill_kbias_offset(pp, NB) + (pp.kbias.values ? 128 * 2 * NB * 4 : 0);
 }
 
@@ -273,10 +304,11 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   constexpr int ROWS = 16 * W, NT = D / 8, NTH = 32 * W, KN = L::KN, NS = KN / 8;
   constexpr int QLD = L::QLD, KLD = L::KLD, KLDC = L::KLDC, VLD = L::VLD;
   const bool coded_layer = p.rule.coded;
+  const bool quant = p.rule.elem != PagedElem::f16;  // scalar blocks: dense passes read raw rows
   __half* qp = reinterpret_cast<__half*>(smem);
   __half* qc = qp + ROWS * QLD;
   unsigned char* stage0 = reinterpret_cast<unsigned char*>(qc + (coded_layer ? ROWS * QLD : 0));
-  const int stage_bytes = (L::KH + L::VH) * 2 + (coded_layer ? p.raw_bytes : 0);
+  const int stage_bytes = (L::KH + L::VH) * 2 + (coded_layer || quant ? p.raw_bytes : 0);
   __half* books = reinterpret_cast<__half*>(stage0 + 2 * stage_bytes);
   auto kst = [&](int s) { return reinterpret_cast<__half*>(stage0 + s * stage_bytes); };
   auto vst = [&](int s) { return kst(s) + L::KH; };
@@ -350,7 +382,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     for (int hb = 0; hb < NB; ++hb) {
       const int64_t b = j * NB + hb, u0 = b * kB;
       const bool need = walk.block_needed(b, form);
-      if (form == 0) {
+      if (form == 0 && !quant) {
         if (!need) {
           for (int i = threadIdx.x; i < kB * D / 8; i += NTH) {
             const int k = i / (D / 8), c = i % (D / 8);
@@ -372,8 +404,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
           const bool ok = u0 + k <= t_last;
           cp_async16(vs + L::v(hb * kB + k, 8 * c), ok ? vg + k * D + 8 * c : vg, ok);
         }
-      } else if (need) {
-        const uint8_t* blk = ctab[b];
+      } else if (need) {  // code rows, or a scalar layer's raw rows (the same layout: K rows, then V rows)
+        const uint8_t* blk = form == 1 ? ctab[b] : dtab[b];
         const uint8_t* kc = blk + int64_t(kh) * kB * p.kcb;
         const uint8_t* vc = blk + kbytes + int64_t(kh) * kB * p.vcb;
         for (int i = threadIdx.x; i < kraw / 16; i += NTH) cp_async16(raw + hb * kraw + 16 * i, kc + 16 * i);
@@ -450,6 +482,27 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
                   [](int k, int d) { return L::v(k, d); }, threadIdx.x, NTH);
       if constexpr (WG) wg::fence_proxy_async();
       __syncthreads();
+    } else if (quant) {  // dequantize the raw rows: K token-major [KN][D], V [KN][D]
+      const unsigned char* raw = rawst(st);
+      auto live = [&](int n) {
+        const int64_t u = j * KN + n;
+        return u <= t_last && walk.block_needed(u / kB, 0);
+      };
+      auto kof = [](int n, int d) { return L::kc(n, d); };
+      auto vof = [](int n, int d) { return L::v(n, d); };
+      switch (p.rule.elem) {
+        case PagedElem::q8_0:
+          dequant_pass<PagedElem::q8_0>(KN, D, raw, raw + vraw_off, p.kcb, ks, vs, kof, vof, live, threadIdx.x, NTH);
+          break;
+        case PagedElem::q4_0:
+          dequant_pass<PagedElem::q4_0>(KN, D, raw, raw + vraw_off, p.kcb, ks, vs, kof, vof, live, threadIdx.x, NTH);
+          break;
+        default:
+          dequant_pass<PagedElem::q5_0>(KN, D, raw, raw + vraw_off, p.kcb, ks, vs, kof, vof, live, threadIdx.x, NTH);
+          break;
+      }
+      if constexpr (WG) wg::fence_proxy_async();
+      __syncthreads();
     }
     // The next pass's copies run under this pass's products.
     ++cform;
@@ -485,11 +538,11 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
       // The warpgroup's 64 rows x KN keys: D/16 k-steps of m64nKNk16, Q and K from shared memory.
       float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(s);
       const uint32_t qa = smem_u32(qs) + uint32_t(warp >> 2) * 64 * D * 2, ka = smem_u32(ks);
-      if (form == 0) wg_scores<D, KN, 1>(sf, qa, ka);  // dense keys [D][KN]
+      if (form == 0 && !quant) wg_scores<D, KN, 1>(sf, qa, ka);  // dense keys [D][KN]
       else wg_scores<D, KN, 0>(sf, qa, ka);            // decoded keys [KN][D]
     } else
 #endif
-    if (form == 0) {
+    if (form == 0 && !quant) {
 #pragma unroll
       for (int k0 = 0; k0 < D; k0 += 16) {
         uint32_t a[4];
@@ -776,6 +829,7 @@ void launch_prefill(const PagedAttnParams& a, float* part, cudaStream_t st) {
     pp.vbook_halves = (pp.vbooks << pp.vbits) * pp.vd;
     pp.books_smem = pp.kbook_halves * 2 <= kBookSmemMax && pp.vbook_halves * 2 <= kBookSmemMax;
   }
+  if (a.rule.elem != PagedElem::f16) pp.kcb = pp.vcb = scalar_row_bytes(a.rule.elem, a.head_dim);
   pp.tiles = a.tiles;
   pp.ksplits = a.prefill_splits > 0 ? a.prefill_splits : 1;
   pp.part = part;

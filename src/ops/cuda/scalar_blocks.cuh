@@ -1,0 +1,105 @@
+#pragma once
+// Internal to src/ops/cuda: llama.cpp's scalar blocks of 32 elements (codec/scalar_blocks.h
+// has the layouts and the reference rounding) on the device, for the KV pool's direct methods
+// (PagedElem, paged_attention_cuda.h): the writer of one row (a warp, element e = lane + 32*i,
+// so block i is register i across the lanes) and the readers of 8 consecutive elements that the
+// attention kernels use to fill their fp16 tiles in shared memory.
+// Rounding is the CPU's bit for bit: the products and sums are written with __fmul_rn /
+// __fadd_rn (no contraction into FMA) and the scale is an IEEE division, so the device's pool
+// bytes equal the CPU store's.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "ops/cuda/elem_type.h"
+
+namespace vq::cuda::detail {
+
+// Bytes of one block of 32 elements (0: fp16 blocks, not this family).
+__host__ __device__ constexpr int scalar_block_bytes(PagedElem e) {
+  return e == PagedElem::q8_0 ? 34 : e == PagedElem::q4_0 ? 18 : e == PagedElem::q5_0 ? 22 : 0;
+}
+// Bytes of one K or V row of head_dim elements.
+__host__ __device__ constexpr int scalar_row_bytes(PagedElem e, int head_dim) {
+  return scalar_block_bytes(e) * (head_dim / 32);
+}
+
+// The element of largest magnitude with its sign, the lowest index on ties (the reference's
+// strict "amax < |x|" scan), over the warp's lanes.
+__device__ __forceinline__ float warp_signed_absmax(float x, int lane) {
+  float a = fabsf(x), v = x;
+  int idx = lane;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float a2 = __shfl_xor_sync(0xffffffffu, a, o), v2 = __shfl_xor_sync(0xffffffffu, v, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (a2 > a || (a2 == a && i2 < idx)) a = a2, v = v2, idx = i2;
+  }
+  return a == 0.f ? 0.f : v;  // an all-zero block: the reference's max stays 0
+}
+
+// One block of 32 elements, element `lane` of it in x, written at dst (the whole warp calls).
+template <PagedElem E>
+__device__ __forceinline__ void quantize_block_warp(float x, int lane, uint8_t* dst) {
+  if constexpr (E == PagedElem::q8_0) {
+    float amax = fabsf(x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.f ? __frcp_rn(d) : 0.f;
+    dst[2 + lane] = uint8_t(int8_t(roundf(__fmul_rn(x, id))));
+    if (lane == 0) *reinterpret_cast<__half*>(dst) = __float2half_rn(d);
+  } else {
+    constexpr int half = E == PagedElem::q5_0 ? 16 : 8, top = 2 * half - 1;
+    const float d = __fdiv_rn(warp_signed_absmax(x, lane), float(-half));
+    const float id = d != 0.f ? __frcp_rn(d) : 0.f;
+    const int n = min(top, int(__fadd_rn(__fmul_rn(x, id), float(half) + 0.5f)));
+    const int hi = __shfl_down_sync(0xffffffffu, n, 16);  // element lane + 16
+    const int qs_off = E == PagedElem::q5_0 ? 6 : 2;
+    if (lane < 16) dst[qs_off + lane] = uint8_t((n & 15) | ((hi & 15) << 4));
+    if constexpr (E == PagedElem::q5_0) {
+      const uint32_t qh = __ballot_sync(0xffffffffu, (n >> 4) & 1);
+      if (lane == 0) {  // 2-byte aligned only: two halves
+        reinterpret_cast<uint16_t*>(dst + 2)[0] = uint16_t(qh & 0xffffu);
+        reinterpret_cast<uint16_t*>(dst + 2)[1] = uint16_t(qh >> 16);
+      }
+    }
+    if (lane == 0) *reinterpret_cast<__half*>(dst) = __float2half_rn(d);
+  }
+}
+
+// Elements [8c, 8c + 8) of the block at b (2-byte aligned, e.g. in shared memory), as fp32.
+template <PagedElem E>
+__device__ __forceinline__ void dequantize8(const uint8_t* b, int c, float (&x)[8]) {
+  const float d = __half2float(*reinterpret_cast<const __half*>(b));
+  if constexpr (E == PagedElem::q8_0) {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(b + 2 + 8 * c);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint16_t w = q[e];
+      x[2 * e] = d * float(int8_t(w & 0xff));
+      x[2 * e + 1] = d * float(int8_t(w >> 8));
+    }
+  } else {
+    constexpr int half = E == PagedElem::q5_0 ? 16 : 8, qs_off = E == PagedElem::q5_0 ? 6 : 2;
+    // elements 8c .. 8c+7: low nibbles of qs[8c..] for c < 2, high nibbles of qs[8(c-2)..] for c >= 2
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(b + qs_off + 8 * (c & 1));
+    const int shift = c >= 2 ? 4 : 0;
+    uint32_t qh = 0;
+    if constexpr (E == PagedElem::q5_0)
+      qh = uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[0]) | uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[1]) << 16;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint16_t w = q[e];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int j = 8 * c + 2 * e + k;
+        int n = ((w >> (8 * k)) >> shift) & 15;
+        if constexpr (E == PagedElem::q5_0) n |= int((qh >> j) & 1) << 4;
+        x[2 * e + k] = d * float(n - half);
+      }
+    }
+  }
+}
+
+}  // namespace vq::cuda::detail
