@@ -219,17 +219,11 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
       for (int i = lane; i < KN * (D / 8); i += 32) {
         const int r = i / (D / 8), ch = i % (D / 8);
         const unsigned char* kb = raw + r * RB + (ch >> 2) * QB;
-        float x[8];
         uint4 w;
-        __half2* h2 = reinterpret_cast<__half2*>(&w);
-        detail::dequantize8<E>(kb, ch & 3, x);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) h2[e] = __floats2half2_rn(x[2 * e], x[2 * e + 1]);
+        detail::dequantize8_h2<E>(kb, ch & 3, w);
         *reinterpret_cast<uint4*>(kt + Lay::vswz(r, ch)) = w;
-        detail::dequantize8<E>(kb + KN * RB, ch & 3, x);
-        const bool live = t0 + r >= lo && t0 + r < hi;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) h2[e] = live ? __floats2half2_rn(x[2 * e], x[2 * e + 1]) : __float2half2_rn(0.f);
+        detail::dequantize8_h2<E>(kb + KN * RB, ch & 3, w);
+        if (!(t0 + r >= lo && t0 + r < hi)) w = make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(vt + Lay::vswz(r, ch)) = w;
       }
       __syncwarp();

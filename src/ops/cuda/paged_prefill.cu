@@ -149,17 +149,11 @@ __device__ __forceinline__ void dequant_pass(int kn, int D, const unsigned char*
   const int nch = D / 8;
   for (int i = tid; i < kn * nch; i += nth) {
     const int n = i / nch, ch = i % nch;
-    float x[8];
     uint4 w;
-    __half2* h2 = reinterpret_cast<__half2*>(&w);
-    dequantize8<E>(raw + n * row_bytes + (ch >> 2) * QB, ch & 3, x);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) h2[e] = __floats2half2_rn(x[2 * e], x[2 * e + 1]);
+    dequantize8_h2<E>(raw + n * row_bytes + (ch >> 2) * QB, ch & 3, w);
     *reinterpret_cast<uint4*>(ks + k(n, 8 * ch)) = w;
-    const bool ok = live(n);
-    dequantize8<E>(vraw + n * row_bytes + (ch >> 2) * QB, ch & 3, x);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) h2[e] = ok ? __floats2half2_rn(x[2 * e], x[2 * e + 1]) : __float2half2_rn(0.f);
+    dequantize8_h2<E>(vraw + n * row_bytes + (ch >> 2) * QB, ch & 3, w);
+    if (!live(n)) w = make_uint4(0, 0, 0, 0);
     *reinterpret_cast<uint4*>(vs + v(n, 8 * ch)) = w;
   }
 }
@@ -200,7 +194,10 @@ size_t prefill_smem_bytes(const PrefillParams& pp) {
   using L = PrefillSmem<D, NB, WG>;
   const bool coded = pp.rule.coded;
   size_t b = size_t(16 * W) * L::QLD * (coded ? 2 : 1) * 2;
-  b += 2 * (size_t(L::KH + L::VH) * 2 + size_t(prefill_raw_bytes(pp, NB)));
+  // Scalar layers: one fp16 tile (dequantized after the barrier that ends the last pass's products)
+  // and two raw stages; the others: two stages of { fp16 tiles | raw }.
+  if (pp.rule.elem != PagedElem::f16) b += size_t(L::KH + L::VH) * 2 + 2 * size_t(prefill_raw_bytes(pp, NB));
+  else b += 2 * (size_t(L::KH + L::VH) * 2 + size_t(prefill_raw_bytes(pp, NB)));
   if (coded && pp.books_smem) b += size_t(pp.kbook_halves + pp.vbook_halves) * 2;
   return b;
 }
@@ -308,11 +305,15 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   __half* qp = reinterpret_cast<__half*>(smem);
   __half* qc = qp + ROWS * QLD;
   unsigned char* stage0 = reinterpret_cast<unsigned char*>(qc + (coded_layer ? ROWS * QLD : 0));
-  const int stage_bytes = (L::KH + L::VH) * 2 + (coded_layer || quant ? p.raw_bytes : 0);
+  // Stages (prefill_smem_bytes): two of { K | V fp16 tiles | raw code rows }, or for a scalar layer
+  // one fp16 tile pair and two raw stages (its passes are dequantized into the tile after the
+  // barrier that ends the previous pass's products, so the tile needs no second copy).
+  const int tile_bytes = (L::KH + L::VH) * 2;
+  const int stage_bytes = tile_bytes + (coded_layer || quant ? p.raw_bytes : 0);
   __half* books = reinterpret_cast<__half*>(stage0 + 2 * stage_bytes);
-  auto kst = [&](int s) { return reinterpret_cast<__half*>(stage0 + s * stage_bytes); };
+  auto kst = [&](int s) { return reinterpret_cast<__half*>(stage0 + (quant ? 0 : s * stage_bytes)); };
   auto vst = [&](int s) { return kst(s) + L::KH; };
-  auto rawst = [&](int s) { return stage0 + s * stage_bytes + (L::KH + L::VH) * 2; };
+  auto rawst = [&](int s) { return quant ? stage0 + tile_bytes + s * p.raw_bytes : stage0 + s * stage_bytes + tile_bytes; };
 
   const PagedPrefillTile tile = p.tiles[blockIdx.x];
   const int kh = blockIdx.y;

@@ -102,4 +102,45 @@ __device__ __forceinline__ void dequantize8(const uint8_t* b, int c, float (&x)[
   }
 }
 
+// Elements [8c, 8c + 8) of the block at b as fp16 pairs, each d * q rounded once to fp16 (the same
+// halves as rounding dequantize8's floats: d has 11 significant bits and q at most 8, so d * q is
+// exact in fp32 and in the fp16 product before its rounding). q8_0 and q4_0 build the integer
+// codes as fp16 without conversions: the half with bits 0x6400 | u is 1024 + u for a byte u, so
+// (0x6400 | u) - (1024 + bias) is the code exactly; then one fp16 multiply per pair.
+template <PagedElem E>
+__device__ __forceinline__ void dequantize8_h2(const uint8_t* b, int c, uint4& out) {
+  uint32_t* o = reinterpret_cast<uint32_t*>(&out);
+  if constexpr (E == PagedElem::q8_0 || E == PagedElem::q4_0) {
+    const __half2 d2 = __half2half2(*reinterpret_cast<const __half*>(b));
+    constexpr int qs_off = 2;
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(b + qs_off + 8 * (E == PagedElem::q8_0 ? c : (c & 1)));
+    uint32_t w[2] = {uint32_t(q[0]) | uint32_t(q[1]) << 16, uint32_t(q[2]) | uint32_t(q[3]) << 16};
+    __half2 bias;
+    if constexpr (E == PagedElem::q8_0) {
+      w[0] ^= 0x80808080u, w[1] ^= 0x80808080u;  // int8 q -> q + 128
+      bias = __float2half2_rn(1024.f + 128.f);
+    } else {
+      const int shift = c >= 2 ? 4 : 0;  // elements 16.. are the high nibbles
+      w[0] = (w[0] >> shift) & 0x0f0f0f0fu, w[1] = (w[1] >> shift) & 0x0f0f0f0fu;
+      bias = __float2half2_rn(1024.f + 8.f);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t lo = __byte_perm(w[k], 0x64646464u, 0x5140), hi = __byte_perm(w[k], 0x64646464u, 0x7362);
+      __half2 a = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&lo), bias), d2);
+      __half2 z = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&hi), bias), d2);
+      o[2 * k] = *reinterpret_cast<uint32_t*>(&a);
+      o[2 * k + 1] = *reinterpret_cast<uint32_t*>(&z);
+    }
+  } else {
+    float x[8];
+    dequantize8<E>(b, c, x);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      __half2 h = __floats2half2_rn(x[2 * e], x[2 * e + 1]);
+      o[e] = *reinterpret_cast<uint32_t*>(&h);
+    }
+  }
+}
+
 }  // namespace vq::cuda::detail
