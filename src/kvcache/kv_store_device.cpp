@@ -395,6 +395,21 @@ struct KVStoreDevice::Impl {
     }
   }
 
+  // qcode = H(q * lambda) * scale per query head (VecInfer's queries; q4_0h's with unit lambda).
+  void transform_queries(int rows, const float* q, int64_t q_stride, const float* lambda, float scale) {
+    cuda::QueryTransformParams t;
+    t.rows = rows;
+    t.n_q_heads = HQ;
+    t.n_kv_heads = H;
+    t.head_dim = D;
+    t.q = q;
+    t.q_stride = q_stride;
+    t.lambda = lambda;
+    t.scale = scale;
+    t.out = qcode.as<float>();
+    cuda::query_transform_device(t, stream.handle());
+  }
+
   cuda::KeyMeanDevice key_mean_of(int layer) const {
     cuda::KeyMeanDevice d;
     const LayerKeyMean& k = km[size_t(layer)];
@@ -686,17 +701,7 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
   if (direct) p.dense_tables = p.coded_tables;  // a direct layer's only blocks: its scalar blocks
   const bool rotated = direct && m.rotate;
   if (rotated) {  // the keys were rotated: score with H q (the softmax scale stays the kernels')
-    cuda::QueryTransformParams t;
-    t.rows = rows;
-    t.n_q_heads = m.HQ;
-    t.n_kv_heads = m.H;
-    t.head_dim = m.D;
-    t.q = q;
-    t.q_stride = q_stride;
-    t.lambda = m.ones.as<float>();
-    t.scale = 1.0f;
-    t.out = m.qcode.as<float>();
-    cuda::query_transform_device(t, m.stream.handle());
+    m.transform_queries(rows, q, q_stride, m.ones.as<float>(), 1.0f);
     p.q = m.qcode.as<float>();
     p.q_stride = int64_t(m.HQ) * m.D;
   }
@@ -707,17 +712,7 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
     p.dense_join = m.join.handle();
   }
   if (p.rule.coded) {
-    cuda::QueryTransformParams t;
-    t.rows = rows;
-    t.n_q_heads = m.HQ;
-    t.n_kv_heads = m.H;
-    t.head_dim = m.D;
-    t.q = q;
-    t.q_stride = q_stride;
-    t.lambda = m.books[size_t(layer)].lambda.as<float>();
-    t.scale = scale;
-    t.out = m.qcode.as<float>();
-    cuda::query_transform_device(t, m.stream.handle());
+    m.transform_queries(rows, q, q_stride, m.books[size_t(layer)].lambda.as<float>(), scale);
     p.q_code = m.qcode.as<float>();
     p.k_book = m.books[size_t(layer)].k16.as<uint16_t>();
     p.v_book = m.books[size_t(layer)].v16.as<uint16_t>();
