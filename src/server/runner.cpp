@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <future>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "kvcache/seq_file.h"
 #include "server/prefix_store.h"
@@ -195,33 +196,50 @@ void Runner::unpin_unless_named(int64_t point) {
 }
 
 SessionInfo Runner::save_session(const std::string& name) {
+  // The engine's thread only copies the blocks' bytes out of the pool (from the device pool: one
+  // batch of copies, one wait); the digest and the file write run here, while the engine steps on.
   SessionInfo info;
+  const std::string path = session_path(name);
+  std::vector<uint8_t> bytes;
   call([&] {
     auto it = sessions_.find(name);
     if (it == sessions_.end()) throw ApiError(404, "no session '" + name + "' in memory", "id", "not_found_error");
     const SeqKV* s = engine_.prefix_cache()->point_sequence(it->second.point);
     VQ_CHECK(s, "session '{}' lost its KV (internal error)", name);
-    ::mkdir(session_dir_.c_str(), 0755);
-    save_sequence(session_path(name), engine_.kv(), *s, it->second.tokens, identity_);
+    bytes = encode_sequence(engine_.kv(), *s, it->second.tokens, identity_, /*seal=*/false, path);
     info = {name, int64_t(it->second.tokens.size()), it->second.n_kv};
   });
+  seal_sequence_bytes(bytes);
+  ::mkdir(session_dir_.c_str(), 0755);
+  write_file_atomic(path, bytes.data(), bytes.size());
   return info;
 }
 
 SessionInfo Runner::restore_session(const std::string& name) {
+  // The file is read, its digest and every check run here (session_expect reads only what the store
+  // fixed at construction); the engine's thread only copies the checked bytes into new blocks.
   SessionInfo info;
+  if (!engine_.prefix_cache()) throw ApiError(400, "sessions need the prefix cache (started with --no-prefix-cache)");
+  const std::string path = session_path(name);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw ApiError(404, "no saved session '" + name + "'", "id", "not_found_error");
+  const SessionExpect expect = session_expect(engine_.kv(), identity_);
+  std::vector<uint8_t> data;
+  ParsedSession parsed;
+  try {
+    data = read_session_file(path, expect);
+    parsed = parse_session(data.data(), data.size(), path, expect);
+  } catch (const Error& e) {
+    throw ApiError(422, e.what(), "id");
+  }
   call([&] {
     PrefixCache* cache = engine_.prefix_cache();
-    if (!cache) throw ApiError(400, "sessions need the prefix cache (started with --no-prefix-cache)");
-    const std::string path = session_path(name);
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) throw ApiError(404, "no saved session '" + name + "'", "id", "not_found_error");
     // Room first: unpinned cached prefixes make way (the file's size bounds the blocks it needs).
     while (engine_.kv().pool().free_bytes() < size_t(st.st_size) && cache->evict_one()) {
     }
     LoadedSequence ld;
     try {
-      ld = load_sequence(path, engine_.kv(), identity_);
+      ld = adopt_parsed_sequence(std::move(parsed), engine_.kv(), expect);
     } catch (const KVPoolExhausted& e) {
       throw ApiError(503, std::string("the KV pool cannot hold the session now: ") + e.what());
     } catch (const Error& e) {
