@@ -68,78 +68,48 @@ __device__ __forceinline__ void quantize_block_warp(float x, int lane, uint8_t* 
   }
 }
 
-// Elements [8c, 8c + 8) of the block at b (2-byte aligned, e.g. in shared memory), as fp32.
-template <PagedElem E>
-__device__ __forceinline__ void dequantize8(const uint8_t* b, int c, float (&x)[8]) {
-  const float d = __half2float(*reinterpret_cast<const __half*>(b));
-  if constexpr (E == PagedElem::q8_0) {
-    const uint16_t* q = reinterpret_cast<const uint16_t*>(b + 2 + 8 * c);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint16_t w = q[e];
-      x[2 * e] = d * float(int8_t(w & 0xff));
-      x[2 * e + 1] = d * float(int8_t(w >> 8));
-    }
-  } else {
-    constexpr int half = E == PagedElem::q5_0 ? 16 : 8, qs_off = E == PagedElem::q5_0 ? 6 : 2;
-    // elements 8c .. 8c+7: low nibbles of qs[8c..] for c < 2, high nibbles of qs[8(c-2)..] for c >= 2
-    const uint16_t* q = reinterpret_cast<const uint16_t*>(b + qs_off + 8 * (c & 1));
-    const int shift = c >= 2 ? 4 : 0;
-    uint32_t qh = 0;
-    if constexpr (E == PagedElem::q5_0)
-      qh = uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[0]) | uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[1]) << 16;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint16_t w = q[e];
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int j = 8 * c + 2 * e + k;
-        int n = ((w >> (8 * k)) >> shift) & 15;
-        if constexpr (E == PagedElem::q5_0) n |= int((qh >> j) & 1) << 4;
-        x[2 * e + k] = d * float(n - half);
-      }
-    }
-  }
-}
-
-// Elements [8c, 8c + 8) of the block at b as fp16 pairs, each d * q rounded once to fp16 (the same
-// halves as rounding dequantize8's floats: d has 11 significant bits and q at most 8, so d * q is
-// exact in fp32 and in the fp16 product before its rounding). q8_0 and q4_0 build the integer
-// codes as fp16 without conversions: the half with bits 0x6400 | u is 1024 + u for a byte u, so
-// (0x6400 | u) - (1024 + bias) is the code exactly; then one fp16 multiply per pair.
+// Elements [8c, 8c + 8) of the block at b (2-byte aligned, e.g. in shared memory) as fp16 pairs,
+// each d * q rounded once to fp16 (the CPU's fp32 value d * q, exact since d has 11 significant bits
+// and q at most 8, rounded to fp16). The integer codes become fp16
+// without conversions: the half with bits 0x6400 | u is 1024 + u for a byte u, so
+// (0x6400 | u) - (1024 + bias) is the code exactly; then one fp16 multiply per pair. The code
+// bytes of 4 elements sit in one 32-bit word: q8_0's int8 codes biased by 128 (xor 0x80), q4_0's
+// nibbles, q5_0's nibbles with their fifth bits spread to bit 4 of each byte.
 template <PagedElem E>
 __device__ __forceinline__ void dequantize8_h2(const uint8_t* b, int c, uint4& out) {
   uint32_t* o = reinterpret_cast<uint32_t*>(&out);
-  if constexpr (E == PagedElem::q8_0 || E == PagedElem::q4_0) {
-    const __half2 d2 = __half2half2(*reinterpret_cast<const __half*>(b));
-    constexpr int qs_off = 2;
-    const uint16_t* q = reinterpret_cast<const uint16_t*>(b + qs_off + 8 * (E == PagedElem::q8_0 ? c : (c & 1)));
-    uint32_t w[2] = {uint32_t(q[0]) | uint32_t(q[1]) << 16, uint32_t(q[2]) | uint32_t(q[3]) << 16};
-    __half2 bias;
-    if constexpr (E == PagedElem::q8_0) {
-      w[0] ^= 0x80808080u, w[1] ^= 0x80808080u;  // int8 q -> q + 128
-      bias = __float2half2_rn(1024.f + 128.f);
+  const __half2 d2 = __half2half2(*reinterpret_cast<const __half*>(b));
+  constexpr int qs_off = E == PagedElem::q5_0 ? 6 : 2;
+  const uint16_t* q = reinterpret_cast<const uint16_t*>(b + qs_off + 8 * (E == PagedElem::q8_0 ? c : (c & 1)));
+  uint32_t w[2] = {uint32_t(q[0]) | uint32_t(q[1]) << 16, uint32_t(q[2]) | uint32_t(q[3]) << 16};
+  __half2 bias;
+  if constexpr (E == PagedElem::q8_0) {
+    w[0] ^= 0x80808080u, w[1] ^= 0x80808080u;  // int8 q -> q + 128
+    bias = __float2half2_rn(1024.f + 128.f);
+  } else {
+    const int shift = c >= 2 ? 4 : 0;  // elements 16.. are the high nibbles
+    w[0] = (w[0] >> shift) & 0x0f0f0f0fu, w[1] = (w[1] >> shift) & 0x0f0f0f0fu;
+    if constexpr (E == PagedElem::q5_0) {
+      const uint32_t qh = uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[0]) |
+                          uint32_t(reinterpret_cast<const uint16_t*>(b + 2)[1]) << 16;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        // bits 8c + 4k .. + 3 of qh to bit 4 of bytes 0..3 (the multiply copies bit e to bit 8e; no carries)
+        const uint32_t x = (qh >> (8 * c + 4 * k)) & 0xfu;
+        w[k] |= ((x * 0x00204081u) & 0x01010101u) << 4;
+      }
+      bias = __float2half2_rn(1024.f + 16.f);
     } else {
-      const int shift = c >= 2 ? 4 : 0;  // elements 16.. are the high nibbles
-      w[0] = (w[0] >> shift) & 0x0f0f0f0fu, w[1] = (w[1] >> shift) & 0x0f0f0f0fu;
       bias = __float2half2_rn(1024.f + 8.f);
     }
+  }
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint32_t lo = __byte_perm(w[k], 0x64646464u, 0x5140), hi = __byte_perm(w[k], 0x64646464u, 0x7362);
-      __half2 a = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&lo), bias), d2);
-      __half2 z = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&hi), bias), d2);
-      o[2 * k] = *reinterpret_cast<uint32_t*>(&a);
-      o[2 * k + 1] = *reinterpret_cast<uint32_t*>(&z);
-    }
-  } else {
-    float x[8];
-    dequantize8<E>(b, c, x);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      __half2 h = __floats2half2_rn(x[2 * e], x[2 * e + 1]);
-      o[e] = *reinterpret_cast<uint32_t*>(&h);
-    }
+  for (int k = 0; k < 2; ++k) {
+    const uint32_t lo = __byte_perm(w[k], 0x64646464u, 0x5140), hi = __byte_perm(w[k], 0x64646464u, 0x7362);
+    __half2 a = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&lo), bias), d2);
+    __half2 z = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&hi), bias), d2);
+    o[2 * k] = *reinterpret_cast<uint32_t*>(&a);
+    o[2 * k + 1] = *reinterpret_cast<uint32_t*>(&z);
   }
 }
 
