@@ -57,7 +57,8 @@ __global__ void kv_append_scalar_kernel(KVAppendParams p) {
     detail::fwht_warp(v, epl, hb, lane);
     const float s = 1.0f / sqrtf(float(hb));
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], s);
+    for (int i = 0; i < 8; ++i)
+      if (i < epl) v[i] = __fmul_rn(v[i], s);
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i)

@@ -75,10 +75,6 @@ struct DenseStages {
   static constexpr int row_bytes = detail::scalar_row_bytes(E, D);
   static constexpr int raw_bytes = 2 * KN * row_bytes;  // a multiple of 16 (row_bytes % 4 == 0, KN >= 16)
   static constexpr int warp_bytes(int st) { return quant ? Lay::stage_bytes + st * raw_bytes : st * Lay::stage_bytes; }
-  static constexpr int stages(int warps, int budget) {
-    const int s = quant ? (budget / warps - Lay::stage_bytes) / raw_bytes : budget / (Lay::stage_bytes * warps);
-    return s < 2 ? 2 : s > 8 ? 8 : s;
-  }
   static constexpr size_t smem(int warps, int st) { return size_t(Lay::q_bytes) + size_t(warps) * warp_bytes(st); }
   static_assert(!quant || (raw_bytes % 16 == 0 && Lay::stage_bytes + 2 * raw_bytes >= (16 * D + 32) * 4),
                 "raw stages must be 16-byte multiples and a warp's area must hold the merge scratch");
@@ -207,8 +203,6 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
       // values' swizzled layout (vswz: 16-byte stores, conflict-free ldmatrix; the keys are then
       // read without .trans); values of tokens outside the tile's range are zeros (their P is 0,
       // and unwritten slots may decode to NaN). Item i: token i / (D/8), channels 8*(i % (D/8)) ..
-      // (An earlier form wrote the keys channel-major, 8 two-byte stores per item: decode 1.7-2x
-      // slower than this.)
       constexpr int RB = Stg::row_bytes, QB = detail::scalar_block_bytes(E);
       const unsigned char* raw = raw_stage(k);
       int t0, lo, hi;
@@ -447,7 +441,7 @@ struct DenseKernel {
   using Stg = DenseStages<D, kn, E>;
   static constexpr int fit_warps(int w) { return w > 1 && Stg::smem(w, 2) > 227 * 1024 ? fit_warps(w / 2) : w; }
   static constexpr DenseVariant v{kn, fit_warps(kDenseVariants[VI].warps), kDenseVariants[VI].budget};
-  static constexpr int st = quant ? 2 : Stg::stages(v.warps, v.budget);
+  static constexpr int st = quant ? 2 : DenseLayout<D, kn>::stages(v.warps, v.budget);
   static constexpr size_t smem = Stg::smem(v.warps, st);
   static constexpr auto fn = dense_mma_kernel<D, v.kn, v.warps, st, E>;
   static_assert(smem <= 227 * 1024, "dense split kernel: shared memory over the per-block limit");
