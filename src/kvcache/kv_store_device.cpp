@@ -178,7 +178,6 @@ struct KVStoreDevice::Impl {
   std::vector<int32_t> row_bnseg;
   cuda::DeviceBuffer kbias;               // the step's score terms (PagedKeyBias::values)
   std::vector<cuda::PagedRule> rules;
-  std::vector<uint8_t> direct;     // per layer: a direct method's scalar blocks (read through the coded tables)
   bool rotate = false;             // q4_0h: rows, queries and outputs through the Walsh-Hadamard rotation
   cuda::DeviceBuffer ones;         // [H * D] 1.0f: the rotation's query transform (no smoothing)
   std::vector<DevTable> tables;
@@ -216,6 +215,9 @@ struct KVStoreDevice::Impl {
   T* dptr(size_t off) const { return reinterpret_cast<T*>(static_cast<uint8_t*>(dev.data()) + off); }
   template <class T>
   T* hptr(size_t off) const { return reinterpret_cast<T*>(static_cast<uint8_t*>(host.data()) + off); }
+
+  // A direct method's layer: scalar blocks only, read and written through the coded tables.
+  bool direct(int layer) const { return rules[size_t(layer)].elem != cuda::PagedElem::f16; }
 
   uint8_t* block_ptr(int layer, bool coded, int32_t id) const {
     if (id < 0) return nullptr;
@@ -446,7 +448,6 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
     r.coded = L.format && !L.direct;
     if (L.format && L.direct) r.elem = scalar_elem(store.spec().config);
     m.rules.push_back(r);
-    m.direct.push_back(L.format && L.direct ? 1 : 0);
     if (!r.coded) continue;
     const Calibration& cal = *store.spec().calibration;
     const CalibrationLayer& cl = cal.layers[size_t(l + store.calib_offset_)];
@@ -656,7 +657,7 @@ void KVStoreDevice::launch_append(int layer, const float* k, int64_t k_stride, c
   p.v = v, p.v_stride = v_stride;
   p.pos = m.dptr<int32_t>(m.o_pos);
   p.row_table = m.dptr<int32_t>(m.o_rowseq);
-  const bool direct = m.direct[size_t(layer)] != 0;  // rows coded into the layer's scalar blocks
+  const bool direct = m.direct(layer);  // rows coded into the layer's scalar blocks
   p.tables = m.dptr<uint8_t* const*>((direct ? m.o_ctab : m.o_dtab) + size_t(layer) * m.seq_cap * 8);
   p.elem = m.rules[size_t(layer)].elem;
   p.rotate = direct && m.rotate;
@@ -697,7 +698,7 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
   p.q = q;
   p.q_stride = q_stride;
   p.scale = scale;
-  const bool direct = m.direct[size_t(layer)] != 0;
+  const bool direct = m.direct(layer);
   if (direct) p.dense_tables = p.coded_tables;  // a direct layer's only blocks: its scalar blocks
   const bool rotated = direct && m.rotate;
   if (rotated) {  // the keys were rotated: score with H q (the softmax scale stays the kernels')

@@ -235,7 +235,7 @@ SessionInfo Runner::restore_session(const std::string& name) {
   call([&] {
     PrefixCache* cache = engine_.prefix_cache();
     // Room first: unpinned cached prefixes make way (the file's size bounds the blocks it needs).
-    while (engine_.kv().pool().free_bytes() < size_t(st.st_size) && cache->evict_one()) {
+    while (engine_.kv().pool().free_bytes() < data.size() && cache->evict_one()) {
     }
     LoadedSequence ld;
     try {

@@ -200,9 +200,9 @@ void kv_append_device(const KVAppendParams& p, void* stream) {
              p.head_dim);
     const dim3 grid(unsigned(p.rows), unsigned(p.n_kv_heads));
     const cudaStream_t st = as_stream(stream);
-    if (p.elem == PagedElem::q8_0) launch_pdl("kv_append_scalar_kernel", kv_append_scalar_kernel<PagedElem::q8_0>, grid, dim3(64), 0, st, q);
-    else if (p.elem == PagedElem::q4_0) launch_pdl("kv_append_scalar_kernel", kv_append_scalar_kernel<PagedElem::q4_0>, grid, dim3(64), 0, st, q);
-    else launch_pdl("kv_append_scalar_kernel", kv_append_scalar_kernel<PagedElem::q5_0>, grid, dim3(64), 0, st, q);
+    detail::with_scalar_elem(p.elem, [&](auto tag) {
+      launch_pdl("kv_append_scalar_kernel", kv_append_scalar_kernel<decltype(tag)::value>, grid, dim3(64), 0, st, q);
+    });
     return;
   }
   launch_pdl("kv_append_kernel", kv_append_kernel, dim3(unsigned(p.rows), unsigned(p.n_kv_heads)), dim3(128), 0,

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <type_traits>
 
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
@@ -462,17 +461,11 @@ struct DenseKernel {
   }
 };
 
-// Calls f(ElemTag<E>{}) with the compile-time form of e (the .cu files are C++17).
-template <PagedElem E>
-using ElemTag = std::integral_constant<PagedElem, E>;
+// Calls f(ScalarTag<E>{}) with the compile-time form of e, fp16 included.
 template <class F>
 auto with_elem(PagedElem e, F&& f) {
-  switch (e) {
-    case PagedElem::q8_0: return f(ElemTag<PagedElem::q8_0>{});
-    case PagedElem::q4_0: return f(ElemTag<PagedElem::q4_0>{});
-    case PagedElem::q5_0: return f(ElemTag<PagedElem::q5_0>{});
-    default: return f(ElemTag<PagedElem::f16>{});
-  }
+  if (e == PagedElem::f16) return f(detail::ScalarTag<PagedElem::f16>{});
+  return detail::with_scalar_elem(e, f);
 }
 
 // Tokens per tile of the dense kernel (DenseKernel::kn; the merge walks the same tiles).

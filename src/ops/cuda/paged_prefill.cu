@@ -491,17 +491,9 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
       };
       auto kof = [](int n, int d) { return L::kc(n, d); };
       auto vof = [](int n, int d) { return L::v(n, d); };
-      switch (p.rule.elem) {
-        case PagedElem::q8_0:
-          dequant_pass<PagedElem::q8_0>(KN, D, raw, raw + vraw_off, p.kcb, ks, vs, kof, vof, live, threadIdx.x, NTH);
-          break;
-        case PagedElem::q4_0:
-          dequant_pass<PagedElem::q4_0>(KN, D, raw, raw + vraw_off, p.kcb, ks, vs, kof, vof, live, threadIdx.x, NTH);
-          break;
-        default:
-          dequant_pass<PagedElem::q5_0>(KN, D, raw, raw + vraw_off, p.kcb, ks, vs, kof, vof, live, threadIdx.x, NTH);
-          break;
-      }
+      with_scalar_elem(p.rule.elem, [&](auto tag) {
+        dequant_pass<decltype(tag)::value>(KN, D, raw, raw + vraw_off, p.kcb, ks, vs, kof, vof, live, threadIdx.x, NTH);
+      });
       if constexpr (WG) wg::fence_proxy_async();
       __syncthreads();
     }

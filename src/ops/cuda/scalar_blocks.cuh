@@ -10,10 +10,24 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/elem_type.h"
 
 namespace vq::cuda::detail {
+
+// Calls f(ScalarTag<E>{}) with the compile-time scalar type of e (q8_0, q4_0 or q5_0; the .cu files
+// are C++17): the one place a launch picks its kernel instance per block type.
+template <PagedElem E>
+using ScalarTag = std::integral_constant<PagedElem, E>;
+template <class F>
+__host__ __device__ auto with_scalar_elem(PagedElem e, F&& f) {
+  switch (e) {
+    case PagedElem::q8_0: return f(ScalarTag<PagedElem::q8_0>{});
+    case PagedElem::q4_0: return f(ScalarTag<PagedElem::q4_0>{});
+    default: return f(ScalarTag<PagedElem::q5_0>{});
+  }
+}
 
 // Bytes of one block of 32 elements (0: fp16 blocks, not this family).
 __host__ __device__ constexpr int scalar_block_bytes(PagedElem e) {
