@@ -60,8 +60,10 @@ struct LoadedSession {
 
 // Whether a Session of this model can run split over tp tensor-parallel ranks on this device
 // (SessionOptions::tp): throws vq::Error naming what does not divide (heads, KV heads, MLP
-// columns, a quantized weight's blocks) or the device; copies nothing.
-void check_tensor_parallel(const Model& model, int tp, Device device);
+// columns, a quantized weight's blocks) or what the device lacks (NCCL for ranks on several GPUs);
+// copies nothing. Returns where the ranks will run, e.g. "one rank per GPU (NCCL 2.28.9, GPUs
+// 0, 1)" or "every rank on GPU 0 (this host has 1 GPU: the split path, no speed-up)".
+std::string check_tensor_parallel(const Model& model, int tp, Device device);
 
 class Session {
  public:

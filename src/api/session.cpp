@@ -50,12 +50,11 @@ struct Session::Impl {
   vq::Session session;
 };
 
-void check_tensor_parallel(const Model& model, int tp, Device device) {
+std::string check_tensor_parallel(const Model& model, int tp, Device device) {
   VQ_CHECK(tp >= 1, "--tp: {} must be >= 1", tp);
-  if (tp == 1) return;
-  VQ_CHECK(device == Device::cpu,
-           "--tp {}: tensor parallelism runs on the CPU only for now (simulated ranks); use --device cpu or --tp 1", tp);
+  if (tp == 1) return "one rank";
   vq::check_tp(ApiAccess::model(model), tp);
+  return vq::tp_placement(tp, to_internal(device));
 }
 
 static int checked_ctx(const Model& model, const KVSpec& spec, const SessionOptions& opt) {

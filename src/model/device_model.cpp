@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
@@ -30,7 +31,10 @@ DeviceModel::~DeviceModel() = default;
 std::shared_ptr<const DeviceModel> DeviceModel::upload(const Model&) {
   VQ_FAIL("device model: this build has no CUDA backend");
 }
-std::shared_ptr<const DeviceModel> DeviceModel::random(const ModelConfig&, const std::vector<double>&, uint64_t) {
+std::shared_ptr<const DeviceModel> DeviceModel::random(const ModelConfig&, const std::vector<double>&, uint64_t, bool) {
+  VQ_FAIL("device model: this build has no CUDA backend");
+}
+std::shared_ptr<const DeviceModel> DeviceModel::upload_shard(const Model&, const TPPlan&, int, bool) {
   VQ_FAIL("device model: this build has no CUDA backend");
 }
 size_t DeviceModel::step_weight_bytes(int) const { return 0; }
@@ -163,17 +167,13 @@ std::vector<float> concat(const std::vector<float>& a, const std::vector<float>&
 
 }  // namespace
 
-std::shared_ptr<const DeviceModel> DeviceModel::upload(const Model& model) {
-  static std::mutex mu;
-  static std::map<std::pair<const Model*, const void*>, std::weak_ptr<const DeviceModel>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(&model, model.token_embd().data);
-  if (auto it = cache.find(key); it != cache.end())
-    if (auto sp = it->second.lock()) return sp;
+// The weights of one model (or one tensor-parallel rank's shard: shards[l] then holds layer l's
+// slices of the projections and biases).
+std::shared_ptr<DeviceModel> DeviceModel::build(const Model& model, const ModelConfig& cfg,
+                                                const std::vector<TPLayerShard>* shards, bool with_output) {
   VQ_CHECK(cuda::cuda_device_available(), "device model: {}", cuda::cuda_unavailable_reason());
   std::shared_ptr<DeviceModel> dm(new DeviceModel());
-  dm->cfg_ = model.config();
-  const ModelConfig& c = dm->cfg_;
+  dm->cfg_ = cfg;
   Storage& st = *dm->st_;
   size_t& total = dm->bytes_;
   Uploader up{st, total, cuda::DeviceBuffer(), cuda::DeviceBuffer(sizeof(int)), nullptr};
@@ -187,22 +187,25 @@ std::shared_ptr<const DeviceModel> DeviceModel::upload(const Model& model) {
   dm->embd_ = e;
   dm->embd_type_ = uint32_t(emb.type);
   dm->out_norm_ = upload_vec(st, total, model.output_norm(), "output_norm");
-  dm->output_ = up.matrix({&model.output()}, "output");
+  if (with_output) dm->output_ = up.matrix({&model.output()}, "output");
   for (size_t l = 0; l < model.layers().size(); ++l) {
     const LayerWeights& W = model.layers()[l];
+    const TPLayerShard* S = shards ? &(*shards)[l] : nullptr;
     const std::string p = fmt::format("blk.{}", l);
     DeviceLayer D;
     D.attn_norm = upload_vec(st, total, W.attn_norm, p + ".attn_norm");
     D.ffn_norm = upload_vec(st, total, W.ffn_norm, p + ".ffn_norm");
-    if (!W.q_bias.empty()) D.qkv_bias = upload_vec(st, total, concat(W.q_bias, W.k_bias, W.v_bias), p + ".qkv_bias");
+    if (!W.q_bias.empty())
+      D.qkv_bias = upload_vec(st, total, S ? concat(S->q_bias, S->k_bias, S->v_bias) : concat(W.q_bias, W.k_bias, W.v_bias),
+                              p + ".qkv_bias");
     D.q_norm = upload_vec(st, total, W.q_norm, p + ".attn_q_norm");
     D.k_norm = upload_vec(st, total, W.k_norm, p + ".attn_k_norm");
     D.post_attn_norm = upload_vec(st, total, W.post_attn_norm, p + ".post_attention_norm");
     D.post_ffn_norm = upload_vec(st, total, W.post_ffn_norm, p + ".post_ffw_norm");
-    D.wqkv = up.matrix({&W.wq, &W.wk, &W.wv}, p + ".attn_qkv");
-    D.wo = up.matrix({&W.wo}, p + ".attn_output");
-    D.wgu = up.matrix({&W.w_gate, &W.w_up}, p + ".ffn_gate_up");
-    D.wdown = up.matrix({&W.w_down}, p + ".ffn_down");
+    D.wqkv = S ? up.matrix({&S->wq, &S->wk, &S->wv}, p + ".attn_qkv") : up.matrix({&W.wq, &W.wk, &W.wv}, p + ".attn_qkv");
+    D.wo = up.matrix({S ? &S->wo : &W.wo}, p + ".attn_output");
+    D.wgu = S ? up.matrix({&S->w_gate, &S->w_up}, p + ".ffn_gate_up") : up.matrix({&W.w_gate, &W.w_up}, p + ".ffn_gate_up");
+    D.wdown = up.matrix({S ? &S->w_down : &W.w_down}, p + ".ffn_down");
     dm->layers_.push_back(D);
   }
   const auto& f = model.rope_inv_freqs();
@@ -213,13 +216,29 @@ std::shared_ptr<const DeviceModel> DeviceModel::upload(const Model& model) {
     cuda::copy_to_device_async(dm->inv_freqs_swa_, fs.data(), fs.size() * 8, nullptr);
   }
   cuda::device_synchronize();
-  (void)c;
+  return dm;
+}
+
+std::shared_ptr<const DeviceModel> DeviceModel::upload(const Model& model) {
+  static std::mutex mu;
+  static std::map<std::pair<const Model*, const void*>, std::weak_ptr<const DeviceModel>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(&model, model.token_embd().data);
+  if (auto it = cache.find(key); it != cache.end())
+    if (auto sp = it->second.lock()) return sp;
+  std::shared_ptr<DeviceModel> dm = build(model, model.config(), nullptr, true);
   cache[key] = dm;
   return dm;
 }
 
+std::shared_ptr<const DeviceModel> DeviceModel::upload_shard(const Model& model, const TPPlan& plan, int rank,
+                                                             bool with_output) {
+  const TPRankWeights w = make_rank_weights(model, plan, rank);  // views and column copies on the host
+  return build(model, tp_rank_config(model.config(), plan, rank), &w.layers, with_output);
+}
+
 std::shared_ptr<const DeviceModel> DeviceModel::random(const ModelConfig& c, const std::vector<double>& inv_freqs,
-                                                       uint64_t seed) {
+                                                       uint64_t seed, bool with_output) {
   VQ_CHECK(cuda::cuda_device_available(), "device model: {}", cuda::cuda_unavailable_reason());
   std::shared_ptr<DeviceModel> dm(new DeviceModel());
   dm->cfg_ = c;
@@ -248,7 +267,7 @@ std::shared_ptr<const DeviceModel> DeviceModel::random(const ModelConfig& c, con
   dm->embd_ = e;
   dm->embd_type_ = cuda::ggml::F16;
   dm->out_norm_ = vec(E, 1.0f, "output_norm");
-  dm->output_ = mat(V, E, "output");
+  if (with_output) dm->output_ = mat(V, E, "output");
   for (int l = 0; l < c.n_layers; ++l) {
     DeviceLayer D;
     D.attn_norm = vec(E, 1.0f, "attn_norm");

@@ -18,6 +18,8 @@
 namespace vq {
 
 class Model;
+struct TPPlan;
+struct TPLayerShard;
 
 struct DeviceMatrix {
   int64_t rows = 0, cols = 0;
@@ -58,8 +60,15 @@ class DeviceModel {
   static std::shared_ptr<const DeviceModel> upload(const Model& m);
   // Random fp16 weights of this geometry (norm weights ~1, projections ~N(0, 1/cols)), an fp16
   // embedding table, no native quantized parts; built on the device in well under a second.
+  // with_output false: no output head (a tensor-parallel rank other than 0).
   static std::shared_ptr<const DeviceModel> random(const ModelConfig& cfg, const std::vector<double>& inv_freqs,
-                                                   uint64_t seed = 1);
+                                                   uint64_t seed = 1, bool with_output = true);
+  // Rank `rank`'s shard of `m` under `plan` (model/tensor_parallel.h) on the current device: its
+  // query / KV heads' rows of wq, wk, wv (and biases), its columns of wo, its MLP columns of
+  // w_gate, w_up (rows) and w_down (columns); norms and embeddings replicated; the output head
+  // only with_output (rank 0). config() is the shard's geometry (tp_rank_config). Not cached.
+  static std::shared_ptr<const DeviceModel> upload_shard(const Model& m, const TPPlan& plan, int rank,
+                                                         bool with_output);
   ~DeviceModel();
 
   const ModelConfig& config() const { return cfg_; }
@@ -81,6 +90,9 @@ class DeviceModel {
 
  private:
   DeviceModel();
+  // upload / upload_shard: every weight of `m` (shards: rank's slices of each layer) on the device.
+  static std::shared_ptr<DeviceModel> build(const Model& m, const ModelConfig& cfg,
+                                            const std::vector<TPLayerShard>* shards, bool with_output);
   ModelConfig cfg_;
   uint32_t embd_type_ = 0;
   const void* embd_ = nullptr;

@@ -309,10 +309,7 @@ Session::Session(const Model& model, const KVSpec& spec, int n_ctx, int max_chun
   VQ_CHECK(max_chunk >= 1, "session: max_chunk {} must be >= 1", max_chunk);
   VQ_CHECK(tp >= 1, "--tp: {} must be >= 1", tp);
   if (tp > 1) {
-    VQ_CHECK(device == KVDevice::cpu,
-             "--tp {}: tensor parallelism runs on the CPU only for now (simulated ranks); use --device cpu or --tp 1",
-             tp);
-    tp_ = std::make_unique<TPForward>(model, spec, tp, budget_bytes);
+    tp_ = std::make_unique<TPForward>(model, spec, tp, budget_bytes, nullptr, device);
     tp_seq_ = tp_->new_sequence();
     return;
   }

@@ -17,6 +17,8 @@
 #include "kvcache/kv_store_device.h"
 #include "model/device_model.h"
 #include "model/session.h"
+#include "model/tensor_parallel.h"
+#include "ops/cuda/collective_cuda.h"  // declarations only (no CUDA types)
 
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
@@ -39,6 +41,14 @@ ForwardDevice::~ForwardDevice() = default;
 void ForwardDevice::step(const BatchEntry*, int) { VQ_FAIL("forward: this build has no CUDA backend"); }
 void ForwardDevice::set_deterministic(bool) { VQ_FAIL("forward: this build has no CUDA backend"); }
 bool ForwardDevice::deterministic() const { return false; }
+struct TPForwardDevice::Rank {};
+TPForwardDevice::TPForwardDevice(std::vector<std::shared_ptr<const DeviceModel>>, std::vector<KVStore*>,
+                                 std::unique_ptr<cuda::DeviceCommunicator>) {
+  VQ_FAIL("tp forward: device cuda but this build has no CUDA backend");
+}
+TPForwardDevice::~TPForwardDevice() = default;
+int TPForwardDevice::tp() const { return 0; }
+void TPForwardDevice::step(const TPBatchEntry*, int) { VQ_FAIL("tp forward: this build has no CUDA backend"); }
 
 #else
 
@@ -130,7 +140,7 @@ struct ForwardDevice::Impl {
     xdq = cuda::DeviceBuffer(R * wide * 4);
     xl = cuda::DeviceBuffer(LR * E * 4);
     xl16 = cuda::DeviceBuffer(LR * E * 4);
-    if (M.config().post_norms) po = cuda::DeviceBuffer(R * E * 4);
+    if (M.config().post_norms || partial) po = cuda::DeviceBuffer(R * E * 4);
     if (det) x16s = cuda::DeviceBuffer(std::max(R, LR) * std::max(wide, size_t(E)) * 2);
     logits = cuda::DeviceBuffer(LR * V * 4);
     h_tokens = cuda::PinnedBuffer(R * 4);
@@ -297,20 +307,7 @@ struct ForwardDevice::Impl {
       return;
     }
     project(W, rows, in32, in16, po.as<float>(), E, false, st, small_rows);
-    cuda::RmsNormParams n;
-    n.n_tokens = rows;
-    n.n = E;
-    n.x = po.as<float>();
-    n.w = post_norm;
-    n.eps = M.config().norm_eps;
-    n.out = po.data();
-    cuda::rms_norm_device(n, st);
-    cuda::AddParams a;
-    a.n_tokens = rows;
-    a.n = E;
-    a.x = x.as<float>();
-    a.y = po.as<float>();
-    cuda::add_device(a, st);
+    add_partial(post_norm, rows, st);
   }
 
   void norm(const float* in, const float* w, int rows, bool f32_out, void* out32, void* out16, void* st) {
@@ -325,9 +322,44 @@ struct ForwardDevice::Impl {
     cuda::rms_norm_device(n, st);
   }
 
+  // Tensor-parallel rank (TPForwardDevice): the blocks' output projections are written to po as
+  // this rank's partial sums (no residual add); after the all-reduce add_partial adds them.
+  bool partial = false;
+
+  // The block's output projection into po, then x += po (with a post-norm, gemma3:
+  // x += RMSNorm(po) * w). po holds the projection or, split, the all-reduced sum of the ranks'.
+  void add_partial(const float* post_norm, int rows, void* st) {
+    if (post_norm) {
+      cuda::RmsNormParams n;
+      n.n_tokens = rows;
+      n.n = E;
+      n.x = po.as<float>();
+      n.w = post_norm;
+      n.eps = M.config().norm_eps;
+      n.out = po.data();
+      cuda::rms_norm_device(n, st);
+    }
+    cuda::AddParams a;
+    a.n_tokens = rows;
+    a.n = E;
+    a.x = x.as<float>();
+    a.y = po.as<float>();
+    cuda::add_device(a, st);
+  }
+
   // The whole step's launches (eager or under capture). obs: download q/k/v per layer (eager only).
   void run(int rows, int lrows, bool fixups, bool encodes, const ForwardDevice::KVObserver* obs,
            const std::vector<std::pair<int, int>>* entry_rows, void* st) {
+    begin(rows, fixups, st);
+    for (int l = 0; l < M.config().n_layers; ++l) {
+      attention(l, rows, encodes, obs, entry_rows, st);
+      mlp(l, rows, st);
+    }
+    head(lrows, st);
+  }
+
+  // Table fix-ups of the step's appends, then the embeddings of its tokens into x.
+  void begin(int rows, bool fixups, void* st) {
     const ModelConfig& c = M.config();
     if (fixups) dev.launch_fixup();
     cuda::EmbeddingParams em;
@@ -340,72 +372,84 @@ struct ForwardDevice::Impl {
     em.scale = c.embd_scale;  // gemma3: sqrt(n_embd)
     em.out = x.as<float>();
     cuda::embedding_device(em, st);
-    const bool g_qkv_all = true;
-    (void)g_qkv_all;
-    for (int l = 0; l < c.n_layers; ++l) {
-      const DeviceLayer& W = M.layers()[size_t(l)];
-      // ---- attention block ----
-      const bool gq = use_gemv(W.wqkv, rows, det);
-      norm(x.as<float>(), W.attn_norm, rows, gq, xn.data(), xn16.data(), st);
-      project(W.wqkv, rows, xn.as<float>(), xn16.data(), qkv.as<float>(), qkvd, false, st, small_rows);
-      if (W.qkv_bias) {
-        cuda::BiasAddParams b;
-        b.rows = rows, b.n = qkvd, b.x = qkv.as<float>(), b.x_stride = qkvd, b.bias = W.qkv_bias;
-        cuda::bias_add_device(b, st);
-      }
-      if (W.q_norm) {
-        for (int side = 0; side < 2; ++side) {
-          cuda::RmsNormParams n;
-          n.n_tokens = rows;
-          n.n_heads = side ? H : HQ;
-          n.n = D;
-          n.x = qkv.as<float>() + (side ? qd : 0);
-          n.x_stride = qkvd;
-          n.w = side ? W.k_norm : W.q_norm;
-          n.eps = c.norm_eps;
-          n.out = qkv.as<float>() + (side ? qd : 0);
-          n.out_stride = qkvd;
-          cuda::rms_norm_device(n, st);
-        }
-      }
-      cuda::RopeParams r;
-      r.n_tokens = rows;
-      r.head_dim = D;
-      r.n_rot = c.n_rot;
-      r.neox = c.rope_layout == RopeLayout::NeoX;
-      r.pos = dev.positions();
-      r.inv_freq = c.is_sliding(l) ? M.inv_freqs_swa() : M.inv_freqs();
-      r.q = qkv.as<float>();
-      r.n_q_heads = HQ;
-      r.q_stride = qkvd;
-      r.k = qkv.as<float>() + qd;
-      r.n_k_heads = H;
-      r.k_stride = qkvd;
-      cuda::rope_device(r, st);
-      if (obs && *obs) observe(l, rows, *obs, *entry_rows, st);
-      dev.launch_append(l, qkv.as<float>() + qd, qkvd, qkv.as<float>() + qd + kvd, qkvd);
-      if (encodes) dev.launch_encode(l);
-      const bool go = use_gemv(W.wo, rows, det);
-      dev.launch_attend(l, qkv.as<float>(), qkvd, c.attn_scale, go ? ElemType::f32 : ElemType::f16, attn.data(), qd);
-      block_out(W.wo, W.post_attn_norm, rows, attn.as<float>(), attn.data(), st);
-      // ---- MLP block ----
-      const bool gg = use_gemv(W.wgu, rows, det);
-      norm(x.as<float>(), W.ffn_norm, rows, gg, xn.data(), xn16.data(), st);
-      project(W.wgu, rows, xn.as<float>(), xn16.data(), gu.as<float>(), 2 * F, false, st, small_rows);
-      const bool gd = use_gemv(W.wdown, rows, det);
-      cuda::GluParams gl;
-      gl.kind = c.ffn_act == FfnActivation::GeluTanh ? cuda::GluKind::gelu_tanh : cuda::GluKind::swiglu;
-      gl.n_tokens = rows;
-      gl.n = F;
-      gl.gate = gu.as<float>();
-      gl.gate_stride = 2 * F;
-      gl.up = gu.as<float>() + F;
-      gl.up_stride = 2 * F;
-      gl.out_type = gd ? ElemType::f32 : ElemType::f16;
-      gl.out = act.data();
-      cuda::glu_device(gl, st);
-      block_out(W.wdown, W.post_ffn_norm, rows, act.as<float>(), act.data(), st);
+  }
+
+  // Layer l's attention block: x += its output (partial: the output projection into po).
+  void attention(int l, int rows, bool encodes, const ForwardDevice::KVObserver* obs,
+                 const std::vector<std::pair<int, int>>* entry_rows, void* st) {
+    const ModelConfig& c = M.config();
+    const DeviceLayer& W = M.layers()[size_t(l)];
+    const bool gq = use_gemv(W.wqkv, rows, det);
+    norm(x.as<float>(), W.attn_norm, rows, gq, xn.data(), xn16.data(), st);
+    project(W.wqkv, rows, xn.as<float>(), xn16.data(), qkv.as<float>(), qkvd, false, st, small_rows);
+    if (W.qkv_bias) {
+      cuda::BiasAddParams b;
+      b.rows = rows, b.n = qkvd, b.x = qkv.as<float>(), b.x_stride = qkvd, b.bias = W.qkv_bias;
+      cuda::bias_add_device(b, st);
     }
+    if (W.q_norm) {
+      for (int side = 0; side < 2; ++side) {
+        cuda::RmsNormParams n;
+        n.n_tokens = rows;
+        n.n_heads = side ? H : HQ;
+        n.n = D;
+        n.x = qkv.as<float>() + (side ? qd : 0);
+        n.x_stride = qkvd;
+        n.w = side ? W.k_norm : W.q_norm;
+        n.eps = c.norm_eps;
+        n.out = qkv.as<float>() + (side ? qd : 0);
+        n.out_stride = qkvd;
+        cuda::rms_norm_device(n, st);
+      }
+    }
+    cuda::RopeParams r;
+    r.n_tokens = rows;
+    r.head_dim = D;
+    r.n_rot = c.n_rot;
+    r.neox = c.rope_layout == RopeLayout::NeoX;
+    r.pos = dev.positions();
+    r.inv_freq = c.is_sliding(l) ? M.inv_freqs_swa() : M.inv_freqs();
+    r.q = qkv.as<float>();
+    r.n_q_heads = HQ;
+    r.q_stride = qkvd;
+    r.k = qkv.as<float>() + qd;
+    r.n_k_heads = H;
+    r.k_stride = qkvd;
+    cuda::rope_device(r, st);
+    if (obs && *obs) observe(l, rows, *obs, *entry_rows, st);
+    dev.launch_append(l, qkv.as<float>() + qd, qkvd, qkv.as<float>() + qd + kvd, qkvd);
+    if (encodes) dev.launch_encode(l);
+    const bool go = use_gemv(W.wo, rows, det);
+    dev.launch_attend(l, qkv.as<float>(), qkvd, c.attn_scale, go ? ElemType::f32 : ElemType::f16, attn.data(), qd);
+    if (partial) project(W.wo, rows, attn.as<float>(), attn.data(), po.as<float>(), E, false, st, small_rows);
+    else block_out(W.wo, W.post_attn_norm, rows, attn.as<float>(), attn.data(), st);
+  }
+
+  // Layer l's MLP block: x += its output (partial: the down projection into po).
+  void mlp(int l, int rows, void* st) {
+    const ModelConfig& c = M.config();
+    const DeviceLayer& W = M.layers()[size_t(l)];
+    const bool gg = use_gemv(W.wgu, rows, det);
+    norm(x.as<float>(), W.ffn_norm, rows, gg, xn.data(), xn16.data(), st);
+    project(W.wgu, rows, xn.as<float>(), xn16.data(), gu.as<float>(), 2 * F, false, st, small_rows);
+    const bool gd = use_gemv(W.wdown, rows, det);
+    cuda::GluParams gl;
+    gl.kind = c.ffn_act == FfnActivation::GeluTanh ? cuda::GluKind::gelu_tanh : cuda::GluKind::swiglu;
+    gl.n_tokens = rows;
+    gl.n = F;
+    gl.gate = gu.as<float>();
+    gl.gate_stride = 2 * F;
+    gl.up = gu.as<float>() + F;
+    gl.up_stride = 2 * F;
+    gl.out_type = gd ? ElemType::f32 : ElemType::f16;
+    gl.out = act.data();
+    cuda::glu_device(gl, st);
+    if (partial) project(W.wdown, rows, act.as<float>(), act.data(), po.as<float>(), E, false, st, small_rows);
+    else block_out(W.wdown, W.post_ffn_norm, rows, act.as<float>(), act.data(), st);
+  }
+
+  // The output head over the lrows rows asked for (lidx) into logits.
+  void head(int lrows, void* st) {
     if (lrows == 0) return;
     cuda::GatherRowsParams g;
     g.rows = lrows;
@@ -469,43 +513,61 @@ void ForwardDevice::set_deterministic(bool on) {
 }
 bool ForwardDevice::deterministic() const { return impl_->det; }
 
-void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
-  Impl& m = *impl_;
-  KVStoreDevice& dev = m.dev;
-  // Rows of the prefill kernel's chunks last, so that the decode kernels launch over the rows
-  // before them only (KVStoreDevice::tiles_rows). Each entry's out is its own: order is free,
-  // except for an observer, which is told entries by index.
-  std::vector<BatchEntry> ordered;
-  if (!observer_ && n_entries > 1) {
-    ordered.assign(entries, entries + n_entries);
-    std::stable_partition(ordered.begin(), ordered.end(), [&](const BatchEntry& e) { return !dev.tiles_rows(e.n); });
-    entries = ordered.data();
-  }
+// One step's shape, measured before anything changes.
+struct StepShape {
   int rows = 0, lrows = 0;
   bool decode_shape = true;
-  std::vector<int64_t> counts;
+  std::vector<int64_t> counts;  // blocks per layer the appends may take (KVStore::blocks_for_append)
+};
+
+namespace {
+
+// Rows of the prefill kernel's chunks last, so that the decode kernels launch over the rows before
+// them only (KVStoreDevice::tiles_rows). Each entry's out is its own, so order is free.
+template <class E, class N>
+void order_entries(const E*& entries, int n_entries, std::vector<E>& ordered, const KVStoreDevice& dev, N n_of) {
+  if (n_entries <= 1) return;
+  ordered.assign(entries, entries + n_entries);
+  std::stable_partition(ordered.begin(), ordered.end(), [&](const E& e) { return !dev.tiles_rows(n_of(e)); });
+  entries = ordered.data();
+}
+
+StepShape measure(KVStore& kv, const BatchEntry* entries, int n_entries) {
+  StepShape s;
   for (int e = 0; e < n_entries; ++e) {
     const BatchEntry& B = entries[e];
-    rows += B.n;
-    lrows += B.logits == LogitsWanted::all ? B.n : B.logits == LogitsWanted::last ? 1 : 0;
-    decode_shape = decode_shape && B.n == 1 && B.logits != LogitsWanted::all;
-    kv_.blocks_for_append(*B.seq, B.n, counts);
+    s.rows += B.n;
+    s.lrows += B.logits == LogitsWanted::all ? B.n : B.logits == LogitsWanted::last ? 1 : 0;
+    s.decode_shape = s.decode_shape && B.n == 1 && B.logits != LogitsWanted::all;
+    kv.blocks_for_append(*B.seq, B.n, s.counts);
   }
-  if (rows == 0) return;
-  if (!kv_.pool().can_allocate(counts))
-    throw KVPoolExhausted(fmt::format("kv pool: a step of {} tokens needs up to {:.1f} MiB more, {:.1f} MiB of the "
-                                      "{:.1f} MiB budget are free",
-                                      rows, double(kv_.pool().bytes_of(counts)) / 1048576.0,
-                                      double(kv_.pool().free_bytes()) / 1048576.0,
-                                      double(kv_.pool().budget_bytes()) / 1048576.0));
-  kv_.pool().reserve(counts);  // device memory for every block the step may take, before any change
-  m.reserve(rows, lrows);      // (may throw: out of device memory; nothing changed yet)
-  // Bookkeeping of every append (all layers), then the rows.
+  return s;
+}
+
+void check_room(KVStore& kv, const StepShape& s, const std::string& who) {
+  if (kv.pool().can_allocate(s.counts)) return;
+  throw KVPoolExhausted(fmt::format("{}: a step of {} tokens needs up to {:.1f} MiB more, {:.1f} MiB of the "
+                                    "{:.1f} MiB budget are free",
+                                    who, s.rows, double(kv.pool().bytes_of(s.counts)) / 1048576.0,
+                                    double(kv.pool().free_bytes()) / 1048576.0,
+                                    double(kv.pool().budget_bytes()) / 1048576.0));
+}
+
+}  // namespace
+
+// The step's bookkeeping on the host (every append, the rows' descriptors), its buffers sized and
+// its tokens and logits rows uploaded. Returns (first row, rows) per entry.
+std::vector<std::pair<int, int>> prepare_step(ForwardDevice::Impl& m, const BatchEntry* entries, int n_entries,
+                                              const StepShape& s) {
+  KVStoreDevice& dev = m.dev;
+  KVStore& kv = m.kv;
+  kv.pool().reserve(s.counts);  // device memory for every block the step may take, before any change
+  m.reserve(s.rows, s.lrows);   // (may throw: out of device memory; nothing changed yet)
   dev.begin_step();
   std::vector<int64_t> pos0(static_cast<size_t>(n_entries));
   for (int e = 0; e < n_entries; ++e) {
     pos0[size_t(e)] = entries[e].seq->size();
-    for (int l = 0; l < kv_.n_layers(); ++l) kv_.append_blocks(*entries[e].seq, l, entries[e].n);
+    for (int l = 0; l < kv.n_layers(); ++l) kv.append_blocks(*entries[e].seq, l, entries[e].n);
   }
   std::vector<std::pair<int, int>> entry_rows;
   for (int e = 0; e < n_entries; ++e)
@@ -531,10 +593,42 @@ void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
     else if (B.logits == LogitsWanted::last)
       hl[lr++] = r + B.n - 1;
   }
-  cuda::copy_to_device_async(m.tokens.data(), ht, size_t(rows) * 4, st);
-  if (lrows) cuda::copy_to_device_async(m.lidx.data(), hl, size_t(lrows) * 4, st);
+  cuda::copy_to_device_async(m.tokens.data(), ht, size_t(s.rows) * 4, st);
+  if (s.lrows) cuda::copy_to_device_async(m.lidx.data(), hl, size_t(s.lrows) * 4, st);
+  return entry_rows;
+}
+
+// Queues the logits' copy to the host (when wanted), waits for the step, hands each entry its rows.
+void finish_step(ForwardDevice::Impl& m, const BatchEntry* entries, int n_entries, int lrows, bool download) {
+  const size_t Vn = size_t(m.V);
+  download = download && lrows > 0;
+  if (download) cuda::copy_to_host_async(m.h_logits.data(), m.logits.data(), size_t(lrows) * Vn * 4, m.dev.stream());
+  m.dev.synchronize();
+  if (!download) return;
+  const float* src = m.h_logits.as<float>();
+  for (int e = 0; e < n_entries; ++e) {
+    const BatchEntry& B = entries[e];
+    const int n = B.logits == LogitsWanted::all ? B.n : B.logits == LogitsWanted::last ? 1 : 0;
+    if (n == 0) continue;
+    std::memcpy(B.out, src, size_t(n) * Vn * 4);
+    src += size_t(n) * Vn;
+  }
+}
+
+void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
+  Impl& m = *impl_;
+  KVStoreDevice& dev = m.dev;
+  // An observer is told entries by index: their order is kept.
+  std::vector<BatchEntry> ordered;
+  if (!observer_) order_entries(entries, n_entries, ordered, dev, [](const BatchEntry& e) { return e.n; });
+  const StepShape s = measure(kv_, entries, n_entries);
+  if (s.rows == 0) return;
+  check_room(kv_, s, "kv pool");
+  const std::vector<std::pair<int, int>> entry_rows = prepare_step(m, entries, n_entries, s);
+  const int rows = s.rows, lrows = s.lrows;
+  void* st = dev.stream();
   const bool fixups = dev.step_has_fixups(), encodes = dev.step_has_encodes();
-  const bool use_graph = graphs_ && decode_shape && !observer_;
+  const bool use_graph = graphs_ && s.decode_shape && !observer_;
   ++stats_.steps;
   if (use_graph) {
     Impl::GraphRec& g = m.graphs[std::make_tuple(rows, lrows, fixups, encodes)];
@@ -564,20 +658,126 @@ void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
     m.run(rows, lrows, fixups, encodes, observer_ ? &observer_ : nullptr, &entry_rows, st);
     ++stats_.eager_steps;
   }
-  const size_t Vn = size_t(m.V);
-  if (lrows && !skip_download_) cuda::copy_to_host_async(m.h_logits.data(), m.logits.data(), size_t(lrows) * Vn * 4, st);
-  dev.synchronize();
-  if (lrows && !skip_download_) {
-    const float* src = m.h_logits.as<float>();
-    for (int e = 0; e < n_entries; ++e) {
-      const BatchEntry& B = entries[e];
-      const int n = B.logits == LogitsWanted::all ? B.n : B.logits == LogitsWanted::last ? 1 : 0;
-      if (n == 0) continue;
-      std::memcpy(B.out, src, size_t(n) * Vn * 4);
-      src += size_t(n) * Vn;
-    }
-  }
+  finish_step(m, entries, n_entries, lrows, !skip_download_);
   for (int e = 0; e < n_entries; ++e) kv_.trim(*entries[e].seq);
+}
+
+// ---- the split forward over tensor-parallel ranks
+
+struct TPForwardDevice::Rank {
+  std::shared_ptr<const DeviceModel> model;
+  KVStore* kv = nullptr;
+  std::unique_ptr<ForwardDevice::Impl> impl;
+};
+
+TPForwardDevice::TPForwardDevice(std::vector<std::shared_ptr<const DeviceModel>> models, std::vector<KVStore*> stores,
+                                 std::unique_ptr<cuda::DeviceCommunicator> comm)
+    : comm_(std::move(comm)) {
+  VQ_CHECK(!models.empty() && models.size() == stores.size(), "tp forward (cuda): {} rank models and {} stores",
+           models.size(), stores.size());
+  VQ_CHECK(comm_ && comm_->size() == int(models.size()), "tp forward (cuda): a communicator of {} ranks for {} ranks",
+           comm_ ? comm_->size() : 0, models.size());
+  const ModelConfig& c0 = models[0]->config();
+  for (size_t r = 0; r < models.size(); ++r) {
+    const ModelConfig& c = models[r]->config();
+    KVStore& kv = *stores[r];
+    VQ_CHECK(kv.device_kind() == KVDevice::cuda, "tp forward (cuda): rank {}'s KV store lives on the cpu", r);
+    VQ_CHECK(c.n_layers == c0.n_layers && c.n_embd == c0.n_embd && c.n_vocab == c0.n_vocab &&
+                 c.head_dim == c0.head_dim && kv.n_layers() == c.n_layers,
+             "tp forward (cuda): rank {}'s model or store does not match rank 0's", r);
+    VQ_CHECK(kv.geometry().n_heads == c.n_heads && kv.geometry().n_kv_heads == c.n_kv_heads &&
+                 kv.geometry().head_dim == c.head_dim,
+             "tp forward (cuda): rank {}'s KV store geometry differs from its model shard's", r);
+    auto R = std::make_unique<Rank>();
+    R->model = std::move(models[r]);
+    R->kv = &kv;
+    cuda::DeviceScope on(comm_->device(int(r)));
+    R->impl = std::make_unique<ForwardDevice::Impl>(*R->model, kv);
+    R->impl->partial = true;
+    ranks_.push_back(std::move(R));
+  }
+  VQ_CHECK(ranks_[0]->model->output().rows == c0.n_vocab, "tp forward (cuda): rank 0's model has no output head");
+}
+
+TPForwardDevice::~TPForwardDevice() {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    cuda::DeviceScope on(comm_->device(int(r)));
+    ranks_[r]->impl.reset();
+  }
+}
+
+int TPForwardDevice::tp() const { return int(ranks_.size()); }
+
+void TPForwardDevice::step(const TPBatchEntry* tentries, int n_entries) {
+  const int tp = int(ranks_.size());
+  std::vector<TPBatchEntry> ordered;
+  order_entries(tentries, n_entries, ordered, ranks_[0]->impl->dev, [](const TPBatchEntry& e) { return e.n; });
+  // Every rank's entries (rank 0 alone computes the output head), measured and checked before
+  // anything changes.
+  std::vector<std::vector<BatchEntry>> ents(static_cast<size_t>(tp));
+  std::vector<StepShape> shapes;
+  for (int r = 0; r < tp; ++r) {
+    for (int e = 0; e < n_entries; ++e) {
+      const TPBatchEntry& T = tentries[e];
+      BatchEntry b;
+      b.seq = &T.seq->ranks[size_t(r)];
+      b.tokens = T.tokens;
+      b.n = T.n;
+      b.logits = r > 0 || !T.out ? LogitsWanted::none : T.all_logits ? LogitsWanted::all : LogitsWanted::last;
+      b.out = r > 0 ? nullptr : T.out;
+      ents[size_t(r)].push_back(b);
+    }
+    shapes.push_back(measure(*ranks_[size_t(r)]->kv, ents[size_t(r)].data(), n_entries));
+  }
+  if (shapes[0].rows == 0) return;
+  for (int r = 0; r < tp; ++r)
+    check_room(*ranks_[size_t(r)]->kv, shapes[size_t(r)], fmt::format("kv pool of tp rank {}", r));
+  const int rows = shapes[0].rows;
+  std::vector<void*> streams(static_cast<size_t>(tp));
+  std::vector<float*> parts(static_cast<size_t>(tp));
+  std::vector<uint8_t> fixups(static_cast<size_t>(tp)), encodes(static_cast<size_t>(tp));
+  for (int r = 0; r < tp; ++r) {
+    cuda::DeviceScope on(comm_->device(r));
+    ForwardDevice::Impl& m = *ranks_[size_t(r)]->impl;
+    prepare_step(m, ents[size_t(r)].data(), n_entries, shapes[size_t(r)]);
+    streams[size_t(r)] = m.dev.stream();
+    parts[size_t(r)] = m.po.as<float>();
+    fixups[size_t(r)] = m.dev.step_has_fixups();
+    encodes[size_t(r)] = m.dev.step_has_encodes();
+  }
+  // Layer by layer: each rank's share, the all-reduce of the partials, each rank's residual add.
+  auto each = [&](auto&& f) {
+    for (int r = 0; r < tp; ++r) {
+      cuda::DeviceScope on(comm_->device(r));
+      f(*ranks_[size_t(r)]->impl, streams[size_t(r)]);
+    }
+  };
+  const int n_layers = ranks_[0]->model->config().n_layers;
+  size_t ri = 0;
+  each([&](ForwardDevice::Impl& m, void* st) { m.begin(rows, fixups[ri++] != 0, st); });
+  for (int l = 0; l < n_layers; ++l) {
+    ri = 0;
+    each([&](ForwardDevice::Impl& m, void* st) { m.attention(l, rows, encodes[ri++] != 0, nullptr, nullptr, st); });
+    comm_->all_reduce_sum(parts.data(), int64_t(rows) * ranks_[0]->impl->E, streams.data());
+    each([&](ForwardDevice::Impl& m, void* st) { m.add_partial(m.M.layers()[size_t(l)].post_attn_norm, rows, st); });
+    each([&](ForwardDevice::Impl& m, void* st) { m.mlp(l, rows, st); });
+    comm_->all_reduce_sum(parts.data(), int64_t(rows) * ranks_[0]->impl->E, streams.data());
+    each([&](ForwardDevice::Impl& m, void* st) { m.add_partial(m.M.layers()[size_t(l)].post_ffn_norm, rows, st); });
+  }
+  {
+    cuda::DeviceScope on(comm_->device(0));
+    ForwardDevice::Impl& m0 = *ranks_[0]->impl;
+    m0.head(shapes[0].lrows, streams[0]);
+  }
+  ++steps_;
+  for (int r = tp - 1; r >= 0; --r) {  // rank 0 last: its logits copy is the step's end
+    cuda::DeviceScope on(comm_->device(r));
+    finish_step(*ranks_[size_t(r)]->impl, ents[size_t(r)].data(), n_entries, shapes[size_t(r)].lrows, r == 0);
+  }
+  for (int r = 0; r < tp; ++r) {
+    cuda::DeviceScope on(comm_->device(r));
+    for (int e = 0; e < n_entries; ++e) ranks_[size_t(r)]->kv->trim(*ents[size_t(r)][size_t(e)].seq);
+  }
 }
 
 #endif

@@ -17,13 +17,18 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "kvcache/kv_store.h"
 
 namespace vq {
+namespace cuda {
+class DeviceCommunicator;
+}
 
 class DeviceModel;
 struct BatchEntry;
+struct TPBatchEntry;
 
 struct ForwardDeviceStats {
   int64_t steps = 0, graph_replays = 0, graph_captures = 0, eager_steps = 0;
@@ -70,6 +75,34 @@ class ForwardDevice {
   bool graphs_ = true, skip_download_ = false;
   ForwardDeviceStats stats_;
   std::unique_ptr<Impl> impl_;
+};
+
+// The forward split over tensor-parallel ranks on the GPU (model/tensor_parallel.h has the split):
+// rank r runs its model shard (DeviceModel::upload_shard: its query/KV heads, its MLP columns)
+// over its own device KV store on comm->device(r), and the communicator sums the ranks' partial
+// outputs of wo and w_down (cuda::DeviceCommunicator: NCCL across GPUs, or every rank on one GPU).
+// One host thread drives every rank: each layer's launches go to each rank's stream in turn, the
+// all-reduce joins them; rank 0 alone holds the output head. Steps run eagerly (no CUDA graphs).
+// Entries as TPForward::step (checked there).
+class TPForwardDevice {
+ public:
+  // models[r] / stores[r]: rank r's shard and store, built on comm->device(r).
+  TPForwardDevice(std::vector<std::shared_ptr<const DeviceModel>> models, std::vector<KVStore*> stores,
+                  std::unique_ptr<cuda::DeviceCommunicator> comm);
+  ~TPForwardDevice();
+  TPForwardDevice(const TPForwardDevice&) = delete;
+  TPForwardDevice& operator=(const TPForwardDevice&) = delete;
+  // Throws KVPoolExhausted (a rank's budget or device memory) before changing anything.
+  void step(const TPBatchEntry* entries, int n_entries);
+  int tp() const;
+  const cuda::DeviceCommunicator& communicator() const { return *comm_; }
+  int64_t steps() const { return steps_; }
+
+ private:
+  struct Rank;
+  std::unique_ptr<cuda::DeviceCommunicator> comm_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  int64_t steps_ = 0;
 };
 
 }  // namespace vq

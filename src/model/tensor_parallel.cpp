@@ -12,7 +12,11 @@
 #include "codec/calibration_file.h"
 #include "core/error.h"
 #include "model/layers.h"
+#include "model/device_model.h"
+#include "model/forward_device.h"
 #include "model/session.h"
+#include "ops/cuda/collective_cuda.h"  // declarations only (no CUDA types)
+#include "ops/cuda/device.h"
 
 namespace vq {
 
@@ -54,6 +58,16 @@ TPPlan make_tp_plan(int n_heads, int n_kv_heads, int n_ff, int tp) {
 }
 
 TPPlan make_tp_plan(const ModelConfig& cfg, int tp) { return make_tp_plan(cfg.n_heads, cfg.n_kv_heads, cfg.n_ff, tp); }
+
+ModelConfig tp_rank_config(const ModelConfig& cfg, const TPPlan& plan, int rank) {
+  VQ_CHECK(rank >= 0 && rank < plan.tp, "tp: rank {} of {}", rank, plan.tp);
+  const TPRankPlan& p = plan.ranks[size_t(rank)];
+  ModelConfig c = cfg;
+  c.n_heads = p.q_heads.count;
+  c.n_kv_heads = p.kv_heads.count;
+  c.n_ff = p.ff.count;
+  return c;
+}
 
 // ---- communicator
 
@@ -184,27 +198,106 @@ struct TPForward::Rank {
 };
 
 TPForward::TPForward(const Model& model, const KVSpec& spec, int tp, size_t budget_bytes,
-                     std::unique_ptr<Communicator> comm)
-    : model_(model), cfg_(model.config()), plan_(check_tp(model, tp)), comm_(std::move(comm)) {
+                     std::unique_ptr<Communicator> comm, KVDevice device, const TPDeviceOptions& dev_opt)
+    : model_(model), cfg_(model.config()), plan_(check_tp(model, tp)), device_(device), comm_(std::move(comm)) {
   if (!comm_) comm_ = std::make_unique<LocalCommunicator>(tp);
   VQ_CHECK(comm_->size() == tp, "tp: a communicator of {} ranks for tp {}", comm_->size(), tp);
-  const KVStoreOptions opt = kv_store_options(model, budget_bytes == size_t(-1) ? budget_bytes : budget_bytes / size_t(tp));
+  const KVStoreOptions opt =
+      kv_store_options(model, budget_bytes == size_t(-1) ? budget_bytes : budget_bytes / size_t(tp), device);
+  auto rank_spec = [&](int r) {
+    KVSpec s = spec;
+    const TPRankPlan& p = plan_.ranks[size_t(r)];
+    if (spec.calibration && tp > 1)
+      s.calibration =
+          std::make_shared<const Calibration>(slice_calibration(*spec.calibration, p.kv_heads.begin, p.kv_heads.count));
+    return s;
+  };
+  if (device == KVDevice::cuda) {
+    init_device(rank_spec, opt, dev_opt);
+    parts_.resize(size_t(tp));
+    return;
+  }
+  VQ_CHECK(dev_opt.devices.empty(), "tp: devices are named for ranks on the cpu");
   for (int r = 0; r < tp; ++r) {
     const TPRankPlan& p = plan_.ranks[size_t(r)];
     auto R = std::make_unique<Rank>();
     R->w = make_rank_weights(model, plan_, r);
     R->hq = p.q_heads.count;
     R->hkv = p.kv_heads.count;
-    KVSpec s = spec;
-    if (spec.calibration && tp > 1)
-      s.calibration = std::make_shared<const Calibration>(slice_calibration(*spec.calibration, p.kv_heads.begin, R->hkv));
-    stores_.push_back(std::make_unique<KVStore>(KVGeometry{R->hq, R->hkv, cfg_.head_dim}, cfg_.n_layers, s, opt));
+    stores_.push_back(std::make_unique<KVStore>(KVGeometry{R->hq, R->hkv, cfg_.head_dim}, cfg_.n_layers, rank_spec(r), opt));
     ranks_.push_back(std::move(R));
   }
   parts_.resize(size_t(tp));
 }
 
-TPForward::~TPForward() = default;
+#ifdef VQ_HAVE_CUDA
+template <class SpecOf>
+void TPForward::init_device(SpecOf rank_spec, const KVStoreOptions& opt, const TPDeviceOptions& dev_opt) {
+  const int tp = plan_.tp;
+  VQ_CHECK(cuda::cuda_device_available(), "--tp {} --device cuda: {}", tp, cuda::cuda_unavailable_reason());
+  std::vector<int> devs = dev_opt.devices;
+  VQ_CHECK(devs.empty() || int(devs.size()) == tp, "tp: {} devices named for {} ranks", devs.size(), tp);
+  if (devs.empty() && tp > 1 && cuda::device_count() >= tp)
+    for (int r = 0; r < tp; ++r) devs.push_back(r);
+  std::unique_ptr<cuda::DeviceCommunicator> dc;
+  const bool one_device = devs.empty() || std::all_of(devs.begin(), devs.end(), [&](int d) { return d == devs[0]; });
+  if (one_device) dc = cuda::make_local_communicator(tp, devs.empty() ? 0 : devs[0]);
+  else dc = cuda::make_nccl_communicator(devs);
+  std::vector<std::shared_ptr<const DeviceModel>> models;
+  std::vector<KVStore*> stores;
+  for (int r = 0; r < tp; ++r) {
+    cuda::DeviceScope on(dc->device(r));
+    const TPRankPlan& p = plan_.ranks[size_t(r)];
+    models.push_back(DeviceModel::upload_shard(model_, plan_, r, r == 0));
+    stores_.push_back(std::make_unique<KVStore>(KVGeometry{p.q_heads.count, p.kv_heads.count, cfg_.head_dim},
+                                                cfg_.n_layers, rank_spec(r), opt));
+    stores.push_back(stores_.back().get());
+  }
+  dev_ = std::make_unique<TPForwardDevice>(std::move(models), std::move(stores), std::move(dc));
+}
+#else
+template <class SpecOf>
+void TPForward::init_device(SpecOf, const KVStoreOptions&, const TPDeviceOptions&) {
+  VQ_FAIL("--tp with --device cuda: this build has no CUDA backend");
+}
+#endif
+
+std::string tp_placement(int tp, KVDevice device) {
+  if (device == KVDevice::cpu) return "simulated in turn on the cpu";
+#ifdef VQ_HAVE_CUDA
+  const int n = cuda::device_count();
+  VQ_CHECK(n > 0, "--tp {} --device cuda: {}", tp, cuda::cuda_unavailable_reason());
+  if (tp == 1 || n < tp)
+    return fmt::format("every rank on GPU 0 (this host has {} GPU{}: the split path, no speed-up)", n, n == 1 ? "" : "s");
+  const std::string why = cuda::nccl_unavailable_reason();
+  VQ_CHECK(why.empty(), "--tp {}: ranks on {} GPUs need NCCL: {}", tp, tp, why);
+  return fmt::format("one rank per GPU (NCCL {}, GPUs 0..{})", cuda::nccl_version(), tp - 1);
+#else
+  VQ_FAIL("--tp {} --device cuda: this build has no CUDA backend", tp);
+#endif
+}
+
+std::string TPForward::describe_ranks() const {
+  if (!dev_) return "simulated in turn on the cpu";
+  const cuda::DeviceCommunicator& c = dev_->communicator();
+  if (c.name() == "local") return fmt::format("every rank on GPU {} (one-device communicator)", c.device(0));
+  std::string d;
+  for (int r = 0; r < c.size(); ++r) d += (r ? ", " : "") + std::to_string(c.device(r));
+  return fmt::format("NCCL {} over GPUs {}", cuda::nccl_version(), d);
+}
+
+TPForward::~TPForward() {
+  if (!dev_) return;
+#ifdef VQ_HAVE_CUDA
+  std::vector<int> devs;
+  for (int r = 0; r < dev_->tp(); ++r) devs.push_back(dev_->communicator().device(r));
+  dev_.reset();
+  for (size_t r = 0; r < stores_.size(); ++r) {  // each rank's device memory freed on its device
+    cuda::DeviceScope on(devs[r]);
+    stores_[r].reset();
+  }
+#endif
+}
 
 TPSequence TPForward::new_sequence() {
   TPSequence s;
@@ -236,6 +329,10 @@ void TPForward::step(const TPBatchEntry* entries, int n_entries) {
     for (int r = 0; r < tp; ++r) stores_[size_t(r)]->blocks_for_append(E.seq->ranks[size_t(r)], E.n, counts[size_t(r)]);
   }
   if (rows == 0) return;
+  if (dev_) {
+    dev_->step(entries, n_entries);  // checks every rank's pool before changing anything
+    return;
+  }
   for (int r = 0; r < tp; ++r) {
     const KVPool& pool = stores_[size_t(r)]->pool();
     if (!pool.can_allocate(counts[size_t(r)]))

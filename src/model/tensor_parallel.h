@@ -24,6 +24,7 @@
 namespace vq {
 
 struct Calibration;
+class TPForwardDevice;
 
 // ---- The split plan: a pure function of the geometry.
 struct TPRange {
@@ -44,6 +45,8 @@ struct TPPlan {
 // (tp <= n_kv_heads) or tp % n_kv_heads (tp > n_kv_heads), or inconsistent head counts.
 TPPlan make_tp_plan(int n_heads, int n_kv_heads, int n_ff, int tp);
 TPPlan make_tp_plan(const ModelConfig& cfg, int tp);
+// The geometry rank `rank` computes: its query heads, KV heads and MLP columns; the rest as cfg.
+ModelConfig tp_rank_config(const ModelConfig& cfg, const TPPlan& plan, int rank);
 
 // ---- The communicator: an all-reduce over the ranks.
 // One controller drives every rank (one process, one thread), so a call sees all ranks' buffers:
@@ -107,14 +110,33 @@ struct TPBatchEntry {
   float* out = nullptr;     // [1 or n, n_vocab]
 };
 
-// The split forward over tp simulated ranks on the CPU. Each rank owns a KVStore of its heads
-// (geometry {H/tp, its KV heads, head_dim}, the budget budget_bytes / tp, VecInfer calibration
-// sliced to its KV heads). Not thread-safe.
+// Where the ranks of a device split run (TPForward with KVDevice::cuda).
+struct TPDeviceOptions {
+  // Rank r runs on devices[r] (distinct devices: NCCL). Empty: devices 0..tp-1 when the host has
+  // that many GPUs (NCCL), else every rank on device 0 (the one-device communicator: the split
+  // path on a single GPU, for tests and for what one GPU allows).
+  std::vector<int> devices;
+};
+
+// Where TPForward(device, {}) puts tp ranks, checked: "simulated in turn on the cpu", "every rank
+// on GPU 0 (...)", "one rank per GPU (NCCL <version>, GPUs 0, 1)". Throws vq::Error when ranks on
+// several GPUs need NCCL and it cannot be loaded, or device cuda has no GPU.
+std::string tp_placement(int tp, KVDevice device);
+
+// The split forward over tp ranks. Each rank owns a KVStore of its heads (geometry {H/tp, its KV
+// heads, head_dim}, the budget budget_bytes / tp, VecInfer calibration sliced to its KV heads).
+// device cpu: the ranks are simulated in turn on the CPU (comm sums host buffers). device cuda:
+// each rank's shard and store live on its GPU and TPForwardDevice (model/forward_device.h) runs
+// the step. Not thread-safe.
 class TPForward {
  public:
   TPForward(const Model& model, const KVSpec& spec, int tp, size_t budget_bytes = size_t(-1),
-            std::unique_ptr<Communicator> comm = nullptr);
+            std::unique_ptr<Communicator> comm = nullptr, KVDevice device = KVDevice::cpu,
+            const TPDeviceOptions& dev_opt = {});
   ~TPForward();
+  KVDevice device() const { return device_; }
+  // device cuda: "nccl over devices 0, 1" / "local (every rank on device 0)"; cpu: "local (cpu)".
+  std::string describe_ranks() const;
 
   int tp() const { return plan_.tp; }
   const TPPlan& plan() const { return plan_; }
@@ -130,6 +152,8 @@ class TPForward {
 
  private:
   struct Rank;
+  template <class SpecOf>
+  void init_device(SpecOf rank_spec, const KVStoreOptions& opt, const TPDeviceOptions& dev_opt);
   void attention_block(int layer, const TPBatchEntry* entries, int n_entries, int rows);
   void mlp_block(int layer, int rows);
   void reduce_into_residual(const std::vector<float>& post_norm, int rows);
@@ -137,8 +161,10 @@ class TPForward {
   const Model& model_;
   const ModelConfig& cfg_;
   TPPlan plan_;
+  KVDevice device_ = KVDevice::cpu;
   std::unique_ptr<Communicator> comm_;
   std::vector<std::unique_ptr<KVStore>> stores_;
+  std::unique_ptr<TPForwardDevice> dev_;  // device cuda (holds the stores: released first)
   std::vector<std::unique_ptr<Rank>> ranks_;
   AlignedBuffer<float> x_, xn_, cos_, sin_, cos_swa_, sin_swa_;
   std::vector<int64_t> pos_;

@@ -271,8 +271,6 @@ void run_generate(const GenerateOptions& o) {
   VQ_CHECK(o.tp == 1 || (!parallel && o.save_session.empty() && !loading),
            "--tp {}: tensor parallelism runs one sequence without session files for now (not with --parallel, several "
            "prompts, --save-session or --load-session)", o.tp);
-  VQ_CHECK(o.tp == 1 || o.device == "cpu",
-           "--tp {}: tensor parallelism runs on the CPU only for now (simulated ranks); use --device cpu or --tp 1", o.tp);
   vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   // The KV cache spec is checked before the (slow) model load.
@@ -288,7 +286,9 @@ void run_generate(const GenerateOptions& o) {
   const vx::ModelInfo& cfg = model.info();
   check_cache_fits_model(kv_config, cfg.head_dim, path);
   model.check_weights_finite();
-  if (o.tp > 1) vx::check_tensor_parallel(model, o.tp, vx::Device::cpu);
+  if (o.tp > 1)
+    std::fprintf(stderr, "tp %d: %s\n", o.tp,
+                 vx::check_tensor_parallel(model, o.tp, resolve_device(o.device)).c_str());
   if (o.n_ctx > 0) check_trained_context(o.n_ctx, cfg.n_ctx_train, o.allow_longer_context, "-c");
   // vecinfer: --calib, else (a known model: Model::is_default) the first-use calibration from the
   // Jargon File.
@@ -473,8 +473,9 @@ void add_generate(CLI::App& app) {
   c->footer(vx::kv_cache_spec_help());
   add_device_option(c, o->device);
   c->add_option("--tp", o->tp,
-                "Tensor-parallel ranks: the forward split by attention heads and MLP columns (on the CPU: ranks "
-                "simulated in this process; docs/TENSOR_PARALLEL.md)")
+                "Tensor-parallel ranks: the forward split by attention heads and MLP columns (cpu: ranks simulated "
+                "in turn; cuda: one rank per GPU over NCCL, or every rank on GPU 0 when the host has fewer GPUs; "
+                "docs/TENSOR_PARALLEL.md)")
       ->capture_default_str();
   c->add_flag("--no-display-prompt", o->no_display_prompt, "Do not echo the prompt");
   c->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");

@@ -36,9 +36,6 @@ void run_perplexity(const PplOptions& o) {
   if (o.chunk < 1) throw vx::Error(fmt::format("--chunk: {} must be >= 1", o.chunk));
   if (o.windows < 1) throw vx::Error(fmt::format("--windows: {} must be >= 1", o.windows));
   if (o.tp < 1 || o.tp > 1024) throw vx::Error(fmt::format("--tp: {} must be in 1..1024", o.tp));
-  if (o.tp > 1 && o.device != "cpu")
-    throw vx::Error(fmt::format("--tp {}: tensor parallelism runs on the CPU only for now (simulated ranks); use "
-                                "--device cpu or --tp 1", o.tp));
   const KVCacheConfig cfg = vx::parse_kv_cache_config(o.kv_cache);
   check_cache_flags(cfg, o.calib);
   const std::string text = vx::read_text_file(o.text);
@@ -47,7 +44,9 @@ void run_perplexity(const PplOptions& o) {
   const vx::ModelInfo& info = model.info();
   check_cache_fits_model(cfg, info.head_dim, path);
   model.check_weights_finite();
-  if (o.tp > 1) vx::check_tensor_parallel(model, o.tp, vx::Device::cpu);
+  if (o.tp > 1)
+    std::fprintf(stderr, "tp %d: %s\n", o.tp,
+                 vx::check_tensor_parallel(model, o.tp, resolve_device(o.device)).c_str());
   // -c given is checked against the trained context; the default stops at it.
   const int64_t trained = info.n_ctx_train;
   const int n_ctx = !o.ctx_given && trained > 1 ? int(std::min<int64_t>(o.n_ctx, trained)) : o.n_ctx;
@@ -111,7 +110,7 @@ void add_perplexity(CLI::App& app) {
   c->footer(veloxquant::kv_cache_spec_help());
   c->add_option("--calib", o->calib, "Calibration file for vecinfer");
   add_device_option(c, o->device);
-  c->add_option("--tp", o->tp, "Tensor-parallel ranks (on the CPU: simulated in this process)")->capture_default_str();
+  c->add_option("--tp", o->tp, "Tensor-parallel ranks (cpu: simulated in turn; cuda: one rank per GPU over NCCL, or every rank on GPU 0 when the host has fewer GPUs)")->capture_default_str();
   CLI::Option* ctx = c->add_option("-c,--ctx-size", o->n_ctx,
                                    "Tokens per window (the default stops at the model's trained context)")
                         ->capture_default_str();

@@ -17,6 +17,7 @@
 #include <algorithm>
 
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/smem_attr.cuh"
 #include "ops/cuda/device.h"
 #include "ops/cuda/gemm_cuda.h"
 #include "ops/cuda/mma_ptx.cuh"
@@ -133,11 +134,7 @@ template <int BM, int BN, int BK, int WM, int WN, int STAGES>
 void launch(const InvArgs& a, cudaStream_t st) {
   constexpr size_t smem = size_t(STAGES) * (BM + BN) * (BK + 8) * sizeof(__half);
   auto fn = gemm_invariant_kernel<BM, BN, BK, WM, WN, STAGES>;
-  static const bool attr = [&] {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    return true;
-  }();
-  (void)attr;
+  detail::ensure_smem_attr(fn, smem);
   const dim3 grid(unsigned((a.n + BN - 1) / BN), unsigned((a.m + BM - 1) / BM));
   fn<<<grid, WM * WN * 32, smem, st>>>(a);
   VQ_CUDA_CHECK(cudaGetLastError());

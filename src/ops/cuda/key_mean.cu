@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/smem_attr.cuh"
 #include "ops/cuda/key_mean_cuda.h"
 #include "ops/cuda/stream_cuda.h"
 
@@ -176,11 +177,7 @@ void key_bias_device(const KeyBiasParams& p, void* stream) {
            "cuda::key_bias: a null pointer");
   const int rpb = bias_rows_per_block(p.rows, p.group, p.km.n_pairs);
   const size_t smem = bias_smem_bytes(rpb, p.group, p.km.n_pairs);
-  static size_t attr = 0;  // raised once per size (host microseconds otherwise)
-  if (smem > 48 * 1024 && smem > attr) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(key_bias_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    attr = smem;
-  }
+  if (smem > 48 * 1024) detail::ensure_smem_attr(key_bias_kernel, smem);
   // Enough segment slots for about 8 blocks per SM (a block's tiles are latency-bound: a staged
   // table load, then a short product), at most 64.
   const int64_t blocks = (int64_t(p.rows) + rpb - 1) / rpb * p.n_kv_heads;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/smem_attr.cuh"
 #include "ops/cuda/device.h"
 #include "ops/cuda/mma_ptx.cuh"
 #include "ops/cuda/paged_attention_cuda.h"
@@ -446,8 +447,8 @@ struct DenseKernel {
   static_assert(smem <= 227 * 1024, "dense split kernel: shared memory over the per-block limit");
   // Sets the dynamic shared-memory limit once; returns the resident blocks per SM.
   static int prepare() {
+    detail::ensure_smem_attr(fn, smem);  // per device
     static int per_sm = [] {
-      VQ_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       int n = 0;
       VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, 32 * v.warps, smem));
       return std::max(n, 1);

@@ -35,6 +35,7 @@
 
 #include "core/env.h"
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/smem_attr.cuh"
 #include "ops/cuda/mma_ptx.cuh"
 #include "ops/cuda/paged_attention_cuda.h"
 #include "ops/cuda/pq.h"
@@ -698,12 +699,7 @@ void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
   const size_t smem = prefill_smem_bytes<D, W, NB, WG>(pp);
   VQ_CHECK(smem <= smem_optin(), "cuda::paged_attention prefill: {} bytes of shared memory at head_dim {} (the device has {})",
            smem, D, smem_optin());
-  static size_t attr = 0;
-  if (smem > attr) {
-    VQ_CUDA_CHECK(
-        cudaFuncSetAttribute(prefill_kernel<D, W, NB, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    attr = smem;
-  }
+  detail::ensure_smem_attr(prefill_kernel<D, W, NB, WG>, smem);
   prefill_kernel<D, W, NB, WG><<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 32 * W, smem, st>>>(pp);
   VQ_CUDA_LAUNCHED("prefill_kernel");
   if (pp.ksplits > 1) {

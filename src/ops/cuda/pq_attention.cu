@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/smem_attr.cuh"
 #include "ops/cuda/mma_ptx.cuh"
 #include "ops/cuda/device.h"
 #include "ops/cuda/pq.h"
@@ -481,17 +482,7 @@ int max_smem_optin() {
   return v;
 }
 
-// cudaFuncSetAttribute costs microseconds of host time: raise each kernel's limit only when needed.
-void ensure_smem_attr(const void* kernel, size_t bytes) {
-  static std::mutex mu;
-  static std::unordered_map<const void*, size_t> set;
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& cur = set[kernel];
-  if (bytes > cur) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    cur = bytes;
-  }
-}
+using detail::ensure_smem_attr;
 
 struct Plan {
   bool lut;  // LUT split kernel (pq_attention_lut.cu) instead of the gather-mma one

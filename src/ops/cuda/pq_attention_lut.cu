@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/smem_attr.cuh"
 #include "ops/cuda/mma_ptx.cuh"
 #include "ops/cuda/pq.h"
 #include "ops/cuda/pq_attention_lut.cuh"
@@ -525,12 +526,7 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
 template <int NS, int D, bool kPaged = false, bool kVPer = false, int KH = 4, int VH = 1>
 void launch(const LutParams& lp, dim3 grid, size_t smem, cudaStream_t st) {
   constexpr int NW = lut_warps(D);
-  static bool attr_set = false;  // one size per instantiation: set once
-  if (!attr_set) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(lut_split_kernel<NS, D, kPaged, kVPer, NW, KH, VH>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    attr_set = true;
-  }
+  detail::ensure_smem_attr(lut_split_kernel<NS, D, kPaged, kVPer, NW, KH, VH>, smem);
   launch_pdl("lut_split_kernel", lut_split_kernel<NS, D, kPaged, kVPer, NW, KH, VH>, grid, dim3(32 * NW), smem, st,
              lp);
 }

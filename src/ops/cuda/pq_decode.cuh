@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "ops/cuda/pq.h"
+#include "ops/cuda/smem_attr.cuh"
 #include "ops/cuda/stream_cuda.h"
 
 namespace vq::cuda::detail {
@@ -109,13 +110,8 @@ static void launch_decode_vec(const CodeDecodeArgs& a, int waves, cudaStream_t s
   while ((1 << shift) < gc) ++shift;
   const int total = int(a.n_tokens) * gc;  // items per (head, group)
   const size_t smem = size_t(books > 1 ? gc * (8 / SD) : 1) * 256 * SD * 2;
-  static bool raised = false;  // > 48 KiB of dynamic shared memory needs the attribute once
-
-  if (smem > 48 * 1024 && !raised) {
-    cudaFuncSetAttribute(decode_codes_vec_kernel<SD, BF16, ITEMS, STREAM>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
-    raised = true;
-  }
+  // > 48 KiB of dynamic shared memory needs the attribute (per device)
+  if (smem > 48 * 1024) detail::ensure_smem_attr(decode_codes_vec_kernel<SD, BF16, ITEMS, STREAM>, 96 * 1024);
   const int tile = ITEMS * 256;
   const int tiles = (total + tile - 1) / tile;
   const int want = (device_sm_count() * waves + a.n_heads * groups - 1) / (a.n_heads * groups);

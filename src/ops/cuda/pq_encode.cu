@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ops/cuda/cuda_check.cuh"
+#include "ops/cuda/smem_attr.cuh"
 #include "ops/cuda/device.h"
 #include "ops/cuda/hadamard.cuh"
 #include "ops/cuda/kv_blocks_cuda.h"
@@ -307,11 +308,7 @@ bool try_launch(const EncodeParams& p, cudaStream_t st) {
   const size_t smem = fast_smem_bytes(p, DS, R);
   if (smem > size_t(max_smem_per_block())) return false;
   auto k = encode_kernel<DS, R>;
-  static size_t attr_set = 0;  // cudaFuncSetAttribute costs host microseconds: only when raised
-  if (smem > attr_set) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    attr_set = smem;
-  }
+  detail::ensure_smem_attr(k, smem);
   const dim3 grid(unsigned((p.n_tokens + 32 * R - 1) / (32 * R)), unsigned(p.n_heads), unsigned(p.grid_jobs));
   k<<<grid, kThreads, smem, st>>>(p);
   VQ_CUDA_LAUNCHED("encode_kernel");
