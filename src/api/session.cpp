@@ -99,24 +99,48 @@ size_t Session::min_budget_bytes() const {
   return most * size_t(tp->tp());
 }
 
-static void check_unsplit(const vq::Session& s, const char* what, const std::string& path) {
-  VQ_CHECK(s.tp() == 1, "session {} '{}': session files are for tp 1 (this session is split over {} tensor-parallel "
-           "ranks)", what, path, s.tp());
-}
-
 void Session::save(const std::string& path, const std::vector<int32_t>& tokens) const {
   const vq::Session& s = impl_->session;
-  check_unsplit(s, "save", path);
   VQ_CHECK(int64_t(tokens.size()) >= s.pos(), "session save '{}': {} token ids, fewer than the {} in the KV", path,
            tokens.size(), s.pos());
+  if (const vq::TPForward* tp = s.tensor_parallel()) {
+    // One file over the ranks (kvcache/seq_file.h): each rank's heads with its own identity.
+    std::vector<const vq::KVStore*> kv;
+    std::vector<const vq::SeqKV*> seqs;
+    std::vector<vq::KVIdentity> ids;
+    for (int r = 0; r < tp->tp(); ++r) {
+      kv.push_back(&tp->store(r));
+      seqs.push_back(&s.tp_sequence().ranks[size_t(r)]);
+      ids.push_back(vq::kv_identity(tp->store(r), impl_->model.info().path));
+    }
+    vq::save_tp_sequence(path, kv, seqs, tokens, ids);
+    return;
+  }
   vq::save_sequence(path, s.store(), s.sequence(), tokens,
                     vq::kv_identity(s.store(), impl_->model.info().path));
 }
 
 LoadedSession Session::load(const std::string& path) {
   vq::Session& s = impl_->session;
-  check_unsplit(s, "load", path);
   s.reset();
+  if (vq::TPForward* tp = s.tensor_parallel()) {
+    std::vector<vq::KVStore*> kv;
+    std::vector<vq::KVIdentity> ids;
+    for (int r = 0; r < tp->tp(); ++r) {
+      kv.push_back(&tp->store(r));
+      ids.push_back(vq::kv_identity(tp->store(r), impl_->model.info().path));
+    }
+    std::vector<vq::LoadedSequence> ld = vq::load_tp_sequence(path, kv, ids);
+    if (ld[0].n_kv > s.n_ctx()) {
+      for (int r = 0; r < tp->tp(); ++r) kv[size_t(r)]->release(ld[size_t(r)].seq);
+      VQ_FAIL("session load '{}': {} tokens in its KV do not fit the context of {}", path, ld[0].n_kv, s.n_ctx());
+    }
+    for (int r = 0; r < tp->tp(); ++r) {
+      kv[size_t(r)]->release(s.tp_sequence().ranks[size_t(r)]);
+      s.tp_sequence().ranks[size_t(r)] = std::move(ld[size_t(r)].seq);
+    }
+    return {std::move(ld[0].tokens), ld[0].n_kv};
+  }
   vq::LoadedSequence ld = vq::load_sequence(path, s.store(), vq::kv_identity(s.store(), impl_->model.info().path));
   VQ_CHECK(ld.n_kv <= s.n_ctx(), "session load '{}': {} tokens in its KV do not fit the context of {}", path, ld.n_kv,
            s.n_ctx());

@@ -205,4 +205,56 @@ LoadedSequence adopt_parsed_sequence(ParsedSession p, KVStore& kv, const Session
   return out;
 }
 
+void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>& kv, const std::vector<const SeqKV*>& s,
+                      const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids) {
+  const size_t tp = kv.size();
+  VQ_CHECK(tp >= 1 && s.size() == tp && ids.size() == tp, "session save '{}': {} stores, {} sequences, {} identities",
+           path, tp, s.size(), ids.size());
+  std::vector<std::vector<uint8_t>> parts;
+  for (size_t r = 0; r < tp; ++r) {
+    VQ_CHECK(s[r]->size() == s[0]->size(), "session save '{}': rank {} holds {} tokens, rank 0 {}", path, r,
+             s[r]->size(), s[0]->size());
+    parts.push_back(encode_sequence(*kv[r], *s[r], tokens, ids[r], true, fmt::format("{} (rank {})", path, r)));
+  }
+  std::vector<uint8_t> out(24 + 8 * tp);
+  std::memcpy(out.data(), kTPSessionMagic, 8);
+  const uint32_t version = kTPSessionVersion, n = uint32_t(tp);
+  std::memcpy(out.data() + 8, &version, 4);
+  std::memcpy(out.data() + 12, &n, 4);
+  uint64_t total = out.size() + kSessionDigestBytes;
+  for (size_t r = 0; r < tp; ++r) {
+    const uint64_t b = parts[r].size();
+    std::memcpy(out.data() + 24 + 8 * r, &b, 8);
+    total += b;
+  }
+  std::memcpy(out.data() + 16, &total, 8);
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  seal_sequence_bytes(out);
+  write_file_atomic(path, out.data(), out.size());
+}
+
+std::vector<LoadedSequence> load_tp_sequence(const std::string& path, const std::vector<KVStore*>& kv,
+                                             const std::vector<KVIdentity>& ids) {
+  const size_t tp = kv.size();
+  VQ_CHECK(tp >= 1 && ids.size() == tp, "session load '{}': {} stores, {} identities", path, tp, ids.size());
+  std::vector<SessionExpect> e;
+  for (size_t r = 0; r < tp; ++r) e.push_back(session_expect(*kv[r], ids[r]));
+  const TPSessionBytes data = read_tp_session_file(path, e);
+  std::vector<ParsedSession> parsed;
+  for (size_t r = 0; r < tp; ++r) {
+    const auto [off, n] = data.parts[r];
+    parsed.push_back(parse_session(data.bytes.data() + off, n, fmt::format("{} (rank {})", path, r), e[r]));
+    if (r > 0 && (parsed[r].n_kv != parsed[0].n_kv || parsed[r].tokens != parsed[0].tokens))
+      throw SessionFileError(fmt::format("{}: rank {} holds other tokens than rank 0", path, r));
+  }
+  std::vector<LoadedSequence> out;
+  try {
+    for (size_t r = 0; r < tp; ++r) out.push_back(adopt_parsed_sequence(std::move(parsed[r]), *kv[r], e[r]));
+  } catch (...) {
+    for (size_t r = 0; r < out.size(); ++r) kv[r]->release(out[r].seq);
+    throw;
+  }
+  return out;
+}
+
 }  // namespace vq

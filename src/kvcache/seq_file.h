@@ -58,6 +58,15 @@ LoadedSequence load_sequence(const std::string& path, KVStore& kv, const KVIdent
 // alive) into new blocks of kv. KVPoolExhausted (having taken nothing) when the pool is full.
 LoadedSequence adopt_parsed_sequence(ParsedSession p, KVStore& kv, const SessionExpect& e);
 
+// Tensor-parallel sessions (issue 25; the layout in seq_file_format.h): rank r's sequence s[r] of
+// store kv[r] with identity ids[r], the same tokens for every rank. Loading reads a file saved
+// over exactly kv.size() ranks into new blocks of each rank's store: every part is parsed and
+// checked before any block is taken, and a rank's full pool gives back what earlier ranks took.
+void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>& kv, const std::vector<const SeqKV*>& s,
+                      const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids);
+std::vector<LoadedSequence> load_tp_sequence(const std::string& path, const std::vector<KVStore*>& kv,
+                                             const std::vector<KVIdentity>& ids);
+
 // A sequence's bytes checked by parse_session, kept with their block views (the shared prefix
 // store's fetched entries, handed from an HTTP thread to the engine's).
 struct StoredPrefix {

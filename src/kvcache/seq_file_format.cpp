@@ -191,51 +191,147 @@ ParsedSession parse_session(const uint8_t* data, size_t n, const std::string& pa
   return out;
 }
 
-std::vector<uint8_t> read_session_file(const std::string& path, const SessionExpect& e) {
-  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below anyway).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    VQ_SESSION_CHECK(err != ELOOP, "{}: is a symbolic link; session files are read only as regular files", path);
-    throw SessionFileError(fmt::format("{}: cannot open the session file: {}", path, std::strerror(err)));
+namespace {
+
+// A session file opened for reading: a regular file reached without following a symbolic link at
+// its last component (no directory, device, pipe or link). O_NONBLOCK: opening a FIFO must not
+// wait for a writer (it is refused anyway).
+class SessionFileIn {
+ public:
+  explicit SessionFileIn(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0) {
+      const int err = errno;
+      VQ_SESSION_CHECK(err != ELOOP, "{}: is a symbolic link; session files are read only as regular files", path);
+      throw SessionFileError(fmt::format("{}: cannot open the session file: {}", path, std::strerror(err)));
+    }
+    struct stat st{};
+    if (::fstat(fd_, &st) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      throw SessionFileError(fmt::format("{}: cannot stat the session file: {}", path, std::strerror(err)));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      VQ_SESSION_CHECK(!S_ISDIR(st.st_mode), "{}: is a directory, not a session file", path);
+      throw SessionFileError(
+          fmt::format("{}: is not a regular file (a device, pipe or socket), not a session file", path));
+    }
+    size_ = uint64_t(st.st_size);
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st{};
-  VQ_SESSION_CHECK(::fstat(fd, &st) == 0, "{}: cannot stat the session file: {}", path, std::strerror(errno));
-  VQ_SESSION_CHECK(!S_ISDIR(st.st_mode), "{}: is a directory, not a session file", path);
-  VQ_SESSION_CHECK(S_ISREG(st.st_mode), "{}: is not a regular file (a device, pipe or socket), not a session file",
-                   path);
-  const uint64_t size = uint64_t(st.st_size);
-  auto read_at = [&](uint8_t* dst, size_t n, uint64_t off) {
+  ~SessionFileIn() { ::close(fd_); }
+  SessionFileIn(const SessionFileIn&) = delete;
+  SessionFileIn& operator=(const SessionFileIn&) = delete;
+  uint64_t size() const { return size_; }
+  void read_at(uint8_t* dst, size_t n, uint64_t off) const {
     size_t got = 0;
     while (got < n) {
-      const ssize_t k = ::pread(fd, dst + got, n - got, off_t(off + got));
+      const ssize_t k = ::pread(fd_, dst + got, n - got, off_t(off + got));
       if (k < 0 && errno == EINTR) continue;
-      VQ_SESSION_CHECK(k >= 0, "{}: read error: {}", path, std::strerror(errno));
-      VQ_SESSION_CHECK(k > 0, "{}: session file is truncated (it shrank while read)", path);
+      VQ_SESSION_CHECK(k >= 0, "{}: read error: {}", path_, std::strerror(errno));
+      VQ_SESSION_CHECK(k > 0, "{}: session file is truncated (it shrank while read)", path_);
       got += size_t(k);
     }
-  };
-  // The header (and the names after it, for messages) first: its fields bound the file's size
-  // before the payload is read.
-  const size_t head = size_t(std::min<uint64_t>(size, kSessionHeaderBytes + 2 * uint64_t(kSessionMaxNameBytes)));
-  std::vector<uint8_t> data(head);
-  read_at(data.data(), head, 0);
-  const SessionHeader h = check_session_header(data.data(), data.size(), path, e);
-  VQ_SESSION_CHECK(size >= h.file_bytes, "{}: session file is truncated ({} of {} bytes)", path, size, h.file_bytes);
-  VQ_SESSION_CHECK(size == h.file_bytes, "{}: session file has {} trailing bytes", path, size - h.file_bytes);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// The bytes of a session file's block payloads beyond its fixed fields, refused past the reader's
+// budget before they are read.
+void check_payload_bound(const SessionHeader& h, uint64_t size, const std::string& path, const SessionExpect& e) {
   const uint64_t fixed = uint64_t(kSessionHeaderBytes) + h.model_name_bytes + h.spec_name_bytes + h.n_tokens * 4 +
                          uint64_t(e.n_layers) * (12 + (uint64_t(h.n_kv) + e.block_tokens - 1) / e.block_tokens) +
                          kSessionDigestBytes;
   if (size > fixed && size - fixed > e.max_payload_bytes)
     throw KVPoolExhausted(fmt::format("{}: the session holds {} bytes of KV blocks, more than the KV budget of {} "
                                       "bytes", path, size - fixed, e.max_payload_bytes));
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_session_file(const std::string& path, const SessionExpect& e) {
+  const SessionFileIn f(path);
+  const uint64_t size = f.size();
+  // The header (and the names after it, for messages) first: its fields bound the file's size
+  // before the payload is read.
+  const size_t head = size_t(std::min<uint64_t>(size, kSessionHeaderBytes + 2 * uint64_t(kSessionMaxNameBytes)));
+  std::vector<uint8_t> data(head);
+  f.read_at(data.data(), head, 0);
+  if (head >= 16 && std::memcmp(data.data(), kTPSessionMagic, 8) == 0) {
+    uint32_t tp = 0;
+    std::memcpy(&tp, data.data() + 12, 4);
+    throw SessionFileError(fmt::format("{}: was saved split over {} tensor-parallel ranks; load it with --tp {}", path,
+                                       tp, tp));
+  }
+  const SessionHeader h = check_session_header(data.data(), data.size(), path, e);
+  VQ_SESSION_CHECK(size >= h.file_bytes, "{}: session file is truncated ({} of {} bytes)", path, size, h.file_bytes);
+  VQ_SESSION_CHECK(size == h.file_bytes, "{}: session file has {} trailing bytes", path, size - h.file_bytes);
+  check_payload_bound(h, size, path, e);
   data.resize(size_t(size));
-  read_at(data.data() + head, size_t(size) - head, head);
+  f.read_at(data.data() + head, size_t(size) - head, head);
   return data;
+}
+
+TPSessionBytes read_tp_session_file(const std::string& path, const std::vector<SessionExpect>& e) {
+  const SessionFileIn f(path);
+  const uint64_t size = f.size();
+  const uint32_t want = uint32_t(e.size());
+  std::vector<uint8_t> head(size_t(std::min<uint64_t>(size, 24)));
+  f.read_at(head.data(), head.size(), 0);
+  if (head.size() >= 8 && std::memcmp(head.data(), kSessionMagic, 8) == 0)
+    throw SessionFileError(fmt::format("{}: was saved unsplit (tp 1); load it without --tp (or --tp 1)", path));
+  VQ_SESSION_CHECK(head.size() == 24 && std::memcmp(head.data(), kTPSessionMagic, 8) == 0,
+                   "{}: not a session file (bad magic)", path);
+  uint32_t version = 0, tp = 0;
+  uint64_t declared = 0;
+  std::memcpy(&version, head.data() + 8, 4);
+  std::memcpy(&tp, head.data() + 12, 4);
+  std::memcpy(&declared, head.data() + 16, 8);
+  VQ_SESSION_CHECK(version == kTPSessionVersion, "{}: split session file version {} (this build reads {})", path,
+                   version, kTPSessionVersion);
+  VQ_SESSION_CHECK(tp == want, "{}: was saved split over {} tensor-parallel ranks; this session has {} (load it with "
+                   "--tp {})", path, tp, want, tp);
+  const uint64_t table_end = 24 + 8 * uint64_t(tp);
+  VQ_SESSION_CHECK(size >= table_end + kSessionDigestBytes, "{}: split session file is truncated ({} bytes)", path,
+                   size);
+  std::vector<uint64_t> part_bytes(tp);
+  f.read_at(reinterpret_cast<uint8_t*>(part_bytes.data()), 8 * size_t(tp), 24);
+  // Each part's header, checked against its rank's store, bounds that part before it is read.
+  uint64_t off = table_end;
+  for (uint32_t r = 0; r < tp; ++r) {
+    const std::string part = fmt::format("{} (rank {})", path, r);
+    VQ_SESSION_CHECK(part_bytes[r] >= kSessionHeaderBytes && off <= size && part_bytes[r] <= size - off,
+                     "{}: part of {} bytes at offset {} runs past the file's {} bytes", part, part_bytes[r], off, size);
+    std::vector<uint8_t> ph(size_t(std::min<uint64_t>(part_bytes[r], kSessionHeaderBytes + 2 * uint64_t(kSessionMaxNameBytes))));
+    f.read_at(ph.data(), ph.size(), off);
+    const SessionHeader h = check_session_header(ph.data(), ph.size(), part, e[r]);
+    VQ_SESSION_CHECK(h.file_bytes == part_bytes[r], "{}: its header says {} bytes, the file's table {}", part,
+                     h.file_bytes, part_bytes[r]);
+    check_payload_bound(h, part_bytes[r], part, e[r]);
+    off += part_bytes[r];
+  }
+  VQ_SESSION_CHECK(declared == off + kSessionDigestBytes, "{}: split session file declares {} bytes, its parts {}",
+                   path, declared, off + kSessionDigestBytes);
+  VQ_SESSION_CHECK(size >= declared, "{}: session file is truncated ({} of {} bytes)", path, size, declared);
+  VQ_SESSION_CHECK(size == declared, "{}: session file has {} trailing bytes", path, size - declared);
+  TPSessionBytes out;
+  out.bytes.resize(size_t(size));
+  f.read_at(out.bytes.data(), size_t(size), 0);
+  Sha256 sha;
+  sha.update(out.bytes.data(), size_t(size) - kSessionDigestBytes);
+  const std::array<uint8_t, 32> d = sha.finish();
+  VQ_SESSION_CHECK(std::memcmp(d.data(), out.bytes.data() + size - kSessionDigestBytes, 32) == 0,
+                   "{}: split session file fails its SHA-256 (corrupted)", path);
+  off = table_end;
+  for (uint32_t r = 0; r < tp; ++r) {
+    out.parts.emplace_back(size_t(off), size_t(part_bytes[r]));
+    off += part_bytes[r];
+  }
+  return out;
 }
 
 bool is_session_temp_name(const std::string& name) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -80,6 +81,22 @@ ParsedSession parse_session(const uint8_t* data, size_t n, const std::string& pa
 // exceed e.max_payload_bytes.
 std::vector<uint8_t> read_session_file(const std::string& path, const SessionExpect& e);
 
+// A tensor-parallel session (issue 25): each rank's sequence as a whole session file of its store
+// (its heads, its identity, its own SHA-256), in rank order, in one file:
+//   "VQKVTPS\0" | u32 version (=1) | u32 tp | u64 file bytes | u64 part bytes[tp] | parts |
+//   SHA-256 (32 bytes) of every preceding byte.
+constexpr char kTPSessionMagic[8] = {'V', 'Q', 'K', 'V', 'T', 'P', 'S', '\0'};
+constexpr uint32_t kTPSessionVersion = 1;
+struct TPSessionBytes {
+  std::vector<uint8_t> bytes;                     // the whole file
+  std::vector<std::pair<size_t, size_t>> parts;   // [tp]: (offset, bytes) of each rank's session file
+};
+// Reads a split session file for e.size() ranks (e[r]: rank r's store): as read_session_file, each
+// part's header checked against its rank before anything else is read, the whole file's SHA-256
+// checked; the parts are then for parse_session. A plain (tp 1) file, another rank count, or a
+// malformed table: SessionFileError naming the file and what to do. (read_session_file refuses a
+// split file the same way.)
+TPSessionBytes read_tp_session_file(const std::string& path, const std::vector<SessionExpect>& e);
 // The temporary name prefix write_file_atomic gives a save of `path` ("<path>.tmp.").
 bool is_session_temp_name(const std::string& file_name);
 

@@ -347,6 +347,14 @@ const SeqKV& Session::sequence() const {
   check_unsplit(tp_ != nullptr, "the KV sequence (session files)");
   return seq_;
 }
+TPSequence& Session::tp_sequence() {
+  VQ_CHECK(tp_ != nullptr, "session: tp_sequence() of an unsplit session");
+  return tp_seq_;
+}
+const TPSequence& Session::tp_sequence() const {
+  VQ_CHECK(tp_ != nullptr, "session: tp_sequence() of an unsplit session");
+  return tp_seq_;
+}
 Forward& Session::forward_pass() {
   check_unsplit(tp_ != nullptr, "the unsplit forward (KV observers)");
   return *fwd_;

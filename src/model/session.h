@@ -125,9 +125,9 @@ class Forward {
 };
 
 // One sequence through its own KVStore: the single-sequence API over the batched path.
-// tp > 1: the forward split over tp simulated ranks on the CPU (TPForward, tensor_parallel.h),
-// each rank's KV in its own store of budget_bytes / tp; store(), sequence() and forward_pass()
-// are then refused (session files, observers and the device path are for tp = 1).
+// tp > 1: the forward split over tp ranks (TPForward, tensor_parallel.h: simulated on the CPU, or
+// on the GPU), each rank's KV in its own store of budget_bytes / tp; store(), sequence() and
+// forward_pass() are then refused (tensor_parallel() and tp_sequence() reach the ranks).
 class Session {
  public:
   static constexpr int kDefaultChunk = 512;
@@ -153,6 +153,8 @@ class Session {
   Forward& forward_pass();
   TPForward* tensor_parallel() { return tp_.get(); }  // null at tp = 1
   const TPForward* tensor_parallel() const { return tp_.get(); }
+  TPSequence& tp_sequence();  // tp > 1: the sequence over the ranks (session files)
+  const TPSequence& tp_sequence() const;
   // Memory (summed over the ranks at tp > 1):
   size_t kv_bytes() const;         // blocks allocated
   size_t kv_token_bytes() const;   // payload of the tokens held

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <set>
 #include <string>
@@ -22,6 +24,8 @@
 #include "model/session.h"
 #include "model/tensor_parallel.h"
 #include "model/test_forward_tiny.h"
+#include "kvcache/kv_identity.h"
+#include "kvcache/seq_file.h"
 
 namespace vq::test {
 namespace {
@@ -310,6 +314,75 @@ TEST(TPForward, RefusalsNameTheProblem) {
   ASSERT_NE(s.tensor_parallel(), nullptr);
   EXPECT_EQ(s.tensor_parallel()->store(1).geometry().n_kv_heads, 1);
   EXPECT_EQ(s.tensor_parallel()->store(1).geometry().n_heads, 2);
+}
+
+// A split session file: saved at tp 2 and read back into fresh ranks, the continuation's logits
+// equal an uninterrupted run's bit for bit; a file read with another rank count, a plain file, a
+// flipped byte and a pool too small are refused, the last having taken no block of any rank.
+TEST(TPForward, SessionFileOverRanksContinuesExactly) {
+  const TPCase c = cases()[1];  // qwen2 with biases, 4 query / 2 KV heads
+  const std::string model_path = write_tiny_model(c.spec, tiny_path("tp_session"));
+  const auto m = Model::load(model_path);
+  const KVSpec spec = spec_of(*m, "vecinfer:d4b8,r=0,sink=0");
+  const int V = m->config().n_vocab;
+  std::vector<int32_t> toks(48);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 29 + 3) % size_t(V));
+  auto ids_of = [&](TPForward& f) {
+    std::vector<KVIdentity> ids;
+    for (int r = 0; r < f.tp(); ++r) ids.push_back(kv_identity(f.store(r), model_path));
+    return ids;
+  };
+  auto stores_of = [](TPForward& f) {
+    std::vector<KVStore*> v;
+    for (int r = 0; r < f.tp(); ++r) v.push_back(&f.store(r));
+    return v;
+  };
+  std::vector<float> whole(static_cast<size_t>(V)), cont(static_cast<size_t>(V));
+  TPForward a(*m, spec, 2);
+  TPSequence sa = a.new_sequence();
+  TPBatchEntry e{&sa, toks.data(), 40, false, whole.data()};
+  a.step(&e, 1);
+  const std::string path = tiny_path("tp_session_file") + ".vqkv";
+  {
+    std::vector<const KVStore*> kv = {&a.store(0), &a.store(1)};
+    std::vector<const SeqKV*> sq = {&sa.ranks[0], &sa.ranks[1]};
+    save_tp_sequence(path, kv, sq, std::vector<int32_t>(toks.begin(), toks.begin() + 40), ids_of(a));
+  }
+  for (int i = 40; i < 48; ++i) {
+    TPBatchEntry d{&sa, &toks[size_t(i)], 1, false, whole.data()};
+    a.step(&d, 1);
+  }
+  TPForward b(*m, spec, 2);
+  std::vector<LoadedSequence> ld = load_tp_sequence(path, stores_of(b), ids_of(b));
+  ASSERT_EQ(ld.size(), 2u);
+  EXPECT_EQ(ld[0].n_kv, 40);
+  TPSequence sb;
+  for (auto& l : ld) sb.ranks.push_back(std::move(l.seq));
+  for (int i = 40; i < 48; ++i) {
+    TPBatchEntry d{&sb, &toks[size_t(i)], 1, false, cont.data()};
+    b.step(&d, 1);
+  }
+  EXPECT_EQ(std::memcmp(whole.data(), cont.data(), whole.size() * sizeof(float)), 0);
+  // refusals
+  TPForward four(*m, spec, 4);
+  EXPECT_NE(error_of([&] { load_tp_sequence(path, stores_of(four), ids_of(four)); }).find("this session has 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_sequence(path, b.store(0), ids_of(b)[0]); }).find("load it with --tp 2"),
+            std::string::npos);
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes[bytes.size() / 2] ^= 1;
+    std::ofstream(path + ".bad", std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  EXPECT_THROW(load_tp_sequence(path + ".bad", stores_of(b), ids_of(b)), SessionFileError);
+  TPForward tiny_pool(*m, spec, 2, size_t(1) << 10);
+  const size_t used0 = tiny_pool.store(0).pool().used_bytes(), used1 = tiny_pool.store(1).pool().used_bytes();
+  EXPECT_THROW(load_tp_sequence(path, stores_of(tiny_pool), ids_of(tiny_pool)), KVPoolExhausted);
+  EXPECT_EQ(tiny_pool.store(0).pool().used_bytes(), used0);
+  EXPECT_EQ(tiny_pool.store(1).pool().used_bytes(), used1);
+  a.release(sa);
+  b.release(sb);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 simulated on the CPU) on tiny random models: greedy tokens and every logit at tp 2 (and at tp 4,
 which replicates the KV heads) equal tp 1's within float rounding, a qwen2 model with q/k/v biases
 included; perplexity at tp 2 equals tp 1's; bad --tp values and unsupported combinations give one
-clear line."""
+clear line; a session saved at tp 2 continues exactly at tp 2 and is refused at tp 1 and tp 4 (a tp 1
+session at tp 2) with one line naming the --tp to use; a damaged split file is refused."""
 import json
 import struct
 import subprocess
@@ -81,7 +82,6 @@ def test_bad_tp_values(tmp_path):
     assert_one_clear_line(*run_cli(*gen, "--tp", "3")[::2], "4 attention heads do not split evenly over 3")
     assert_one_clear_line(*run_cli(*gen, "--tp", "8")[::2], "4 attention heads do not split evenly over 8")
     assert_one_clear_line(*run_cli(*gen, "--tp", "2", "--parallel", "2")[::2], "--tp 2", "--parallel")
-    assert_one_clear_line(*run_cli(*gen, "--tp", "2", "--save-session", tmp_path / "s.bin")[::2], "session files")
     # The device split runs where a GPU is (tests/model/test_tensor_parallel_device.cpp); this tiny
     # model's head_dim 16 is not a device shape, so both cases end in one line naming cuda.
     assert_one_clear_line(*run_cli(*gen, "--tp", "2", "--device", "cuda")[::2], "cuda")
@@ -90,3 +90,45 @@ def test_bad_tp_values(tmp_path):
     ppl = ("perplexity", "-m", p, "--text", text)
     assert_one_clear_line(*run_cli(*ppl, "--tp", "0")[::2], "--tp: 0")
     assert_one_clear_line(*run_cli(*ppl, "--tp", "2", "--device", "cuda")[::2], "cuda")
+
+
+def test_session_files_across_ranks(tmp_path):
+    p = tmp_path / "q.gguf"
+    write_tiny(p, seed=5, arch="qwen2", bias=True, n_kv=2)  # 4 query / 2 KV heads: tp 2 and 4 split them
+
+    def gen(name, *args):
+        out = tmp_path / f"{name}.json"
+        rc, _, err = run_cli("generate", "-m", p, "--kv-cache", "fp16", "--temp", "0", "-q", "-t", "2",
+                             "--ignore-eos", "--stats-json", out, *args)
+        return rc, err, (json.loads(out.read_text()) if rc == 0 else None)
+
+    rc, err, whole = gen("whole", "--prompt-ids", IDS, "-n", "20", "--tp", "2")
+    assert rc == 0, err
+    sess = tmp_path / "s2.vqkv"
+    rc, err, first = gen("first", "--prompt-ids", IDS, "-n", "8", "--tp", "2", "--save-session", sess)
+    assert rc == 0, err
+    assert sess.read_bytes()[:8] == b"VQKVTPS\0"
+    rc, err, rest = gen("rest", "--load-session", sess, "-n", "12", "--tp", "2")
+    assert rc == 0, err
+    assert first["tokens"] + rest["tokens"] == whole["tokens"]
+    assert rest["n_prompt"] == len(IDS.split(",")) + 8
+    # another rank count, or a plain file at tp 2: one line naming the --tp to use
+    assert_one_clear_line(*run_cli("generate", "-m", p, "--kv-cache", "fp16", "--load-session", sess, "-n", "2",
+                                   "-q")[::2], "split over 2 tensor-parallel ranks", "--tp 2")
+    assert_one_clear_line(*run_cli("generate", "-m", p, "--kv-cache", "fp16", "--load-session", sess, "-n", "2",
+                                   "-q", "--tp", "4")[::2], "split over 2", "this session has 4")
+    plain = tmp_path / "s1.vqkv"
+    rc, err, _ = gen("plain", "--prompt-ids", IDS, "-n", "2", "--save-session", plain)
+    assert rc == 0, err
+    assert_one_clear_line(*run_cli("generate", "-m", p, "--kv-cache", "fp16", "--load-session", plain, "-n", "2",
+                                   "-q", "--tp", "2")[::2], "saved unsplit (tp 1)")
+    # a flipped byte in rank 1's part, a truncated file
+    data = bytearray(sess.read_bytes())
+    data[len(data) - 100] ^= 1
+    bad = tmp_path / "bad.vqkv"
+    bad.write_bytes(bytes(data))
+    assert_one_clear_line(*run_cli("generate", "-m", p, "--kv-cache", "fp16", "--load-session", bad, "-n", "2",
+                                   "-q", "--tp", "2")[::2], str(bad))
+    bad.write_bytes(bytes(sess.read_bytes()[:-7]))
+    assert_one_clear_line(*run_cli("generate", "-m", p, "--kv-cache", "fp16", "--load-session", bad, "-n", "2",
+                                   "-q", "--tp", "2")[::2], "truncated")

@@ -48,7 +48,7 @@ struct E2EArgs {
   double kv_budget_mib = 0;
   // --device cuda: random device weights of --geometry (bench_e2e_device.cpp)
   std::string device = "cpu", geometry, prefill, itl_chunks = "256,512,2048";
-  int itl_prompt = 0;
+  int itl_prompt = 0, tp = 1;
   int warmup = 40, prefill_chunk = 2048;
   bool skip_logits = false;
   bool deterministic = false;
@@ -96,6 +96,8 @@ void run_e2e(const E2EArgs& a) {
     d.deterministic = a.deterministic;
     d.key_mean = a.key_mean;
     d.json = a.json;
+    VQ_CHECK(a.tp >= 1 && a.tp <= 64, "--tp: {} must be in 1..64", a.tp);
+    d.tp = a.tp;
     run_e2e_device(d);
     return;
   }
@@ -104,6 +106,7 @@ void run_e2e(const E2EArgs& a) {
            "--key-mean is for --device cuda (the CPU rows take a calibration file, --calib, made by `calibrate --key-mean`)");
   VQ_CHECK(a.geometry.empty(), "--geometry is for --device cuda (random device weights)");
   VQ_CHECK(a.itl_prompt == 0, "--itl is for --device cuda");
+  VQ_CHECK(a.tp == 1, "bench e2e --tp is for --device cuda (the CPU's split: generate / perplexity --tp)");
   VQ_CHECK(!a.deterministic, "--deterministic is for --device cuda (the CPU forward is batch-invariant as it is)");
   VQ_CHECK(a.steps >= 2, "--steps: {} must be >= 2", a.steps);
   std::vector<KVCacheConfig> configs;
@@ -230,6 +233,10 @@ void add_bench_e2e(CLI::App* bench) {
                 "prefilled beside them (0: off)")
       ->capture_default_str();
   c->add_option("--itl-chunks", a->itl_chunks, "--itl: prefill tokens per step, one row each")->capture_default_str();
+  c->add_option("--tp", a->tp,
+                "--device cuda: tensor-parallel ranks (one per GPU over NCCL, or all on GPU 0 when the host has "
+                "fewer): decode rows of the split forward, with the all-reduce's share of the step")
+      ->capture_default_str();
   c->add_option("--warmup", a->warmup, "--device cuda: untimed decode steps first (graph captures)")->capture_default_str();
   c->add_option("--prefill", a->prefill, "--device cuda: also time a B=1 prefill of these prompt lengths, e.g. 4096,32768");
   c->add_option("--prefill-chunk", a->prefill_chunk, "--device cuda: prompt tokens per step")->capture_default_str();

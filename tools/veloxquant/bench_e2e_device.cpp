@@ -36,9 +36,11 @@
 #include "model/forward_device.h"
 #include "model/model.h"
 #include "model/session.h"
+#include "model/tensor_parallel.h"
 
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/device.h"
+#include "ops/cuda/collective_cuda.h"
 #include "ops/cuda/kv_blocks_cuda.h"
 #include "ops/cuda/stream_cuda.h"
 #endif
@@ -62,6 +64,7 @@ const GeometrySpec kGeometries[] = {
     {"mistral-7b", 32, 4096, 32, 8, 128, 14336, 32768, 1000000.0f},
     {"qwen2.5-1.5b", 28, 1536, 12, 2, 128, 8960, 151936, 1000000.0f},
     {"qwen2.5-0.5b", 24, 896, 14, 2, 64, 4864, 151936, 1000000.0f},
+    {"llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, 500000.0f},  // needs --tp over several GPUs
 };
 
 }  // namespace
@@ -104,6 +107,191 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+
+// --tp N: decode steps of the split forward (TPForwardDevice) at each (kv cache, context, batch).
+// Each rank holds its shard of random weights and its own device KV store; its sequences are
+// filled through its store's append path like the unsplit rows. The all-reduce's share: 2 per
+// layer of [B, n_embd] floats, timed alone on the ranks' streams in the same run.
+void run_e2e_device_tp(const E2EDeviceArgs& a, const ModelConfig& mc) {
+  VQ_CHECK(a.itl_prompt == 0 && a.prefill.empty() && !a.deterministic,
+           "bench e2e --tp: decode rows only (no --itl, --prefill or --deterministic)");
+  const TPPlan plan = make_tp_plan(mc, a.tp);
+  const int L = mc.n_layers, D = mc.head_dim, tp = a.tp;
+  std::printf("device %s; geometry %s (%d layers, %d/%d heads, head_dim %d) at tp %d: ranks %s; each rank %d/%d "
+              "heads, %d MLP columns\n",
+              cuda::cuda_device_description().c_str(), mc.name.c_str(), L, mc.n_heads, mc.n_kv_heads, D, tp,
+              tp_placement(tp, KVDevice::cuda).c_str(), plan.ranks[0].q_heads.count, plan.ranks[0].kv_heads.count,
+              plan.ranks[0].ff.count);
+  auto make_comm = [&] {
+    const int n = cuda::device_count();
+    if (n >= tp) {
+      std::vector<int> devs;
+      for (int r = 0; r < tp; ++r) devs.push_back(r);
+      return cuda::make_nccl_communicator(devs);
+    }
+    return cuda::make_local_communicator(tp, 0);
+  };
+  auto comm0 = make_comm();
+  std::vector<int> dev_of(static_cast<size_t>(tp));
+  for (int r = 0; r < tp; ++r) dev_of[size_t(r)] = comm0->device(r);
+  comm0.reset();
+  std::vector<std::shared_ptr<const DeviceModel>> models;
+  for (int r = 0; r < tp; ++r) {
+    cuda::DeviceScope on(dev_of[size_t(r)]);
+    const ModelConfig rc = tp_rank_config(mc, plan, r);
+    models.push_back(DeviceModel::random(rc, plain_inv_freqs(mc), 1 + uint64_t(r), r == 0));
+  }
+  const int ranks_per_device = dev_of.back() == dev_of.front() ? tp : 1;
+  std::printf("| kv cache | ctx | batch | tp | step ms | tok/s | weights GB/step (all ranks) | KV GB/step (all ranks) | "
+              "all-reduce ms/step (%% of step) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::fflush(stdout);
+  nlohmann::json out = nlohmann::json::array();
+  const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
+  const int chunk = 4096;
+  uint64_t seed = 100;
+  for (const std::string& kvs : a.kv_caches) {
+    const KVCacheConfig c = parse_kv_cache_spec(kvs);
+    for (int ctx : a.ctxs) {
+      std::vector<std::unique_ptr<KVStore>> stores;
+      std::vector<std::vector<SeqKV>> seqs(static_cast<size_t>(tp));
+      int fitted = max_b;
+      for (int r = 0; r < tp; ++r) {
+        cuda::DeviceScope on(dev_of[size_t(r)]);
+        const TPRankPlan& p = plan.ranks[size_t(r)];
+        KVSpec spec{c, nullptr};
+        if (kv_method(c.method).needs_calibration())
+          spec.calibration = std::make_shared<const Calibration>(random_calibration(c, L, p.kv_heads.count, D, 5 + r));
+        KVStoreOptions o;
+        o.device = KVDevice::cuda;
+        const size_t headroom = size_t(3) << 30, free_b = cuda::device_free_bytes();
+        // ranks sharing a device share its free memory
+        const size_t share = (free_b > headroom ? free_b - headroom : 0) / size_t(ranks_per_device - (r % ranks_per_device));
+        o.budget_bytes = a.kv_budget_mib > 0 ? size_t(a.kv_budget_mib * 1048576.0) / size_t(tp) : share;
+        stores.push_back(std::make_unique<KVStore>(KVGeometry{p.q_heads.count, p.kv_heads.count, D}, L, spec, o));
+        KVStore& store = *stores.back();
+        const int64_t kvd = int64_t(p.kv_heads.count) * D;
+        cuda::DeviceBuffer kbuf(size_t(chunk) * kvd * 4), vbuf(size_t(chunk) * kvd * 4);
+        for (int b = 0; b < fitted; ++b) {
+          SeqKV s = store.new_sequence();
+          try {
+            for (int t = 0; t < ctx; t += chunk) {
+              const int n = std::min(chunk, ctx - t);
+              for (int l = 0; l < L; ++l) {
+                for (cuda::DeviceBuffer* buf : {&kbuf, &vbuf}) {
+                  cuda::RandomFillParams rf;
+                  rf.type = cuda::ElemType::f32, rf.out = buf->data(), rf.n = int64_t(n) * kvd, rf.seed = ++seed;
+                  cuda::random_fill_device(rf);
+                }
+                store.device().append_device(s, l, kbuf.as<float>(), vbuf.as<float>(), n);
+              }
+              store.trim(s);
+            }
+          } catch (const KVPoolExhausted&) {
+            store.release(s);
+            fitted = b;
+            break;
+          }
+          seqs[size_t(r)].push_back(std::move(s));
+        }
+      }
+      std::vector<KVStore*> sp;
+      for (auto& st : stores) sp.push_back(st.get());
+      TPForwardDevice fwd(models, sp, make_comm());
+      for (int B : a.batches) {
+        if (B > fitted) {
+          std::printf("| %s | %d | %d | %d | does not fit | | | | |\n", c.name().c_str(), ctx, B, tp);
+          std::fflush(stdout);
+          out.push_back({{"kv_cache", c.name()}, {"ctx", ctx}, {"batch", B}, {"tp", tp}, {"fits", false}});
+          continue;
+        }
+        std::vector<TPSequence> forks(static_cast<size_t>(B));
+        size_t kv_bytes = 0;
+        for (int b = 0; b < B; ++b)
+          for (int r = 0; r < tp; ++r) {
+            cuda::DeviceScope on(dev_of[size_t(r)]);
+            forks[size_t(b)].ranks.push_back(stores[size_t(r)]->fork(seqs[size_t(r)][size_t(b)]));
+            kv_bytes += stores[size_t(r)]->token_bytes(forks[size_t(b)].ranks.back());
+          }
+        std::vector<int32_t> tok(size_t(B), 1);
+        std::vector<float> logits(size_t(B) * mc.n_vocab);
+        std::vector<TPBatchEntry> entries(static_cast<size_t>(B));
+        std::vector<double> dt;
+        bool fits = true;
+        try {
+          for (int i = 0; i < a.warmup + a.steps; ++i) {
+            for (int b = 0; b < B; ++b)
+              entries[size_t(b)] = TPBatchEntry{&forks[size_t(b)], &tok[size_t(b)], 1, false,
+                                                a.skip_logits ? nullptr : logits.data() + size_t(b) * mc.n_vocab};
+            const auto t0 = Clock::now();
+            fwd.step(entries.data(), B);
+            if (i >= a.warmup) dt.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+            for (int b = 0; b < B; ++b) tok[size_t(b)] = int32_t((tok[size_t(b)] * 7 + 13) % mc.n_vocab);
+          }
+        } catch (const KVPoolExhausted& e) {
+          fits = false;
+          std::fprintf(stderr, "batch %d: %s\n", B, e.what());
+        }
+        for (int r = 0; r < tp; ++r) {
+          cuda::DeviceScope on(dev_of[size_t(r)]);
+          for (auto& f : forks) stores[size_t(r)]->release(f.ranks[size_t(r)]);
+        }
+        if (!fits) {
+          std::printf("| %s | %d | %d | %d | does not fit | | | | |\n", c.name().c_str(), ctx, B, tp);
+          continue;
+        }
+        // The all-reduce alone: 2 per layer of [B, n_embd] floats on the ranks' streams.
+        double ar_ms = 0;
+        {
+          auto comm = make_comm();
+          std::vector<cuda::DeviceBuffer> bufs;
+          std::vector<std::unique_ptr<cuda::Stream>> streams;
+          std::vector<float*> bp;
+          std::vector<void*> sp2;
+          for (int r = 0; r < tp; ++r) {
+            cuda::DeviceScope on(dev_of[size_t(r)]);
+            bufs.emplace_back(size_t(B) * mc.n_embd * 4);
+            bufs.back().fill_bytes(0);
+            streams.push_back(std::make_unique<cuda::Stream>());
+            bp.push_back(bufs.back().as<float>());
+            sp2.push_back(streams.back()->handle());
+          }
+          auto sync_all = [&] {
+            for (int r = 0; r < tp; ++r) {
+              cuda::DeviceScope on(dev_of[size_t(r)]);
+              streams[size_t(r)]->synchronize();
+            }
+          };
+          for (int w = 0; w < 4; ++w) comm->all_reduce_sum(bp.data(), int64_t(B) * mc.n_embd, sp2.data());
+          sync_all();
+          const auto t0 = Clock::now();
+          const int n_ar = 2 * L;
+          for (int w = 0; w < n_ar; ++w) comm->all_reduce_sum(bp.data(), int64_t(B) * mc.n_embd, sp2.data());
+          sync_all();
+          ar_ms = std::chrono::duration<double>(Clock::now() - t0).count() * 1e3;
+        }
+        const double step = median(dt);
+        double wb = 0;
+        for (const auto& m : models) wb += double(m->step_weight_bytes(B));
+        std::printf("| %s | %d | %d | %d | %.3f | %.1f | %.2f | %.3f | %.3f (%.0f%%) |\n", c.name().c_str(), ctx, B, tp,
+                    step * 1e3, B / step, wb / 1e9, double(kv_bytes) / 1e9, ar_ms, 100.0 * ar_ms / (step * 1e3));
+        std::fflush(stdout);
+        out.push_back({{"kv_cache", c.name()}, {"ctx", ctx}, {"batch", B}, {"tp", tp}, {"fits", true},
+                       {"step_ms", step * 1e3}, {"tok_s", B / step}, {"weight_bytes", wb}, {"kv_bytes", kv_bytes},
+                       {"allreduce_ms", ar_ms}, {"ranks", tp_placement(tp, KVDevice::cuda)},
+                       {"geometry", mc.name}});
+      }
+      for (int r = 0; r < tp; ++r) {
+        cuda::DeviceScope on(dev_of[size_t(r)]);
+        for (auto& s : seqs[size_t(r)]) stores[size_t(r)]->release(s);
+      }
+    }
+  }
+  if (!a.json.empty()) {
+    const std::string doc = out.dump(1) + "\n";
+    write_file_atomic(a.json, doc.data(), doc.size());
+  }
+}
+
 }  // namespace
 
 void run_e2e_device(const E2EDeviceArgs& a) {
@@ -114,6 +302,10 @@ void run_e2e_device(const E2EDeviceArgs& a) {
   VQ_CHECK(gs != nullptr, "--geometry: '{}' is not one of {}", a.geometry, device_geometry_names());
   VQ_CHECK(a.steps >= 2 && a.warmup >= 0, "--steps {} must be >= 2, --warmup {} >= 0", a.steps, a.warmup);
   const ModelConfig mc = config_of(*gs);
+  if (a.tp > 1) {
+    run_e2e_device_tp(a, mc);
+    return;
+  }
   const int L = mc.n_layers, H = mc.n_kv_heads, D = mc.head_dim;
   const double bw = cuda::measure_copy_bandwidth(size_t(2) << 30);  // GB/s, read + written
   const auto t_build = Clock::now();

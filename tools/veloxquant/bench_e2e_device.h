@@ -19,6 +19,7 @@ struct E2EDeviceArgs {
   bool skip_logits = false;
   bool deterministic = false;  // ForwardDevice::set_deterministic
   std::string key_mean = "none";  // none, rotated, both: random calibrations with a rotated key mean
+  int tp = 1;  // > 1: the split forward (TPForwardDevice), decode rows only
   std::string json;
 };
 

@@ -268,9 +268,9 @@ void run_generate(const GenerateOptions& o) {
            "--dump-logits, --stats-json and sessions are for one sequence (not with --parallel, several prompts or "
            "--deterministic)");
   VQ_CHECK(!loading || o.dump_logits.empty(), "--dump-logits is not available with --load-session");
-  VQ_CHECK(o.tp == 1 || (!parallel && o.save_session.empty() && !loading),
-           "--tp {}: tensor parallelism runs one sequence without session files for now (not with --parallel, several "
-           "prompts, --save-session or --load-session)", o.tp);
+  VQ_CHECK(o.tp == 1 || !parallel,
+           "--tp {}: tensor parallelism runs one sequence for now (not with --parallel, several prompts or "
+           "--deterministic)", o.tp);
   vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   // The KV cache spec is checked before the (slow) model load.
@@ -286,9 +286,10 @@ void run_generate(const GenerateOptions& o) {
   const vx::ModelInfo& cfg = model.info();
   check_cache_fits_model(kv_config, cfg.head_dim, path);
   model.check_weights_finite();
-  if (o.tp > 1)
-    std::fprintf(stderr, "tp %d: %s\n", o.tp,
-                 vx::check_tensor_parallel(model, o.tp, resolve_device(o.device)).c_str());
+  if (o.tp > 1) {
+    const std::string where = vx::check_tensor_parallel(model, o.tp, resolve_device(o.device));
+    if (!o.quiet && resolve_device(o.device) == vx::Device::cuda) std::fprintf(stderr, "tp %d: %s\n", o.tp, where.c_str());
+  }
   if (o.n_ctx > 0) check_trained_context(o.n_ctx, cfg.n_ctx_train, o.allow_longer_context, "-c");
   // vecinfer: --calib, else (a known model: Model::is_default) the first-use calibration from the
   // Jargon File.

@@ -44,9 +44,10 @@ void run_perplexity(const PplOptions& o) {
   const vx::ModelInfo& info = model.info();
   check_cache_fits_model(cfg, info.head_dim, path);
   model.check_weights_finite();
-  if (o.tp > 1)
-    std::fprintf(stderr, "tp %d: %s\n", o.tp,
-                 vx::check_tensor_parallel(model, o.tp, resolve_device(o.device)).c_str());
+  if (o.tp > 1) {
+    const std::string where = vx::check_tensor_parallel(model, o.tp, resolve_device(o.device));
+    if (resolve_device(o.device) == vx::Device::cuda) std::fprintf(stderr, "tp %d: %s\n", o.tp, where.c_str());
+  }
   // -c given is checked against the trained context; the default stops at it.
   const int64_t trained = info.n_ctx_train;
   const int n_ctx = !o.ctx_given && trained > 1 ? int(std::min<int64_t>(o.n_ctx, trained)) : o.n_ctx;
