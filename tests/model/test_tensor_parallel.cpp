@@ -24,20 +24,13 @@
 #include "model/session.h"
 #include "model/tensor_parallel.h"
 #include "model/test_forward_tiny.h"
+#include "model/test_tp_util.h"
 #include "kvcache/kv_identity.h"
 #include "kvcache/seq_file.h"
 
 namespace vq::test {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(TPPlan, SplitsHeadsAndColumns) {
   // Llama-3.1-8B's geometry at tp 2: 16 query heads, 4 KV heads, 7168 MLP columns per rank.
@@ -138,29 +131,12 @@ std::vector<TPCase> cases() {
   return v;
 }
 
-KVSpec spec_of(const Model& m, const std::string& name) {
-  KVSpec s{parse_kv_cache_spec(name), nullptr};
-  if (s.config.method == KVMethod::vecinfer)
-    s.calibration = std::make_shared<const Calibration>(
-        random_calibration(s.config, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, 9));
-  return s;
-}
+KVSpec spec_of(const Model& m, const std::string& name) { return tp_spec_of(m, name); }
 
 // All logits of a 40-token prompt in chunks of 16, then 24 single decode steps (64 positions: the
 // VecInfer cache with r=0 codes the first blocks), through a session at the given tp.
 std::vector<float> logits_at(const Model& m, const KVSpec& spec, int tp) {
-  const int V = m.config().n_vocab, n = 64, n_prompt = 40;
-  std::mt19937_64 rng(17);
-  std::vector<int32_t> toks(static_cast<size_t>(n));
-  for (auto& t : toks) t = int32_t(rng() % uint64_t(V));
-  Session s(m, spec, n, 16, size_t(-1), KVDevice::cpu, tp);
-  EXPECT_EQ(s.tp(), tp);
-  std::vector<float> out(size_t(n) * V);
-  s.forward(toks.data(), n_prompt, out.data(), true);
-  for (int i = n_prompt; i < n; ++i) s.forward(toks.data() + i, 1, out.data() + size_t(i) * V);
-  EXPECT_EQ(s.pos(), n);
-  EXPECT_GT(s.kv_token_bytes(), 0u);
-  return out;
+  return tp_logits_at(m, spec, tp, KVDevice::cpu, 64, 40);
 }
 
 class TPForwardCases : public ::testing::TestWithParam<TPCase> {};

@@ -25,6 +25,7 @@
 #include "model/tensor_parallel.h"
 #include "gpu_test.h"
 #include "test_forward_tiny.h"
+#include "test_tp_util.h"
 
 #ifdef VQ_HAVE_CUDA
 #include "ops/cuda/collective_cuda.h"
@@ -35,14 +36,6 @@
 namespace vq::test {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 #ifdef VQ_HAVE_CUDA
 
@@ -131,30 +124,6 @@ std::vector<DevTPCase> dev_cases() {
   return v;
 }
 
-KVSpec dev_spec_of(const Model& m, const std::string& name) {
-  KVSpec s{parse_kv_cache_spec(name), nullptr};
-  if (s.config.method == KVMethod::vecinfer)
-    s.calibration = std::make_shared<const Calibration>(
-        random_calibration(s.config, m.config().n_layers, m.config().n_kv_heads, m.config().head_dim, 9));
-  return s;
-}
-
-// All logits of a 48-token prompt in chunks of 16, then 32 single decode steps, on the device.
-std::vector<float> dev_logits_at(const Model& m, const KVSpec& spec, int tp) {
-  const int V = m.config().n_vocab, n = 80, n_prompt = 48;
-  std::mt19937_64 rng(17);
-  std::vector<int32_t> toks(static_cast<size_t>(n));
-  for (auto& t : toks) t = int32_t(rng() % uint64_t(V));
-  Session s(m, spec, n, 16, size_t(-1), KVDevice::cuda, tp);
-  EXPECT_EQ(s.tp(), tp);
-  std::vector<float> out(size_t(n) * V, NAN);
-  s.forward(toks.data(), n_prompt, out.data(), true);
-  for (int i = n_prompt; i < n; ++i) s.forward(toks.data() + i, 1, out.data() + size_t(i) * V);
-  EXPECT_EQ(s.pos(), n);
-  EXPECT_GT(s.kv_token_bytes(), 0u);
-  return out;
-}
-
 class TPDeviceCases : public ::testing::TestWithParam<DevTPCase> {};
 
 TEST_P(TPDeviceCases, SplitOnOneGpuEqualsUnsplit) {
@@ -162,10 +131,10 @@ TEST_P(TPDeviceCases, SplitOnOneGpuEqualsUnsplit) {
   const DevTPCase& c = GetParam();
   const auto m = Model::load(write_tiny_model(c.spec, tiny_path("tpdev_" + c.name)));
   for (const char* kv : {"fp16", "vecinfer:d4b8,r=16,sink=0", "q8_0"}) {
-    const KVSpec spec = dev_spec_of(*m, kv);
-    const std::vector<float> ref = dev_logits_at(*m, spec, 1);  // the unsplit device forward
+    const KVSpec spec = tp_spec_of(*m, kv);
+    const std::vector<float> ref = tp_logits_at(*m, spec, 1, KVDevice::cuda, 80, 48);  // the unsplit device forward
     for (int tp : c.tps) {
-      const std::vector<float> got = dev_logits_at(*m, spec, tp);
+      const std::vector<float> got = tp_logits_at(*m, spec, tp, KVDevice::cuda, 80, 48);
       // Per position: max |split - unsplit| over the vocabulary, relative to the largest logit.
       const int V = m->config().n_vocab, n = int(ref.size()) / V;
       double scale = 0, worst = 0, mean = 0;
@@ -203,7 +172,7 @@ TEST(TPDevice, GreedyTokensAtTp2EqualTp1AndCpuSplit) {
   VQ_SKIP_WITHOUT_GPU();
   const DevTPCase c = dev_cases()[1];  // qwen2 with biases
   const auto m = Model::load(write_tiny_model(c.spec, tiny_path("tpdev_greedy")));
-  const KVSpec spec = dev_spec_of(*m, "fp16");
+  const KVSpec spec = tp_spec_of(*m, "fp16");
   const int V = m->config().n_vocab;
   auto greedy = [&](KVDevice dev, int tp) {
     Session s(*m, spec, 128, 16, size_t(-1), dev, tp);
@@ -233,7 +202,7 @@ TEST(TPDevice, BatchedStepEqualsSingleSteps) {
   VQ_SKIP_WITHOUT_GPU();
   const DevTPCase c = dev_cases()[0];
   const auto m = Model::load(write_tiny_model(c.spec, tiny_path("tpdev_batch")));
-  const KVSpec spec = dev_spec_of(*m, "vecinfer:d4b8,r=16,sink=0");
+  const KVSpec spec = tp_spec_of(*m, "vecinfer:d4b8,r=16,sink=0");
   const int V = m->config().n_vocab;
   std::vector<int32_t> a(40), b(23);
   for (size_t i = 0; i < a.size(); ++i) a[i] = int32_t((i * 37 + 5) % size_t(V));
@@ -283,7 +252,7 @@ TEST(TPDevice, PoolExhaustionOfARankThrowsBeforeChangingTheSequence) {
   VQ_SKIP_WITHOUT_GPU();
   const DevTPCase c = dev_cases()[0];
   const auto m = Model::load(write_tiny_model(c.spec, tiny_path("tpdev_budget")));
-  const KVSpec spec = dev_spec_of(*m, "fp16");
+  const KVSpec spec = tp_spec_of(*m, "fp16");
   // A budget of a few blocks per rank: a long prompt does not fit.
   TPForward f(*m, spec, 2, size_t(2) << 20, nullptr, KVDevice::cuda);
   TPSequence s = f.new_sequence();
