@@ -555,14 +555,19 @@ void check_room(KVStore& kv, const StepShape& s, const std::string& who) {
 
 }  // namespace
 
-// The step's bookkeeping on the host (every append, the rows' descriptors), its buffers sized and
-// its tokens and logits rows uploaded. Returns (first row, rows) per entry.
+// Device memory for every block the step may take and the step's buffers (may throw: out of device
+// memory), before anything changes.
+void reserve_step(ForwardDevice::Impl& m, const StepShape& s) {
+  m.kv.pool().reserve(s.counts);
+  m.reserve(s.rows, s.lrows);
+}
+
+// The step's bookkeeping on the host (every append, the rows' descriptors) and its tokens and
+// logits rows uploaded, after reserve_step. Returns (first row, rows) per entry.
 std::vector<std::pair<int, int>> prepare_step(ForwardDevice::Impl& m, const BatchEntry* entries, int n_entries,
                                               const StepShape& s) {
   KVStoreDevice& dev = m.dev;
   KVStore& kv = m.kv;
-  kv.pool().reserve(s.counts);  // device memory for every block the step may take, before any change
-  m.reserve(s.rows, s.lrows);   // (may throw: out of device memory; nothing changed yet)
   dev.begin_step();
   std::vector<int64_t> pos0(static_cast<size_t>(n_entries));
   for (int e = 0; e < n_entries; ++e) {
@@ -624,6 +629,7 @@ void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
   const StepShape s = measure(kv_, entries, n_entries);
   if (s.rows == 0) return;
   check_room(kv_, s, "kv pool");
+  reserve_step(m, s);
   const std::vector<std::pair<int, int>> entry_rows = prepare_step(m, entries, n_entries, s);
   const int rows = s.rows, lrows = s.lrows;
   void* st = dev.stream();
@@ -732,6 +738,10 @@ void TPForwardDevice::step(const TPBatchEntry* tentries, int n_entries) {
   if (shapes[0].rows == 0) return;
   for (int r = 0; r < tp; ++r)
     check_room(*ranks_[size_t(r)]->kv, shapes[size_t(r)], fmt::format("kv pool of tp rank {}", r));
+  for (int r = 0; r < tp; ++r) {  // every rank's memory before any rank's sequences change
+    cuda::DeviceScope on(comm_->device(r));
+    reserve_step(*ranks_[size_t(r)]->impl, shapes[size_t(r)]);
+  }
   const int rows = shapes[0].rows;
   std::vector<void*> streams(static_cast<size_t>(tp));
   std::vector<float*> parts(static_cast<size_t>(tp));

@@ -352,6 +352,32 @@ TEST(TPForward, SessionFileOverRanksContinuesExactly) {
     std::ofstream(path + ".bad", std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
   }
   EXPECT_THROW(load_tp_sequence(path + ".bad", stores_of(b), ids_of(b)), SessionFileError);
+  // A forged table (each field of the split header and part table), with the trailer rewritten or
+  // not: refused with SessionFileError, nothing read past the file.
+  {
+    std::ifstream in(path, std::ios::binary);
+    const std::vector<uint8_t> good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto forged = [&](size_t off, uint64_t value, int bytes) {
+      std::vector<uint8_t> f = good;
+      std::memcpy(f.data() + off, &value, size_t(bytes));
+      std::ofstream(path + ".forged", std::ios::binary).write(reinterpret_cast<const char*>(f.data()),
+                                                              std::streamsize(f.size()));
+      return error_of([&] {
+        try {
+          load_tp_sequence(path + ".forged", stores_of(b), ids_of(b));
+        } catch (const SessionFileError& e) {
+          throw Error(e.what());
+        }
+      });
+    };
+    EXPECT_NE(forged(8, 7, 4).find("version 7"), std::string::npos);                  // version
+    EXPECT_NE(forged(12, 3, 4).find("split over 3"), std::string::npos);              // tp
+    EXPECT_NE(forged(16, good.size() + 1, 8).find("declares"), std::string::npos);    // file bytes
+    EXPECT_NE(forged(24, uint64_t(1) << 62, 8).find("runs past"), std::string::npos);  // part 0 bytes
+    EXPECT_NE(forged(24, 8, 8).find("runs past"), std::string::npos);                  // shorter than a header
+    EXPECT_NE(forged(32, 100, 8).find("rank 1"), std::string::npos);                  // part 1 bytes
+    EXPECT_NE(forged(0, 0, 8).find("bad magic"), std::string::npos);
+  }
   TPForward tiny_pool(*m, spec, 2, size_t(1) << 10);
   const size_t used0 = tiny_pool.store(0).pool().used_bytes(), used1 = tiny_pool.store(1).pool().used_bytes();
   EXPECT_THROW(load_tp_sequence(path, stores_of(tiny_pool), ids_of(tiny_pool)), KVPoolExhausted);
