@@ -58,6 +58,8 @@ const std::vector<EnvVar>& env_vars() {
        "The server's API key when neither --api-key nor --api-key-file is given (clients send Authorization: Bearer KEY)."},
       {"VQ_PROFILE_STEP", "any value", "unset", "tools/veloxquant/bench_e2e_device.cpp",
        "Set (non-empty): the device benchmark marks its first timed decode step as the profiler range (ncu with --profile-from-start off)."},
+      {"VQ_NCCL_LIBRARY", "a file", "libnccl.so.2 (found on the library path)", "src/ops/cuda/collective.cu",
+       "The NCCL library a tensor-parallel run over several GPUs loads (--tp N with --device cuda). NCCL_NVLS_ENABLE is set to 0 unless the environment sets it."},
   };
   return vars;
 }

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 
+#include "core/env.h"
 #include "ops/cuda/collective_cuda.h"
 #include "ops/cuda/cuda_check.cuh"
 #include "ops/cuda/device.h"
@@ -138,8 +139,8 @@ const Nccl& nccl() {
   static Nccl n;
   static std::once_flag once;
   std::call_once(once, [] {
-    const char* env = std::getenv("VQ_NCCL_LIBRARY");
-    n.file = env && *env ? env : "libnccl.so.2";
+    const std::string env = env_or_empty("VQ_NCCL_LIBRARY");
+    n.file = env.empty() ? "libnccl.so.2" : env;
     n.lib = dlopen(n.file.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!n.lib) {
       const char* e = dlerror();
