@@ -113,7 +113,8 @@ void Session::save(const std::string& path, const std::vector<int32_t>& tokens) 
       seqs.push_back(&s.tp_sequence().ranks[size_t(r)]);
       ids.push_back(vq::kv_identity(tp->store(r), impl_->model.info().path));
     }
-    vq::save_tp_sequence(path, kv, seqs, tokens, ids);
+    vq::save_tp_sequence(path, kv, seqs, tokens, ids,
+                         [tp](int r, const std::function<void()>& f) { tp->on_rank(r, f); });
     return;
   }
   vq::save_sequence(path, s.store(), s.sequence(), tokens,
@@ -130,15 +131,17 @@ LoadedSession Session::load(const std::string& path) {
       kv.push_back(&tp->store(r));
       ids.push_back(vq::kv_identity(tp->store(r), impl_->model.info().path));
     }
-    std::vector<vq::LoadedSequence> ld = vq::load_tp_sequence(path, kv, ids);
+    std::vector<vq::LoadedSequence> ld =
+        vq::load_tp_sequence(path, kv, ids, [tp](int r, const std::function<void()>& f) { tp->on_rank(r, f); });
     if (ld[0].n_kv > s.n_ctx()) {
-      for (int r = 0; r < tp->tp(); ++r) kv[size_t(r)]->release(ld[size_t(r)].seq);
+      for (int r = 0; r < tp->tp(); ++r) tp->on_rank(r, [&] { kv[size_t(r)]->release(ld[size_t(r)].seq); });
       VQ_FAIL("session load '{}': {} tokens in its KV do not fit the context of {}", path, ld[0].n_kv, s.n_ctx());
     }
-    for (int r = 0; r < tp->tp(); ++r) {
-      kv[size_t(r)]->release(s.tp_sequence().ranks[size_t(r)]);
-      s.tp_sequence().ranks[size_t(r)] = std::move(ld[size_t(r)].seq);
-    }
+    for (int r = 0; r < tp->tp(); ++r)
+      tp->on_rank(r, [&] {
+        kv[size_t(r)]->release(s.tp_sequence().ranks[size_t(r)]);
+        s.tp_sequence().ranks[size_t(r)] = std::move(ld[size_t(r)].seq);
+      });
     return {std::move(ld[0].tokens), ld[0].n_kv};
   }
   vq::LoadedSequence ld = vq::load_sequence(path, s.store(), vq::kv_identity(s.store(), impl_->model.info().path));

@@ -205,8 +205,15 @@ LoadedSequence adopt_parsed_sequence(ParsedSession p, KVStore& kv, const Session
   return out;
 }
 
+namespace {
+void run_on(const RankRunner& on_rank, int r, const std::function<void()>& f) {
+  if (on_rank) on_rank(r, f);
+  else f();
+}
+}  // namespace
+
 void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>& kv, const std::vector<const SeqKV*>& s,
-                      const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids) {
+                      const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids, const RankRunner& on_rank) {
   const size_t tp = kv.size();
   VQ_CHECK(tp >= 1 && s.size() == tp && ids.size() == tp, "session save '{}': {} stores, {} sequences, {} identities",
            path, tp, s.size(), ids.size());
@@ -214,7 +221,9 @@ void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>
   for (size_t r = 0; r < tp; ++r) {
     VQ_CHECK(s[r]->size() == s[0]->size(), "session save '{}': rank {} holds {} tokens, rank 0 {}", path, r,
              s[r]->size(), s[0]->size());
-    parts.push_back(encode_sequence(*kv[r], *s[r], tokens, ids[r], true, fmt::format("{} (rank {})", path, r)));
+    run_on(on_rank, int(r), [&] {
+      parts.push_back(encode_sequence(*kv[r], *s[r], tokens, ids[r], true, fmt::format("{} (rank {})", path, r)));
+    });
   }
   std::vector<uint8_t> out(24 + 8 * tp);
   std::memcpy(out.data(), kTPSessionMagic, 8);
@@ -234,7 +243,7 @@ void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>
 }
 
 std::vector<LoadedSequence> load_tp_sequence(const std::string& path, const std::vector<KVStore*>& kv,
-                                             const std::vector<KVIdentity>& ids) {
+                                             const std::vector<KVIdentity>& ids, const RankRunner& on_rank) {
   const size_t tp = kv.size();
   VQ_CHECK(tp >= 1 && ids.size() == tp, "session load '{}': {} stores, {} identities", path, tp, ids.size());
   std::vector<SessionExpect> e;
@@ -249,9 +258,10 @@ std::vector<LoadedSequence> load_tp_sequence(const std::string& path, const std:
   }
   std::vector<LoadedSequence> out;
   try {
-    for (size_t r = 0; r < tp; ++r) out.push_back(adopt_parsed_sequence(std::move(parsed[r]), *kv[r], e[r]));
+    for (size_t r = 0; r < tp; ++r)
+      run_on(on_rank, int(r), [&] { out.push_back(adopt_parsed_sequence(std::move(parsed[r]), *kv[r], e[r])); });
   } catch (...) {
-    for (size_t r = 0; r < out.size(); ++r) kv[r]->release(out[r].seq);
+    for (size_t r = 0; r < out.size(); ++r) run_on(on_rank, int(r), [&] { kv[r]->release(out[r].seq); });
     throw;
   }
   return out;

@@ -23,6 +23,7 @@
 // well-formed file, and the finite and bounds checks are what keep such a file harmless.
 // Unused slots of a partial block are written as zeros (no stale pool memory on disk).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,10 +63,14 @@ LoadedSequence adopt_parsed_sequence(ParsedSession p, KVStore& kv, const Session
 // store kv[r] with identity ids[r], the same tokens for every rank. Loading reads a file saved
 // over exactly kv.size() ranks into new blocks of each rank's store: every part is parsed and
 // checked before any block is taken, and a rank's full pool gives back what earlier ranks took.
+// on_rank(r, f): runs f where rank r's store is reachable (its GPU current: TPForward::on_rank);
+// empty: f is called as it is.
+using RankRunner = std::function<void(int rank, const std::function<void()>& f)>;
 void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>& kv, const std::vector<const SeqKV*>& s,
-                      const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids);
+                      const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids,
+                      const RankRunner& on_rank = {});
 std::vector<LoadedSequence> load_tp_sequence(const std::string& path, const std::vector<KVStore*>& kv,
-                                             const std::vector<KVIdentity>& ids);
+                                             const std::vector<KVIdentity>& ids, const RankRunner& on_rank = {});
 
 // A sequence's bytes checked by parse_session, kept with their block views (the shared prefix
 // store's fetched entries, handed from an HTTP thread to the engine's).

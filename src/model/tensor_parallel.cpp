@@ -277,6 +277,18 @@ std::string tp_placement(int tp, KVDevice device) {
 #endif
 }
 
+void TPForward::on_rank(int r, const std::function<void()>& f) const {
+  VQ_CHECK(r >= 0 && r < plan_.tp, "tp: rank {} of {}", r, plan_.tp);
+#ifdef VQ_HAVE_CUDA
+  if (dev_) {
+    cuda::DeviceScope on(dev_->communicator().device(r));
+    f();
+    return;
+  }
+#endif
+  f();
+}
+
 std::string TPForward::describe_ranks() const {
   if (!dev_) return "simulated in turn on the cpu";
   const cuda::DeviceCommunicator& c = dev_->communicator();

@@ -13,6 +13,7 @@
 // turn with its own weight shards and its own KVStore (holding only that rank's KV heads), and
 // a Communicator sums the partials. See docs/TENSOR_PARALLEL.md for the GPU / NCCL side.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -135,6 +136,9 @@ class TPForward {
             const TPDeviceOptions& dev_opt = {});
   ~TPForward();
   KVDevice device() const { return device_; }
+  // Runs f with rank r's GPU current (device cuda: its allocations, copies and launches go there);
+  // on the CPU just f.
+  void on_rank(int r, const std::function<void()>& f) const;
   // device cuda: "nccl over devices 0, 1" / "local (every rank on device 0)"; cpu: "local (cpu)".
   std::string describe_ranks() const;
 
