@@ -36,6 +36,10 @@ struct EngineOptions {
   // A prefix cache on the compressed blocks: a request whose prompt starts with tokens an earlier
   // request computed takes their KV instead of recomputing it (either device).
   bool prefix_cache = false;
+  // Tensor-parallel ranks (SessionOptions::tp): every sequence's KV split by heads over tp pools of
+  // kv_budget_bytes / tp each, on the device's GPUs (docs/TENSOR_PARALLEL.md). Not with
+  // deterministic.
+  int tp = 1;
 };
 
 struct SequenceResult {

@@ -26,6 +26,7 @@ struct ServerOptions {
   int max_step_tokens = 512;     // rows per engine step (decode tokens + prefill chunks)
   int n_ctx = 0;                 // positions per sequence; 0: the model's training context
   bool deterministic = false;    // batch-invariant mode (EngineOptions::deterministic)
+  int tp = 1;                    // tensor-parallel ranks (EngineOptions::tp); not with prefix_store
   // The prefix cache and the named sessions (on either device's pool).
   bool prefix_cache = true;
   std::string session_dir = "sessions";  // made at the first save when absent

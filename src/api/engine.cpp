@@ -1,4 +1,6 @@
 // veloxquant::Engine over vq::Engine (src/engine).
+#include <algorithm>
+
 #include "api/impl.h"
 #include "engine/engine.h"
 #include "model/session.h"
@@ -35,6 +37,8 @@ static vq::EngineOptions engine_options(const Model& model, const KVSpec& spec, 
   e.device = to_internal(o.device);
   e.deterministic = o.deterministic;
   e.prefix_cache = o.prefix_cache;
+  e.tp = o.tp;
+  if (o.tp > 1) check_tensor_parallel(model, o.tp, o.device);
   if (o.prefix_cache) {  // the identity (model file, spec, calibration) roots the cache's hash chains
     auto probe = vq::make_kv_store(ApiAccess::model(model), ApiAccess::spec(spec), 0);
     e.kv_identity = vq::kv_identity(*probe, model.info().path).combined();
@@ -45,7 +49,7 @@ static vq::EngineOptions engine_options(const Model& model, const KVSpec& spec, 
 Engine::Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt)
     // new Impl{...}: the internal engine is built in place (it cannot move).
     : impl_(new Impl{model, 0, vq::Engine(ApiAccess::model(model), ApiAccess::spec(spec), engine_options(model, spec, opt))}) {
-  impl_->codebook_bytes = impl_->engine.kv().codebook_bytes();
+  for (int r = 0; r < impl_->engine.tp(); ++r) impl_->codebook_bytes += impl_->engine.kv(r).codebook_bytes();
 }
 Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
@@ -86,10 +90,20 @@ EngineStats Engine::stats() const {
 }
 
 PoolMemory Engine::memory() const {
-  const vq::KVPool& p = impl_->engine.kv().pool();
-  return {p.used_bytes(), p.peak_bytes(), p.budget_bytes(), impl_->codebook_bytes};
+  PoolMemory m{0, 0, 0, impl_->codebook_bytes};  // summed over the tensor-parallel ranks
+  for (int r = 0; r < impl_->engine.tp(); ++r) {
+    const vq::KVPool& p = impl_->engine.kv(r).pool();
+    m.used_bytes += p.used_bytes(), m.peak_bytes += p.peak_bytes(), m.budget_bytes += p.budget_bytes();
+  }
+  return m;
 }
 
-size_t Engine::min_budget_bytes() const { return veloxquant::min_budget_bytes(impl_->engine.kv()); }
+size_t Engine::min_budget_bytes() const {
+  // Every rank's pool gets budget / tp: tp times the largest rank's minimum.
+  size_t most = 0;
+  for (int r = 0; r < impl_->engine.tp(); ++r)
+    most = std::max(most, veloxquant::min_budget_bytes(impl_->engine.kv(r)));
+  return most * size_t(impl_->engine.tp());
+}
 
 }  // namespace veloxquant

@@ -57,6 +57,12 @@ void check_options(const ServerOptions& o) {
     VQ_CHECK(o.prefix_cache, "server: the prefix_store holds the prefix cache's points; prefix_cache is off");
     check_prefix_store_url(o.prefix_store, "server: prefix_store");
   }
+  VQ_CHECK(o.tp >= 1 && o.tp <= 1024, "server: tp {} must be in 1..1024", o.tp);
+  VQ_CHECK(o.tp == 1 || o.prefix_store.empty(),
+           "server: tp {}: the shared prefix store holds unsplit points; it is not available with tensor parallelism",
+           o.tp);
+  VQ_CHECK(o.tp == 1 || !o.deterministic,
+           "server: tp {}: the deterministic mode is not available with tensor parallelism", o.tp);
 }
 
 std::string model_name_of(const ServerOptions& o, const std::string& path) {
@@ -103,6 +109,8 @@ Server::Server(const Model& model, const KVSpec& spec, const ServerOptions& o) :
   eo.n_ctx = o.n_ctx;
   eo.deterministic = o.deterministic;
   eo.prefix_cache = o.prefix_cache;
+  eo.tp = o.tp;
+  if (o.tp > 1) check_tensor_parallel(model, o.tp, o.device);
   // The identity (model file, spec, calibration) roots the prefix cache's hash chains and names
   // session files; a store of the spec without blocks gives the spec's shape.
   vq::KVIdentity identity;

@@ -111,7 +111,8 @@ void Session::save(const std::string& path, const std::vector<int32_t>& tokens) 
     for (int r = 0; r < tp->tp(); ++r) {
       kv.push_back(&tp->store(r));
       seqs.push_back(&s.tp_sequence().ranks[size_t(r)]);
-      ids.push_back(vq::kv_identity(tp->store(r), impl_->model.info().path));
+      ids.push_back(r == 0 ? vq::kv_identity(tp->store(0), impl_->model.info().path)
+                           : vq::kv_identity_like(ids[0], tp->store(r)));
     }
     vq::save_tp_sequence(path, kv, seqs, tokens, ids,
                          [tp](int r, const std::function<void()>& f) { tp->on_rank(r, f); });
@@ -129,7 +130,8 @@ LoadedSession Session::load(const std::string& path) {
     std::vector<vq::KVIdentity> ids;
     for (int r = 0; r < tp->tp(); ++r) {
       kv.push_back(&tp->store(r));
-      ids.push_back(vq::kv_identity(tp->store(r), impl_->model.info().path));
+      ids.push_back(r == 0 ? vq::kv_identity(tp->store(0), impl_->model.info().path)
+                           : vq::kv_identity_like(ids[0], tp->store(r)));
     }
     std::vector<vq::LoadedSequence> ld =
         vq::load_tp_sequence(path, kv, ids, [tp](int r, const std::function<void()>& f) { tp->on_rank(r, f); });

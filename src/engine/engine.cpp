@@ -21,7 +21,7 @@ const char* finish_reason_name(FinishReason r) {
 struct Engine::Seq {
   int64_t id = 0;
   Request req;
-  SeqKV kv;
+  TPSequence kv;  // every rank's KV (ranks[0] alone at tp = 1)
   // tokens: the prompt, then every sampled token; the sequence has fed kv.size() of them.
   std::vector<int32_t> tokens;
   int n_generated = 0;
@@ -41,14 +41,54 @@ struct Engine::Seq {
   }
 };
 
-Engine::Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt)
-    : model_(model), opt_(opt), kv_(make_kv_store(model, spec, opt.kv_budget_bytes, opt.device)), fwd_(model, *kv_) {
+Engine::Engine(const Model& model, const KVSpec& spec, const EngineOptions& opt) : model_(model), opt_(opt) {
   VQ_CHECK(opt.max_sequences >= 1, "engine: max_sequences {} must be >= 1", opt.max_sequences);
   VQ_CHECK(opt.max_step_tokens >= 1, "engine: max_step_tokens {} must be >= 1", opt.max_step_tokens);
   VQ_CHECK(opt.n_ctx >= 0, "engine: n_ctx {} must be >= 0", opt.n_ctx);
+  VQ_CHECK(opt.tp >= 1, "--tp: {} must be >= 1", opt.tp);
+  VQ_CHECK(opt.tp == 1 || !opt.deterministic,
+           "--tp {}: the deterministic mode is not available with tensor parallelism (its batch-invariant kernels "
+           "are the unsplit forward's)", opt.tp);
   if (opt_.n_ctx == 0) opt_.n_ctx = int(std::min<int64_t>(model.config().n_ctx_train > 0 ? model.config().n_ctx_train : 4096, 1 << 20));
-  if (opt_.prefix_cache) cache_ = std::make_unique<PrefixCache>(*kv_, opt_.kv_identity);
-  fwd_.set_deterministic(opt_.deterministic);
+  if (opt.tp > 1) {
+    tp_ = std::make_unique<TPForward>(model, spec, opt.tp, opt.kv_budget_bytes, nullptr, opt.device);
+    for (int r = 0; r < opt.tp; ++r) stores_.push_back(&tp_->store(r));
+  } else {
+    kv_ = make_kv_store(model, spec, opt.kv_budget_bytes, opt.device);
+    fwd_ = std::make_unique<Forward>(model, *kv_);
+    fwd_->set_deterministic(opt_.deterministic);
+    stores_.push_back(kv_.get());
+  }
+  if (opt_.prefix_cache)
+    cache_ = std::make_unique<PrefixCache>(*stores_[0], std::vector<KVStore*>(stores_.begin() + 1, stores_.end()),
+                                           opt_.kv_identity);
+}
+
+TPSequence Engine::new_seq() {
+  TPSequence s;
+  for (size_t r = 0; r < stores_.size(); ++r) s.ranks.push_back(stores_[r]->new_sequence());
+  return s;
+}
+
+void Engine::release_seq(TPSequence& s) {
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    if (tp_) tp_->on_rank(int(r), [&] { stores_[r]->release(s.ranks[r]); });
+    else stores_[r]->release(s.ranks[r]);
+  }
+  s.ranks.clear();
+}
+
+TPSequence Engine::fork_seq(const SeqKV& r0, const SeqKV* extra, int64_t n) {
+  TPSequence s;  // forks made before a failure go back when s is dropped
+  s.ranks.push_back(stores_[0]->fork(r0, n));
+  for (size_t r = 1; r < stores_.size(); ++r) s.ranks.push_back(stores_[r]->fork(extra[r - 1], n));
+  return s;
+}
+
+size_t Engine::seq_bytes(const TPSequence& s, size_t (KVStore::*f)(const SeqKV&) const) const {
+  size_t b = 0;
+  for (size_t r = 0; r < s.ranks.size(); ++r) b += (stores_[r]->*f)(s.ranks[r]);
+  return b;
 }
 
 Engine::~Engine() = default;
@@ -103,21 +143,21 @@ void Engine::finish(Seq& s, FinishReason why, const std::string& error) {
   const bool completed = why == FinishReason::length || why == FinishReason::eos || why == FinishReason::stop;
   if (cache_ && completed && s.kv.valid() && s.fed() > 0) {
     // The sequence's end, for a next turn that extends this conversation.
-    const PrefixCache::Inserted p = cache_->insert(s.tokens.data(), s.fed(), s.kv);
+    const PrefixCache::Inserted p = cache_->insert(s.tokens.data(), s.fed(), s.kv.ranks[0], s.kv.ranks.data() + 1);
     if (s.rolling_point >= 0 && s.rolling_point != p.point) cache_->erase(s.rolling_point);
   }
   if (s.kv.valid()) {
-    r.kv_token_bytes = kv_->token_bytes(s.kv);
-    r.kv_allocated_bytes = kv_->allocated_bytes(s.kv);
-    r.kv_fp16_bytes = kv_->fp16_bytes(s.kv);
+    r.kv_token_bytes = seq_bytes(s.kv, &KVStore::token_bytes);
+    r.kv_allocated_bytes = seq_bytes(s.kv, &KVStore::allocated_bytes);
+    r.kv_fp16_bytes = seq_bytes(s.kv, &KVStore::fp16_bytes);
   }
-  kv_->release(s.kv);
+  release_seq(s.kv);
   if (s.req.on_finish) s.req.on_finish(r);
 }
 
 void Engine::preempt(Seq& s) {
   // Recomputed later from its tokens; the sampler keeps its history and RNG state.
-  kv_->release(s.kv);
+  release_seq(s.kv);
   ++stats_.preemptions;
 }
 
@@ -134,7 +174,7 @@ void Engine::admit() {
         continue;
       }
     }
-    if (!s.kv.valid()) s.kv = kv_->new_sequence();
+    if (!s.kv.valid()) s.kv = new_seq();
     if (cache_ && s.kv.size() == 0) attach_cached_prefix(s);
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
@@ -143,7 +183,11 @@ void Engine::admit() {
 
 void Engine::adopt_stored_prefix(Seq& s) {
   const std::shared_ptr<const StoredPrefix> sp = std::move(s.req.stored_prefix);
-  const int64_t len = int64_t(s.tokens.size()), B = kv_->block_tokens(), n = sp->parsed.n_kv;
+  const int64_t len = int64_t(s.tokens.size()), B = kv().block_tokens(), n = sp->parsed.n_kv;
+  if (tp_) {  // a stored prefix holds rank 0's heads only (the server refuses the store with --tp)
+    ++stats_.store_not_adopted;
+    return;
+  }
   if (n <= 0 || n % B != 0 || n > len - 1 || int64_t(sp->parsed.tokens.size()) != n ||
       !std::equal(sp->parsed.tokens.begin(), sp->parsed.tokens.end(), s.tokens.begin())) {
     ++stats_.store_not_adopted;  // not a block-aligned point of this prompt
@@ -152,9 +196,9 @@ void Engine::adopt_stored_prefix(Seq& s) {
   if (cache_->find(s.tokens.data(), len, len - 1).n >= n) return;  // the local cache has as much
   for (;;) {
     try {
-      LoadedSequence l = adopt_parsed_sequence(sp->parsed, *kv_, sp->expect);
+      LoadedSequence l = adopt_parsed_sequence(sp->parsed, kv(), sp->expect);
       cache_->insert(s.tokens.data(), n, l.seq);
-      kv_->release(l.seq);
+      kv().release(l.seq);
       ++stats_.store_adopted;
       stats_.store_adopted_tokens += n;
       return;
@@ -166,14 +210,16 @@ void Engine::adopt_stored_prefix(Seq& s) {
 }
 
 void Engine::attach_cached_prefix(Seq& s) {
-  const int64_t len = int64_t(s.tokens.size()), B = kv_->block_tokens();
+  const int64_t len = int64_t(s.tokens.size()), B = kv().block_tokens();
   if (s.req.stored_prefix) adopt_stored_prefix(s);
   const PrefixCache::Hit h = cache_->lookup(s.tokens.data(), len, len - 1);  // it feeds >= 1 token itself
   if (h.seq) {
     try {
-      s.kv = kv_->fork(*h.seq, h.n);
+      TPSequence f = fork_seq(*h.seq, h.extra, h.n);
+      release_seq(s.kv);
+      s.kv = std::move(f);
     } catch (const Error&) {
-      s.kv = kv_->new_sequence();  // cannot happen for a point (it holds its position's forms): recompute
+      // cannot happen for a point (it holds its position's forms): recompute (s.kv stays empty)
     }
   }
   s.cuts.clear();
@@ -184,12 +230,12 @@ void Engine::attach_cached_prefix(Seq& s) {
 
 void Engine::cache_points(const BatchEntry& e, Seq& s) {
   const int64_t n = s.fed();
-  if (n % kv_->block_tokens() != 0) return;
-  const PrefixCache::Inserted p = cache_->insert(s.tokens.data(), n, s.kv);
+  if (n % kv().block_tokens() != 0) return;
+  const PrefixCache::Inserted p = cache_->insert(s.tokens.data(), n, s.kv.ranks[0], s.kv.ranks.data() + 1);
   // Written through only at the cuts (where the cached chain ends, the prompt's last full block):
   // the points another replica can start from; plain chunk ends would resend the prefix each time.
   if (e.n > 1 && p.created && opt_.on_prefill_point && std::find(s.cuts.begin(), s.cuts.end(), n) != s.cuts.end())
-    opt_.on_prefill_point(s.tokens.data(), n, s.kv);
+    opt_.on_prefill_point(s.tokens.data(), n, s.kv.ranks[0]);
   if (e.n > 1 || !p.created) return;  // prefill points stay (LRU)
   // Decoding: keep only the latest point of this sequence; its end is cached when it finishes.
   if (s.rolling_point >= 0) cache_->erase(s.rolling_point);
@@ -209,9 +255,9 @@ bool Engine::fork_children(Seq& parent) {
     n = std::min<int64_t>(n, int64_t(c->tokens.size()) - 1);
     if (n > 0) {
       try {
-        c->kv = kv_->fork(parent.kv, n);
+        c->kv = fork_seq(parent.kv.ranks[0], parent.kv.ranks.data() + 1, n);
       } catch (const Error&) {
-        c->kv = SeqKV();  // the parent no longer holds that point: start from scratch
+        c->kv = TPSequence();  // the parent no longer holds that point: start from scratch
       }
     }
     waiting_.push_front(std::move(c));
@@ -268,9 +314,9 @@ bool Engine::step() {
     int budget = opt_.max_step_tokens;
     auto add = [&](Seq& q, int n) {
       if (q.logits.empty()) q.logits.resize(size_t(V));
-      if (!q.kv.valid()) q.kv = kv_->new_sequence();
+      if (!q.kv.valid()) q.kv = new_seq();
       BatchEntry e;
-      e.seq = &q.kv;
+      e.seq = &q.kv.ranks[0];
       e.tokens = q.tokens.data() + q.fed();
       e.n = n;
       e.logits = q.fed() + n == int64_t(q.tokens.size()) ? LogitsWanted::last : LogitsWanted::none;
@@ -294,9 +340,14 @@ bool Engine::step() {
       }
       if (budget > 0) add(*q, int(std::min<int64_t>({q->pending(), int64_t(budget), q->until_cut()})));
     }
-    std::vector<int64_t> counts;
-    for (const BatchEntry& e : entries_) kv_->blocks_for_append(*e.seq, e.n, counts);
-    if (!entries_.empty() && kv_->pool().can_allocate(counts)) break;
+    bool fits = !entries_.empty();
+    for (size_t r = 0; r < stores_.size() && fits; ++r) {  // every rank's pool (the same appends)
+      std::vector<int64_t> counts;
+      for (size_t i = 0; i < entries_.size(); ++i)
+        stores_[r]->blocks_for_append(entry_seq_[i]->kv.ranks[r], entries_[i].n, counts);
+      fits = stores_[r]->pool().can_allocate(counts);
+    }
+    if (fits) break;
     if (!entries_.empty() && cache_ && cache_->evict_one()) continue;  // cached prefixes go first
     if (entries_.size() > 1 && entries_.back().n > 1) {
       no_prefill.push_back(entry_seq_.back());
@@ -315,19 +366,30 @@ bool Engine::step() {
     running_.pop_back();
     const int64_t n = std::min<int64_t>(q->pending(), opt_.max_step_tokens);
     std::vector<int64_t> c1;
-    kv_->blocks_for_append(q->kv, n, c1);
+    if (!q->kv.valid()) q->kv = new_seq();
+    kv().blocks_for_append(q->kv.ranks[0], n, c1);
     finish(*q, FinishReason::error,
-           fmt::format("the KV pool budget of {:.1f} MiB cannot hold this sequence's next {} tokens (they need {:.2f} "
-                       "MiB more, {:.2f} MiB are free)",
-                       double(kv_->pool().budget_bytes()) / 1048576.0, n, double(kv_->pool().bytes_of(c1)) / 1048576.0,
-                       double(kv_->pool().free_bytes()) / 1048576.0));
+           fmt::format("the KV pool budget of {:.1f} MiB{} cannot hold this sequence's next {} tokens (they need "
+                       "{:.2f} MiB more, {:.2f} MiB are free)",
+                       double(kv().pool().budget_bytes()) / 1048576.0, tp_ ? " of each tensor-parallel rank" : "", n,
+                       double(kv().pool().bytes_of(c1)) / 1048576.0, double(kv().pool().free_bytes()) / 1048576.0));
     fork_children(*q);
     publish_stats();
     return true;
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  fwd_.step(entries_.data(), int(entries_.size()));
+  if (tp_) {
+    tp_entries_.clear();
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      const BatchEntry& e = entries_[i];
+      tp_entries_.push_back(TPBatchEntry{&entry_seq_[i]->kv, e.tokens, e.n, e.logits == LogitsWanted::all,
+                                         e.logits == LogitsWanted::none ? nullptr : e.out});
+    }
+    tp_->step(tp_entries_.data(), int(tp_entries_.size()));
+  } else {
+    fwd_->step(entries_.data(), int(entries_.size()));
+  }
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (cache_)
     for (size_t i = 0; i < entries_.size(); ++i) cache_points(entries_[i], *entry_seq_[i]);
@@ -381,8 +443,11 @@ bool Engine::step() {
 void Engine::publish_stats() {
   std::lock_guard<std::mutex> lock(mu_);
   if (cache_) stats_.prefix = cache_->stats();
-  stats_.pool_used_bytes = kv_->pool().used_bytes();
-  stats_.pool_budget_bytes = kv_->pool().budget_bytes();
+  stats_.pool_used_bytes = stats_.pool_budget_bytes = 0;
+  for (const KVStore* st : stores_) {  // summed over the ranks
+    stats_.pool_used_bytes += st->pool().used_bytes();
+    stats_.pool_budget_bytes += st->pool().budget_bytes();
+  }
 }
 
 void Engine::run() {

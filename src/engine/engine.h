@@ -39,6 +39,7 @@
 #include "kvcache/seq_file.h"
 #include "model/sampler.h"
 #include "model/session.h"
+#include "model/tensor_parallel.h"
 
 namespace vq {
 
@@ -53,6 +54,10 @@ struct EngineOptions {
   bool prefix_cache = false;  // cache prefixes' KV for later requests (see above)
   uint64_t kv_identity = 0;   // root of the prefix cache's hash chains (kv_identity.h)
   KVDevice device = KVDevice::cpu;  // where the pool lives and the steps run
+  // Tensor-parallel ranks (model/tensor_parallel.h): every sequence's KV split by heads over tp
+  // stores (each kv_budget_bytes / tp), the steps run by TPForward; scheduling, forks and the
+  // prefix cache act on every rank alike. Not with `deterministic` or a shared prefix store.
+  int tp = 1;
   // Batch-invariant mode: a sequence's tokens do not depend on what else runs beside it. Prefill
   // chunks are cut at fixed positions (multiples of max_step_tokens, and the prefix cache's cuts),
   // never by what budget the other sequences leave: the first prefill chunk of a step is taken
@@ -124,8 +129,13 @@ class Engine {
   bool idle() const;
 
   EngineStats stats() const;
-  const KVStore& kv() const { return *kv_; }
-  KVStore& kv() { return *kv_; }
+  // Rank 0's store (the only one at tp = 1); kv(r) rank r's.
+  const KVStore& kv() const { return *stores_[0]; }
+  KVStore& kv() { return *stores_[0]; }
+  KVStore& kv(int rank) { return *stores_[size_t(rank)]; }
+  const KVStore& kv(int rank) const { return *stores_[size_t(rank)]; }
+  int tp() const { return int(stores_.size()); }
+  TPForward* tensor_parallel() { return tp_.get(); }  // null at tp = 1
   const Model& model() const { return model_; }
   const EngineOptions& options() const { return opt_; }
   // The prefix cache (nullptr when off); the engine's thread only, between steps.
@@ -141,12 +151,20 @@ class Engine {
   void adopt_stored_prefix(Seq& s);  // s.req.stored_prefix into the prefix cache, when it helps
   void cache_points(const BatchEntry& e, Seq& s);
   void publish_stats();  // copies what other threads may read into stats_
+  // A sequence's KV over every rank's store (ranks[0] alone at tp = 1).
+  TPSequence new_seq();
+  void release_seq(TPSequence& s);
+  // Forks of r0 (rank 0) and extra (ranks 1..) at n tokens: all or none (throws vq::Error).
+  TPSequence fork_seq(const SeqKV& r0, const SeqKV* extra, int64_t n);
+  size_t seq_bytes(const TPSequence& s, size_t (KVStore::*f)(const SeqKV&) const) const;
 
   const Model& model_;
   EngineOptions opt_;
-  std::unique_ptr<KVStore> kv_;
-  Forward fwd_;
-  std::unique_ptr<PrefixCache> cache_;  // after kv_: its points go back to kv_ first
+  std::unique_ptr<KVStore> kv_;    // tp = 1
+  std::unique_ptr<Forward> fwd_;   // tp = 1
+  std::unique_ptr<TPForward> tp_;  // tp > 1: its stores
+  std::vector<KVStore*> stores_;   // every rank's store
+  std::unique_ptr<PrefixCache> cache_;  // after the stores: its points go back to them first
   mutable std::mutex mu_;  // guards waiting_, cancelled_, next_id_
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<int64_t> cancelled_;
@@ -155,6 +173,7 @@ class Engine {
   std::map<int64_t, std::vector<std::unique_ptr<Seq>>> forks_;  // parent id -> children waiting for it
   EngineStats stats_;
   // step scratch
+  std::vector<TPBatchEntry> tp_entries_;
   std::vector<BatchEntry> entries_;
   std::vector<Seq*> entry_seq_;
 };

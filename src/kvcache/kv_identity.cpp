@@ -86,4 +86,12 @@ KVIdentity kv_identity(const KVStore& kv, const std::string& model_path) {
   return id;
 }
 
+KVIdentity kv_identity_like(const KVIdentity& base, const KVStore& kv) {
+  KVIdentity id = base;
+  id.spec = spec_checksum(kv);
+  id.calibration = calibration_checksum(kv.spec().calibration.get());
+  id.spec_name = kv.name();
+  return id;
+}
+
 }  // namespace vq

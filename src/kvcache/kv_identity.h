@@ -28,5 +28,8 @@ uint64_t spec_checksum(const KVStore& kv);
 // The calibration's contents (header fields and every array); 0 for nullptr.
 uint64_t calibration_checksum(const Calibration* c);
 KVIdentity kv_identity(const KVStore& kv, const std::string& model_path);
+// The identity of kv for base's model (no second pass over the model file): another
+// tensor-parallel rank's store, whose calibration is its heads' slice.
+KVIdentity kv_identity_like(const KVIdentity& base, const KVStore& kv);
 
 }  // namespace vq

@@ -13,6 +13,13 @@ PrefixCache::PrefixCache(KVStore& kv, uint64_t identity) : kv_(kv), B_(kv.block_
   nodes_[root_] = Node{};
 }
 
+PrefixCache::PrefixCache(KVStore& kv, std::vector<KVStore*> extra, uint64_t identity)
+    : kv_(kv), extra_(std::move(extra)), B_(kv.block_tokens()), root_(identity) {
+  for (const KVStore* e : extra_)
+    VQ_CHECK(e && e->block_tokens() == B_, "prefix cache: a rank's store has other blocks than rank 0's");
+  nodes_[root_] = Node{};
+}
+
 PrefixCache::~PrefixCache() {
   listener_ = nullptr;  // going away is not a clear to report
   clear();
@@ -59,6 +66,7 @@ PrefixCache::Hit PrefixCache::find(const int32_t* tokens, int64_t n_tokens, int6
         best.point = pid;
         best.n = p.n;
         best.seq = &p.seq;
+        best.extra = p.extra.empty() ? nullptr : p.extra.data();
       }
     }
     best.matched = m * B_;
@@ -72,8 +80,9 @@ PrefixCache::Hit PrefixCache::find(const int32_t* tokens, int64_t n_tokens, int6
   return best;
 }
 
-PrefixCache::Inserted PrefixCache::insert(const int32_t* tokens, int64_t n, const SeqKV& s) {
+PrefixCache::Inserted PrefixCache::insert(const int32_t* tokens, int64_t n, const SeqKV& s, const SeqKV* extra) {
   Inserted r;
+  VQ_CHECK(extra_.empty() || extra, "prefix cache: a point over {} ranks needs every rank's sequence", extra_.size() + 1);
   if (n <= 0 || s.size() < n) return r;
   uint64_t key = root_;
   const int64_t depth = n / B_;
@@ -122,8 +131,9 @@ PrefixCache::Inserted PrefixCache::insert(const int32_t* tokens, int64_t n, cons
   Point p;
   try {
     p.seq = kv_.fork(s, n);
+    for (size_t i = 0; i < extra_.size(); ++i) p.extra.push_back(extra_[i]->fork(extra[i], n));
   } catch (const Error&) {
-    prune(key);  // s no longer holds what position n reads
+    prune(key);  // s no longer holds what position n reads (p's forks so far go back with it)
     return r;
   }
   p.node = key;
@@ -178,6 +188,11 @@ bool PrefixCache::pinned(int64_t point) const {
 const SeqKV* PrefixCache::point_sequence(int64_t point) const {
   auto it = points_.find(point);
   return it == points_.end() ? nullptr : &it->second.seq;
+}
+
+const SeqKV* PrefixCache::point_extra(int64_t point) const {
+  auto it = points_.find(point);
+  return it == points_.end() || it->second.extra.empty() ? nullptr : it->second.extra.data();
 }
 
 bool PrefixCache::evict_one() {

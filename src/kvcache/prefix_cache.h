@@ -50,13 +50,18 @@ struct PrefixCacheStats {
 class PrefixCache {
  public:
   PrefixCache(KVStore& kv, uint64_t identity);
+  // A cache over tensor-parallel ranks: kv holds rank 0's blocks, extra[r - 1] rank r's. Every
+  // point then holds one sequence per rank (the same tokens: the ranks' stores receive the same
+  // appends), forked and released together; lookups and eviction are decided once, on the tokens.
+  PrefixCache(KVStore& kv, std::vector<KVStore*> extra, uint64_t identity);
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
   struct Hit {
     int64_t point = -1;          // -1: no cached point fits
-    const SeqKV* seq = nullptr;  // the point's sequence (fork it to use it)
+    const SeqKV* seq = nullptr;  // the point's sequence (fork it to use it); rank 0's with ranks
+    const SeqKV* extra = nullptr;  // ranks 1.. (point_extra's array), or nullptr
     int64_t n = 0;               // tokens it holds
     int64_t matched = 0;         // tokens of the longest chain of cached full blocks the tokens extend
   };
@@ -71,11 +76,15 @@ class PrefixCache {
     bool created = false;
   };
   // Caches s at n tokens; tokens[0, n) are its tokens. An existing identical point is marked used.
-  Inserted insert(const int32_t* tokens, int64_t n, const SeqKV& s);
+  // With ranks: extra[r - 1] is rank r's sequence (all ranks are forked, or none).
+  Inserted insert(const int32_t* tokens, int64_t n, const SeqKV& s, const SeqKV* extra = nullptr);
   bool erase(int64_t point);  // false when absent
   void pin(int64_t point, bool on);
   bool pinned(int64_t point) const;
   const SeqKV* point_sequence(int64_t point) const;  // nullptr when absent
+  // Ranks 1.. of a point ([extra_ranks()] sequences), nullptr when absent or without ranks.
+  const SeqKV* point_extra(int64_t point) const;
+  int extra_ranks() const { return int(extra_.size()); }
   // Drops the least recently used unpinned point; false when there is none.
   bool evict_one();
   void clear();  // every point, pinned ones too
@@ -101,6 +110,7 @@ class PrefixCache {
     int64_t n = 0;
     std::vector<int32_t> tail;  // tokens[depth * B, n)
     SeqKV seq;
+    std::vector<SeqKV> extra;  // ranks 1..
     uint64_t last_used = 0;
     bool pinned = false;
   };
@@ -110,6 +120,7 @@ class PrefixCache {
   void prune(uint64_t key);
 
   KVStore& kv_;
+  std::vector<KVStore*> extra_;
   int B_;
   uint64_t root_;
   std::unordered_map<uint64_t, Node> nodes_;

@@ -212,8 +212,9 @@ void run_on(const RankRunner& on_rank, int r, const std::function<void()>& f) {
 }
 }  // namespace
 
-void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>& kv, const std::vector<const SeqKV*>& s,
-                      const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids, const RankRunner& on_rank) {
+std::vector<uint8_t> encode_tp_sequence(const std::vector<const KVStore*>& kv, const std::vector<const SeqKV*>& s,
+                                        const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids,
+                                        const RankRunner& on_rank, bool seal, const std::string& path) {
   const size_t tp = kv.size();
   VQ_CHECK(tp >= 1 && s.size() == tp && ids.size() == tp, "session save '{}': {} stores, {} sequences, {} identities",
            path, tp, s.size(), ids.size());
@@ -238,8 +239,41 @@ void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>
   }
   std::memcpy(out.data() + 16, &total, 8);
   for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
-  seal_sequence_bytes(out);
+  if (seal) seal_sequence_bytes(out);
+  return out;
+}
+
+void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>& kv, const std::vector<const SeqKV*>& s,
+                      const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids, const RankRunner& on_rank) {
+  const std::vector<uint8_t> out = encode_tp_sequence(kv, s, tokens, ids, on_rank, true, path);
   write_file_atomic(path, out.data(), out.size());
+}
+
+std::vector<ParsedSession> parse_tp_session(const TPSessionBytes& data, const std::string& path,
+                                            const std::vector<SessionExpect>& e) {
+  std::vector<ParsedSession> parsed;
+  for (size_t r = 0; r < data.parts.size(); ++r) {
+    const auto [off, n] = data.parts[r];
+    parsed.push_back(parse_session(data.bytes.data() + off, n, fmt::format("{} (rank {})", path, r), e[r]));
+    if (r > 0 && (parsed[r].n_kv != parsed[0].n_kv || parsed[r].tokens != parsed[0].tokens))
+      throw SessionFileError(fmt::format("{}: rank {} holds other tokens than rank 0", path, r));
+  }
+  return parsed;
+}
+
+std::vector<LoadedSequence> adopt_parsed_tp_sequence(std::vector<ParsedSession> parts, const std::vector<KVStore*>& kv,
+                                                     const std::vector<SessionExpect>& e, const RankRunner& on_rank) {
+  VQ_CHECK(parts.size() == kv.size() && e.size() == kv.size(), "session load: {} parts for {} stores", parts.size(),
+           kv.size());
+  std::vector<LoadedSequence> out;
+  try {
+    for (size_t r = 0; r < kv.size(); ++r)
+      run_on(on_rank, int(r), [&] { out.push_back(adopt_parsed_sequence(std::move(parts[r]), *kv[r], e[r])); });
+  } catch (...) {
+    for (size_t r = 0; r < out.size(); ++r) run_on(on_rank, int(r), [&] { kv[r]->release(out[r].seq); });
+    throw;
+  }
+  return out;
 }
 
 std::vector<LoadedSequence> load_tp_sequence(const std::string& path, const std::vector<KVStore*>& kv,
@@ -249,22 +283,7 @@ std::vector<LoadedSequence> load_tp_sequence(const std::string& path, const std:
   std::vector<SessionExpect> e;
   for (size_t r = 0; r < tp; ++r) e.push_back(session_expect(*kv[r], ids[r]));
   const TPSessionBytes data = read_tp_session_file(path, e);
-  std::vector<ParsedSession> parsed;
-  for (size_t r = 0; r < tp; ++r) {
-    const auto [off, n] = data.parts[r];
-    parsed.push_back(parse_session(data.bytes.data() + off, n, fmt::format("{} (rank {})", path, r), e[r]));
-    if (r > 0 && (parsed[r].n_kv != parsed[0].n_kv || parsed[r].tokens != parsed[0].tokens))
-      throw SessionFileError(fmt::format("{}: rank {} holds other tokens than rank 0", path, r));
-  }
-  std::vector<LoadedSequence> out;
-  try {
-    for (size_t r = 0; r < tp; ++r)
-      run_on(on_rank, int(r), [&] { out.push_back(adopt_parsed_sequence(std::move(parsed[r]), *kv[r], e[r])); });
-  } catch (...) {
-    for (size_t r = 0; r < out.size(); ++r) run_on(on_rank, int(r), [&] { kv[r]->release(out[r].seq); });
-    throw;
-  }
-  return out;
+  return adopt_parsed_tp_sequence(parse_tp_session(data, path, e), kv, e, on_rank);
 }
 
 }  // namespace vq

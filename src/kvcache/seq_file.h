@@ -69,8 +69,21 @@ using RankRunner = std::function<void(int rank, const std::function<void()>& f)>
 void save_tp_sequence(const std::string& path, const std::vector<const KVStore*>& kv, const std::vector<const SeqKV*>& s,
                       const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids,
                       const RankRunner& on_rank = {});
+// The file's bytes in memory (seal = false: without the trailing SHA-256; seal_sequence_bytes adds
+// it, off the engine's thread). Each part is sealed.
+std::vector<uint8_t> encode_tp_sequence(const std::vector<const KVStore*>& kv, const std::vector<const SeqKV*>& s,
+                                        const std::vector<int32_t>& tokens, const std::vector<KVIdentity>& ids,
+                                        const RankRunner& on_rank = {}, bool seal = true,
+                                        const std::string& path = "sequence");
 std::vector<LoadedSequence> load_tp_sequence(const std::string& path, const std::vector<KVStore*>& kv,
                                              const std::vector<KVIdentity>& ids, const RankRunner& on_rank = {});
+// The steps of load_tp_sequence: each part of read_tp_session_file's bytes parsed (views into
+// b.bytes; every part checked, and their tokens equal), then adopted into each rank's store, all
+// ranks or none (KVPoolExhausted having taken nothing).
+std::vector<ParsedSession> parse_tp_session(const TPSessionBytes& b, const std::string& path,
+                                            const std::vector<SessionExpect>& e);
+std::vector<LoadedSequence> adopt_parsed_tp_sequence(std::vector<ParsedSession> parts, const std::vector<KVStore*>& kv,
+                                                     const std::vector<SessionExpect>& e, const RankRunner& on_rank = {});
 
 // A sequence's bytes checked by parse_session, kept with their block views (the shared prefix
 // store's fetched entries, handed from an HTTP thread to the engine's).

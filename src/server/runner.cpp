@@ -206,7 +206,18 @@ SessionInfo Runner::save_session(const std::string& name) {
     if (it == sessions_.end()) throw ApiError(404, "no session '" + name + "' in memory", "id", "not_found_error");
     const SeqKV* s = engine_.prefix_cache()->point_sequence(it->second.point);
     VQ_CHECK(s, "session '{}' lost its KV (internal error)", name);
-    bytes = encode_sequence(engine_.kv(), *s, it->second.tokens, identity_, /*seal=*/false, path);
+    if (engine_.tp() > 1) {  // one file over the ranks (kvcache/seq_file.h)
+      const SeqKV* extra = engine_.prefix_cache()->point_extra(it->second.point);
+      std::vector<const KVStore*> kv;
+      std::vector<const SeqKV*> seqs;
+      for (int r = 0; r < engine_.tp(); ++r) {
+        kv.push_back(&engine_.kv(r));
+        seqs.push_back(r == 0 ? s : &extra[r - 1]);
+      }
+      bytes = encode_tp_sequence(kv, seqs, it->second.tokens, rank_identities(), rank_runner(), /*seal=*/false, path);
+    } else {
+      bytes = encode_sequence(engine_.kv(), *s, it->second.tokens, identity_, /*seal=*/false, path);
+    }
     info = {name, int64_t(it->second.tokens.size()), it->second.n_kv};
   });
   seal_sequence_bytes(bytes);
@@ -223,6 +234,7 @@ SessionInfo Runner::restore_session(const std::string& name) {
   const std::string path = session_path(name);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw ApiError(404, "no saved session '" + name + "'", "id", "not_found_error");
+  if (engine_.tp() > 1) return restore_split_session(name, path);
   const SessionExpect expect = session_expect(engine_.kv(), identity_);
   std::vector<uint8_t> data;
   ParsedSession parsed;
@@ -250,6 +262,59 @@ SessionInfo Runner::restore_session(const std::string& name) {
     VQ_CHECK(p.point >= 0, "session '{}' could not be cached (internal error)", name);
     pin_session(name, ld.tokens, ld.n_kv);
     info = {name, int64_t(ld.tokens.size()), ld.n_kv};
+  });
+  return info;
+}
+
+std::vector<KVIdentity> Runner::rank_identities() const {
+  // identity_ is the unsplit store's (it roots the prefix cache); each rank's store has its heads
+  // and its slice of the calibration.
+  std::vector<KVIdentity> ids;
+  for (int r = 0; r < engine_.tp(); ++r) ids.push_back(kv_identity_like(identity_, engine_.kv(r)));
+  return ids;
+}
+
+RankRunner Runner::rank_runner() {
+  TPForward* tp = engine_.tensor_parallel();
+  if (!tp) return {};
+  return [tp](int r, const std::function<void()>& f) { tp->on_rank(r, f); };
+}
+
+// restore_session over tensor-parallel ranks: the same steps with every rank's part.
+SessionInfo Runner::restore_split_session(const std::string& name, const std::string& path) {
+  SessionInfo info;
+  std::vector<SessionExpect> expect;
+  const std::vector<KVIdentity> ids = rank_identities();
+  for (int r = 0; r < engine_.tp(); ++r) expect.push_back(session_expect(engine_.kv(r), ids[size_t(r)]));
+  TPSessionBytes data;
+  std::vector<ParsedSession> parsed;
+  try {
+    data = read_tp_session_file(path, expect);
+    parsed = parse_tp_session(data, path, expect);
+  } catch (const Error& e) {
+    throw ApiError(422, e.what(), "id");
+  }
+  call([&] {
+    PrefixCache* cache = engine_.prefix_cache();
+    while (engine_.kv().pool().free_bytes() < data.bytes.size() / size_t(engine_.tp()) && cache->evict_one()) {
+    }
+    std::vector<KVStore*> kv;
+    for (int r = 0; r < engine_.tp(); ++r) kv.push_back(&engine_.kv(r));
+    std::vector<LoadedSequence> ld;
+    try {
+      ld = adopt_parsed_tp_sequence(std::move(parsed), kv, expect, rank_runner());
+    } catch (const KVPoolExhausted& e) {
+      throw ApiError(503, std::string("the KV pool cannot hold the session now: ") + e.what());
+    } catch (const Error& e) {
+      throw ApiError(422, e.what(), "id");
+    }
+    if (ld[0].n_kv == 0) throw ApiError(422, "session '" + name + "' holds no KV", "id");
+    std::vector<SeqKV> extra;
+    for (size_t r = 1; r < ld.size(); ++r) extra.push_back(std::move(ld[r].seq));
+    const PrefixCache::Inserted p = cache->insert(ld[0].tokens.data(), ld[0].n_kv, ld[0].seq, extra.data());
+    VQ_CHECK(p.point >= 0, "session '{}' could not be cached (internal error)", name);
+    pin_session(name, ld[0].tokens, ld[0].n_kv);
+    info = {name, int64_t(ld[0].tokens.size()), ld[0].n_kv};
   });
   return info;
 }

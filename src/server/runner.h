@@ -91,6 +91,11 @@ class Runner {
   Metrics& metrics_;
   class PrefixStore* store_ = nullptr;
   KVIdentity identity_;
+  // Tensor-parallel engines: each rank's identity (its calibration slice), the runner of a rank's
+  // store operations (its GPU current), and a session restored over the ranks.
+  std::vector<KVIdentity> rank_identities() const;
+  RankRunner rank_runner();
+  SessionInfo restore_split_session(const std::string& name, const std::string& path);
   std::string session_dir_;
   int max_sessions_;
   mutable std::mutex mu_;

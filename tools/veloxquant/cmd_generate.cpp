@@ -151,6 +151,7 @@ void run_parallel(const GenerateOptions& o, const vx::Model& model, const std::s
   eo.max_step_tokens = o.batch > 0 ? o.batch : vx::default_max_chunk(eo.device);
   eo.n_ctx = o.n_ctx;
   eo.deterministic = o.deterministic;
+  eo.tp = o.tp;
   vx::Engine engine(model, spec, eo);
   check_kv_budget_holds_a_block(eo.kv_budget_bytes, o.kv_budget_mib, engine.min_budget_bytes(), spec.name());
   const vx::SamplingParams base = sampler_params(o);
@@ -268,9 +269,7 @@ void run_generate(const GenerateOptions& o) {
            "--dump-logits, --stats-json and sessions are for one sequence (not with --parallel, several prompts or "
            "--deterministic)");
   VQ_CHECK(!loading || o.dump_logits.empty(), "--dump-logits is not available with --load-session");
-  VQ_CHECK(o.tp == 1 || !parallel,
-           "--tp {}: tensor parallelism runs one sequence for now (not with --parallel, several prompts or "
-           "--deterministic)", o.tp);
+  VQ_CHECK(o.tp == 1 || !o.deterministic, "--tp {}: --deterministic is not available with tensor parallelism", o.tp);
   vx::set_num_threads(o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency())));
 
   // The KV cache spec is checked before the (slow) model load.

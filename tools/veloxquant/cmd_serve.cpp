@@ -47,6 +47,7 @@ struct ServeOptions {
   bool allow_longer_context = false;  // -c past the model's trained context
   bool session_dir_given = false;     // --session-dir on the command line (the default may be absent)
   bool deterministic = false;         // batch-invariant mode
+  int tp = 1;                         // tensor-parallel ranks
 };
 
 // Signals arrive in this thread only (blocked everywhere else). The first INT/TERM drains the
@@ -137,6 +138,11 @@ void run_serve(const ServeOptions& o) {
     vx::check_prefix_store_url(o.prefix_store, "--prefix-store");
   }
   if (!o.kv_events_replay.empty()) vx::check_kv_events_endpoint(o.kv_events_replay, "--kv-events-replay");
+  VQ_CHECK(o.tp >= 1 && o.tp <= 1024, "--tp: {} must be in 1..1024", o.tp);
+  VQ_CHECK(o.tp == 1 || o.prefix_store.empty(),
+           "--tp {}: the shared prefix store (--prefix-store) holds unsplit points; not with tensor parallelism yet",
+           o.tp);
+  VQ_CHECK(o.tp == 1 || !o.deterministic, "--tp {}: --deterministic is not available with tensor parallelism", o.tp);
   // Signals go to the signal thread only: block them before any thread starts.
   sigset_t set;
   sigemptyset(&set);
@@ -164,6 +170,8 @@ void run_serve(const ServeOptions& o) {
     if (d == t) std::fprintf(stderr, "\n");
   });
   warn_kv_quality(spec);
+  if (o.tp > 1)
+    std::fprintf(stderr, "tp %d: %s\n", o.tp, vx::check_tensor_parallel(model, o.tp, resolve_device(o.device)).c_str());
   vx::ServerOptions so;
   so.device = resolve_device(o.device);
   so.kv_budget_bytes = kv_budget_bytes(model, so.device, o.kv_budget_mib);
@@ -172,6 +180,7 @@ void run_serve(const ServeOptions& o) {
   so.max_step_tokens = o.batch;
   so.n_ctx = o.n_ctx;
   so.deterministic = o.deterministic;
+  so.tp = o.tp;
   so.prefix_cache = !o.no_prefix_cache;
   so.session_dir = o.session_dir;
   so.max_sessions = o.max_sessions;
@@ -261,6 +270,11 @@ void add_serve(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--body-timeout", o->body_timeout_s, "Seconds a request's whole body may take")->capture_default_str();
   add_device_option(c, o->device);
+  c->add_option("--tp", o->tp,
+                "Tensor-parallel ranks: the model and every sequence's KV split by attention heads and MLP columns "
+                "(cpu: ranks simulated in turn; cuda: one rank per GPU over NCCL, or every rank on GPU 0 when the "
+                "host has fewer GPUs; docs/TENSOR_PARALLEL.md)")
+      ->capture_default_str();
   c->add_flag("--no-prefix-cache", o->no_prefix_cache, "Do not cache prompt prefixes (nor keep sessions)");
   c->add_option("--kv-events", o->kv_events,
                 "Publish the prefix cache's block events in vLLM's format (ZMQ PUB of msgpack KVEventBatch) on this "
