@@ -291,11 +291,15 @@ void TPForward::on_rank(int r, const std::function<void()>& f) const {
 
 std::string TPForward::describe_ranks() const {
   if (!dev_) return "simulated in turn on the cpu";
+#ifdef VQ_HAVE_CUDA
   const cuda::DeviceCommunicator& c = dev_->communicator();
   if (c.name() == "local") return fmt::format("every rank on GPU {} (one-device communicator)", c.device(0));
   std::string d;
   for (int r = 0; r < c.size(); ++r) d += (r ? ", " : "") + std::to_string(c.device(r));
   return fmt::format("NCCL {} over GPUs {}", cuda::nccl_version(), d);
+#else
+  return "";  // no device split without CUDA (TPForward refuses it)
+#endif
 }
 
 TPForward::~TPForward() {
