@@ -81,7 +81,7 @@ def test_bad_tp_values(tmp_path):
     assert_one_clear_line(*run_cli(*gen, "--tp", "-1")[::2], "--tp: -1")
     assert_one_clear_line(*run_cli(*gen, "--tp", "3")[::2], "4 attention heads do not split evenly over 3")
     assert_one_clear_line(*run_cli(*gen, "--tp", "8")[::2], "4 attention heads do not split evenly over 8")
-    assert_one_clear_line(*run_cli(*gen, "--tp", "2", "--parallel", "2")[::2], "--tp 2", "--parallel")
+    assert_one_clear_line(*run_cli(*gen, "--tp", "2", "--deterministic")[::2], "--tp 2", "--deterministic")
     # The device split runs where a GPU is (tests/model/test_tensor_parallel_device.cpp); this tiny
     # model's head_dim 16 is not a device shape, so both cases end in one line naming cuda.
     assert_one_clear_line(*run_cli(*gen, "--tp", "2", "--device", "cuda")[::2], "cuda")
@@ -132,3 +132,15 @@ def test_session_files_across_ranks(tmp_path):
     bad.write_bytes(bytes(sess.read_bytes()[:-7]))
     assert_one_clear_line(*run_cli("generate", "-m", p, "--kv-cache", "fp16", "--load-session", bad, "-n", "2",
                                    "-q", "--tp", "2")[::2], "truncated")
+
+
+def test_parallel_generate_at_tp2(tmp_path):
+    """One prompt, 3 sequences through the engine split over 2 ranks (--parallel: the prompt prefilled
+    once, forks): every sequence runs to its length (token equality with tp 1:
+    tests/engine/test_engine_tp.cpp)."""
+    p = tmp_path / "m.gguf"
+    write_tiny(p, seed=9, arch="qwen2", bias=True, n_kv=2)
+    rc, out, err = run_cli("generate", "-m", p, "--prompt-ids", IDS, "-n", "6", "--temp", "0", "--parallel", "3",
+                           "-t", "2", "--tp", "2", "--ignore-eos")
+    assert rc == 0, err
+    assert out.count("6 generated, length") == 3, out
