@@ -258,7 +258,7 @@ void TPForward::init_device(SpecOf rank_spec, const KVStoreOptions& opt, const T
 #else
 template <class SpecOf>
 void TPForward::init_device(SpecOf, const KVStoreOptions&, const TPDeviceOptions&) {
-  VQ_FAIL("--tp with --device cuda: this build has no CUDA backend");
+  VQ_FAIL("--tp {} --device cuda: this build has no CUDA backend", plan_.tp);
 }
 #endif
 
