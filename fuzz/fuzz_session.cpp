@@ -1,4 +1,5 @@
-// libFuzzer target for the session-file reader (kvcache/seq_file_format.h): any byte string must
+// libFuzzer target for the session-file readers (kvcache/seq_file_format.h; split tensor-parallel
+// files, magic VQKVTPS, through read_tp_session_file on a temporary file): any byte string must
 // either parse or throw vq::SessionFileError (KVPoolExhausted past the budget), never read outside
 // the input, and whatever parses must satisfy the format's contract: the sizes its header
 // implies, every block view inside the input, every dense value finite. Each input is tried as
@@ -8,8 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "core/sha256.h"
 #include "kvcache/kv_pool.h"
@@ -78,9 +83,60 @@ void try_parse(const uint8_t* data, size_t size) {
   }
 }
 
+// A split (tensor-parallel) session file: the input is written to a file and read for two ranks of
+// the reading cache (read_tp_session_file checks the table, each part's header and the file's
+// SHA-256); every part it returns must lie inside the bytes read and parse or be refused.
+void try_split(const uint8_t* data, size_t size) {
+  static const std::string path = [] {
+    const char* dir = std::getenv("TMPDIR");
+    std::string t = std::string(dir && *dir ? dir : "/tmp") + "/vq_fuzz_split_XXXXXX";
+    const int fd = mkstemp(t.data());
+    if (fd < 0) std::abort();
+    close(fd);
+    return t;
+  }();
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) std::abort();
+    if (size && std::fwrite(data, 1, size, f) != size) std::abort();
+    std::fclose(f);
+  }
+  try {
+    const vq::TPSessionBytes b = vq::read_tp_session_file(path, {expect(), expect()});
+    if (b.parts.size() != 2 || b.bytes.size() != size) std::abort();
+    for (const auto& [off, n] : b.parts) {
+      if (off < 24 || off > b.bytes.size() || n > b.bytes.size() - off) std::abort();
+      try {
+        const vq::ParsedSession p = vq::parse_session(b.bytes.data() + off, n, "fuzz.vqkv (rank)", expect());
+        check_parsed(p, b.bytes.data() + off, n);
+      } catch (const vq::SessionFileError&) {
+      } catch (const vq::KVPoolExhausted&) {
+      }
+    }
+  } catch (const vq::SessionFileError&) {
+  } catch (const vq::KVPoolExhausted&) {
+  }
+}
+
+bool split_magic(const uint8_t* data, size_t size) {
+  return size >= 8 && std::memcmp(data, vq::kTPSessionMagic, 8) == 0;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (split_magic(data, size)) {
+    try_split(data, size);
+    if (size >= vq::kSessionDigestBytes) {  // with the file's trailer rewritten to match
+      std::vector<uint8_t> b(data, data + size);
+      vq::Sha256 h;
+      h.update(b.data(), b.size() - vq::kSessionDigestBytes);
+      const auto d = h.finish();
+      std::memcpy(b.data() + b.size() - vq::kSessionDigestBytes, d.data(), d.size());
+      try_split(b.data(), b.size());
+    }
+    return 0;
+  }
   try_parse(data, size);
   if (size >= vq::kSessionDigestBytes) {
     std::vector<uint8_t> b(data, data + size);

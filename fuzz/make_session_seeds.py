@@ -2,7 +2,8 @@
 """Writes the seed corpus of the session-file fuzz target (fuzz/fuzz_session.cpp) into
 fuzz/corpus_session: valid version-2 session files for the target's reading cache (2 layers,
 blocks of 4 tokens, 1 KV head of 32, fp16 dense blocks of 512 bytes, layer 1 coded blocks of 68
-bytes) holding 0, 3, 4 and 9 tokens of KV with several block forms. Layout: src/kvcache/seq_file.h."""
+bytes) holding 0, 3, 4 and 9 tokens of KV with several block forms, and a split (tensor-parallel)
+file of two ranks' parts. Layouts: src/kvcache/seq_file.h, src/kvcache/seq_file_format.h."""
 import hashlib
 import os
 import random
@@ -45,6 +46,13 @@ def main():
         "mixed_forms": session(9, 12, lambda l, j: (3 if j < 2 else 1) if l == 1 else 1, 5),
         "coded_only": session(8, 8, lambda l, j: 2 if l == 1 else 1, 6),
     }
+    # a split (tensor-parallel) file of two ranks' parts: "VQKVTPS\0" | u32 1 | u32 tp | u64 file
+    # bytes | u64 part bytes[tp] | parts | SHA-256
+    parts = [session(4, 4, lambda l, j: 1, 7), session(4, 4, lambda l, j: 1, 7)]
+    head = b"VQKVTPS\0" + struct.pack("<IIQ", 1, 2, 24 + 16 + sum(map(len, parts)) + 32)
+    head += b"".join(struct.pack("<Q", len(p)) for p in parts)
+    body = head + b"".join(parts)
+    seeds["split_two_ranks"] = body + hashlib.sha256(body).digest()
     for name, data in seeds.items():
         with open(os.path.join(out, name + ".vqkv"), "wb") as f:
             f.write(data)
