@@ -122,29 +122,24 @@ bool split_magic(const uint8_t* data, size_t size) {
   return size >= 8 && std::memcmp(data, vq::kTPSessionMagic, 8) == 0;
 }
 
+// try_one(data, size), then again with the input's SHA-256 trailer rewritten to match (a forger's
+// file), so that mutations reach the checks behind the digest.
+template <class F>
+void as_given_and_resealed(const uint8_t* data, size_t size, F try_one) {
+  try_one(data, size);
+  if (size < vq::kSessionDigestBytes) return;
+  std::vector<uint8_t> b(data, data + size);
+  vq::Sha256 h;
+  h.update(b.data(), b.size() - vq::kSessionDigestBytes);
+  const auto d = h.finish();
+  std::memcpy(b.data() + b.size() - vq::kSessionDigestBytes, d.data(), d.size());
+  try_one(b.data(), b.size());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (split_magic(data, size)) {
-    try_split(data, size);
-    if (size >= vq::kSessionDigestBytes) {  // with the file's trailer rewritten to match
-      std::vector<uint8_t> b(data, data + size);
-      vq::Sha256 h;
-      h.update(b.data(), b.size() - vq::kSessionDigestBytes);
-      const auto d = h.finish();
-      std::memcpy(b.data() + b.size() - vq::kSessionDigestBytes, d.data(), d.size());
-      try_split(b.data(), b.size());
-    }
-    return 0;
-  }
-  try_parse(data, size);
-  if (size >= vq::kSessionDigestBytes) {
-    std::vector<uint8_t> b(data, data + size);
-    vq::Sha256 h;
-    h.update(b.data(), b.size() - vq::kSessionDigestBytes);
-    const auto d = h.finish();
-    std::memcpy(b.data() + b.size() - vq::kSessionDigestBytes, d.data(), d.size());
-    try_parse(b.data(), b.size());
-  }
+  if (split_magic(data, size)) as_given_and_resealed(data, size, try_split);
+  else as_given_and_resealed(data, size, try_parse);
   return 0;
 }

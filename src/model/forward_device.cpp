@@ -756,23 +756,22 @@ void TPForwardDevice::step(const TPBatchEntry* tentries, int n_entries) {
     encodes[size_t(r)] = m.dev.step_has_encodes();
   }
   // Layer by layer: each rank's share, the all-reduce of the partials, each rank's residual add.
-  auto each = [&](auto&& f) {
+  auto each = [&](auto&& f) {  // f(rank, its forward, its stream) with the rank's device current
     for (int r = 0; r < tp; ++r) {
       cuda::DeviceScope on(comm_->device(r));
-      f(*ranks_[size_t(r)]->impl, streams[size_t(r)]);
+      f(size_t(r), *ranks_[size_t(r)]->impl, streams[size_t(r)]);
     }
   };
   const int n_layers = ranks_[0]->model->config().n_layers;
-  size_t ri = 0;
-  each([&](ForwardDevice::Impl& m, void* st) { m.begin(rows, fixups[ri++] != 0, st); });
+  const int64_t n_sum = int64_t(rows) * ranks_[0]->impl->E;
+  each([&](size_t r, ForwardDevice::Impl& m, void* st) { m.begin(rows, fixups[r] != 0, st); });
   for (int l = 0; l < n_layers; ++l) {
-    ri = 0;
-    each([&](ForwardDevice::Impl& m, void* st) { m.attention(l, rows, encodes[ri++] != 0, nullptr, nullptr, st); });
-    comm_->all_reduce_sum(parts.data(), int64_t(rows) * ranks_[0]->impl->E, streams.data());
-    each([&](ForwardDevice::Impl& m, void* st) { m.add_partial(m.M.layers()[size_t(l)].post_attn_norm, rows, st); });
-    each([&](ForwardDevice::Impl& m, void* st) { m.mlp(l, rows, st); });
-    comm_->all_reduce_sum(parts.data(), int64_t(rows) * ranks_[0]->impl->E, streams.data());
-    each([&](ForwardDevice::Impl& m, void* st) { m.add_partial(m.M.layers()[size_t(l)].post_ffn_norm, rows, st); });
+    each([&](size_t r, ForwardDevice::Impl& m, void* st) { m.attention(l, rows, encodes[r] != 0, nullptr, nullptr, st); });
+    comm_->all_reduce_sum(parts.data(), n_sum, streams.data());
+    each([&](size_t, ForwardDevice::Impl& m, void* st) { m.add_partial(m.M.layers()[size_t(l)].post_attn_norm, rows, st); });
+    each([&](size_t, ForwardDevice::Impl& m, void* st) { m.mlp(l, rows, st); });
+    comm_->all_reduce_sum(parts.data(), n_sum, streams.data());
+    each([&](size_t, ForwardDevice::Impl& m, void* st) { m.add_partial(m.M.layers()[size_t(l)].post_ffn_norm, rows, st); });
   }
   {
     cuda::DeviceScope on(comm_->device(0));

@@ -342,13 +342,15 @@ void TPForward::step(const TPBatchEntry* entries, int n_entries) {
       VQ_CHECK(E.tokens[i] >= 0 && E.tokens[i] < cfg_.n_vocab,
                "tp forward: token id {} at index {} out of range [0, {})", E.tokens[i], i, cfg_.n_vocab);
     rows += E.n;
-    for (int r = 0; r < tp; ++r) stores_[size_t(r)]->blocks_for_append(E.seq->ranks[size_t(r)], E.n, counts[size_t(r)]);
   }
   if (rows == 0) return;
   if (dev_) {
-    dev_->step(entries, n_entries);  // checks every rank's pool before changing anything
+    dev_->step(entries, n_entries);  // measures and checks every rank's pool before changing anything
     return;
   }
+  for (int e = 0; e < n_entries; ++e)
+    for (int r = 0; r < tp; ++r)
+      stores_[size_t(r)]->blocks_for_append(entries[e].seq->ranks[size_t(r)], entries[e].n, counts[size_t(r)]);
   for (int r = 0; r < tp; ++r) {
     const KVPool& pool = stores_[size_t(r)]->pool();
     if (!pool.can_allocate(counts[size_t(r)]))

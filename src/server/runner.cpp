@@ -228,78 +228,39 @@ SessionInfo Runner::save_session(const std::string& name) {
 
 SessionInfo Runner::restore_session(const std::string& name) {
   // The file is read, its digest and every check run here (session_expect reads only what the store
-  // fixed at construction); the engine's thread only copies the checked bytes into new blocks.
+  // fixed at construction); the engine's thread only copies the checked bytes into new blocks. A
+  // tensor-parallel engine reads the split file: one part per rank, all taken or none.
   SessionInfo info;
   if (!engine_.prefix_cache()) throw ApiError(400, "sessions need the prefix cache (started with --no-prefix-cache)");
   const std::string path = session_path(name);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw ApiError(404, "no saved session '" + name + "'", "id", "not_found_error");
-  if (engine_.tp() > 1) return restore_split_session(name, path);
-  const SessionExpect expect = session_expect(engine_.kv(), identity_);
+  const int tp = engine_.tp();
+  const std::vector<KVIdentity> ids = rank_identities();
+  std::vector<SessionExpect> expect;
+  for (int r = 0; r < tp; ++r) expect.push_back(session_expect(engine_.kv(r), ids[size_t(r)]));
   std::vector<uint8_t> data;
-  ParsedSession parsed;
+  TPSessionBytes split;
+  std::vector<ParsedSession> parsed;
   try {
-    data = read_session_file(path, expect);
-    parsed = parse_session(data.data(), data.size(), path, expect);
+    if (tp > 1) {
+      split = read_tp_session_file(path, expect);
+      parsed = parse_tp_session(split, path, expect);
+    } else {
+      data = read_session_file(path, expect[0]);
+      parsed.push_back(parse_session(data.data(), data.size(), path, expect[0]));
+    }
   } catch (const Error& e) {
     throw ApiError(422, e.what(), "id");
   }
+  const size_t rank_bytes = (tp > 1 ? split.bytes.size() : data.size()) / size_t(tp);
   call([&] {
     PrefixCache* cache = engine_.prefix_cache();
     // Room first: unpinned cached prefixes make way (the file's size bounds the blocks it needs).
-    while (engine_.kv().pool().free_bytes() < data.size() && cache->evict_one()) {
-    }
-    LoadedSequence ld;
-    try {
-      ld = adopt_parsed_sequence(std::move(parsed), engine_.kv(), expect);
-    } catch (const KVPoolExhausted& e) {
-      throw ApiError(503, std::string("the KV pool cannot hold the session now: ") + e.what());
-    } catch (const Error& e) {
-      throw ApiError(422, e.what(), "id");
-    }
-    if (ld.n_kv == 0) throw ApiError(422, "session '" + name + "' holds no KV", "id");
-    const PrefixCache::Inserted p = cache->insert(ld.tokens.data(), ld.n_kv, ld.seq);
-    VQ_CHECK(p.point >= 0, "session '{}' could not be cached (internal error)", name);
-    pin_session(name, ld.tokens, ld.n_kv);
-    info = {name, int64_t(ld.tokens.size()), ld.n_kv};
-  });
-  return info;
-}
-
-std::vector<KVIdentity> Runner::rank_identities() const {
-  // identity_ is the unsplit store's (it roots the prefix cache); each rank's store has its heads
-  // and its slice of the calibration.
-  std::vector<KVIdentity> ids;
-  for (int r = 0; r < engine_.tp(); ++r) ids.push_back(kv_identity_like(identity_, engine_.kv(r)));
-  return ids;
-}
-
-RankRunner Runner::rank_runner() {
-  TPForward* tp = engine_.tensor_parallel();
-  if (!tp) return {};
-  return [tp](int r, const std::function<void()>& f) { tp->on_rank(r, f); };
-}
-
-// restore_session over tensor-parallel ranks: the same steps with every rank's part.
-SessionInfo Runner::restore_split_session(const std::string& name, const std::string& path) {
-  SessionInfo info;
-  std::vector<SessionExpect> expect;
-  const std::vector<KVIdentity> ids = rank_identities();
-  for (int r = 0; r < engine_.tp(); ++r) expect.push_back(session_expect(engine_.kv(r), ids[size_t(r)]));
-  TPSessionBytes data;
-  std::vector<ParsedSession> parsed;
-  try {
-    data = read_tp_session_file(path, expect);
-    parsed = parse_tp_session(data, path, expect);
-  } catch (const Error& e) {
-    throw ApiError(422, e.what(), "id");
-  }
-  call([&] {
-    PrefixCache* cache = engine_.prefix_cache();
-    while (engine_.kv().pool().free_bytes() < data.bytes.size() / size_t(engine_.tp()) && cache->evict_one()) {
+    while (engine_.kv().pool().free_bytes() < rank_bytes && cache->evict_one()) {
     }
     std::vector<KVStore*> kv;
-    for (int r = 0; r < engine_.tp(); ++r) kv.push_back(&engine_.kv(r));
+    for (int r = 0; r < tp; ++r) kv.push_back(&engine_.kv(r));
     std::vector<LoadedSequence> ld;
     try {
       ld = adopt_parsed_tp_sequence(std::move(parsed), kv, expect, rank_runner());
@@ -309,7 +270,7 @@ SessionInfo Runner::restore_split_session(const std::string& name, const std::st
       throw ApiError(422, e.what(), "id");
     }
     if (ld[0].n_kv == 0) throw ApiError(422, "session '" + name + "' holds no KV", "id");
-    std::vector<SeqKV> extra;
+    std::vector<SeqKV> extra;  // ranks 1..
     for (size_t r = 1; r < ld.size(); ++r) extra.push_back(std::move(ld[r].seq));
     const PrefixCache::Inserted p = cache->insert(ld[0].tokens.data(), ld[0].n_kv, ld[0].seq, extra.data());
     VQ_CHECK(p.point >= 0, "session '{}' could not be cached (internal error)", name);
@@ -317,6 +278,21 @@ SessionInfo Runner::restore_split_session(const std::string& name, const std::st
     info = {name, int64_t(ld[0].tokens.size()), ld[0].n_kv};
   });
   return info;
+}
+
+std::vector<KVIdentity> Runner::rank_identities() const {
+  // identity_ is the unsplit store's (it roots the prefix cache); each rank's store of a split engine
+  // has its heads and its slice of the calibration.
+  if (engine_.tp() == 1) return {identity_};
+  std::vector<KVIdentity> ids;
+  for (int r = 0; r < engine_.tp(); ++r) ids.push_back(kv_identity_like(identity_, engine_.kv(r)));
+  return ids;
+}
+
+RankRunner Runner::rank_runner() {
+  TPForward* tp = engine_.tensor_parallel();
+  if (!tp) return {};
+  return [tp](int r, const std::function<void()>& f) { tp->on_rank(r, f); };
 }
 
 void Runner::delete_session(const std::string& name) {

@@ -91,11 +91,10 @@ class Runner {
   Metrics& metrics_;
   class PrefixStore* store_ = nullptr;
   KVIdentity identity_;
-  // Tensor-parallel engines: each rank's identity (its calibration slice), the runner of a rank's
-  // store operations (its GPU current), and a session restored over the ranks.
+  // Each rank's identity (tp = 1: identity_; else its store and calibration slice), and the runner of
+  // a rank's store operations (its GPU current; empty at tp = 1).
   std::vector<KVIdentity> rank_identities() const;
   RankRunner rank_runner();
-  SessionInfo restore_split_session(const std::string& name, const std::string& path);
   std::string session_dir_;
   int max_sessions_;
   mutable std::mutex mu_;
