@@ -9,7 +9,7 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 pkgs=(build-essential cmake ninja-build pkg-config git unzip ca-certificates
       libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-      libxxhash-dev clang libclang-rt-dev python3 python3-venv python3-pip python3-dev
+      libxxhash-dev libeigen3-dev clang libclang-rt-dev python3 python3-venv python3-pip python3-dev
       jargon-text python3-doc libzmq3-dev libmsgpack-cxx-dev libhiredis-dev redis-server)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -44,6 +44,10 @@ struct CalibrationOptions {
   // added back in attention (on the CPU and the GPU). 0: keys coded with their mean; -1 (auto): 16;
   // on the GPU a power of two.
   int key_mean_tokens = -1;
+  // from_model only: how keys are turned before coding (docs/QUALITY.md "Learned key transform"):
+  // "hadamard": the smoothing then the Walsh-Hadamard rotation; "learned": a dense map per (layer,
+  // KV head) from the recorded keys and queries (per-sub-space books only; CPU only for now).
+  std::string key_transform = "hadamard";
   // from_model only: after training, the new cache is compared with fp16 on up to this many tokens
   // of the text after the max_tokens trained on (held_out_check(); 0: not measured; otherwise at
   // least kMinHeldOutTokens, and the text must have that many left, or there is no check).

@@ -24,6 +24,9 @@ static vq::CalibTrainOptions train_options(const CalibrationOptions& o) {
   t.position_span = o.position_span;
   t.key_mean_tokens = o.key_mean_tokens >= 0 ? o.key_mean_tokens : vq::kKeyMeanTokens;
   t.held_out_tokens = o.held_out_tokens;
+  VQ_CHECK(o.key_transform == "hadamard" || o.key_transform == "learned",
+           "calibration: key_transform '{}' must be hadamard or learned", o.key_transform);
+  t.key_transform = o.key_transform == "learned" ? vq::KeyTransform::learned : vq::KeyTransform::hadamard;
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "codec/key_transform.h"
+#include "codec/learned_key_map.h"
 #include "core/atomic_file.h"
 #include "core/checksum.h"
 #include "core/error.h"
@@ -22,15 +23,18 @@ namespace {
 constexpr char kMagic[8] = {'V', 'Q', 'C', 'A', 'L', 'I', 'B', '\0'};
 // Version 2 adds the held-out check (CalibrationCheck: u32 tokens, f64 kl, top1, ppl_ratio) after
 // n_calib_tokens; version 3 the rotated key mean (u32 key_mean_tokens, rope_neox, n_rot, then per
-// layer the mean and the rotary frequencies). Versions 1 and 2 still load (no check, no mean).
-constexpr uint32_t kVersion = 3;
+// layer the mean and the rotary frequencies); version 4 the key transform (u32, then per layer the
+// learned map). Versions 1..3 still load (no check, no mean, Walsh-Hadamard keys).
+constexpr uint32_t kVersion = 4;
 constexpr size_t kMaxModelLen = 1024;
 // Fixed part of the header: magic + 13 u32 + 2 u64 + u32 model_len (+ the check's u32 + 3 f64).
 constexpr size_t kFixedHeaderV1 = 8 + 13 * 4 + 2 * 8 + 4;
 constexpr size_t kCheckBytes = 4 + 3 * 8;
 constexpr size_t kKeyMeanBytes = 3 * 4;
+constexpr size_t kKeyTransformBytes = 4;
 size_t fixed_header(uint32_t version) {
-  return kFixedHeaderV1 + (version >= 2 ? kCheckBytes : 0) + (version >= 3 ? kKeyMeanBytes : 0);
+  return kFixedHeaderV1 + (version >= 2 ? kCheckBytes : 0) + (version >= 3 ? kKeyMeanBytes : 0) +
+         (version >= 4 ? kKeyTransformBytes : 0);
 }
 // The largest key_mean_tokens a file may hold (a block of the pool is at most this long).
 constexpr int kMaxKeyMeanTokens = 4096;
@@ -101,6 +105,7 @@ int header_int(Reader& r, const std::string& path, const char* field, uint32_t m
 }  // namespace
 
 const char* granularity_name(Granularity g) { return g == Granularity::shared ? "shared" : "per_subspace"; }
+const char* key_transform_name(KeyTransform t) { return t == KeyTransform::learned ? "learned" : "hadamard"; }
 
 int Calibration::key_books() const { return granularity == Granularity::shared ? 1 : head_dim / key.sub_dim; }
 int Calibration::value_books() const { return granularity == Granularity::shared ? 1 : head_dim / value.sub_dim; }
@@ -146,6 +151,8 @@ void Calibration::validate() const {
   VQ_CHECK(granularity == Granularity::shared || granularity == Granularity::per_subspace,
            "calibration: granularity = {} must be 0 (shared) or 1 (per_subspace)", uint32_t(granularity));
   VQ_CHECK(kmeans_iters >= 0, "calibration: kmeans_iters = {} must be >= 0", kmeans_iters);
+  VQ_CHECK(key_transform == KeyTransform::hadamard || key_transform == KeyTransform::learned,
+           "calibration: key_transform = {} must be 0 (hadamard) or 1 (learned)", uint32_t(key_transform));
   if (check.tokens > 0) {
     VQ_CHECK(std::isfinite(check.kl) && check.kl >= 0 && check.kl <= 1e3,
              "calibration: held-out check kl = {} must be finite and in [0, 1000]", check.kl);
@@ -184,6 +191,23 @@ void Calibration::validate() const {
                i / size_t(head_dim), i % size_t(head_dim), L.smoothing[i], kMinLambda, kMaxCalibrationValue);
     check_codebook_values(L.key_codebooks, l, "key", key_books(), key);
     check_codebook_values(L.value_codebooks, l, "value", value_books(), value);
+    if (learned_keys()) {
+      VQ_CHECK(L.key_map.size() == n_smooth * size_t(head_dim),
+               "calibration: layer {} key map has {} floats, expected [{}, {}, {}] = {}", l, L.key_map.size(),
+               n_kv_heads, head_dim, head_dim, n_smooth * size_t(head_dim));
+      for (size_t i = 0; i < L.key_map.size(); ++i)
+        if (!(std::fabs(L.key_map[i]) <= kMaxCalibrationValue))  // also catches NaN
+          VQ_FAIL("calibration: layer {} key map{} = {} is not finite or exceeds the bound {}", l,
+                  index_of(i, {size_t(n_kv_heads), size_t(head_dim), size_t(head_dim)}), L.key_map[i],
+                  kMaxCalibrationValue);
+      for (int h = 0; h < n_kv_heads; ++h) {
+        const std::string what = fmt::format("calibration: layer {} KV head {}", l, h);
+        (void)key_map_query_side(L.key_map.data() + size_t(h) * head_dim * head_dim, head_dim, what.c_str());
+      }
+    } else {
+      VQ_CHECK(L.key_map.empty(), "calibration: layer {} holds a key map but the key transform is {}", l,
+               key_transform_name(key_transform));
+    }
     if (!has_key_mean()) {
       VQ_CHECK(L.key_mean.empty() && L.rope_freqs.empty(),
                "calibration: layer {} holds a key mean but key_mean_tokens = 0", l);
@@ -223,6 +247,7 @@ void save_calibration(const std::string& path, const Calibration& c) {
   w.u32(uint32_t(c.key_mean_tokens));
   w.u32(c.rope_neox ? 1 : 0);
   w.u32(uint32_t(c.n_rot));
+  w.u32(uint32_t(c.key_transform));
   w.u32(uint32_t(c.model.size()));
   w.raw(c.model.data(), c.model.size());
   for (const CalibrationLayer& L : c.layers) {
@@ -231,6 +256,7 @@ void save_calibration(const std::string& path, const Calibration& c) {
     w.floats(L.value_codebooks);
     w.floats(L.key_mean);  // empty without the key mean
     w.floats(L.rope_freqs);
+    w.floats(L.key_map);  // empty unless learned
   }
   const uint64_t sum = checksum64(w.bytes().data(), w.bytes().size());
   w.u64(sum);
@@ -286,6 +312,11 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
              "{}: header field n_rot = {} must be even and in 2..head_dim ({})", path, n_rot, c.head_dim);
     c.n_rot = int(n_rot);
   }
+  if (version >= 4) {
+    const uint32_t kt = r.u32("key_transform");
+    VQ_CHECK(kt <= 1, "{}: header field key_transform = {} must be 0 (hadamard) or 1 (learned)", path, kt);
+    c.key_transform = KeyTransform(kt);
+  }
   const uint32_t model_len = r.u32("model_len");
   VQ_CHECK(model_len <= kMaxModelLen, "{}: header field model_len = {} exceeds {}", path, model_len, kMaxModelLen);
   VQ_CHECK(header_bytes == fixed_header(version) + model_len, "{}: header_bytes = {} but the header holds {} bytes",
@@ -302,7 +333,9 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
   }
   const size_t per_layer =
       (size_t(c.n_kv_heads) * c.head_dim * (c.has_key_mean() ? 2 : 1) + c.key_codebook_floats() +
-       c.value_codebook_floats()) * sizeof(float) + (c.has_key_mean() ? size_t(c.n_rot / 2) * sizeof(double) : 0);
+       c.value_codebook_floats() + (c.learned_keys() ? size_t(c.n_kv_heads) * c.head_dim * c.head_dim : 0)) *
+          sizeof(float) +
+      (c.has_key_mean() ? size_t(c.n_rot / 2) * sizeof(double) : 0);
   const size_t expected = r.offset() + size_t(c.n_layers) * per_layer + 8;
   VQ_CHECK(size >= expected, "{}: truncated: {} bytes, the header implies {}", path, size, expected);
   VQ_CHECK(size == expected, "{}: {} trailing bytes after the data the header implies ({} bytes)", path,
@@ -325,6 +358,10 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
       L.rope_freqs.resize(size_t(c.n_rot / 2));
       r.raw(L.key_mean.data(), L.key_mean.size() * 4, "key mean");
       r.raw(L.rope_freqs.data(), L.rope_freqs.size() * 8, "rope freqs");
+    }
+    if (c.learned_keys()) {
+      L.key_map.resize(size_t(c.n_kv_heads) * c.head_dim * c.head_dim);
+      r.raw(L.key_map.data(), L.key_map.size() * 4, "key map");
     }
   }
   try {

@@ -8,11 +8,13 @@
 //   u64 seed | u64 n_calib_tokens
 //   (version >= 2) u32 check_tokens | f64 check_kl, check_top1, check_ppl_ratio
 //   (version >= 3) u32 key_mean_tokens | u32 rope_neox | u32 n_rot
+//   (version >= 4) u32 key_transform (0 Walsh-Hadamard, 1 learned)
 //   u32 model_len | model bytes (<= 1024)
 //   then per layer: smoothing [n_kv_heads, head_dim] f32,
 //                   key codebooks [n_kv_heads, k_books, 2^key_bits, key_sub_dim] f32,
 //                   value codebooks [n_kv_heads, v_books, 2^value_bits, value_sub_dim] f32,
-//                   (key_mean_tokens > 0) key mean [n_kv_heads, head_dim] f32, rope freqs [n_rot / 2] f64
+//                   (key_mean_tokens > 0) key mean [n_kv_heads, head_dim] f32, rope freqs [n_rot / 2] f64,
+//                   (key_transform learned) key map [n_kv_heads, head_dim, head_dim] f32
 //   then u64 xxh64 (seed 0) of every preceding byte.
 // The file size must equal exactly what the header implies. Written atomically.
 // Values: every codebook value finite with |x| <= kMaxCalibrationValue, every smoothing factor
@@ -26,6 +28,13 @@ namespace vq {
 
 enum class Granularity : uint32_t { shared = 0, per_subspace = 1 };
 const char* granularity_name(Granularity g);
+
+// How keys are turned before product quantization (queries take the inverse transpose):
+// hadamard: k~ = H (k / lambda), the smoothing then the block Walsh-Hadamard rotation (VecInfer's);
+// learned: k~ = M (k / lambda) with a dense map M per (layer, KV head) trained on the calibration's
+// keys and queries (codec/learned_key_map.h; its trainer leaves lambda at 1).
+enum class KeyTransform : uint32_t { hadamard = 0, learned = 1 };
+const char* key_transform_name(KeyTransform t);
 
 // The largest fp16 value: keys and values pass through fp16 (the residual window, the GPU's
 // fp16 codebooks), so no real codebook entry or smoothing factor exceeds it.
@@ -45,6 +54,9 @@ struct CalibrationLayer {
   // it covers; rope_freqs [n_rot / 2], the layer's rotary frequencies (radians per position).
   std::vector<float> key_mean;
   std::vector<double> rope_freqs;
+  // The learned key transform (Calibration::key_transform == learned): [n_kv_heads, head_dim,
+  // head_dim] row-major, k~ = M (k / lambda); empty otherwise.
+  std::vector<float> key_map;
 };
 
 // The calibration's own quality check (issue 18): the cache with these codebooks against an fp16
@@ -76,6 +88,9 @@ struct Calibration {
   bool rope_neox = false;
   int n_rot = 0;
   bool has_key_mean() const { return key_mean_tokens > 0; }
+  // File version 4; older files are Walsh-Hadamard.
+  KeyTransform key_transform = KeyTransform::hadamard;
+  bool learned_keys() const { return key_transform == KeyTransform::learned; }
   std::vector<CalibrationLayer> layers;  // [n_layers]
 
   // Codebooks per KV head: 1 (shared) or head_dim / sub_dim (per_subspace).
@@ -84,7 +99,7 @@ struct Calibration {
   size_t key_codebook_floats() const;    // per layer
   size_t value_codebook_floats() const;  // per layer
   // Throws vq::Error naming the field at fault unless every parameter and array size is
-  // consistent and every value is within the bounds above.
+  // consistent and every value is within the bounds above (a learned key map also invertible).
   void validate() const;
 };
 

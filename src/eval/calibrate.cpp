@@ -14,6 +14,7 @@
 
 #include "codec/calibration_check.h"
 #include "codec/key_mean.h"
+#include "codec/learned_key_map.h"
 #include "core/cache_dir.h"
 #include "core/error.h"
 #include "core/input_file.h"
@@ -77,7 +78,7 @@ std::string read_text_file(const std::string& path) {
 }
 
 KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int seg, const CalibProgress& progress,
-                      KVDevice device, int64_t position_span) {
+                      KVDevice device, int64_t position_span, bool query_moment) {
   const ModelConfig& mc = model.config();
   VQ_CHECK(seg >= 1, "calibrate: segment of {} tokens must be >= 1", seg);
   VQ_CHECK(position_span >= 0, "calibrate: position span {} must be >= 0", position_span);
@@ -89,6 +90,8 @@ KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int s
   rec.keys.resize(size_t(mc.n_layers));
   rec.values.resize(size_t(mc.n_layers));
   rec.query_energy.assign(size_t(mc.n_layers), std::vector<double>(size_t(H) * D, 0.0));
+  if (query_moment) rec.query_moment.assign(size_t(mc.n_layers), std::vector<double>(size_t(H) * D * D, 0.0));
+  std::vector<float> qrows;  // [m * group, D]: one KV head's query rows of an observed chunk
   // target[g]: the position token g's keys and queries are rotated to (position_span > 0): uniform in
   // [0, position_span), from a fixed seed so that a recording is reproducible.
   std::vector<int64_t> target;
@@ -135,6 +138,15 @@ KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int s
           double* dst = qe.data() + size_t(hq / group) * D;
           for (int c = 0; c < D; ++c) dst[c] += double(row[c]) * row[c];
         }
+      if (query_moment)
+        for (int h = 0; h < H; ++h) {
+          qrows.resize(size_t(m) * group * D);
+          for (int t = 0; t < m; ++t)
+            std::copy_n(q + (size_t(t) * Hq + size_t(h) * group) * D, size_t(group) * D,
+                        qrows.data() + size_t(t) * group * D);
+          add_second_moment(qrows.data(), int64_t(m) * group, D, D,
+                            rec.query_moment[size_t(layer)].data() + size_t(h) * D * D);
+        }
       rec.keys[size_t(layer)].insert(rec.keys[size_t(layer)].end(), k, k + e);
       rec.values[size_t(layer)].insert(rec.values[size_t(layer)].end(), v, v + e);
     });
@@ -147,6 +159,8 @@ KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int s
   }
   const double per = double(n) * group;
   for (auto& layer : rec.query_energy)
+    for (auto& x : layer) x /= per;
+  for (auto& layer : rec.query_moment)
     for (auto& x : layer) x /= per;
   return rec;
 }
@@ -170,6 +184,11 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
   }
   if (progress) opt.progress = [&](int d, int t) { progress("train", d, t); };
   if (opt.query_energy.empty() && opt.query_aware) opt.query_energy = rec.query_energy;
+  if (opt.key_transform == KeyTransform::learned && opt.query_moment.empty()) {
+    VQ_CHECK(rec.query_moment.size() == size_t(mc.n_layers),
+             "calibrate: the learned key transform needs a recording with the queries' second moment");
+    opt.query_moment = rec.query_moment;
+  }
   // The rotated key mean (codec/key_mean.h): measured on the recording, removed from the keys the
   // codebooks train on exactly as the cache removes it before coding.
   const int T = opt.key_mean_tokens;
@@ -274,8 +293,10 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
   // tokens 0.027; positions far beyond the evaluated ones spread the centroids thin.
   const int seg = opt.segment_tokens > 0 ? opt.segment_tokens : kCalibSegment;
   Calibration cal = calibrate_recording(
-      model, record_kv(model, ids, seg, progress, device, calib_position_span(model, opt)), cfg, opt, model_name,
-      progress);
+      model,
+      record_kv(model, ids, seg, progress, device, calib_position_span(model, opt),
+                opt.key_transform == KeyTransform::learned),
+      cfg, opt, model_name, progress);
   if (!held.empty()) {
     if (progress) progress("check", 0, 1);
     cal.check = measure_calibration(model, held, cfg, cal, device);

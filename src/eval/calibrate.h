@@ -31,6 +31,9 @@ struct KVRecording {
   int64_t n_tokens = 0;
   std::vector<std::vector<float>> keys, values;
   std::vector<std::vector<double>> query_energy;
+  // query_moment[l]: [n_kv_heads, head_dim, head_dim], the second moment of the same queries (for the
+  // learned key transform); recorded only when asked (it is head_dim times query_energy's size).
+  std::vector<std::vector<double>> query_moment;
   std::vector<int64_t> positions;  // [n_tokens] the position each token's keys were rotated to
   int segment = 0;                 // tokens per independent sequence
 };
@@ -41,7 +44,7 @@ struct KVRecording {
 // 8192). Values are kept as they are.
 KVRecording record_kv(const Model& model, const std::vector<int32_t>& ids, int segment,
                       const CalibProgress& progress = {}, KVDevice device = KVDevice::cpu,
-                      int64_t position_span = 0);
+                      int64_t position_span = 0, bool query_moment = false);
 
 // The position span record_kv uses for opt (CalibTrainOptions::position_span; -1: the model's
 // trained context, at most kMaxCalibPositionSpan).

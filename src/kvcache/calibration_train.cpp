@@ -8,6 +8,7 @@
 
 #include "codec/key_mean.h"
 #include "codec/key_transform.h"
+#include "codec/learned_key_map.h"
 #include "codec/product_quantizer.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -40,7 +41,20 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
     VQ_CHECK(nu >= need, "calibrate: {} tokens ({} after leaving out sinks), but per-subspace codebooks of {} entries "
              "need at least {} (use more text or ,gran=shared)", n, nu, need, need);
   }
+  const bool learned = opt.key_transform == KeyTransform::learned;
+  if (learned) {
+    VQ_CHECK(gran == Granularity::per_subspace,
+             "calibrate: the learned key transform gives each sub-space its own distribution: it needs per-sub-space "
+             "codebooks (drop ,gran=shared or use --key-transform hadamard)");
+    VQ_CHECK(opt.query_moment.size() == k.size(), "calibrate: the learned key transform needs the queries' second "
+             "moment of {} layers, got {}", k.size(), opt.query_moment.size());
+    for (const auto& m : opt.query_moment)
+      VQ_CHECK(m.size() == size_t(H) * D * D, "calibrate: a query second moment of {} values for [{}, {}, {}]",
+               m.size(), H, D, D);
+    VQ_CHECK(nu >= 2, "calibrate: the learned key transform needs at least 2 tokens");
+  }
   Calibration c;
+  c.key_transform = learned ? KeyTransform::learned : KeyTransform::hadamard;
   c.n_layers = int(k.size());
   c.n_kv_heads = H;
   c.head_dim = D;
@@ -57,7 +71,10 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
     update_abs_max(k[l], n, H, D, absmax.data());    // first checks every key is finite (names the token)
     std::fill(absmax.begin(), absmax.end(), 0.0f);
     for (int64_t t : used) update_abs_max(k[l] + size_t(t) * H * D, 1, H, D, absmax.data());
-    if (opt.query_energy.empty()) {
+    if (learned) {
+      c.layers[l].smoothing.assign(size_t(H) * D, 1.0f);  // the map carries the scaling
+      c.layers[l].key_map.resize(size_t(H) * D * D);
+    } else if (opt.query_energy.empty()) {
       c.layers[l].smoothing = smoothing_from_abs_max(absmax);
     } else {
       // key_var: [H, D] variance of each key channel over the used tokens
@@ -89,7 +106,16 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
         const int64_t t = used[size_t(i)];
         std::copy(src + (t * H + h) * D, src + (t * H + h + 1) * D, x.begin() + i * D);
       }
-      if (is_key) transform_keys(x.data(), nu, 1, D, c.layers[size_t(l)].smoothing.data() + size_t(h) * D);
+      if (is_key && learned) {
+        // Each (layer, KV head) job writes its own map.
+        const std::vector<double> q(opt.query_moment[size_t(l)].begin() + ptrdiff_t(size_t(h) * D * D),
+                                    opt.query_moment[size_t(l)].begin() + ptrdiff_t(size_t(h + 1) * D * D));
+        const std::vector<float> m = learned_key_map(covariance_of_rows(x.data(), nu, D), q, D, c.key.sub_dim);
+        std::copy(m.begin(), m.end(), c.layers[size_t(l)].key_map.begin() + ptrdiff_t(size_t(h) * D * D));
+        apply_key_map(m.data(), x.data(), nu, D, D);
+      } else if (is_key) {
+        transform_keys(x.data(), nu, 1, D, c.layers[size_t(l)].smoothing.data() + size_t(h) * D);
+      }
       ProductQuantizer pq(D, is_key ? c.key : c.value, gran);
       KMeansParams kp;
       kp.max_iters = opt.kmeans_iters;

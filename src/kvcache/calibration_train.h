@@ -31,6 +31,13 @@ struct CalibTrainOptions {
   std::vector<std::vector<double>> query_energy;
   // The model-level trainer (eval/calibrate.h) fills query_energy from its recording when true.
   bool query_aware = true;
+  // The key transform (codec/calibration_file.h KeyTransform). learned needs query_moment and
+  // per-sub-space books: query_moment[l]: [n_kv_heads, head_dim, head_dim], the second moment of the
+  // post-RoPE queries of each KV head's query heads (the model-level trainer fills it from its
+  // recording); the map of each (layer, KV head) comes from it and the keys' covariance
+  // (codec/learned_key_map.h), the smoothing factors are 1.
+  KeyTransform key_transform = KeyTransform::hadamard;
+  std::vector<std::vector<double>> query_moment;
   // For the model-level recorder (eval/calibrate.h record_kv): keys and queries re-rotated to random
   // positions in [0, position_span). -1: the model's trained context, at most kMaxCalibPositionSpan;
   // 0 (the default): the positions the calibration text ran at. Measured (docs/QUALITY.md): a span

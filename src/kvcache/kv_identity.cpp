@@ -71,6 +71,9 @@ uint64_t calibration_checksum(const Calibration* c) {
     h.floats(L.smoothing);
     h.floats(L.key_codebooks);
     h.floats(L.value_codebooks);
+    // Hashed only when present, so that the digests of calibrations without them are unchanged.
+    if (!L.key_mean.empty()) h.floats(L.key_mean);
+    if (!L.key_map.empty()) h.floats(L.key_map);
   }
   return h.digest();
 }

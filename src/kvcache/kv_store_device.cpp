@@ -54,6 +54,9 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
       return fmt::format("the calibration's rotated key mean has segments of {} tokens: the device kernels take {} "
                          "(what `veloxquant calibrate` makes)", T, kKeyMeanTokens);
   }
+  if (spec.calibration && spec.calibration->learned_keys())
+    return "the calibration's learned key transform (calibrate --key-transform learned) has no device kernels yet; "
+           "on the device use a calibration made with --key-transform hadamard";
   if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
   return "";
 #endif

@@ -119,12 +119,17 @@ TEST(Calibration, HeldOutCheckRoundTripsAndVersion1And2FilesStillLoad) {
   EXPECT_EQ(d.check.kl, 0.0412);
   EXPECT_EQ(d.check.top1, 0.903);
   EXPECT_EQ(d.check.ppl_ratio, 1.033);
-  // The same file as version 2 (no key-mean fields: 12 bytes at offset 100, after the check) and as
-  // version 1 (no check either: 28 more bytes at offset 72, after n_calib_tokens).
+  // The same file as version 3 (no key transform: 4 bytes at offset 112), as version 2 (no key-mean
+  // fields either: 12 bytes at offset 100, after the check) and as version 1 (no check either: 28
+  // more bytes at offset 72, after n_calib_tokens).
   auto older = [&](uint32_t version) {
     auto b = read_all(p);
-    size_t removed = 12;
-    b.erase(b.begin() + 100, b.begin() + 112);
+    size_t removed = 4;
+    b.erase(b.begin() + 112, b.begin() + 116);
+    if (version <= 2) {
+      b.erase(b.begin() + 100, b.begin() + 112);
+      removed += 12;
+    }
     if (version == 1) {
       b.erase(b.begin() + 72, b.begin() + 100);
       removed += 28;
@@ -138,6 +143,10 @@ TEST(Calibration, HeldOutCheckRoundTripsAndVersion1And2FilesStillLoad) {
     write_all(q, b);
     return load_calibration(q);
   };
+  const Calibration v3 = older(3);
+  EXPECT_EQ(v3.check.kl, 0.0412);
+  EXPECT_FALSE(v3.learned_keys());
+  for (int l = 0; l < 3; ++l) EXPECT_EQ(v3.layers[size_t(l)].value_codebooks, c.layers[size_t(l)].value_codebooks);
   const Calibration v2 = older(2);
   EXPECT_EQ(v2.check.tokens, 1024u);
   EXPECT_EQ(v2.check.kl, 0.0412);
@@ -156,6 +165,58 @@ TEST(Calibration, HeldOutCheckRoundTripsAndVersion1And2FilesStillLoad) {
     fix_checksum(bad);
     write_all(q, bad);
     expect_load_error(q, k.needle, k.needle);
+  }
+  std::remove(p.c_str());
+  std::remove(q.c_str());
+}
+
+// A learned key transform (file version 4): the maps round-trip; a map that is not invertible, or
+// the flag without maps, is refused with the layer and head named, even with a valid checksum.
+TEST(Calibration, LearnedKeyMapsRoundTripAndBadOnesAreRefused) {
+  Calibration c = make_calib(Granularity::per_subspace);
+  c.key_transform = KeyTransform::learned;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  const size_t D = size_t(c.head_dim);
+  for (auto& L : c.layers) {
+    L.key_map.assign(size_t(c.n_kv_heads) * D * D, 0.0f);
+    for (size_t h = 0; h < size_t(c.n_kv_heads); ++h)
+      for (size_t i = 0; i < D; ++i)
+        for (size_t j = 0; j < D; ++j) L.key_map[(h * D + i) * D + j] = (i == j ? 2.0f : 0.0f) + 0.05f * nd(rng);
+  }
+  const std::string p = tmp_path("learned"), q = tmp_path("learned_bad");
+  save_calibration(p, c);
+  const Calibration d = load_calibration(p);
+  EXPECT_TRUE(d.learned_keys());
+  for (int l = 0; l < 3; ++l) EXPECT_EQ(d.layers[size_t(l)].key_map, c.layers[size_t(l)].key_map);
+  // Layer 1, KV head 1: row 4 zeroed (singular). The maps are each layer's last array.
+  const auto full = read_all(p);
+  const size_t per_layer = (c.layers[0].smoothing.size() + c.key_codebook_floats() + c.value_codebook_floats() +
+                            c.layers[0].key_map.size()) * 4;
+  const size_t layer2 = full.size() - 8 - per_layer, map1 = layer2 - c.layers[0].key_map.size() * 4;
+  auto b = full;
+  for (size_t j = 0; j < D; ++j) std::memset(b.data() + map1 + ((D + 4) * D + j) * 4, 0, 4);
+  fix_checksum(b);
+  write_all(q, b);
+  expect_load_error(q, "layer 1 KV head 1: the key map is singular", "singular map");
+  b = full;
+  const float big = 1e30f;
+  std::memcpy(b.data() + map1 + 12, &big, 4);
+  fix_checksum(b);
+  write_all(q, b);
+  expect_load_error(q, "layer 1 key map[0, 0, 3] = 1e+30 is not finite or exceeds the bound", "a huge entry");
+  // The flag without maps (in memory) and maps without the flag.
+  Calibration bad = c;
+  bad.layers[2].key_map.clear();
+  EXPECT_THROW(save_calibration(q, bad), Error);
+  bad = make_calib(Granularity::per_subspace);
+  bad.layers[0].key_map = c.layers[0].key_map;
+  try {
+    save_calibration(q, bad);
+    ADD_FAILURE() << "saved a key map of a Walsh-Hadamard calibration";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0 holds a key map but the key transform is hadamard"),
+              std::string::npos) << e.what();
   }
   std::remove(p.c_str());
   std::remove(q.c_str());
@@ -221,9 +282,9 @@ TEST(Calibration, WrongMagicAndVersion) {
   write_all(p, m);
   expect_load_error(p, "magic", "magic");
   auto v = b;
-  v[8] = 4;  // version field, little-endian u32 at offset 8
+  v[8] = 5;  // version field, little-endian u32 at offset 8
   write_all(p, v);
-  expect_load_error(p, "version 4", "version");
+  expect_load_error(p, "version 5", "version");
   v[8] = 0;
   write_all(p, v);
   expect_load_error(p, "version 0", "version 0");

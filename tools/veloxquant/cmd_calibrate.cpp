@@ -26,6 +26,7 @@ struct CalibrateOptions {
   std::string smoothing = "query";
   int64_t position_span = 0;
   std::string key_mean = "auto";
+  std::string key_transform = "hadamard";
   int held_out = 1024;
 };
 
@@ -54,6 +55,7 @@ void run_calibrate(const CalibrateOptions& o) {
   opt.position_span = o.position_span;
   opt.key_mean_tokens = o.key_mean == "none" ? 0 : -1;  // rotated, auto: the default segment
   opt.held_out_tokens = o.held_out;
+  opt.key_transform = o.key_transform;
   opt.device = resolve_device(o.device);
   ProgressBar bar;
   const auto t0 = std::chrono::steady_clock::now();
@@ -101,6 +103,12 @@ void add_calibrate(CLI::App& app) {
                 "coding and add its exact score back (CPU and GPU; docs/QUALITY.md \"Rotated key mean\"); none: code "
                 "keys with their mean")
       ->check(CLI::IsMember({"auto", "rotated", "none"}))
+      ->capture_default_str();
+  c->add_option("--key-transform", o->key_transform,
+                "hadamard: keys smoothed then Walsh-Hadamard-rotated before coding; learned: a dense map per layer "
+                "and KV head from the recorded keys and queries (per-sub-space books; CPU only for now; "
+                "docs/QUALITY.md \"Learned key transform\")")
+      ->check(CLI::IsMember({"hadamard", "learned"}))
       ->capture_default_str();
   c->add_option("--held-out", o->held_out,
                 "Tokens of the text after --tokens on which the new cache is compared with fp16 (stored in the file; "

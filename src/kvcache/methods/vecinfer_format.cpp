@@ -12,6 +12,7 @@
 #include "codec/calibration_file.h"
 #include "codec/key_mean.h"
 #include "codec/key_transform.h"
+#include "codec/learned_key_map.h"
 #include "codec/product_quantizer.h"
 #include "core/buffer.h"
 #include "core/error.h"
@@ -48,6 +49,14 @@ class VecInferFormat final : public CodedFormat {
     const CalibrationLayer& L = c.layers[size_t(layer)];
     lambda_ = L.smoothing;
     const int H = g.n_kv_heads, D = g.head_dim;
+    if (c.learned_keys()) {
+      key_map_ = L.key_map;
+      query_map_.resize(key_map_.size());
+      for (int h = 0; h < H; ++h) {
+        const std::vector<float> n = key_map_query_side(key_map_.data() + size_t(h) * D * D, D, "vecinfer cache");
+        std::copy(n.begin(), n.end(), query_map_.begin() + ptrdiff_t(size_t(h) * D * D));
+      }
+    }
     const size_t kf = c.key_codebook_floats() / size_t(H), vf = c.value_codebook_floats() / size_t(H);
     for (int h = 0; h < H; ++h) {
       kpq_.emplace_back(D, c.key, c.granularity,
@@ -74,7 +83,7 @@ class VecInferFormat final : public CodedFormat {
   size_t keys_bytes() const { return size_t(geo_.n_kv_heads) * B_ * krow_; }
   size_t block_bytes() const override { return keys_bytes() + size_t(geo_.n_kv_heads) * B_ * vrow_; }
   size_t codebook_bytes() const override {
-    size_t b = lambda_.size() * 4;
+    size_t b = (lambda_.size() + key_map_.size() + query_map_.size()) * 4;
     for (size_t h = 0; h < kpq_.size(); ++h)
       b += (kpq_[h].codebooks().size() + vpq_[h].codebooks().size() + kbook_t_[h].size()) * 4;
     return b;
@@ -83,7 +92,13 @@ class VecInferFormat final : public CodedFormat {
   void encode_block(float* kf, float* vf, uint8_t* block, int64_t pos0) const override {
     const int H = geo_.n_kv_heads, D = geo_.head_dim;
     if (!key_mean_.empty()) key_mean_.subtract(pos0, B_, kf, D, int64_t(B_) * D);  // kf: [H][B][D]
-    for (int h = 0; h < H; ++h) transform_keys(kf + size_t(h) * B_ * D, B_, 1, D, lambda_.data() + size_t(h) * D);
+    for (int h = 0; h < H; ++h) {
+      float* x = kf + size_t(h) * B_ * D;
+      if (key_map_.empty())
+        transform_keys(x, B_, 1, D, lambda_.data() + size_t(h) * D);
+      else
+        transform_keys_mapped(x, B_, 1, D, lambda_.data() + size_t(h) * D, key_map_.data() + size_t(h) * D * D);
+    }
     for (int h = 0; h < H; ++h) {
       kpq_[size_t(h)].encode(kf + size_t(h) * B_ * D, B_, block + size_t(h) * B_ * krow_);
       vpq_[size_t(h)].encode(vf + size_t(h) * B_ * D, B_, block + keys_bytes() + size_t(h) * B_ * vrow_);
@@ -96,7 +111,10 @@ class VecInferFormat final : public CodedFormat {
     p->qt.assign(q, q + size_t(n_q) * HQ * D);
     if (!key_mean_.empty()) p->q = p->qt;
     p->scale = scale;
-    transform_queries(p->qt.data(), n_q, HQ, H, D, lambda_.data());
+    if (query_map_.empty())
+      transform_queries(p->qt.data(), n_q, HQ, H, D, lambda_.data());
+    else
+      transform_queries_mapped(p->qt.data(), n_q, HQ, H, D, lambda_.data(), query_map_.data());
     for (auto& x : p->qt) x *= scale;
     p->lut_n = lut_n_;
     if (n_q <= 4) {
@@ -201,6 +219,7 @@ class VecInferFormat final : public CodedFormat {
   KVCacheConfig cfg_;
   RotatedKeyMean key_mean_;                     // empty unless the calibration stores one
   std::vector<float> lambda_;                   // [n_kv_heads, head_dim]
+  std::vector<float> key_map_, query_map_;      // learned transform: [n_kv_heads, head_dim, head_dim] M, M^-T
   std::vector<ProductQuantizer> kpq_, vpq_;     // [n_kv_heads]
   std::vector<std::vector<float>> kbook_t_;     // [n_kv_heads] channel-major key codebooks
   size_t krow_ = 0, vrow_ = 0;                  // packed bytes per token and head
