@@ -1,6 +1,6 @@
 // Writes the seed corpora: fuzz/corpus/*.gguf with the test GGUF writer (small files holding every
 // metadata value type and every tensor type) and fuzz/corpus_calibration/*.vqcal (small
-// calibration files of each granularity and several presets). Rebuild the seeds (rarely needed):
+// calibration files of each granularity and several presets, one with learned key maps). Rebuild the seeds (rarely needed):
 //   g++ -std=c++20 -Isrc -Iinclude -Itests fuzz/make_seeds.cpp tests/model/gguf_writer.cpp \
 //     build/<dir>/src/libvq_{model,kvcache,codec,ops,core}.a -lfmt -lhwy -lxxhash -lpthread -o /tmp/make_seeds
 //   /tmp/make_seeds fuzz/corpus fuzz/corpus_calibration
@@ -15,7 +15,7 @@ namespace {
 
 // A small calibration with random values inside the file's bounds.
 void write_calibration(const std::string& path, int layers, int heads, int head_dim, vq::CodecParams k,
-                       vq::CodecParams v, vq::Granularity g, uint32_t seed) {
+                       vq::CodecParams v, vq::Granularity g, uint32_t seed, bool learned = false) {
   vq::Calibration c;
   c.n_layers = layers, c.n_kv_heads = heads, c.head_dim = head_dim;
   c.key = k, c.value = v, c.granularity = g;
@@ -30,7 +30,13 @@ void write_calibration(const std::string& path, int layers, int heads, int head_
     L.value_codebooks.resize(c.value_codebook_floats());
     for (auto* b : {&L.key_codebooks, &L.value_codebooks})
       for (auto& x : *b) x = nd(rng);
+    if (learned) {  // invertible maps: the identity plus small noise
+      L.key_map.resize(size_t(heads) * head_dim * head_dim);
+      for (size_t i = 0; i < L.key_map.size(); ++i)
+        L.key_map[i] = (i / size_t(head_dim) % size_t(head_dim) == i % size_t(head_dim) ? 1.0f : 0.0f) + 0.05f * nd(rng);
+    }
   }
+  if (learned) c.key_transform = vq::KeyTransform::learned;
   vq::save_calibration(path, c);
 }
 
@@ -78,5 +84,6 @@ int main(int argc, char** argv) {
   write_calibration(cdir + "/shared_d2b4.vqcal", 1, 1, 8, {2, 4}, {2, 4}, vq::Granularity::shared, 1);
   write_calibration(cdir + "/per_subspace_k4_v8.vqcal", 2, 2, 16, {4, 4}, {8, 4}, vq::Granularity::per_subspace, 2);
   write_calibration(cdir + "/shared_d16b5.vqcal", 1, 1, 32, {16, 5}, {16, 5}, vq::Granularity::shared, 3);
+  write_calibration(cdir + "/learned_k4_v8.vqcal", 2, 2, 16, {4, 4}, {8, 4}, vq::Granularity::per_subspace, 4, true);
   return 0;
 }

@@ -38,6 +38,7 @@ case "$target" in
   calibration)
     srcs=("$root/fuzz/fuzz_calibration.cpp" "$root/src/codec/calibration_file.cpp"
           "$root/src/codec/calibration_check.cpp" "$root/src/codec/key_transform.cpp"
+          "$root/src/codec/learned_key_map.cpp"
           "$root/src/core/checksum.cpp" "$root/src/core/atomic_file.cpp" "$root/src/core/mmap_file.cpp")
     libs=(-lfmt -lxxhash)
     corpus=corpus_calibration seeds="$root/fuzz/corpus_calibration" dict="$root/fuzz/calibration.dict"
@@ -66,7 +67,8 @@ fi
 if [ $rebuild = 1 ]; then
   echo "run_fuzz.sh: building $bin with $cxx"
   "$cxx" -std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
-    -fno-sanitize-recover=undefined -I"$root/src" -I"$root/include" "${srcs[@]}" "${libs[@]}" -o "$bin.tmp"
+    -fno-sanitize-recover=undefined -I"$root/src" -I"$root/include" -isystem /usr/include/eigen3 "${srcs[@]}" \
+    "${libs[@]}" -o "$bin.tmp"
   mv "$bin.tmp" "$bin"
 fi
 

@@ -22,6 +22,7 @@ OFF shifts the evaluation positions (RoPE makes exact attention depend on distan
 asks how codes trained at positions < 1024 do at positions OFF..OFF+1024, i.e. a long context).
 """
 import os, sys, math, numpy as np
+from pq_tools import make_rope, hadamard, kmeans as pq_tools_kmeans
 np.random.seed(0)
 cal = np.load(sys.argv[1]); ev = np.load(sys.argv[2])
 layers = [int(x) for x in sys.argv[3].split(',')] if len(sys.argv) > 3 and sys.argv[3] != 'all' else range(int(cal['n_layers']))
@@ -30,34 +31,9 @@ D = int(cal['head_dim']); n_rot = int(cal['n_rot']); neox = bool(cal['neox']); f
 SINK, R, SUB, K = 4, 128, 4, 256
 BLK = float(os.environ.get('BLK', '16'))
 
-def rope(x, pos):
-    ang = pos[:, None] * freqs[None, :]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    out = x.copy(); h = n_rot // 2
-    if neox:
-        a, b = x[..., :h], x[..., h:n_rot]
-        out[..., :h] = a * cos - b * sin; out[..., h:n_rot] = a * sin + b * cos
-    else:
-        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-        out[..., 0:n_rot:2] = a * cos - b * sin; out[..., 1:n_rot:2] = a * sin + b * cos
-    return out
-
-Hd = np.array([[1.]])
-while Hd.shape[0] < D: Hd = np.block([[Hd, Hd], [Hd, -Hd]])
-Hd /= math.sqrt(D)
-
-def kmeans(x, k, iters=12):
-    x = x.astype(np.float32)
-    c = x[np.random.choice(len(x), k, replace=len(x) < k)].copy()
-    for _ in range(iters):
-        d = (x * x).sum(1)[:, None] - 2 * x @ c.T + (c * c).sum(1)[None]
-        a = d.argmin(1)
-        cnt = np.bincount(a, minlength=k)
-        sums = np.zeros_like(c)
-        for dd in range(x.shape[1]): sums[:, dd] = np.bincount(a, weights=x[:, dd], minlength=k)
-        nz = cnt > 0
-        c[nz] = sums[nz] / cnt[nz, None]
-    return c
+rope = make_rope(freqs, n_rot, neox)
+Hd = hadamard(D)
+kmeans = lambda x, k: pq_tools_kmeans(x, k, 12)
 
 def pq_fit(x, shared):  # x [n, D]
     n = x.shape[0]; s = x.reshape(n, D // SUB, SUB)

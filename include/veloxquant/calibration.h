@@ -44,10 +44,12 @@ struct CalibrationOptions {
   // added back in attention (on the CPU and the GPU). 0: keys coded with their mean; -1 (auto): 16;
   // on the GPU a power of two.
   int key_mean_tokens = -1;
-  // from_model only: how keys are turned before coding (docs/QUALITY.md "Learned key transform"):
-  // "hadamard": the smoothing then the Walsh-Hadamard rotation; "learned": a dense map per (layer,
-  // KV head) from the recorded keys and queries (per-sub-space books only; CPU only for now).
-  std::string key_transform = "hadamard";
+  // How keys are turned before coding (docs/QUALITY.md "Learned key transform"): "hadamard": the
+  // smoothing then the Walsh-Hadamard rotation; "learned": a dense map per (layer, KV head) from the
+  // recorded keys and queries (from_model only; per-sub-space books; caches on the CPU only for
+  // now: the device refuses such a calibration); "auto": learned for from_model with per-sub-space
+  // books recorded on the CPU, else hadamard (a calibration recorded on the device is for the device).
+  std::string key_transform = "auto";
   // from_model only: after training, the new cache is compared with fp16 on up to this many tokens
   // of the text after the max_tokens trained on (held_out_check(); 0: not measured; otherwise at
   // least kMinHeldOutTokens, and the text must have that many left, or there is no check).
@@ -98,6 +100,8 @@ class Calibration {
   uint64_t n_calib_tokens() const;
   // The rotated key mean's segment (CalibrationOptions::key_mean_tokens); 0: none.
   int key_mean_tokens() const;
+  // "hadamard" or "learned" (CalibrationOptions::key_transform).
+  std::string key_transform() const;
   std::string model_name() const;
   CalibrationCheck held_out_check() const;
   // Arrays of layer l (0 <= l < n_layers(), else vq::Error), float32, row-major, owned by the

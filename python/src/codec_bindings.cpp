@@ -192,12 +192,13 @@ static void bind_calibration(nb::module_& m) {
           "from_model",
           [](const veloxquant::Model& model, const std::string& text, int max_tokens, const std::string& kv_cache,
              int kmeans_iters, uint64_t seed, int max_points_per_centroid, int segment_tokens, int skip_tokens,
-             int held_out_tokens, int key_mean_tokens) {
+             int held_out_tokens, int key_mean_tokens, const std::string& key_transform) {
             const veloxquant::KVCacheConfig cfg = veloxquant::parse_kv_cache_config(kv_cache);
             veloxquant::CalibrationOptions o =
                 calib_options(kmeans_iters, seed, max_points_per_centroid, segment_tokens, skip_tokens);
             o.held_out_tokens = held_out_tokens;
             o.key_mean_tokens = key_mean_tokens;
+            o.key_transform = key_transform;
             nb::gil_scoped_release nogil;
             return Calibration::from_model(model, text, max_tokens, cfg, o);
           },
@@ -205,10 +206,14 @@ static void bind_calibration(nb::module_& m) {
           nb::arg("kmeans_iters") = 12, nb::arg("seed") = 1234, nb::arg("max_points_per_centroid") = 64,
           nb::arg("segment_tokens") = 0, nb::arg("skip_tokens") = 4, nb::arg("held_out_tokens") = 1024,
           nb::arg("key_mean_tokens") = veloxquant::CalibrationOptions{}.key_mean_tokens,
+          nb::arg("key_transform") = veloxquant::CalibrationOptions{}.key_transform,
           "Runs the model over the first max_tokens tokens of text, records every layer's keys and values and trains "
           "on them (segment_tokens 0: sequences of 2048 tokens); then compares the new cache with fp16 on up to "
           "held_out_tokens tokens of the text after those (held_out_check). key_mean_tokens > 0: the keys' rotated "
-          "mean is removed before coding and its exact score added back (CPU and GPU); 0: none; -1: 16).")
+          "mean is removed before coding and its exact score added back (CPU and GPU); 0: none; -1: 16). key_transform: "
+          "'learned' (a dense map per layer and KV head from the recorded keys and queries; caches on the CPU), "
+          "'hadamard' (smoothing + Walsh-Hadamard) or 'auto' (learned for per-sub-space books).")
+      .def_prop_ro("key_transform", &Calibration::key_transform, "'hadamard' or 'learned'")
       .def_prop_ro("key_mean_tokens", &Calibration::key_mean_tokens,
                    "the rotated key mean's segment in tokens; 0: none")
       .def_prop_ro("n_layers", &Calibration::n_layers)

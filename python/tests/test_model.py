@@ -109,6 +109,15 @@ def test_vecinfer_with_in_memory_calibration(model):
     plain = vq.Calibration.from_model(model, TEXT, max_tokens=256, kv_cache="vecinfer:d4b8,gran=shared",
                                       kmeans_iters=1, held_out_tokens=0, key_mean_tokens=0)
     assert plain.held_out_check is None and plain.key_mean_tokens == 0
+    assert cal.key_transform == "hadamard"  # auto: shared books keep the Walsh-Hadamard rotation
+    learned = vq.Calibration.from_model(model, TEXT, max_tokens=256, kv_cache="vecinfer:d4b6", kmeans_iters=2,
+                                        held_out_tokens=0)
+    assert learned.key_transform == "learned"  # auto: per-sub-space books recorded on the CPU
+    g = model.generate(model.tokenizer.encode(TEXT)[:200], max_new_tokens=2, temperature=0,
+                       kv_cache=vq.KVSpec("vecinfer:d4b6,r=16,sink=4", learned))
+    assert len(g.tokens) == 2
+    with pytest.raises(vq.Error, match="key_transform 'rotated' must be auto, hadamard or learned"):
+        vq.Calibration.from_model(model, TEXT, max_tokens=256, kv_cache="vecinfer:d4b6", key_transform="rotated")
     spec = vq.KVSpec("vecinfer:d4b8,gran=shared,r=32,sink=4", cal)
     long_prompt = model.tokenizer.encode(TEXT)[:400]
     g = model.generate(long_prompt, max_new_tokens=4, temperature=0, kv_cache=spec)

@@ -13,7 +13,8 @@ namespace veloxquant {
 
 static_assert(kMinHeldOutTokens == vq::kMinHeldOutTokens, "the public and internal held-out minimum differ");
 
-static vq::CalibTrainOptions train_options(const CalibrationOptions& o) {
+// auto_transform: what key_transform "auto" means for this call.
+static vq::CalibTrainOptions train_options(const CalibrationOptions& o, vq::KeyTransform auto_transform) {
   vq::CalibTrainOptions t;
   t.kmeans_iters = o.kmeans_iters;
   t.seed = o.seed;
@@ -24,9 +25,11 @@ static vq::CalibTrainOptions train_options(const CalibrationOptions& o) {
   t.position_span = o.position_span;
   t.key_mean_tokens = o.key_mean_tokens >= 0 ? o.key_mean_tokens : vq::kKeyMeanTokens;
   t.held_out_tokens = o.held_out_tokens;
-  VQ_CHECK(o.key_transform == "hadamard" || o.key_transform == "learned",
-           "calibration: key_transform '{}' must be hadamard or learned", o.key_transform);
-  t.key_transform = o.key_transform == "learned" ? vq::KeyTransform::learned : vq::KeyTransform::hadamard;
+  VQ_CHECK(o.key_transform == "auto" || o.key_transform == "hadamard" || o.key_transform == "learned",
+           "calibration: key_transform '{}' must be auto, hadamard or learned", o.key_transform);
+  t.key_transform = o.key_transform == "auto"      ? auto_transform
+                    : o.key_transform == "learned" ? vq::KeyTransform::learned
+                                                   : vq::KeyTransform::hadamard;
   return t;
 }
 
@@ -48,7 +51,9 @@ Calibration Calibration::train(const KVCacheConfig& cfg, int n_kv_heads, int hea
            k.size(), v.size());
   for (size_t l = 0; l < k.size(); ++l)
     VQ_CHECK(k[l] && v[l], "calibration: layer {} has a null key or value array", l);
-  return make_handle(vq::train_calibration(cfg, n_kv_heads, head_dim, k, v, n_tokens, train_options(opt), model_name));
+  // From arrays there are no queries: auto is the Walsh-Hadamard transform.
+  return make_handle(vq::train_calibration(cfg, n_kv_heads, head_dim, k, v, n_tokens,
+                                           train_options(opt, vq::KeyTransform::hadamard), model_name));
 }
 
 Calibration Calibration::from_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
@@ -57,7 +62,9 @@ Calibration Calibration::from_model(const Model& model, const std::string& text,
   const Model::Impl& m = ApiAccess::model_impl(model);
   const std::string name = std::filesystem::path(m.info.path).filename().string();
   return make_handle(
-      vq::calibrate_model(*m.model, text, max_tokens, cfg, train_options(opt), name, progress, to_internal(opt.device)));
+      vq::calibrate_model(*m.model, text, max_tokens, cfg,
+                          train_options(opt, vq::default_key_transform(cfg, to_internal(opt.device))), name, progress,
+                          to_internal(opt.device)));
 }
 
 void Calibration::save(const std::string& path) const { vq::save_calibration(path, *data_); }
@@ -72,6 +79,7 @@ int Calibration::key_books() const { return data_->key_books(); }
 int Calibration::value_books() const { return data_->value_books(); }
 uint64_t Calibration::n_calib_tokens() const { return data_->n_calib_tokens; }
 int Calibration::key_mean_tokens() const { return data_->key_mean_tokens; }
+std::string Calibration::key_transform() const { return vq::key_transform_name(data_->key_transform); }
 std::string Calibration::model_name() const { return data_->model; }
 CalibrationCheck Calibration::held_out_check() const {
   const vq::CalibrationCheck& k = data_->check;

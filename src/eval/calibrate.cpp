@@ -32,8 +32,11 @@ namespace vq {
 // training (CalibTrainOptions::skip_tokens); -r3: query-aware smoothing (issue 18); -r4: 8192
 // tokens instead of 2048 (kFirstUseCalibTokens); -r5: the same codebooks plus the held-out check
 // (Calibration::check), so that the first-use file can warn (issue 18); -r6: the rotated key mean
-// (kKeyMeanTokens; docs/QUALITY.md "Rotated key mean"), now that the device kernels add it back.
-static constexpr const char* kCalibRecipe = "-r6";
+// (kKeyMeanTokens; docs/QUALITY.md "Rotated key mean"), now that the device kernels add it back;
+// -r7: the learned key transform (default_key_transform; docs/QUALITY.md "Learned key transform"),
+// for caches on the CPU: a cache on the device keeps -r6.
+static constexpr const char* kCalibRecipe = "-r7";
+static constexpr const char* kCalibRecipeHadamard = "-r6";
 // Tokens per calibration sequence (see calibrate_model).
 static constexpr int kCalibSegment = 2048;
 
@@ -323,27 +326,33 @@ std::string default_calibration_text_path() {
   return "";
 }
 
-std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg) {
+KeyTransform default_key_transform(const KVCacheConfig& cfg, KVDevice device) {
+  return device == KVDevice::cpu && cfg.granularity != CodebookGranularity::shared ? KeyTransform::learned
+                                                                                   : KeyTransform::hadamard;
+}
+
+std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg, KVDevice device) {
   // Only what the file depends on: the key/value presets and the codebook granularity (not the
   // cache's residual or sink lengths), plus the recipe tag kCalibRecipe: files of an older recipe
   // are not reused.
   std::string preset = cfg.key == cfg.value ? "vecinfer_" + cfg.key.name()
                                             : "vecinfer_k_" + cfg.key.name() + "_v_" + cfg.value.name();
   if (cfg.granularity == CodebookGranularity::shared) preset += "_shared";
-  preset += kCalibRecipe;
+  preset += default_key_transform(first_use_calib_config(cfg), device) == KeyTransform::learned ? kCalibRecipe
+                                                                                               : kCalibRecipeHadamard;
   const std::string sha = sha256_file(model_path).substr(0, 16);
   return (std::filesystem::path(cache_dir()) / "calib" / (sha + "-" + preset + ".vqcal")).string();
 }
 
 std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,
                                 const KVCacheConfig& cfg, const std::string& calib_flag,
-                                const CalibProgress& progress, bool* made) {
+                                const CalibProgress& progress, bool* made, KVDevice device) {
   if (made) *made = false;
   if (cfg.method != KVMethod::vecinfer) return "";
   if (!calib_flag.empty()) return calib_flag;
   if (cfg.calibration || !cfg.calibration_file.empty()) return cfg.calibration_file;
   VQ_CHECK(is_default_model, "{}", calibration_howto(cfg));
-  const std::string path = default_calibration_path(model_path, cfg);
+  const std::string path = default_calibration_path(model_path, cfg, device);
   if (std::filesystem::exists(path)) return path;
   const std::string text_path = default_calibration_text_path();
   VQ_CHECK(!text_path.empty(),
@@ -353,6 +362,7 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
   const KVCacheConfig c = first_use_calib_config(cfg);
   CalibTrainOptions opt;
   opt.key_mean_tokens = kKeyMeanTokens;
+  opt.key_transform = default_key_transform(c, device);
   const Calibration cal = calibrate_model(model, read_text_file(text_path), kFirstUseCalibTokens, c, opt,
                                           std::filesystem::path(model_path).filename().string(), progress);
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
@@ -362,8 +372,9 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
 }
 
 KVSpec model_kv_spec(const Model& model, const std::string& model_path, bool is_known_model, KVCacheConfig cfg,
-                     const std::string& calib_file, const CalibProgress& progress, bool* made) {
-  const std::string path = resolve_calibration(model, model_path, is_known_model, cfg, calib_file, progress, made);
+                     const std::string& calib_file, const CalibProgress& progress, bool* made, KVDevice device) {
+  const std::string path =
+      resolve_calibration(model, model_path, is_known_model, cfg, calib_file, progress, made, device);
   if (!kv_method(cfg.method).needs_calibration() || path.empty()) return make_kv_spec(cfg, path);
   const bool automatic = calib_file.empty();
   auto calib = std::make_shared<const Calibration>(load_calibration(path));

@@ -78,6 +78,11 @@ std::string calibration_quality_warning(const KVCacheConfig& cfg, const Calibrat
 // (docs/QUALITY.md, "Calibration size"), at about 4x the first-use time.
 inline constexpr int kFirstUseCalibTokens = 8192;
 KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg);
+// The key transform of a calibration made for `device` with books of cfg (the first use, and
+// `calibrate`'s auto): learned (docs/QUALITY.md "Learned key transform") for per-sub-space books on
+// the CPU; Walsh-Hadamard for shared books, which the learned map's uneven sub-spaces do not suit,
+// and on the device, which has no kernels for the learned map yet.
+KeyTransform default_key_transform(const KVCacheConfig& cfg, KVDevice device);
 
 // Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens); the
 // opt.held_out_tokens after them (when the text has at least 64) make the held-out check.
@@ -90,16 +95,20 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
 
 // The Jargon File (Debian package jargon-text) if installed, else "".
 std::string default_calibration_text_path();
-// <cache>/calib/<first 16 hex of the model's sha256>-<preset>.vqcal (<cache>: core/cache_dir.h).
-std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg);
+// <cache>/calib/<first 16 hex of the model's sha256>-<preset><recipe>.vqcal (<cache>:
+// core/cache_dir.h); the recipe tag depends on the device the cache runs on (its key transform,
+// default_key_transform).
+std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg,
+                                     KVDevice device = KVDevice::cpu);
 
 // For vecinfer: calib_flag when given; else, for the default model, the cached first-use
-// calibration (made now from the Jargon File, ~2048 tokens, when absent; always on the CPU, so
-// that the file is the same whichever device runs the model); else an error saying
-// how to make one. Other methods: "". `made` is set when a new file was written.
+// calibration for a cache on `device` (made now from the Jargon File when absent; recorded on the
+// CPU, so that the file is the same whichever machine makes it); else an error saying how to make
+// one. Other methods: "". `made` is set when a new file was written.
 std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,
                                 const KVCacheConfig& cfg, const std::string& calib_flag,
-                                const CalibProgress& progress = {}, bool* made = nullptr);
+                                const CalibProgress& progress = {}, bool* made = nullptr,
+                                KVDevice device = KVDevice::cpu);
 
 // The KV spec a model runs with, assembled in one place for the CLI, the server and the public API
 // (veloxquant::KVSpec::for_model): cfg and, for VecInfer, its calibration: calib_file when given,
@@ -109,6 +118,7 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
 // the spec's default granularity yields to the file's (that recipe picks shared codebooks for
 // 12-bit presets). Errors about the file name it. cfg must fit the model (validate(head_dim)).
 KVSpec model_kv_spec(const Model& model, const std::string& model_path, bool is_known_model, KVCacheConfig cfg,
-                     const std::string& calib_file, const CalibProgress& progress = {}, bool* made = nullptr);
+                     const std::string& calib_file, const CalibProgress& progress = {}, bool* made = nullptr,
+                     KVDevice device = KVDevice::cpu);
 
 }  // namespace vq

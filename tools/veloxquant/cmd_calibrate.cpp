@@ -26,7 +26,7 @@ struct CalibrateOptions {
   std::string smoothing = "query";
   int64_t position_span = 0;
   std::string key_mean = "auto";
-  std::string key_transform = "hadamard";
+  std::string key_transform = "auto";
   int held_out = 1024;
 };
 
@@ -105,10 +105,11 @@ void add_calibrate(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "rotated", "none"}))
       ->capture_default_str();
   c->add_option("--key-transform", o->key_transform,
-                "hadamard: keys smoothed then Walsh-Hadamard-rotated before coding; learned: a dense map per layer "
-                "and KV head from the recorded keys and queries (per-sub-space books; CPU only for now; "
-                "docs/QUALITY.md \"Learned key transform\")")
-      ->check(CLI::IsMember({"hadamard", "learned"}))
+                "learned: a dense map per layer and KV head from the recorded keys and queries before coding "
+                "(per-sub-space books; caches on the CPU only for now); hadamard: the smoothing then the "
+                "Walsh-Hadamard rotation; auto: learned for per-sub-space books recorded on the CPU, else hadamard "
+                "(docs/QUALITY.md \"Learned key transform\")")
+      ->check(CLI::IsMember({"auto", "hadamard", "learned"}))
       ->capture_default_str();
   c->add_option("--held-out", o->held_out,
                 "Tokens of the text after --tokens on which the new cache is compared with fp16 (stored in the file; "

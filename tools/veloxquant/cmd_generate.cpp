@@ -292,10 +292,7 @@ void run_generate(const GenerateOptions& o) {
   if (o.n_ctx > 0) check_trained_context(o.n_ctx, cfg.n_ctx_train, o.allow_longer_context, "-c");
   // vecinfer: --calib, else (a known model: Model::is_default) the first-use calibration from the
   // Jargon File.
-  const vx::KVSpec spec = vx::KVSpec::for_model_config(model, kv_config, o.calib, [](const char* stage, int d, int t) {
-    std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
-    if (d == t) std::fprintf(stderr, "\n");
-  });
+  const vx::KVSpec spec = kv_spec_for_model(model, kv_config, o.calib, resolve_device(o.device));
   warn_kv_quality(spec);
   if (parallel) {
     if (texts.empty()) texts.push_back("");  // --prompt-ids

@@ -165,10 +165,7 @@ void run_serve(const ServeOptions& o) {
   check_cache_fits_model(kv_config, model.info().head_dim, path);
   model.check_weights_finite();
   if (o.n_ctx > 0) check_trained_context(o.n_ctx, model.info().n_ctx_train, o.allow_longer_context, "-c");
-  const vx::KVSpec spec = vx::KVSpec::for_model_config(model, kv_config, o.calib, [](const char* stage, int d, int t) {
-    std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
-    if (d == t) std::fprintf(stderr, "\n");
-  });
+  const vx::KVSpec spec = kv_spec_for_model(model, kv_config, o.calib, resolve_device(o.device));
   warn_kv_quality(spec);
   if (o.tp > 1)
     std::fprintf(stderr, "tp %d: %s\n", o.tp, vx::check_tensor_parallel(model, o.tp, resolve_device(o.device)).c_str());
