@@ -22,7 +22,7 @@ OFF shifts the evaluation positions (RoPE makes exact attention depend on distan
 asks how codes trained at positions < 1024 do at positions OFF..OFF+1024, i.e. a long context).
 """
 import os, sys, math, numpy as np
-from pq_tools import make_rope, hadamard, kmeans as pq_tools_kmeans
+from pq_tools import make_rope, hadamard, kmeans as pq_tools_kmeans, window_attn_err
 np.random.seed(0)
 cal = np.load(sys.argv[1]); ev = np.load(sys.argv[2])
 layers = [int(x) for x in sys.argv[3].split(',')] if len(sys.argv) > 3 and sys.argv[3] != 'all' else range(int(cal['n_layers']))
@@ -114,24 +114,7 @@ def rot_offset(mu, pos):  # R(p_b) mu for each position's block start p_b
     return rope(np.broadcast_to(mu, (len(pos), 1, D)).copy(), ref)[:, 0]
 
 def attn_err(q, k, v, kq, vq, pos):  # q [n,G,D] post-rope; k,kq [n,D] post-rope
-    pos = pos - pos[0]
-    rows = np.arange(2 * R, len(pos), 4)
-    t = pos[rows][:, None]; j = pos[None, :]
-    exact = (j < SINK) | (t - j < R)
-    causal = j <= t
-    errs = []; kls = []
-    for g in range(q.shape[1]):
-        qq = q[rows, g]
-        s = qq @ k.T / math.sqrt(D); sh = qq @ kq.T / math.sqrt(D)
-        sh = np.where(exact, s, sh)
-        s = np.where(causal, s, -np.inf); sh = np.where(causal, sh, -np.inf)
-        p = np.exp(s - s.max(1, keepdims=True)); p /= p.sum(1, keepdims=True)
-        ph = np.exp(sh - sh.max(1, keepdims=True)); ph /= ph.sum(1, keepdims=True)
-        o = p @ v
-        oh = (ph * exact) @ v + (ph * ~exact) @ (v if vq is None else vq)
-        errs.append((((oh - o) ** 2).sum(1) / (o ** 2).sum(1)).mean())
-        kls.append((p * (np.log(p + 1e-30) - np.log(ph + 1e-30))).sum(1).mean())
-    return float(np.mean(errs)), float(np.mean(kls))
+    return window_attn_err(q, k, v, kq, vq, pos, SINK, R)
 
 OFF = float(os.environ.get("OFF", "0")); AUGMAX = float(os.environ.get("AUGMAX", "32768"))
 posc = cal['pos'].astype(np.float64); pose = ev['pos'].astype(np.float64) + OFF

@@ -21,7 +21,7 @@ sub-spaces of 4 with equal products of variances):
 Keys post-RoPE with their mean removed (per-sub-space k-means is translation-equivariant).
 """
 import os, sys, math, numpy as np
-from pq_tools import make_rope, hadamard, kmeans as pq_tools_kmeans
+from pq_tools import make_rope, hadamard, kmeans as pq_tools_kmeans, window_attn_err
 np.random.seed(0)
 cal = np.load(sys.argv[1]); ev = np.load(sys.argv[2])
 layers = [int(x) for x in sys.argv[3].split(',')] if sys.argv[3] != 'all' else range(int(cal['n_layers']))
@@ -99,36 +99,11 @@ class Codec:
         z = (k - self.mu) @ self.M.T
         return pq_apply(z, self.books) @ self.Mi.T + self.mu
 
-def attn_err(q, k, v, kq, pos):
-    pos = pos - pos[0]
-    rows = np.arange(2 * R, len(pos), 4)
-    t = pos[rows][:, None]; j = pos[None, :]
-    exact = (j < SINK) | (t - j < R); causal = j <= t
-    errs = []; kls = []
-    for g in range(q.shape[1]):
-        qq = q[rows, g]
-        s = qq @ k.T / math.sqrt(D); sh = qq @ kq.T / math.sqrt(D)
-        sh = np.where(exact, s, sh)
-        s = np.where(causal, s, -np.inf); sh = np.where(causal, sh, -np.inf)
-        p = np.exp(s - s.max(1, keepdims=True)); p /= p.sum(1, keepdims=True)
-        ph = np.exp(sh - sh.max(1, keepdims=True)); ph /= ph.sum(1, keepdims=True)
-        o = p @ v; oh = ph @ v
-        errs.append((((oh - o) ** 2).sum(1) / (o ** 2).sum(1)).mean())
-        kls.append((p * (np.log(p + 1e-30) - np.log(ph + 1e-30))).sum(1).mean())
-    return float(np.mean(errs)), float(np.mean(kls))
+def attn_err(q, k, v, kq, pos):  # keys coded, values exact
+    return window_attn_err(q, k, v, kq, None, pos, SINK, R)
 
-def attn_err_v(q, k, v, vq, pos):
-    pos = pos - pos[0]
-    rows = np.arange(2 * R, len(pos), 4)
-    t = pos[rows][:, None]; j = pos[None, :]
-    exact = (j < SINK) | (t - j < R); causal = j <= t
-    errs = []
-    for g in range(q.shape[1]):
-        s = q[rows, g] @ k.T / math.sqrt(D); s = np.where(causal, s, -np.inf)
-        p = np.exp(s - s.max(1, keepdims=True)); p /= p.sum(1, keepdims=True)
-        o = p @ v; oh = (p * exact) @ v + (p * ~exact) @ vq
-        errs.append((((oh - o) ** 2).sum(1) / (o ** 2).sum(1)).mean())
-    return float(np.mean(errs)), 0.0
+def attn_err_v(q, k, v, vq, pos):  # values coded, keys exact
+    return window_attn_err(q, k, v, k, vq, pos, SINK, R)
 
 posc = cal['pos'].astype(np.float64); pose = ev['pos'].astype(np.float64)
 print('layer ' + ' '.join(f'{s:>18}' for s in schemes), flush=True)

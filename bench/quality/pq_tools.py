@@ -43,3 +43,29 @@ def kmeans(x, k, iters):
         nz = cnt > 0
         c[nz] = sums[nz] / cnt[nz, None]
     return c
+
+
+def window_attn_err(q, k, v, kq, vq, pos, sink, window):
+    """(mean relative squared error of the attention output, mean KL of the attention distribution)
+    of every 4th query past 2 * window when keys kq / values vq (None: exact) replace k / v outside
+    the cache's fp16 tokens (the first `sink` and the last `window`). q [n, G, D] post-RoPE; k, kq,
+    v, vq [n, D]."""
+    D = q.shape[-1]
+    pos = pos - pos[0]
+    rows = np.arange(2 * window, len(pos), 4)
+    t = pos[rows][:, None]; j = pos[None, :]
+    exact = (j < sink) | (t - j < window)
+    causal = j <= t
+    errs = []; kls = []
+    for g in range(q.shape[1]):
+        qq = q[rows, g]
+        s = qq @ k.T / math.sqrt(D); sh = qq @ kq.T / math.sqrt(D)
+        sh = np.where(exact, s, sh)
+        s = np.where(causal, s, -np.inf); sh = np.where(causal, sh, -np.inf)
+        p = np.exp(s - s.max(1, keepdims=True)); p /= p.sum(1, keepdims=True)
+        ph = np.exp(sh - sh.max(1, keepdims=True)); ph /= ph.sum(1, keepdims=True)
+        o = p @ v
+        oh = (ph * exact) @ v + (ph * ~exact) @ (v if vq is None else vq)
+        errs.append((((oh - o) ** 2).sum(1) / (o ** 2).sum(1)).mean())
+        kls.append((p * (np.log(p + 1e-30) - np.log(ph + 1e-30))).sum(1).mean())
+    return float(np.mean(errs)), float(np.mean(kls))
