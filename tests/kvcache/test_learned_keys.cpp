@@ -11,6 +11,7 @@
 
 #include "codec/learned_key_map.h"
 #include "core/error.h"
+#include "eval/calibrate.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_identity.h"
@@ -153,6 +154,24 @@ TEST(LearnedKeys, MapsAreInTheIdentityAndTheRanksSlices) {
   ASSERT_EQ(s.layers[0].key_map.size(), size_t(kD) * kD);
   EXPECT_TRUE(std::equal(s.layers[0].key_map.begin(), s.layers[0].key_map.end(),
                          calib->layers[0].key_map.begin() + kD * kD));
+}
+
+// The first use: learned for per-sub-space books on the CPU, in a file of its own recipe tag; the
+// device (and shared books, whose one book the learned map's uneven sub-spaces do not suit) keeps
+// the Walsh-Hadamard recipe, so the two never share a cached file.
+TEST(LearnedKeys, FirstUseRecipeDependsOnTheDevice) {
+  const KVCacheConfig d4b8 = first_use_calib_config(parse_kv_cache_spec("vecinfer:d4b8"));
+  const KVCacheConfig d8b12 = first_use_calib_config(parse_kv_cache_spec("vecinfer:d8b12"));
+  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cpu), KeyTransform::learned);
+  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cuda), KeyTransform::hadamard);
+  EXPECT_EQ(default_key_transform(d8b12, KVDevice::cpu), KeyTransform::hadamard);
+  const std::string model = std::string(VQ_SOURCE_DIR) + "/README.md";  // any file: the path hashes it
+  const std::string cpu = default_calibration_path(model, d4b8, KVDevice::cpu),
+                    gpu = default_calibration_path(model, d4b8, KVDevice::cuda);
+  EXPECT_NE(cpu, gpu);
+  EXPECT_NE(cpu.find("vecinfer_d4b8-r7.vqcal"), std::string::npos) << cpu;
+  EXPECT_NE(gpu.find("vecinfer_d4b8-r6.vqcal"), std::string::npos) << gpu;
+  EXPECT_EQ(default_calibration_path(model, d8b12, KVDevice::cpu), default_calibration_path(model, d8b12, KVDevice::cuda));
 }
 
 TEST(LearnedKeys, TheDeviceSaysItHasNoKernelsForThem) {
