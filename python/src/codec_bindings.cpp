@@ -212,7 +212,8 @@ static void bind_calibration(nb::module_& m) {
           "held_out_tokens tokens of the text after those (held_out_check). key_mean_tokens > 0: the keys' rotated "
           "mean is removed before coding and its exact score added back (CPU and GPU); 0: none; -1: 16). key_transform: "
           "'learned' (a dense map per layer and KV head from the recorded keys and queries; caches on the CPU), "
-          "'hadamard' (smoothing + Walsh-Hadamard) or 'auto' (learned for per-sub-space books).")
+          "'hadamard' (smoothing + Walsh-Hadamard) or 'auto' (learned for per-sub-space books from at least 16 "
+          "tokens per key channel).")
       .def_prop_ro("key_transform", &Calibration::key_transform, "'hadamard' or 'learned'")
       .def_prop_ro("key_mean_tokens", &Calibration::key_mean_tokens,
                    "the rotated key mean's segment in tokens; 0: none")

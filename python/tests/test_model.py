@@ -110,9 +110,12 @@ def test_vecinfer_with_in_memory_calibration(model):
                                       kmeans_iters=1, held_out_tokens=0, key_mean_tokens=0)
     assert plain.held_out_check is None and plain.key_mean_tokens == 0
     assert cal.key_transform == "hadamard"  # auto: shared books keep the Walsh-Hadamard rotation
+    few = vq.Calibration.from_model(model, TEXT, max_tokens=256, kv_cache="vecinfer:d4b6", kmeans_iters=1,
+                                    held_out_tokens=0)
+    assert few.key_transform == "hadamard"  # auto: 256 tokens are too few for 64 x 64 covariances
     learned = vq.Calibration.from_model(model, TEXT, max_tokens=256, kv_cache="vecinfer:d4b6", kmeans_iters=2,
-                                        held_out_tokens=0)
-    assert learned.key_transform == "learned"  # auto: per-sub-space books recorded on the CPU
+                                        held_out_tokens=0, key_transform="learned")
+    assert learned.key_transform == "learned"
     g = model.generate(model.tokenizer.encode(TEXT)[:200], max_new_tokens=2, temperature=0,
                        kv_cache=vq.KVSpec("vecinfer:d4b6,r=16,sink=4", learned))
     assert len(g.tokens) == 2

@@ -13,8 +13,9 @@ namespace veloxquant {
 
 static_assert(kMinHeldOutTokens == vq::kMinHeldOutTokens, "the public and internal held-out minimum differ");
 
-// auto_transform: what key_transform "auto" means for this call.
-static vq::CalibTrainOptions train_options(const CalibrationOptions& o, vq::KeyTransform auto_transform) {
+// key_transform "auto": from_model lets calibrate_model choose (by device, books and tokens); from
+// arrays (no queries) it is the Walsh-Hadamard transform.
+static vq::CalibTrainOptions train_options(const CalibrationOptions& o, bool from_model) {
   vq::CalibTrainOptions t;
   t.kmeans_iters = o.kmeans_iters;
   t.seed = o.seed;
@@ -27,9 +28,8 @@ static vq::CalibTrainOptions train_options(const CalibrationOptions& o, vq::KeyT
   t.held_out_tokens = o.held_out_tokens;
   VQ_CHECK(o.key_transform == "auto" || o.key_transform == "hadamard" || o.key_transform == "learned",
            "calibration: key_transform '{}' must be auto, hadamard or learned", o.key_transform);
-  t.key_transform = o.key_transform == "auto"      ? auto_transform
-                    : o.key_transform == "learned" ? vq::KeyTransform::learned
-                                                   : vq::KeyTransform::hadamard;
+  t.key_transform = o.key_transform == "learned" ? vq::KeyTransform::learned : vq::KeyTransform::hadamard;
+  t.key_transform_auto = o.key_transform == "auto" && from_model;
   return t;
 }
 
@@ -51,9 +51,8 @@ Calibration Calibration::train(const KVCacheConfig& cfg, int n_kv_heads, int hea
            k.size(), v.size());
   for (size_t l = 0; l < k.size(); ++l)
     VQ_CHECK(k[l] && v[l], "calibration: layer {} has a null key or value array", l);
-  // From arrays there are no queries: auto is the Walsh-Hadamard transform.
-  return make_handle(vq::train_calibration(cfg, n_kv_heads, head_dim, k, v, n_tokens,
-                                           train_options(opt, vq::KeyTransform::hadamard), model_name));
+  return make_handle(
+      vq::train_calibration(cfg, n_kv_heads, head_dim, k, v, n_tokens, train_options(opt, false), model_name));
 }
 
 Calibration Calibration::from_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
@@ -63,8 +62,7 @@ Calibration Calibration::from_model(const Model& model, const std::string& text,
   const std::string name = std::filesystem::path(m.info.path).filename().string();
   return make_handle(
       vq::calibrate_model(*m.model, text, max_tokens, cfg,
-                          train_options(opt, vq::default_key_transform(cfg, to_internal(opt.device))), name, progress,
-                          to_internal(opt.device)));
+                          train_options(opt, true), name, progress, to_internal(opt.device)));
 }
 
 void Calibration::save(const std::string& path) const { vq::save_calibration(path, *data_); }

@@ -272,9 +272,10 @@ std::string calibration_quality_warning(const KVCacheConfig& cfg, const Calibrat
 }
 
 Calibration calibrate_model(const Model& model, const std::string& text, int max_tokens, const KVCacheConfig& cfg,
-                            const CalibTrainOptions& opt, const std::string& model_name,
+                            const CalibTrainOptions& opt_in, const std::string& model_name,
                             const CalibProgress& progress, KVDevice device) {
   cfg.validate(model.config().head_dim);
+  CalibTrainOptions opt = opt_in;
   VQ_CHECK(max_tokens >= 16, "calibrate: --tokens {} must be >= 16", max_tokens);
   VQ_CHECK(opt.held_out_tokens >= 0, "calibrate: held_out_tokens {} must be >= 0", opt.held_out_tokens);
   const bool bos = model.tokenizer().add_bos_default();
@@ -295,6 +296,8 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
   // vs fp16 at context 1024, d4b8): 8192 tokens as one sequence 0.044, as 4 x 2048 0.030, 2048
   // tokens 0.027; positions far beyond the evaluated ones spread the centroids thin.
   const int seg = opt.segment_tokens > 0 ? opt.segment_tokens : kCalibSegment;
+  if (opt.key_transform_auto)
+    opt.key_transform = default_key_transform(cfg, device, int64_t(ids.size()), model.config().head_dim);
   Calibration cal = calibrate_recording(
       model,
       record_kv(model, ids, seg, progress, device, calib_position_span(model, opt),
@@ -326,9 +329,10 @@ std::string default_calibration_text_path() {
   return "";
 }
 
-KeyTransform default_key_transform(const KVCacheConfig& cfg, KVDevice device) {
-  return device == KVDevice::cpu && cfg.granularity != CodebookGranularity::shared ? KeyTransform::learned
-                                                                                   : KeyTransform::hadamard;
+KeyTransform default_key_transform(const KVCacheConfig& cfg, KVDevice device, int64_t train_tokens, int head_dim) {
+  const bool enough = train_tokens >= int64_t(kLearnedKeyTokensPerChannel) * head_dim;
+  return device == KVDevice::cpu && cfg.granularity != CodebookGranularity::shared && enough ? KeyTransform::learned
+                                                                                           : KeyTransform::hadamard;
 }
 
 std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg, KVDevice device) {
@@ -338,8 +342,11 @@ std::string default_calibration_path(const std::string& model_path, const KVCach
   std::string preset = cfg.key == cfg.value ? "vecinfer_" + cfg.key.name()
                                             : "vecinfer_k_" + cfg.key.name() + "_v_" + cfg.value.name();
   if (cfg.granularity == CodebookGranularity::shared) preset += "_shared";
-  preset += default_key_transform(first_use_calib_config(cfg), device) == KeyTransform::learned ? kCalibRecipe
-                                                                                               : kCalibRecipeHadamard;
+  // The tag: what calibrate_model picks for the first use's kFirstUseCalibTokens tokens (the Jargon
+  // File holds far more) at any head_dim up to 512.
+  const bool learned =
+      default_key_transform(first_use_calib_config(cfg), device, kFirstUseCalibTokens, 256) == KeyTransform::learned;
+  preset += learned ? kCalibRecipe : kCalibRecipeHadamard;
   const std::string sha = sha256_file(model_path).substr(0, 16);
   return (std::filesystem::path(cache_dir()) / "calib" / (sha + "-" + preset + ".vqcal")).string();
 }
@@ -362,7 +369,7 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
   const KVCacheConfig c = first_use_calib_config(cfg);
   CalibTrainOptions opt;
   opt.key_mean_tokens = kKeyMeanTokens;
-  opt.key_transform = default_key_transform(c, device);
+  opt.key_transform_auto = true;
   const Calibration cal = calibrate_model(model, read_text_file(text_path), kFirstUseCalibTokens, c, opt,
                                           std::filesystem::path(model_path).filename().string(), progress);
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());

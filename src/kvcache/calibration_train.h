@@ -38,6 +38,9 @@ struct CalibTrainOptions {
   // (codec/learned_key_map.h), the smoothing factors are 1.
   KeyTransform key_transform = KeyTransform::hadamard;
   std::vector<std::vector<double>> query_moment;
+  // For the model-level trainer (eval/calibrate.h calibrate_model): key_transform is chosen there by
+  // default_key_transform, once the tokens it trains on are known.
+  bool key_transform_auto = false;
   // For the model-level recorder (eval/calibrate.h record_kv): keys and queries re-rotated to random
   // positions in [0, position_span). -1: the model's trained context, at most kMaxCalibPositionSpan;
   // 0 (the default): the positions the calibration text ran at. Measured (docs/QUALITY.md): a span

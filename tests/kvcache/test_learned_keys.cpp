@@ -162,9 +162,12 @@ TEST(LearnedKeys, MapsAreInTheIdentityAndTheRanksSlices) {
 TEST(LearnedKeys, FirstUseRecipeDependsOnTheDevice) {
   const KVCacheConfig d4b8 = first_use_calib_config(parse_kv_cache_spec("vecinfer:d4b8"));
   const KVCacheConfig d8b12 = first_use_calib_config(parse_kv_cache_spec("vecinfer:d8b12"));
-  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cpu), KeyTransform::learned);
-  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cuda), KeyTransform::hadamard);
-  EXPECT_EQ(default_key_transform(d8b12, KVDevice::cpu), KeyTransform::hadamard);
+  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cpu, 8192, 128), KeyTransform::learned);
+  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cuda, 8192, 128), KeyTransform::hadamard);
+  EXPECT_EQ(default_key_transform(d8b12, KVDevice::cpu, 8192, 128), KeyTransform::hadamard);
+  // Too few tokens per channel for the map's covariances: 16 per channel at least.
+  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cpu, 4096, 256), KeyTransform::learned);
+  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cpu, 4095, 256), KeyTransform::hadamard);
   const std::string model = std::string(VQ_SOURCE_DIR) + "/README.md";  // any file: the path hashes it
   const std::string cpu = default_calibration_path(model, d4b8, KVDevice::cpu),
                     gpu = default_calibration_path(model, d4b8, KVDevice::cuda);
