@@ -51,9 +51,6 @@ struct CalibrationOptions {
   // books recorded on the CPU from at least 16 tokens per key channel (4096 at head_dim 256), else
   // hadamard (a calibration recorded on the device is for the device).
   std::string key_transform = "auto";
-  // Values coded through a learned orthonormal map (docs/QUALITY.md "Learned value map"): "learned",
-  // "none" (values coded as they are) or "auto".
-  std::string value_map = "none";
   // from_model only: after training, the new cache is compared with fp16 on up to this many tokens
   // of the text after the max_tokens trained on (held_out_check(); 0: not measured; otherwise at
   // least kMinHeldOutTokens, and the text must have that many left, or there is no check).

@@ -30,9 +30,6 @@ static vq::CalibTrainOptions train_options(const CalibrationOptions& o, bool fro
            "calibration: key_transform '{}' must be auto, hadamard or learned", o.key_transform);
   t.key_transform = o.key_transform == "learned" ? vq::KeyTransform::learned : vq::KeyTransform::hadamard;
   t.key_transform_auto = o.key_transform == "auto" && from_model;
-  VQ_CHECK(o.value_map == "auto" || o.value_map == "none" || o.value_map == "learned",
-           "calibration: value_map '{}' must be auto, none or learned", o.value_map);
-  t.value_map = o.value_map == "learned";
   return t;
 }
 

@@ -31,7 +31,7 @@ constexpr size_t kMaxModelLen = 1024;
 constexpr size_t kFixedHeaderV1 = 8 + 13 * 4 + 2 * 8 + 4;
 constexpr size_t kCheckBytes = 4 + 3 * 8;
 constexpr size_t kKeyMeanBytes = 3 * 4;
-constexpr size_t kKeyTransformBytes = 8;  // key_transform, value_map
+constexpr size_t kKeyTransformBytes = 4;
 size_t fixed_header(uint32_t version) {
   return kFixedHeaderV1 + (version >= 2 ? kCheckBytes : 0) + (version >= 3 ? kKeyMeanBytes : 0) +
          (version >= 4 ? kKeyTransformBytes : 0);
@@ -208,17 +208,6 @@ void Calibration::validate() const {
       VQ_CHECK(L.key_map.empty(), "calibration: layer {} holds a key map but the key transform is {}", l,
                key_transform_name(key_transform));
     }
-    if (value_map) {
-      VQ_CHECK(L.value_map.size() == n_smooth * size_t(head_dim),
-               "calibration: layer {} value map has {} floats, expected [{}, {}, {}] = {}", l, L.value_map.size(),
-               n_kv_heads, head_dim, head_dim, n_smooth * size_t(head_dim));
-      for (int h = 0; h < n_kv_heads; ++h) {
-        const std::string what = fmt::format("calibration: layer {} KV head {}", l, h);
-        check_value_map(L.value_map.data() + size_t(h) * head_dim * head_dim, head_dim, what.c_str());
-      }
-    } else {
-      VQ_CHECK(L.value_map.empty(), "calibration: layer {} holds a value map but value_map = 0", l);
-    }
     if (!has_key_mean()) {
       VQ_CHECK(L.key_mean.empty() && L.rope_freqs.empty(),
                "calibration: layer {} holds a key mean but key_mean_tokens = 0", l);
@@ -259,7 +248,6 @@ void save_calibration(const std::string& path, const Calibration& c) {
   w.u32(c.rope_neox ? 1 : 0);
   w.u32(uint32_t(c.n_rot));
   w.u32(uint32_t(c.key_transform));
-  w.u32(c.value_map ? 1 : 0);
   w.u32(uint32_t(c.model.size()));
   w.raw(c.model.data(), c.model.size());
   for (const CalibrationLayer& L : c.layers) {
@@ -269,7 +257,6 @@ void save_calibration(const std::string& path, const Calibration& c) {
     w.floats(L.key_mean);  // empty without the key mean
     w.floats(L.rope_freqs);
     w.floats(L.key_map);  // empty unless learned
-    w.floats(L.value_map);  // empty unless value_map
   }
   const uint64_t sum = checksum64(w.bytes().data(), w.bytes().size());
   w.u64(sum);
@@ -329,9 +316,6 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
     const uint32_t kt = r.u32("key_transform");
     VQ_CHECK(kt <= 1, "{}: header field key_transform = {} must be 0 (hadamard) or 1 (learned)", path, kt);
     c.key_transform = KeyTransform(kt);
-    const uint32_t vm = r.u32("value_map");
-    VQ_CHECK(vm <= 1, "{}: header field value_map = {} must be 0 or 1", path, vm);
-    c.value_map = vm == 1;
   }
   const uint32_t model_len = r.u32("model_len");
   VQ_CHECK(model_len <= kMaxModelLen, "{}: header field model_len = {} exceeds {}", path, model_len, kMaxModelLen);
@@ -349,8 +333,7 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
   }
   const size_t per_layer =
       (size_t(c.n_kv_heads) * c.head_dim * (c.has_key_mean() ? 2 : 1) + c.key_codebook_floats() +
-       c.value_codebook_floats() + (c.learned_keys() ? size_t(c.n_kv_heads) * c.head_dim * c.head_dim : 0) +
-       (c.value_map ? size_t(c.n_kv_heads) * c.head_dim * c.head_dim : 0)) *
+       c.value_codebook_floats() + (c.learned_keys() ? size_t(c.n_kv_heads) * c.head_dim * c.head_dim : 0)) *
           sizeof(float) +
       (c.has_key_mean() ? size_t(c.n_rot / 2) * sizeof(double) : 0);
   const size_t expected = r.offset() + size_t(c.n_layers) * per_layer + 8;
@@ -379,10 +362,6 @@ Calibration parse_calibration(const uint8_t* data, size_t size, const std::strin
     if (c.learned_keys()) {
       L.key_map.resize(size_t(c.n_kv_heads) * c.head_dim * c.head_dim);
       r.raw(L.key_map.data(), L.key_map.size() * 4, "key map");
-    }
-    if (c.value_map) {
-      L.value_map.resize(size_t(c.n_kv_heads) * c.head_dim * c.head_dim);
-      r.raw(L.value_map.data(), L.value_map.size() * 4, "value map");
     }
   }
   try {

@@ -8,14 +8,13 @@
 //   u64 seed | u64 n_calib_tokens
 //   (version >= 2) u32 check_tokens | f64 check_kl, check_top1, check_ppl_ratio
 //   (version >= 3) u32 key_mean_tokens | u32 rope_neox | u32 n_rot
-//   (version >= 4) u32 key_transform (0 Walsh-Hadamard, 1 learned) | u32 value_map (0 none, 1 learned)
+//   (version >= 4) u32 key_transform (0 Walsh-Hadamard, 1 learned)
 //   u32 model_len | model bytes (<= 1024)
 //   then per layer: smoothing [n_kv_heads, head_dim] f32,
 //                   key codebooks [n_kv_heads, k_books, 2^key_bits, key_sub_dim] f32,
 //                   value codebooks [n_kv_heads, v_books, 2^value_bits, value_sub_dim] f32,
 //                   (key_mean_tokens > 0) key mean [n_kv_heads, head_dim] f32, rope freqs [n_rot / 2] f64,
-//                   (key_transform learned) key map [n_kv_heads, head_dim, head_dim] f32,
-//                   (value_map) value map [n_kv_heads, head_dim, head_dim] f32
+//                   (key_transform learned) key map [n_kv_heads, head_dim, head_dim] f32
 //   then u64 xxh64 (seed 0) of every preceding byte.
 // The file size must equal exactly what the header implies. Written atomically.
 // Values: every codebook value finite with |x| <= kMaxCalibrationValue, every smoothing factor
@@ -58,9 +57,6 @@ struct CalibrationLayer {
   // The learned key transform (Calibration::key_transform == learned): [n_kv_heads, head_dim,
   // head_dim] row-major, k~ = M (k / lambda); empty otherwise.
   std::vector<float> key_map;
-  // The learned value map (Calibration::value_map): [n_kv_heads, head_dim, head_dim] row-major,
-  // orthonormal rows; values are coded as P v. Empty otherwise.
-  std::vector<float> value_map;
 };
 
 // The calibration's own quality check (issue 18): the cache with these codebooks against an fp16
@@ -95,8 +91,6 @@ struct Calibration {
   // File version 4; older files are Walsh-Hadamard.
   KeyTransform key_transform = KeyTransform::hadamard;
   bool learned_keys() const { return key_transform == KeyTransform::learned; }
-  // File version 4: values coded as P v with an orthonormal map per (layer, KV head).
-  bool value_map = false;
   std::vector<CalibrationLayer> layers;  // [n_layers]
 
   // Codebooks per KV head: 1 (shared) or head_dim / sub_dim (per_subspace).

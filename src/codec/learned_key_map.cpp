@@ -107,36 +107,6 @@ std::vector<float> learned_key_map(const std::vector<double>& key_cov, const std
   return out;
 }
 
-std::vector<float> learned_value_map(const std::vector<double>& value_cov, int D, int sub_dim) {
-  VQ_CHECK(D >= 1 && sub_dim >= 1 && D % sub_dim == 0, "learned value map: sub_dim {} does not divide head_dim {}",
-           sub_dim, D);
-  const Mat sv = symmetric(value_cov, D, "value covariance");
-  Eigen::SelfAdjointEigenSolver<Mat> es(sv);
-  VQ_CHECK(es.info() == Eigen::Success, "learned value map: the eigendecomposition did not converge");
-  const std::vector<int> order = balanced_order(es.eigenvalues(), sub_dim);
-  std::vector<float> out(size_t(D) * D);
-  for (int r = 0; r < D; ++r)
-    for (int c = 0; c < D; ++c) out[size_t(r) * D + c] = float(es.eigenvectors()(c, order[size_t(r)]));
-  return out;
-}
-
-void check_value_map(const float* P, int D, const char* what) {
-  Eigen::Map<const RowMatF> p(P, D, D);
-  for (int i = 0; i < D; ++i)
-    for (int j = 0; j < D; ++j)
-      VQ_CHECK(std::isfinite(p(i, j)), "{}: value map entry [{}, {}] is {}", what, i, j, p(i, j));
-  const Mat pp = p.cast<double>() * p.cast<double>().transpose();
-  const double err = (pp - Mat::Identity(D, D)).cwiseAbs().maxCoeff();
-  VQ_CHECK(err <= 1e-3, "{}: the value map is not orthonormal (P P' differs from the identity by {:.3g})", what, err);
-}
-
-void unmap_values(const float* P, const float* x, int rows, int D, float* out) {
-  Eigen::Map<const RowMatF> p(P, D, D);
-  Eigen::Map<const RowMatF> in(x, rows, D);
-  Eigen::Map<RowMatF> o(out, rows, D);
-  o.noalias() = in * p;
-}
-
 std::vector<float> key_map_query_side(const float* M, int D, const char* what) {
   Mat m(D, D);
   for (int i = 0; i < D; ++i)

@@ -29,16 +29,6 @@ namespace vq {
 std::vector<float> learned_key_map(const std::vector<double>& key_cov, const std::vector<double>& query_moment, int D,
                                    int sub_dim);
 
-// The values' map (docs/QUALITY.md "Learned value map"): P [D, D] row-major f32, orthonormal rows,
-// the eigen-directions of the values' covariance dealt into sub-spaces of sub_dim channels with equal
-// products of variances (as the key map's second step). Values are coded as P v; attention turns its
-// output back with P' (orthonormal: no inverse to trust).
-std::vector<float> learned_value_map(const std::vector<double>& value_cov, int D, int sub_dim);
-// Throws vq::Error naming `what` unless P [D, D] is finite with P P' = I to 1e-3.
-void check_value_map(const float* P, int D, const char* what);
-// out[e] = sum_c P[c][e] x[c] (P' x) for `rows` rows of D floats: the coded space back to values.
-void unmap_values(const float* P, const float* x, int rows, int D, float* out);
-
 // The queries' side of a key map: N = M^-T, [D, D] row-major f32 (q~ = N q). Throws vq::Error
 // naming `what` when M is singular or so ill-conditioned that q~ . k~ would not equal q . k to
 // fp32 precision (a tampered file).

@@ -53,11 +53,8 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
                m.size(), H, D, D);
     VQ_CHECK(nu >= 2, "calibrate: the learned key transform needs at least 2 tokens");
   }
-  VQ_CHECK(!opt.value_map || gran == Granularity::per_subspace,
-           "calibrate: the learned value map needs per-sub-space codebooks (drop ,gran=shared)");
   Calibration c;
   c.key_transform = learned ? KeyTransform::learned : KeyTransform::hadamard;
-  c.value_map = opt.value_map;
   c.n_layers = int(k.size());
   c.n_kv_heads = H;
   c.head_dim = D;
@@ -74,7 +71,6 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
     update_abs_max(k[l], n, H, D, absmax.data());    // first checks every key is finite (names the token)
     std::fill(absmax.begin(), absmax.end(), 0.0f);
     for (int64_t t : used) update_abs_max(k[l] + size_t(t) * H * D, 1, H, D, absmax.data());
-    if (opt.value_map) c.layers[l].value_map.resize(size_t(H) * D * D);
     if (learned) {
       c.layers[l].smoothing.assign(size_t(H) * D, 1.0f);  // the map carries the scaling
       c.layers[l].key_map.resize(size_t(H) * D * D);
@@ -119,10 +115,6 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
         apply_key_map(m.data(), x.data(), nu, D, D);
       } else if (is_key) {
         transform_keys(x.data(), nu, 1, D, c.layers[size_t(l)].smoothing.data() + size_t(h) * D);
-      } else if (opt.value_map) {
-        const std::vector<float> p = learned_value_map(covariance_of_rows(x.data(), nu, D), D, c.value.sub_dim);
-        std::copy(p.begin(), p.end(), c.layers[size_t(l)].value_map.begin() + ptrdiff_t(size_t(h) * D * D));
-        apply_key_map(p.data(), x.data(), nu, D, D);
       }
       ProductQuantizer pq(D, is_key ? c.key : c.value, gran);
       KMeansParams kp;

@@ -41,9 +41,6 @@ struct CalibTrainOptions {
   // For the model-level trainer (eval/calibrate.h calibrate_model): key_transform is chosen there by
   // default_key_transform, once the tokens it trains on are known.
   bool key_transform_auto = false;
-  // Values coded through the learned value map (codec/learned_key_map.h learned_value_map;
-  // per-sub-space books only).
-  bool value_map = false;
   // For the model-level recorder (eval/calibrate.h record_kv): keys and queries re-rotated to random
   // positions in [0, position_span). -1: the model's trained context, at most kMaxCalibPositionSpan;
   // 0 (the default): the positions the calibration text ran at. Measured (docs/QUALITY.md): a span

@@ -74,7 +74,6 @@ uint64_t calibration_checksum(const Calibration* c) {
     // Hashed only when present, so that the digests of calibrations without them are unchanged.
     if (!L.key_mean.empty()) h.floats(L.key_mean);
     if (!L.key_map.empty()) h.floats(L.key_map);
-    if (!L.value_map.empty()) h.floats(L.value_map);
   }
   return h.digest();
 }

@@ -54,9 +54,6 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
       return fmt::format("the calibration's rotated key mean has segments of {} tokens: the device kernels take {} "
                          "(what `veloxquant calibrate` makes)", T, kKeyMeanTokens);
   }
-  if (spec.calibration && spec.calibration->value_map)
-    return "the calibration's learned value map (calibrate --value-map learned) has no device kernels yet; on the "
-           "device use a calibration made without it";
   if (spec.calibration && spec.calibration->learned_keys())
     return "the calibration's learned key transform (calibrate --key-transform learned) has no device kernels yet; "
            "on the device use a calibration made with --key-transform hadamard";

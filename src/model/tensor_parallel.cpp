@@ -183,7 +183,6 @@ Calibration slice_calibration(const Calibration& c, int kv0, int n) {
     s.layers[l].value_codebooks = cut(c.layers[l].value_codebooks);
     if (c.has_key_mean()) s.layers[l].key_mean = cut(c.layers[l].key_mean);
     if (c.learned_keys()) s.layers[l].key_map = cut(c.layers[l].key_map);
-    if (c.value_map) s.layers[l].value_map = cut(c.layers[l].value_map);
   }
   s.validate();
   return s;

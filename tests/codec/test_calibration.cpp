@@ -119,13 +119,13 @@ TEST(Calibration, HeldOutCheckRoundTripsAndVersion1And2FilesStillLoad) {
   EXPECT_EQ(d.check.kl, 0.0412);
   EXPECT_EQ(d.check.top1, 0.903);
   EXPECT_EQ(d.check.ppl_ratio, 1.033);
-  // The same file as version 3 (no key transform, no value map: 8 bytes at offset 112), as version 2 (no key-mean
+  // The same file as version 3 (no key transform: 4 bytes at offset 112), as version 2 (no key-mean
   // fields either: 12 bytes at offset 100, after the check) and as version 1 (no check either: 28
   // more bytes at offset 72, after n_calib_tokens).
   auto older = [&](uint32_t version) {
     auto b = read_all(p);
-    size_t removed = 8;
-    b.erase(b.begin() + 112, b.begin() + 120);
+    size_t removed = 4;
+    b.erase(b.begin() + 112, b.begin() + 116);
     if (version <= 2) {
       b.erase(b.begin() + 100, b.begin() + 112);
       removed += 12;

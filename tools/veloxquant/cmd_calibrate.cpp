@@ -27,7 +27,6 @@ struct CalibrateOptions {
   int64_t position_span = 0;
   std::string key_mean = "auto";
   std::string key_transform = "auto";
-  std::string value_map = "none";
   int held_out = 1024;
 };
 
@@ -57,7 +56,6 @@ void run_calibrate(const CalibrateOptions& o) {
   opt.key_mean_tokens = o.key_mean == "none" ? 0 : -1;  // rotated, auto: the default segment
   opt.held_out_tokens = o.held_out;
   opt.key_transform = o.key_transform;
-  opt.value_map = o.value_map;
   opt.device = resolve_device(o.device);
   ProgressBar bar;
   const auto t0 = std::chrono::steady_clock::now();
@@ -112,11 +110,6 @@ void add_calibrate(CLI::App& app) {
                 "Walsh-Hadamard rotation; auto: learned for per-sub-space books recorded on the CPU from at least "
                 "16 tokens per key channel, else hadamard (docs/QUALITY.md \"Learned key transform\")")
       ->check(CLI::IsMember({"auto", "hadamard", "learned"}))
-      ->capture_default_str();
-  c->add_option("--value-map", o->value_map,
-                "learned: values coded through an orthonormal map per layer and KV head from their covariance "
-                "(per-sub-space books; caches on the CPU only for now); none: values coded as they are")
-      ->check(CLI::IsMember({"auto", "none", "learned"}))
       ->capture_default_str();
   c->add_option("--held-out", o->held_out,
                 "Tokens of the text after --tokens on which the new cache is compared with fp16 (stored in the file; "

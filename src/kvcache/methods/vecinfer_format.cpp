@@ -6,7 +6,6 @@
 // are coded without it and its exact score is added per 16-token segment.
 #include <algorithm>
 #include <atomic>
-#include <limits>
 #include <vector>
 
 #include "codec/calibration_check.h"
@@ -50,7 +49,6 @@ class VecInferFormat final : public CodedFormat {
     const CalibrationLayer& L = c.layers[size_t(layer)];
     lambda_ = L.smoothing;
     const int H = g.n_kv_heads, D = g.head_dim;
-    value_map_ = L.value_map;  // empty without one
     if (c.learned_keys()) {
       key_map_ = L.key_map;
       query_map_.resize(key_map_.size());
@@ -85,7 +83,7 @@ class VecInferFormat final : public CodedFormat {
   size_t keys_bytes() const { return size_t(geo_.n_kv_heads) * B_ * krow_; }
   size_t block_bytes() const override { return keys_bytes() + size_t(geo_.n_kv_heads) * B_ * vrow_; }
   size_t codebook_bytes() const override {
-    size_t b = (lambda_.size() + key_map_.size() + query_map_.size() + value_map_.size()) * 4;
+    size_t b = (lambda_.size() + key_map_.size() + query_map_.size()) * 4;
     for (size_t h = 0; h < kpq_.size(); ++h)
       b += (kpq_[h].codebooks().size() + vpq_[h].codebooks().size() + kbook_t_[h].size()) * 4;
     return b;
@@ -101,8 +99,6 @@ class VecInferFormat final : public CodedFormat {
       else
         transform_keys_mapped(x, B_, 1, D, lambda_.data() + size_t(h) * D, key_map_.data() + size_t(h) * D * D);
     }
-    if (!value_map_.empty())
-      for (int h = 0; h < H; ++h) apply_key_map(value_map_.data() + size_t(h) * D * D, vf + size_t(h) * B_ * D, B_, D, D);
     for (int h = 0; h < H; ++h) {
       kpq_[size_t(h)].encode(kf + size_t(h) * B_ * D, B_, block + size_t(h) * B_ * krow_);
       vpq_[size_t(h)].encode(vf + size_t(h) * B_ * D, B_, block + keys_bytes() + size_t(h) * B_ * vrow_);
@@ -183,26 +179,10 @@ class VecInferFormat final : public CodedFormat {
     a.block_tokens = B_;
     a.first = first;
     a.n_tokens = int(n);
-    if (value_map_.empty()) {
-      a.m = m;
-      a.d = d;
-      a.o = o;
-      cpu::pq_attention_accumulate(a, lut);
-      return;
-    }
-    // Values coded as P v: this run's output is accumulated in the coded space from an empty state,
-    // turned back by P' and merged into (m, d, o) (which may hold the fp16 window's or other runs').
-    thread_local std::vector<float> pm, pd, po, back;
-    pm.assign(size_t(G), -std::numeric_limits<float>::infinity());
-    pd.assign(size_t(G), 0.0f);
-    po.assign(size_t(G) * D, 0.0f);
-    a.m = pm.data();
-    a.d = pd.data();
-    a.o = po.data();
+    a.m = m;
+    a.d = d;
+    a.o = o;
     cpu::pq_attention_accumulate(a, lut);
-    back.resize(size_t(G) * D);
-    unmap_values(value_map_.data() + size_t(h) * D * D, po.data(), G, D, back.data());
-    merge_partial(G, D, pm.data(), pd.data(), back.data(), m, d, o);
   }
 
  private:
@@ -226,21 +206,10 @@ class VecInferFormat final : public CodedFormat {
     a.d = pd.data();
     a.o = po.data();
     ref::pq_attention_dequantized(a);
-    if (!value_map_.empty()) {
-      std::vector<float> back(po.size());
-      unmap_values(value_map_.data() + size_t(h) * D * D, po.data(), G, D, back.data());
-      po = std::move(back);
-    }
-    merge_partial(G, D, pm.data(), pd.data(), po.data(), m, d, o);
-  }
-
-  // (m, d, o) <- the merge of (m, d, o) and a partial (pm, pd, po) over other keys; [G], [G], [G, D].
-  static void merge_partial(int G, int D, const float* pm, const float* pd, const float* po, float* m, float* d,
-                            float* o) {
     for (int g = 0; g < G; ++g) {
       SoftmaxState st{m[g], d[g]};
       float wa, wb;
-      softmax_merge(st, SoftmaxState{pm[g], pd[g]}, wa, wb);
+      softmax_merge(st, SoftmaxState{pm[size_t(g)], pd[size_t(g)]}, wa, wb);
       m[g] = st.m;
       d[g] = st.d;
       for (int e = 0; e < D; ++e) o[g * D + e] = o[g * D + e] * wa + po[size_t(g) * D + e] * wb;
@@ -251,7 +220,6 @@ class VecInferFormat final : public CodedFormat {
   RotatedKeyMean key_mean_;                     // empty unless the calibration stores one
   std::vector<float> lambda_;                   // [n_kv_heads, head_dim]
   std::vector<float> key_map_, query_map_;      // learned transform: [n_kv_heads, head_dim, head_dim] M, M^-T
-  std::vector<float> value_map_;                // learned value map: [n_kv_heads, head_dim, head_dim] P
   std::vector<ProductQuantizer> kpq_, vpq_;     // [n_kv_heads]
   std::vector<std::vector<float>> kbook_t_;     // [n_kv_heads] channel-major key codebooks
   size_t krow_ = 0, vrow_ = 0;                  // packed bytes per token and head
