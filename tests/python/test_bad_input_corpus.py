@@ -162,7 +162,7 @@ def calib_case(tiny, tmp_path, make):
 CALIB_CASES = {
     "empty": (lambda d, w: b"", ["truncated"]),
     "wrong magic": (lambda d, w: b"VQCALIX\0" + d[8:], ["bad magic"]),
-    "version 4": (lambda d, w: d[:8] + struct.pack("<I", 4) + d[12:], ["version 4 is not supported"]),
+    "version 5": (lambda d, w: d[:8] + struct.pack("<I", 5) + d[12:], ["version 5 is not supported"]),
     "truncated": (lambda d, w: d[:-100], ["truncated"]),
     "trailing bytes": (lambda d, w: d + b"\0", ["trailing bytes"]),
     "flipped payload byte": (lambda d, w: with_float(d, w["key"][1], 0.25, fix_checksum=False),
