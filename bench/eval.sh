@@ -28,7 +28,12 @@ while [ $# -gt 0 ]; do
 done
 [ -x "$bin" ] || scripts/build.sh release veloxquant
 mkdir -p "$out" build/eval
-tag=$( (basename "${model:-$("$bin" info --default-model-path)}" | sed 's/\..*//' | tr 'A-Z' 'a-z' | tr -c 'a-z0-9\n' '-') )
+# The tag names the outputs: a file's stem up to its first dot (SmolLM2-135M-Instruct.Q4_1.gguf ->
+# smollm2-135m-instruct); a known model's name whole, dots made dashes (qwen2.5-coder-1.5b ->
+# qwen2-5-coder-1-5b).
+m=${model:-$("$bin" info --default-model-path)}
+if [ -f "$m" ]; then tag=$(basename "$m" | sed 's/\..*//'); else tag=$m; fi
+tag=$(printf '%s' "$tag" | tr 'A-Z' 'a-z' | tr -c 'a-z0-9' '-')
 json="$out/eval_$tag.json"
 inputs="build/eval/inputs_$tag.json"
 extra=()
