@@ -23,7 +23,12 @@ MARK = {"veloxquant": "o", "llama.cpp": "s"}
 def model_tag(doc):
     m = doc.get("model", {})
     name = m.get("file") or m.get("name") or "model"
-    return re.sub(r"[^A-Za-z0-9]+", "-", name.split(".")[0]).strip("-").lower()
+    # The file's stem before its quantization suffix: SmolLM2-135M-Instruct.Q4_1.gguf ->
+    # smollm2-135m-instruct, qwen2.5-coder-1.5b-instruct-q4_k_m.gguf -> qwen2-5-coder-1-5b-instruct.
+    stem = re.sub(r"\.gguf$", "", name)
+    stem = re.sub(r"[.-](q\d\w*|f16|bf16|f32)$", "", stem, flags=re.I)
+    stem = re.sub(r"\.(q\d\w*|f16|bf16|f32)$", "", stem, flags=re.I)
+    return re.sub(r"[^A-Za-z0-9]+", "-", stem).strip("-").lower()
 
 
 def label(row):
