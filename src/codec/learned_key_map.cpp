@@ -186,7 +186,11 @@ void apply_key_map(const float* M, float* x, int64_t n, int D, int64_t stride) {
   if (n <= 0) return;
   Eigen::Map<const RowMatF> m(M, D, D);
   Eigen::Map<RowMatF, 0, Eigen::OuterStride<>> rows(x, Eigen::Index(n), D, Eigen::OuterStride<>(stride));
-  const RowMatF y = rows * m.transpose();
+  // The product needs a buffer (it reads x while writing it); one per thread, so that the decode
+  // path (a query head's row per call) does not allocate each time.
+  thread_local RowMatF y;
+  y.resize(Eigen::Index(n), D);
+  y.noalias() = rows * m.transpose();
   rows = y;
 }
 
