@@ -11,6 +11,7 @@
 
 #include "veloxquant/kv_spec.h"
 #include "veloxquant/model.h"
+#include "veloxquant/runtime.h"
 
 namespace veloxquant {
 
@@ -31,6 +32,7 @@ struct EvalOptions {
   int answer_tokens = 8;  // greedy tokens generated per prompt
   int retrieval_chunk = 512;
   uint64_t seed = 20261201;
+  Device device = Device::cpu;  // where the model runs and the caches live
 };
 
 struct EvalQualityRow {

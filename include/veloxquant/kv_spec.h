@@ -44,11 +44,10 @@ class KVSpec {
   // the server take their specs from the same function (src/eval/calibrate.h model_kv_spec).
   static KVSpec for_model(const Model& model, const std::string& spec, const std::string& calibration_file = "");
   // The same from a parsed config, reporting a first-use calibration's progress and setting *made
-  // when it trained one now. device: where the cache will run; the first-use calibration differs
-  // (on the CPU with the learned key transform, which the device has no kernels for yet).
+  // when it trained one now (the same file serves a cache on either device).
   static KVSpec for_model_config(const Model& model, const KVCacheConfig& config,
                                  const std::string& calibration_file = "", const CalibrationProgress& progress = {},
-                                 bool* made = nullptr, Device device = Device::cpu);
+                                 bool* made = nullptr);
 
   const KVCacheConfig& config() const;
   std::string name() const;  // canonical spec string, e.g. "vecinfer:d4b8"

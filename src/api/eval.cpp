@@ -22,6 +22,7 @@ static vq::EvalOptions to_internal(const EvalOptions& o) {
   e.answer_tokens = o.answer_tokens;
   e.retrieval_chunk = o.retrieval_chunk;
   e.seed = o.seed;
+  e.device = to_internal(o.device);
   return e;
 }
 

@@ -39,11 +39,11 @@ KVSpec KVSpec::for_model(const Model& model, const std::string& spec, const std:
 }
 
 KVSpec KVSpec::for_model_config(const Model& model, const KVCacheConfig& config, const std::string& calibration_file,
-                                const CalibrationProgress& progress, bool* made, Device device) {
+                                const CalibrationProgress& progress, bool* made) {
   const Model::Impl& m = ApiAccess::model_impl(model);
   config.validate(m.info.head_dim);
   KVSpec out = ApiAccess::make_spec(vq::model_kv_spec(*m.model, m.info.path, m.is_default, config, calibration_file,
-                                                      progress, made, to_internal(device)));
+                                                      progress, made));
   check_spec_fits(out, model);
   return out;
 }

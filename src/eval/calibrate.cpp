@@ -34,7 +34,7 @@ namespace vq {
 // (Calibration::check), so that the first-use file can warn (issue 18); -r6: the rotated key mean
 // (kKeyMeanTokens; docs/QUALITY.md "Rotated key mean"), now that the device kernels add it back;
 // -r7: the learned key transform (default_key_transform; docs/QUALITY.md "Learned key transform"),
-// for caches on the CPU: a cache on the device keeps -r6.
+// on both devices since the device kernels apply its maps; shared books keep -r6.
 static constexpr const char* kCalibRecipe = "-r7";
 static constexpr const char* kCalibRecipeHadamard = "-r6";
 // Tokens per calibration sequence (see calibrate_model).
@@ -297,7 +297,7 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
   // tokens 0.027; positions far beyond the evaluated ones spread the centroids thin.
   const int seg = opt.segment_tokens > 0 ? opt.segment_tokens : kCalibSegment;
   if (opt.key_transform_auto)
-    opt.key_transform = default_key_transform(cfg, device, int64_t(ids.size()), model.config().head_dim);
+    opt.key_transform = default_key_transform(cfg, int64_t(ids.size()), model.config().head_dim);
   Calibration cal = calibrate_recording(
       model,
       record_kv(model, ids, seg, progress, device, calib_position_span(model, opt),
@@ -329,13 +329,12 @@ std::string default_calibration_text_path() {
   return "";
 }
 
-KeyTransform default_key_transform(const KVCacheConfig& cfg, KVDevice device, int64_t train_tokens, int head_dim) {
+KeyTransform default_key_transform(const KVCacheConfig& cfg, int64_t train_tokens, int head_dim) {
   const bool enough = train_tokens >= int64_t(kLearnedKeyTokensPerChannel) * head_dim;
-  return device == KVDevice::cpu && cfg.granularity != CodebookGranularity::shared && enough ? KeyTransform::learned
-                                                                                           : KeyTransform::hadamard;
+  return cfg.granularity != CodebookGranularity::shared && enough ? KeyTransform::learned : KeyTransform::hadamard;
 }
 
-std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg, KVDevice device) {
+std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg) {
   // Only what the file depends on: the key/value presets and the codebook granularity (not the
   // cache's residual or sink lengths), plus the recipe tag kCalibRecipe: files of an older recipe
   // are not reused.
@@ -345,7 +344,7 @@ std::string default_calibration_path(const std::string& model_path, const KVCach
   // The tag: what calibrate_model picks for the first use's kFirstUseCalibTokens tokens (the Jargon
   // File holds far more) at any head_dim up to 512.
   const bool learned =
-      default_key_transform(first_use_calib_config(cfg), device, kFirstUseCalibTokens, 256) == KeyTransform::learned;
+      default_key_transform(first_use_calib_config(cfg), kFirstUseCalibTokens, 256) == KeyTransform::learned;
   preset += learned ? kCalibRecipe : kCalibRecipeHadamard;
   const std::string sha = sha256_file(model_path).substr(0, 16);
   return (std::filesystem::path(cache_dir()) / "calib" / (sha + "-" + preset + ".vqcal")).string();
@@ -353,13 +352,13 @@ std::string default_calibration_path(const std::string& model_path, const KVCach
 
 std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,
                                 const KVCacheConfig& cfg, const std::string& calib_flag,
-                                const CalibProgress& progress, bool* made, KVDevice device) {
+                                const CalibProgress& progress, bool* made) {
   if (made) *made = false;
   if (cfg.method != KVMethod::vecinfer) return "";
   if (!calib_flag.empty()) return calib_flag;
   if (cfg.calibration || !cfg.calibration_file.empty()) return cfg.calibration_file;
   VQ_CHECK(is_default_model, "{}", calibration_howto(cfg));
-  const std::string path = default_calibration_path(model_path, cfg, device);
+  const std::string path = default_calibration_path(model_path, cfg);
   if (std::filesystem::exists(path)) return path;
   const std::string text_path = default_calibration_text_path();
   VQ_CHECK(!text_path.empty(),
@@ -379,9 +378,8 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
 }
 
 KVSpec model_kv_spec(const Model& model, const std::string& model_path, bool is_known_model, KVCacheConfig cfg,
-                     const std::string& calib_file, const CalibProgress& progress, bool* made, KVDevice device) {
-  const std::string path =
-      resolve_calibration(model, model_path, is_known_model, cfg, calib_file, progress, made, device);
+                     const std::string& calib_file, const CalibProgress& progress, bool* made) {
+  const std::string path = resolve_calibration(model, model_path, is_known_model, cfg, calib_file, progress, made);
   if (!kv_method(cfg.method).needs_calibration() || path.empty()) return make_kv_spec(cfg, path);
   const bool automatic = calib_file.empty();
   auto calib = std::make_shared<const Calibration>(load_calibration(path));

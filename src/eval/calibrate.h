@@ -78,16 +78,15 @@ std::string calibration_quality_warning(const KVCacheConfig& cfg, const Calibrat
 // (docs/QUALITY.md, "Calibration size"), at about 4x the first-use time.
 inline constexpr int kFirstUseCalibTokens = 8192;
 KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg);
-// The key transform of a calibration made for `device` with books of cfg from train_tokens tokens
-// of keys of head_dim channels (the first use, and `calibrate`'s auto): learned (docs/QUALITY.md
-// "Learned key transform") for per-sub-space books on the CPU from at least
-// kLearnedKeyTokensPerChannel tokens per channel; else Walsh-Hadamard: for shared books, which the
-// learned map's uneven sub-spaces do not suit; on the device, which has no kernels for it yet; and
+// The key transform of a calibration with books of cfg from train_tokens tokens of keys of head_dim
+// channels (the first use, and `calibrate`'s auto): learned (docs/QUALITY.md "Learned key
+// transform") for per-sub-space books from at least kLearnedKeyTokensPerChannel tokens per channel;
+// else Walsh-Hadamard: for shared books, which the learned map's uneven sub-spaces do not suit; and
 // from fewer tokens, where the map's head_dim x head_dim covariances are estimated too noisily
 // (measured on Gemma 3, head_dim 256: from 2048 tokens the learned map's KL was 6% above the
 // rotation's, from 8192 29% below).
 inline constexpr int kLearnedKeyTokensPerChannel = 16;
-KeyTransform default_key_transform(const KVCacheConfig& cfg, KVDevice device, int64_t train_tokens, int head_dim);
+KeyTransform default_key_transform(const KVCacheConfig& cfg, int64_t train_tokens, int head_dim);
 
 // Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens); the
 // opt.held_out_tokens after them (when the text has at least 64) make the held-out check.
@@ -101,19 +100,16 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
 // The Jargon File (Debian package jargon-text) if installed, else "".
 std::string default_calibration_text_path();
 // <cache>/calib/<first 16 hex of the model's sha256>-<preset><recipe>.vqcal (<cache>:
-// core/cache_dir.h); the recipe tag depends on the device the cache runs on (its key transform,
-// default_key_transform).
-std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg,
-                                     KVDevice device = KVDevice::cpu);
+// core/cache_dir.h); the recipe tag follows the key transform (default_key_transform).
+std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg);
 
 // For vecinfer: calib_flag when given; else, for the default model, the cached first-use
-// calibration for a cache on `device` (made now from the Jargon File when absent; recorded on the
-// CPU, so that the file is the same whichever machine makes it); else an error saying how to make
-// one. Other methods: "". `made` is set when a new file was written.
+// calibration (made now from the Jargon File when absent; recorded on the CPU, so that the file is
+// the same whichever machine makes it, and one file serves caches on either device); else an error
+// saying how to make one. Other methods: "". `made` is set when a new file was written.
 std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,
                                 const KVCacheConfig& cfg, const std::string& calib_flag,
-                                const CalibProgress& progress = {}, bool* made = nullptr,
-                                KVDevice device = KVDevice::cpu);
+                                const CalibProgress& progress = {}, bool* made = nullptr);
 
 // The KV spec a model runs with, assembled in one place for the CLI, the server and the public API
 // (veloxquant::KVSpec::for_model): cfg and, for VecInfer, its calibration: calib_file when given,
@@ -123,7 +119,6 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
 // the spec's default granularity yields to the file's (that recipe picks shared codebooks for
 // 12-bit presets). Errors about the file name it. cfg must fit the model (validate(head_dim)).
 KVSpec model_kv_spec(const Model& model, const std::string& model_path, bool is_known_model, KVCacheConfig cfg,
-                     const std::string& calib_file, const CalibProgress& progress = {}, bool* made = nullptr,
-                     KVDevice device = KVDevice::cpu);
+                     const std::string& calib_file, const CalibProgress& progress = {}, bool* made = nullptr);
 
 }  // namespace vq

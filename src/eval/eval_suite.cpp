@@ -41,6 +41,7 @@ void run_quality(const Model& model, const std::vector<KVSpec>& methods, const K
       po.n_ctx = ctx;
       po.chunk = opt.chunk;
       po.max_windows = 1;
+      po.device = opt.device;
       std::vector<PerplexityResult> res;
       if (!run.empty()) res = evaluate_perplexity(model, window, run, &reference, po);
       // The reference's perplexity (alone when it is the only cache asked for).
@@ -103,11 +104,12 @@ void run_retrieval(const Model& model, const std::vector<KVSpec>& methods, const
         const PasskeyPrompt p = make_passkey_prompt(model.tokenizer(), filler, t * stride, ctx - opt.answer_tokens,
                                                     opt.depths[di], prompt_seed(opt.seed, ctx, di, t));
         r.prompts.push_back({ctx, opt.depths[di], t, p.key, p.ids});
-        const PasskeyAnswer ref = answer_passkey(model, reference, p, opt.answer_tokens, opt.retrieval_chunk);
+        const PasskeyAnswer ref = answer_passkey(model, reference, p, opt.answer_tokens, opt.retrieval_chunk, opt.device);
         for (size_t m = 0; m < methods.size(); ++m) {
           const PasskeyAnswer a = methods[m].name() == reference.name()
                                       ? ref
-                                      : answer_passkey(model, methods[m], p, opt.answer_tokens, opt.retrieval_chunk);
+                                      : answer_passkey(model, methods[m], p, opt.answer_tokens, opt.retrieval_chunk,
+                                                       opt.device);
           rows[m].trials++;
           rows[m].correct += a.correct;
           rows[m].agree_ref += a.digits == ref.digits;

@@ -33,6 +33,7 @@ struct EvalOptions {
   int answer_tokens = 8;  // greedy tokens generated per prompt
   int retrieval_chunk = 512;
   uint64_t seed = 20261201;
+  KVDevice device = KVDevice::cpu;  // where the model runs and the caches live
 };
 
 struct EvalQualityRow {

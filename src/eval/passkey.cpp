@@ -57,10 +57,10 @@ std::string first_digits(const std::string& text) {
 }
 
 PasskeyAnswer answer_passkey(const Model& model, const KVSpec& spec, const PasskeyPrompt& p, int max_new,
-                             int chunk) {
+                             int chunk, KVDevice device) {
   VQ_CHECK(max_new >= 1, "passkey: max_new {} must be >= 1", max_new);
   const int V = model.config().n_vocab;
-  Session s(model, spec, int(p.ids.size()) + max_new, chunk);
+  Session s(model, spec, int(p.ids.size()) + max_new, chunk, size_t(-1), device);
   std::vector<float> logits(static_cast<size_t>(V));
   s.forward(p.ids.data(), int(p.ids.size()), logits.data());
   std::vector<int32_t> out;

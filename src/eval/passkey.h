@@ -36,7 +36,8 @@ std::string first_digits(const std::string& text);
 
 // Feeds the prompt (chunks of `chunk` tokens) through a session with the given cache and
 // continues greedily for max_new tokens (stopping early once digits have started and ended).
+// On `device`: where the model runs and the cache lives.
 PasskeyAnswer answer_passkey(const Model& model, const KVSpec& spec, const PasskeyPrompt& p, int max_new = 8,
-                             int chunk = 512);
+                             int chunk = 512, KVDevice device = KVDevice::cpu);
 
 }  // namespace vq

@@ -189,4 +189,22 @@ void add_random_key_mean(Calibration& c, const std::vector<double>& freqs, int n
   c.validate();
 }
 
+void add_random_key_map(Calibration& c, uint64_t seed, float spread) {
+  VQ_CHECK(c.key_books() > 1, "random key map: the learned key transform needs per-sub-space key books");
+  const int H = c.n_kv_heads, D = c.head_dim;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  c.key_transform = KeyTransform::learned;
+  for (auto& L : c.layers) {
+    L.key_map.assign(size_t(H) * D * D, 0.0f);
+    for (int h = 0; h < H; ++h)
+      for (int e = 0; e < D; ++e) {
+        const float s = std::exp(0.3f * nd(rng));
+        float* row = L.key_map.data() + (size_t(h) * D + e) * D;
+        for (int j = 0; j < D; ++j) row[j] = s * ((e == j ? 1.0f : 0.0f) + spread * nd(rng) / std::sqrt(float(D)));
+      }
+  }
+  c.validate();
+}
+
 }  // namespace vq

@@ -75,5 +75,9 @@ Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int n_kv_
 // segment of T tokens to carry one (as the trainer keeps them), for speed work and parity tests.
 void add_random_key_mean(Calibration& c, const std::vector<double>& freqs, int n_rot, bool neox, int T, uint64_t seed,
                          float scale = 3.0f);
+// Gives c the learned key transform (codec/learned_key_map.h) with random maps M = diag(s) (I +
+// spread G / sqrt(head_dim)), G and log s N(0, 1) and N(0, 0.3^2) per (layer, KV head): invertible and
+// well conditioned at spread <= 0.5, for speed work and parity tests. Needs per-sub-space books.
+void add_random_key_map(Calibration& c, uint64_t seed, float spread = 0.5f);
 
 }  // namespace vq

@@ -12,6 +12,7 @@
 
 #include "codec/calibration_file.h"
 #include "codec/key_mean.h"
+#include "codec/learned_key_map.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "kvcache/kv_method.h"
@@ -54,9 +55,6 @@ std::string kv_device_unsupported_reason(const KVSpec& spec, const KVGeometry& g
       return fmt::format("the calibration's rotated key mean has segments of {} tokens: the device kernels take {} "
                          "(what `veloxquant calibrate` makes)", T, kKeyMeanTokens);
   }
-  if (spec.calibration && spec.calibration->learned_keys())
-    return "the calibration's learned key transform (calibrate --key-transform learned) has no device kernels yet; "
-           "on the device use a calibration made with --key-transform hadamard";
   if (!cuda::cuda_device_available()) return cuda::cuda_unavailable_reason();
   return "";
 #endif
@@ -135,7 +133,18 @@ int pow2_at_least(int64_t x, int lo) {
 
 struct LayerBooks {
   cuda::DeviceBuffer lambda, k32, v32, k16, v16;
+  // The learned key transform (empty otherwise): M^T and N^T = M^-1 per KV head, [H][D][D].
+  cuda::DeviceBuffer key_map_t, query_map_t;
 };
+
+// [H][D][D] row-major maps -> each transposed.
+std::vector<float> transpose_maps(const float* m, int H, int D) {
+  std::vector<float> t(size_t(H) * D * D);
+  for (int h = 0; h < H; ++h)
+    for (int e = 0; e < D; ++e)
+      for (int j = 0; j < D; ++j) t[(size_t(h) * D + j) * D + e] = m[(size_t(h) * D + e) * D + j];
+  return t;
+}
 
 // A layer's rotated key mean on the device (key_mean_cuda.h); table indexes Impl::km_tables.
 struct LayerKeyMean {
@@ -400,8 +409,10 @@ struct KVStoreDevice::Impl {
     }
   }
 
-  // qcode = H(q * lambda) * scale per query head (VecInfer's queries; q4_0h's with unit lambda).
-  void transform_queries(int rows, const float* q, int64_t q_stride, const float* lambda, float scale) {
+  // qcode = H(q * lambda) * scale per query head (VecInfer's queries; q4_0h's with unit lambda), or
+  // N (q * lambda) * scale with the learned key transform's query maps (map_t: N^T per KV head).
+  void transform_queries(int rows, const float* q, int64_t q_stride, const float* lambda, float scale,
+                         const float* map_t = nullptr) {
     cuda::QueryTransformParams t;
     t.rows = rows;
     t.n_q_heads = HQ;
@@ -410,6 +421,7 @@ struct KVStoreDevice::Impl {
     t.q = q;
     t.q_stride = q_stride;
     t.lambda = lambda;
+    t.map_t = map_t;
     t.scale = scale;
     t.out = qcode.as<float>();
     cuda::query_transform_device(t, stream.handle());
@@ -464,6 +476,16 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
                             m.stream.handle());
     cuda::f32_to_f16_device(b.v32.as<float>(), b.v16.as<uint16_t>(), int64_t(cl.value_codebooks.size()),
                             m.stream.handle());
+    if (cal.learned_keys()) {  // the CPU format's maps (VecInferFormat): M for keys, M^-T for queries
+      std::vector<float> qmaps(cl.key_map.size());
+      for (int h = 0; h < m.H; ++h) {
+        const std::vector<float> n = key_map_query_side(cl.key_map.data() + size_t(h) * m.D * m.D, m.D, "device cache");
+        std::copy(n.begin(), n.end(), qmaps.begin() + ptrdiff_t(size_t(h) * m.D * m.D));
+      }
+      const std::vector<float> kt = transpose_maps(cl.key_map.data(), m.H, m.D), qt = transpose_maps(qmaps.data(), m.H, m.D);
+      b.key_map_t = cuda::to_device(kt.data(), kt.size() * 4);
+      b.query_map_t = cuda::to_device(qt.data(), qt.size() * 4);
+    }
     const RotatedKeyMean mean(cal, l + store.calib_offset_);
     if (mean.empty()) continue;
     if (m.km.empty()) m.km.resize(size_t(m.L));
@@ -682,6 +704,7 @@ void KVStoreDevice::launch_encode(int layer) {
   p.max_jobs = m.jobs_cap;
   p.k_sub_dim = c.key.sub_dim, p.k_bits = c.key.bits, p.k_per_subspace = cal.key_books() > 1;
   p.lambda = b.lambda.as<float>();
+  p.key_map_t = b.key_map_t.as<float>();
   p.k_books = b.k32.as<float>();
   p.v_sub_dim = c.value.sub_dim, p.v_bits = c.value.bits, p.v_per_subspace = cal.value_books() > 1;
   p.v_books = b.v32.as<float>();
@@ -716,7 +739,8 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
     p.dense_join = m.join.handle();
   }
   if (p.rule.coded) {
-    m.transform_queries(rows, q, q_stride, m.books[size_t(layer)].lambda.as<float>(), scale);
+    const LayerBooks& b = m.books[size_t(layer)];
+    m.transform_queries(rows, q, q_stride, b.lambda.as<float>(), scale, b.query_map_t.as<float>());
     p.q_code = m.qcode.as<float>();
     p.k_book = m.books[size_t(layer)].k16.as<uint16_t>();
     p.v_book = m.books[size_t(layer)].v16.as<uint16_t>();

@@ -34,6 +34,7 @@ struct Case {
   int window = 0;  // sliding window of layer 1 (0: global)
   int prompt = 75; // tokens of the first chunk (long ones: the decode rows use many splits)
   bool key_mean = false;  // the calibration carries a rotated key mean (codec/key_mean.h)
+  bool learned = false;   // the calibration carries the learned key transform (codec/learned_key_map.h)
 };
 
 KVSpec spec_for(const Case& c, int layers) {
@@ -46,6 +47,7 @@ KVSpec spec_for(const Case& c, int layers) {
       for (int i = 0; i < c.D / 2; ++i) freqs[size_t(i)] = std::pow(1e6, -2.0 * i / c.D);
       add_random_key_mean(cal, freqs, c.D, (c.HQ + c.D) % 2 == 0, 16, uint64_t(c.HQ + c.D));
     }
+    if (c.learned) add_random_key_map(cal, uint64_t(c.HQ * 31 + c.D));
     s.calibration = std::make_shared<const Calibration>(std::move(cal));
   }
   return s;
@@ -219,6 +221,16 @@ const Case kCases[] = {
     {"kmean_d8b8_r32_g3_d256_prefill", 12, 4, 256, "vecinfer:d8b8,r=32", 0, 75, true},
     {"kmean_d4b8_window", 8, 2, 64, "vecinfer:d4b8", 100, 75, true},
     {"kmean_d4b8_r64_sink0_g16", 16, 1, 64, "vecinfer:d4b8,r=64,sink=0", 0, 400, true},
+    // the learned key transform (issue 18): keys mapped by M in the block encoder (fast and generic
+    // kernels), queries by M^-T (LUT, gather-mma and prefill kernels), with and without the key mean
+    {"learned_d4b8_g4_d128_lut", 8, 2, 128, "vecinfer:d4b8", 0, 75, false, true},
+    {"learned_d4b8_g7_d64_long", 14, 2, 64, "vecinfer:d4b8", 0, 1500, false, true},
+    {"learned_d4b8_g2_d256_vparts_long", 16, 8, 256, "vecinfer:d4b8", 0, 1500, true, true},
+    {"learned_d8b12_g1_d64_gather", 2, 2, 64, "vecinfer:d8b12", 0, 75, false, true},
+    {"learned_split_g6_d128_generic", 12, 2, 128, "vecinfer:k=d4b10,v=d8b12", 0, 600, true, true},
+    {"learned_d4b8_r32_g4_d128_prefill", 8, 2, 128, "vecinfer:d4b8,r=32", 0, 600, true, true},
+    {"learned_d8b8_r32_g3_d256_prefill", 12, 4, 256, "vecinfer:d8b8,r=32", 0, 75, false, true},
+    {"learned_d4b8_window", 8, 2, 64, "vecinfer:d4b8", 100, 75, true, true},
     // the scalar-block methods (issue 19): decode and prefill kernels dequantizing q8_0 / q4_0 /
     // q5_0 rows, q4_0h's rotations, every head_dim, groups 1..16, windows, long rows
     {"q8_0_g4_d128", 8, 2, 128, "q8_0"},
@@ -249,6 +261,8 @@ TEST(DeviceStore, SmallRunForSanitizers) {
                         {"small_d256", 8, 4, 256, "vecinfer:d4b8,r=32"},
                         {"small_kmean", 8, 2, 64, "vecinfer:d4b8,r=32", 0, 75, true},
                         {"small_kmean_gather", 4, 2, 64, "vecinfer:d8b12,r=32", 0, 75, true},
+                        {"small_learned", 8, 2, 64, "vecinfer:d4b8,r=32", 0, 75, true, true},
+                        {"small_learned_generic", 4, 2, 64, "vecinfer:d8b12,r=32", 0, 75, false, true},
                         {"small_q8_0", 8, 2, 64, "q8_0"},
                         {"small_q4_0h_g8", 16, 2, 128, "q4_0h"},
                         {"small_q5_0_d256", 8, 4, 256, "q5_0"}};

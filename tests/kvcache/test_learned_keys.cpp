@@ -19,6 +19,9 @@
 #include "model/tensor_parallel.h"
 #include "ops/ref/attention.h"
 #include "test_util.h"
+#ifdef VQ_HAVE_CUDA
+#include "ops/cuda/device.h"
+#endif
 
 namespace vq {
 namespace {
@@ -156,35 +159,35 @@ TEST(LearnedKeys, MapsAreInTheIdentityAndTheRanksSlices) {
                          calib->layers[0].key_map.begin() + kD * kD));
 }
 
-// The first use: learned for per-sub-space books on the CPU, in a file of its own recipe tag; the
-// device (and shared books, whose one book the learned map's uneven sub-spaces do not suit) keeps
-// the Walsh-Hadamard recipe, so the two never share a cached file.
-TEST(LearnedKeys, FirstUseRecipeDependsOnTheDevice) {
+// The first use: learned for per-sub-space books (on either device), in a file of its own recipe
+// tag; shared books, whose one book the learned map's uneven sub-spaces do not suit, keep the
+// Walsh-Hadamard recipe's tag, so the two never share a cached file.
+TEST(LearnedKeys, FirstUseRecipeFollowsTheBooks) {
   const KVCacheConfig d4b8 = first_use_calib_config(parse_kv_cache_spec("vecinfer:d4b8"));
   const KVCacheConfig d8b12 = first_use_calib_config(parse_kv_cache_spec("vecinfer:d8b12"));
-  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cpu, 8192, 128), KeyTransform::learned);
-  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cuda, 8192, 128), KeyTransform::hadamard);
-  EXPECT_EQ(default_key_transform(d8b12, KVDevice::cpu, 8192, 128), KeyTransform::hadamard);
+  EXPECT_EQ(default_key_transform(d4b8, 8192, 128), KeyTransform::learned);
+  EXPECT_EQ(default_key_transform(d8b12, 8192, 128), KeyTransform::hadamard);
   // Too few tokens per channel for the map's covariances: 16 per channel at least.
-  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cpu, 4096, 256), KeyTransform::learned);
-  EXPECT_EQ(default_key_transform(d4b8, KVDevice::cpu, 4095, 256), KeyTransform::hadamard);
+  EXPECT_EQ(default_key_transform(d4b8, 4096, 256), KeyTransform::learned);
+  EXPECT_EQ(default_key_transform(d4b8, 4095, 256), KeyTransform::hadamard);
   const std::string model = std::string(VQ_SOURCE_DIR) + "/README.md";  // any file: the path hashes it
-  const std::string cpu = default_calibration_path(model, d4b8, KVDevice::cpu),
-                    gpu = default_calibration_path(model, d4b8, KVDevice::cuda);
-  EXPECT_NE(cpu, gpu);
-  EXPECT_NE(cpu.find("vecinfer_d4b8-r7.vqcal"), std::string::npos) << cpu;
-  EXPECT_NE(gpu.find("vecinfer_d4b8-r6.vqcal"), std::string::npos) << gpu;
-  EXPECT_EQ(default_calibration_path(model, d8b12, KVDevice::cpu), default_calibration_path(model, d8b12, KVDevice::cuda));
+  const std::string learned = default_calibration_path(model, d4b8), rotated = default_calibration_path(model, d8b12);
+  EXPECT_NE(learned.find("vecinfer_d4b8-r7.vqcal"), std::string::npos) << learned;
+  EXPECT_NE(rotated.find("vecinfer_d8b12_shared-r6.vqcal"), std::string::npos) << rotated;
 }
 
-TEST(LearnedKeys, TheDeviceSaysItHasNoKernelsForThem) {
+// The device store takes learned calibrations (its kernels map keys and queries; parity with the
+// CPU store: tests/kvcache/test_kv_store_device.cpp).
+TEST(LearnedKeys, TheDeviceTakesThem) {
 #ifdef VQ_HAVE_CUDA
   const Tokens t = make_tokens(600, 5);
   KVCacheConfig cfg = parse_kv_cache_spec("vecinfer:d4b6");
   cfg.calibration = calibrate("vecinfer:d4b6", t, 600, KeyTransform::learned);
   const std::string why = kv_device_unsupported_reason(make_kv_spec(cfg), KVGeometry{kHQ, kH, kD}, 32);
-  EXPECT_NE(why.find("learned key transform (calibrate --key-transform learned) has no device kernels"),
-            std::string::npos) << why;
+  EXPECT_EQ(why.find("learned"), std::string::npos) << why;
+  if (cuda::cuda_device_available()) {
+    EXPECT_EQ(why, "");
+  }
 #else
   GTEST_SKIP() << "no CUDA backend in this build: the device check is not compiled";
 #endif

@@ -129,6 +129,10 @@ def test_bad_prefill_step_and_itl_flags(tmp_path):
     assert_one_clear_line(rc, err, "--key-mean is for --device cuda")
     rc, _, err = run_cli("bench", "e2e", "--device", "cuda", "--geometry", "qwen2.5-1.5b", "--key-mean", "sideways")
     assert rc != 0 and "--key-mean" in err and "sideways" in err, err
+    rc, _, err = run_cli("bench", "e2e", "--key-transform", "learned")
+    assert_one_clear_line(rc, err, "--key-transform is for --device cuda")
+    rc, _, err = run_cli("bench", "e2e", "--device", "cuda", "--geometry", "qwen2.5-1.5b", "--key-transform", "rotated")
+    assert rc != 0 and "--key-transform" in err and "rotated" in err, err
     rc, _, err = run_cli("generate", "-m", p, "--prompt-ids", "1,2,3", "-n", "2", "--deterministic",
                          "--dump-logits", tmp_path / "l.bin")
     assert_one_clear_line(rc, err, "--deterministic")

@@ -111,7 +111,7 @@ void check_rows(const Model& model, const Recorded* rows, size_t n_rows, int cal
       CalibTrainOptions opt;
       opt.key_mean_tokens = kKeyMeanTokens;
       opt.key_transform = r.hadamard ? KeyTransform::hadamard
-                                     : default_key_transform(cfg, KVDevice::cpu, kGateCalibTokens,
+                                     : default_key_transform(cfg, kGateCalibTokens,
                                                              model.config().head_dim);
       cfg.calibration = std::make_shared<const Calibration>(calibrate_recording(model, rec, cfg, opt, "gate"));
     }

@@ -53,6 +53,7 @@ struct E2EArgs {
   bool skip_logits = false;
   bool deterministic = false;
   std::string key_mean = "none";
+  std::string key_transform = "hadamard";
 };
 
 std::vector<int> parse_list(const std::string& s, const char* what) {
@@ -95,6 +96,7 @@ void run_e2e(const E2EArgs& a) {
     d.skip_logits = a.skip_logits;
     d.deterministic = a.deterministic;
     d.key_mean = a.key_mean;
+    d.key_transform = a.key_transform;
     d.json = a.json;
     VQ_CHECK(a.tp >= 1 && a.tp <= 64, "--tp: {} must be in 1..64", a.tp);
     d.tp = a.tp;
@@ -104,6 +106,8 @@ void run_e2e(const E2EArgs& a) {
   VQ_CHECK(a.device == "cpu", "--device: '{}' is cpu or cuda for bench e2e", a.device);
   VQ_CHECK(a.key_mean == "none",
            "--key-mean is for --device cuda (the CPU rows take a calibration file, --calib, made by `calibrate --key-mean`)");
+  VQ_CHECK(a.key_transform == "hadamard", "--key-transform is for --device cuda (the CPU rows take a calibration "
+           "file, --calib, made by `calibrate --key-transform`)");
   VQ_CHECK(a.geometry.empty(), "--geometry is for --device cuda (random device weights)");
   VQ_CHECK(a.itl_prompt == 0, "--itl is for --device cuda");
   VQ_CHECK(a.tp == 1, "bench e2e --tp is for --device cuda (the CPU's split: generate / perplexity --tp)");
@@ -246,6 +250,11 @@ void add_bench_e2e(CLI::App* bench) {
                 "--device cuda: VecInfer caches with random calibrations without (none), with (rotated) or both "
                 "ways with a rotated key mean (16-token segments, as calibrate makes)")
       ->check(CLI::IsMember({"none", "rotated", "both"}))
+      ->capture_default_str();
+  c->add_option("--key-transform", a->key_transform,
+                "--device cuda: VecInfer caches with random calibrations of the Walsh-Hadamard key transform "
+                "(hadamard), random learned maps (learned; per-sub-space books only) or both")
+      ->check(CLI::IsMember({"hadamard", "learned", "both"}))
       ->capture_default_str();
   c->callback([a] { run_e2e(*a); });
 }

@@ -343,13 +343,17 @@ void run_e2e_device(const E2EDeviceArgs& a) {
       variants.push_back({c.name(), KVSpec{c, nullptr}});
       continue;
     }
-    for (int with : {0, 1}) {
-      if ((with == 0 && a.key_mean == "rotated") || (with == 1 && a.key_mean == "none")) continue;
-      Calibration cal = random_calibration(c, L, H, D, 5);
-      if (with) add_random_key_mean(cal, plain_inv_freqs(mc), mc.n_rot, true, 16, 6);
-      variants.push_back({c.name() + (with ? " +key mean" : ""),
-                          KVSpec{c, std::make_shared<const Calibration>(std::move(cal))}});
-    }
+    for (int learned : {0, 1})
+      for (int with : {0, 1}) {
+        if ((with == 0 && a.key_mean == "rotated") || (with == 1 && a.key_mean == "none")) continue;
+        if ((learned == 0 && a.key_transform == "learned") || (learned == 1 && a.key_transform == "hadamard")) continue;
+        if (learned && c.granularity == CodebookGranularity::shared) continue;  // the maps need per-sub-space books
+        Calibration cal = random_calibration(c, L, H, D, 5);
+        if (with) add_random_key_mean(cal, plain_inv_freqs(mc), mc.n_rot, true, 16, 6);
+        if (learned) add_random_key_map(cal, 7);
+        variants.push_back({c.name() + (learned ? " learned" : "") + (with ? " +key mean" : ""),
+                            KVSpec{c, std::make_shared<const Calibration>(std::move(cal))}});
+      }
   }
   for (const auto& [label, spec] : variants) {
     for (int ctx : a.ctxs) {

@@ -18,6 +18,7 @@ struct E2EDeviceArgs {
   double kv_budget_mib = 0;
   bool skip_logits = false;
   bool deterministic = false;  // ForwardDevice::set_deterministic
+  std::string key_transform = "hadamard";  // hadamard, learned, both: random maps (add_random_key_map)
   std::string key_mean = "none";  // none, rotated, both: random calibrations with a rotated key mean
   int tp = 1;  // > 1: the split forward (TPForwardDevice), decode rows only
   std::string json;

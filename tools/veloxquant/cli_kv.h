@@ -34,16 +34,16 @@ inline std::string kv_cache_option_help() {
 }
 
 // The KV spec a generating command runs with (KVSpec::for_model_config): --calib, else a known
-// model's first-use calibration for a cache on `device`, made now with its progress on stderr.
+// model's first-use calibration, made now with its progress on stderr.
 inline veloxquant::KVSpec kv_spec_for_model(const veloxquant::Model& model, const KVCacheConfig& cfg,
-                                            const std::string& calib, veloxquant::Device device) {
+                                            const std::string& calib) {
   return veloxquant::KVSpec::for_model_config(
       model, cfg, calib,
       [](const char* stage, int d, int t) {
         std::fprintf(stderr, "\rcalibrating (first use): %s %d/%d   ", stage, d, t);
         if (d == t) std::fprintf(stderr, "\n");
       },
-      nullptr, device);
+      nullptr);
 }
 
 inline std::string mb(size_t bytes) { return fmt::format("{:.2f} MB", double(bytes) / 1e6); }

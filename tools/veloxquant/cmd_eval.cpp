@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cli_checks.h"
+#include "cli_device.h"
 #include "cli_model.h"
 #include "commands.h"
 #include "veloxquant/eval.h"
@@ -42,6 +43,7 @@ struct EvalCliOptions {
   std::vector<int> contexts{512, 2048}, retrieval_contexts;
   std::vector<double> depths{0.0, 0.25, 0.5, 0.75, 1.0};
   int chunk = 32, trials = 2, threads = 0, max_retrieval_ctx = 16384;
+  std::string device = "cpu";
   bool no_retrieval = false, no_quality = false;
   bool allow_longer_context = false, contexts_given = false;
   std::string command;
@@ -82,6 +84,7 @@ void run_eval_cmd(const EvalCliOptions& o) {
   for (int c : o.retrieval_contexts)
     if (!(c >= 2 && c <= kMaxContextTokens))
       throw vx::Error(fmt::format("--retrieval-ctx: {} must be in 2..{}", c, kMaxContextTokens));
+  const vx::Device device = resolve_device(o.device);
   const std::string path = model_path_or_default(o.model);
   const vx::Model model = vx::Model::load(path);
   const vx::ModelInfo& mi = model.info();
@@ -116,6 +119,8 @@ void run_eval_cmd(const EvalCliOptions& o) {
 
   vx::EvalOptions opt;
   opt.chunk = o.chunk;
+  opt.device = device;
+  if (device == vx::Device::cuda) opt.retrieval_chunk = 2048;  // the device's prefill step (generate's default)
   opt.trials = o.trials;
   opt.depths = o.depths;
   opt.contexts = o.no_quality ? std::vector<int>{} : contexts;
@@ -145,7 +150,10 @@ void run_eval_cmd(const EvalCliOptions& o) {
         {"head_dim", mi.head_dim},
         {"n_ctx_train", mi.n_ctx_train}}},
       {"date", iso_now()},
-      {"machine", {{"cpu", vx::cpu_description()}, {"threads", vx::num_threads()}}},
+      {"machine",
+       {{"cpu", vx::cpu_description()},
+        {"threads", vx::num_threads()},
+        {"device", device == vx::Device::cuda ? vx::cuda_device_description() : "cpu"}}},
       {"command", o.command},
       {"retrieval_text", opt.retrieval_contexts.empty() ? "" : o.filler}};
   const std::string doc = vx::eval_report_json(report, opt, texts, meta.dump(), false) + "\n";
@@ -183,6 +191,7 @@ void add_eval(CLI::App& app) {
   c->add_option("--save-inputs", o->prompts_out,
                 "Also write the JSON with every retrieval prompt's token ids (for bench/eval_llamacpp.py)");
   c->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  add_device_option(c, o->device);
   c->callback([o, c, ctx] {
     o->contexts_given = ctx->count() > 0;
     o->command = "veloxquant eval";

@@ -292,7 +292,7 @@ void run_generate(const GenerateOptions& o) {
   if (o.n_ctx > 0) check_trained_context(o.n_ctx, cfg.n_ctx_train, o.allow_longer_context, "-c");
   // vecinfer: --calib, else (a known model: Model::is_default) the first-use calibration from the
   // Jargon File.
-  const vx::KVSpec spec = kv_spec_for_model(model, kv_config, o.calib, resolve_device(o.device));
+  const vx::KVSpec spec = kv_spec_for_model(model, kv_config, o.calib);
   warn_kv_quality(spec);
   if (parallel) {
     if (texts.empty()) texts.push_back("");  // --prompt-ids

@@ -55,8 +55,7 @@ void run_perplexity(const PplOptions& o) {
   ProgressBar bar;
   bool made = false;
   const vx::KVSpec method = vx::KVSpec::for_model_config(
-      model, cfg, o.calib, [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made,
-      resolve_device(o.device));
+      model, cfg, o.calib, [&](const char* s, int d, int t) { bar.update(s, d, t); }, &made);
   if (made) std::fprintf(stderr, "perplexity: made the first-use calibration of %s\n", method.name().c_str());
   warn_kv_quality(method);
   const vx::KVSpec reference = vx::KVSpec::parse("fp16");

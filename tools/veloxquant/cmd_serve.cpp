@@ -165,7 +165,7 @@ void run_serve(const ServeOptions& o) {
   check_cache_fits_model(kv_config, model.info().head_dim, path);
   model.check_weights_finite();
   if (o.n_ctx > 0) check_trained_context(o.n_ctx, model.info().n_ctx_train, o.allow_longer_context, "-c");
-  const vx::KVSpec spec = kv_spec_for_model(model, kv_config, o.calib, resolve_device(o.device));
+  const vx::KVSpec spec = kv_spec_for_model(model, kv_config, o.calib);
   warn_kv_quality(spec);
   if (o.tp > 1)
     std::fprintf(stderr, "tp %d: %s\n", o.tp, vx::check_tensor_parallel(model, o.tp, resolve_device(o.device)).c_str());

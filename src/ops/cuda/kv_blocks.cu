@@ -135,6 +135,65 @@ __global__ void query_transform_kernel(QueryTransformParams p) {
     if (i < epl) o[lane + 32 * i] = (v[i] * s) * p.scale;
 }
 
+// The learned key transform's queries: warp per (query head, kQMapRows rows); element e = lane +
+// 32*i. o[e] = scale * sum_j N[e][j] (q[j] lambda[j]), the sum in ascending j with fp32 FMAs; q[j]
+// comes from its lane by a shuffle, N^T's row j is read once for the warp's rows.
+constexpr int kQMapRows = 4;
+__global__ void query_map_kernel(QueryTransformParams p) {
+  pdl_wait();  // launched with PDL (pdl.cuh)
+  pdl_trigger();
+  const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+  const int64_t item = int64_t(blockIdx.x) * warps + (threadIdx.x >> 5);
+  const int64_t row_blocks = (p.rows + kQMapRows - 1) / kQMapRows;
+  if (item >= row_blocks * p.n_q_heads) return;
+  const int qh = int(item / row_blocks), r0 = int(item % row_blocks) * kQMapRows;
+  const int kh = qh / (p.n_q_heads / p.n_kv_heads);
+  const int D = p.head_dim, epl = D / 32;
+  const int nr = min(kQMapRows, p.rows - r0);
+  const float* lam = p.lambda + int64_t(kh) * D;
+  const float* nt = p.map_t + int64_t(kh) * D * D;
+  float x[kQMapRows][8], acc[kQMapRows][8];
+#pragma unroll
+  for (int r = 0; r < kQMapRows; ++r)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      acc[r][i] = 0.0f;
+      x[r][i] = 0.0f;
+      if (i < epl && r < nr)
+        x[r][i] = p.q[int64_t(r0 + r) * p.q_stride + int64_t(qh) * D + lane + 32 * i] * lam[lane + 32 * i];
+    }
+#pragma unroll 1
+  for (int jb = 0; jb < epl; ++jb)
+#pragma unroll 4
+    for (int jl = 0; jl < 32; ++jl) {
+      const int j = jb * 32 + jl;
+      float xj[kQMapRows];
+#pragma unroll
+      for (int r = 0; r < kQMapRows; ++r) {
+        float v = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          if (i == jb) v = x[r][i];
+        xj[r] = __shfl_sync(0xffffffffu, v, jl);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (i < epl) {
+          const float n = __ldg(nt + int64_t(j) * D + lane + 32 * i);
+#pragma unroll
+          for (int r = 0; r < kQMapRows; ++r) acc[r][i] = fmaf(n, xj[r], acc[r][i]);
+        }
+    }
+#pragma unroll
+  for (int r = 0; r < kQMapRows; ++r)
+    if (r < nr) {
+      float* o = p.out + (int64_t(r0 + r) * p.n_q_heads + qh) * D;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (i < epl) o[lane + 32 * i] = acc[r][i] * p.scale;
+    }
+}
+
 __global__ void bias_add_kernel(BiasAddParams p) {
   pdl_wait();  // launched with PDL (pdl.cuh)
   pdl_trigger();
@@ -231,6 +290,12 @@ void query_transform_device(const QueryTransformParams& p, void* stream) {
   VQ_CHECK(p.q && p.lambda && p.out, "cuda::query_transform: null q, lambda or out");
   QueryTransformParams q = p;
   if (!q.q_stride) q.q_stride = int64_t(p.n_q_heads) * p.head_dim;
+  if (p.map_t) {
+    const int64_t items = (int64_t(p.rows) + kQMapRows - 1) / kQMapRows * p.n_q_heads;
+    launch_pdl("query_map_kernel", query_map_kernel, dim3(unsigned((items + 3) / 4)), dim3(128), 0, as_stream(stream),
+               q);
+    return;
+  }
   const int64_t items = int64_t(p.rows) * p.n_q_heads;
   launch_pdl("query_transform_kernel", query_transform_kernel, dim3(unsigned((items + 3) / 4)), dim3(128), 0,
              as_stream(stream), q);

@@ -73,6 +73,10 @@ struct KVEncodeParams {
   int k_sub_dim = 4, k_bits = 8;
   bool k_per_subspace = false;
   const float* lambda = nullptr;   // [n_kv_heads, head_dim] smoothing
+  // The learned key transform (codec/learned_key_map.h): keys are coded as M (k / lambda) instead of
+  // H (k / lambda). key_map_t: [n_kv_heads][head_dim (j)][head_dim (e)] = M[e][j] (transposed, so a
+  // warp's reads of one j are contiguous); null: the Walsh-Hadamard rotation.
+  const float* key_map_t = nullptr;
   const float* k_books = nullptr;  // [n_kv_heads, books, 2^k_bits, k_sub_dim] f32
   int v_sub_dim = 4, v_bits = 8;
   bool v_per_subspace = false;
@@ -81,13 +85,15 @@ struct KVEncodeParams {
 };
 void kv_encode_blocks_device(const KVEncodeParams& p, void* stream = nullptr);
 
-// ---- VecInfer queries: out = H(q * lambda) * scale per query head (KV head = head / group) ----
+// ---- VecInfer queries: out = H(q * lambda) * scale per query head (KV head = head / group), or
+// with the learned key transform out = N (q * lambda) * scale, N = M^-T of the query head's KV head ----
 struct QueryTransformParams {
   int rows = 0;
   int n_q_heads = 0, n_kv_heads = 0, head_dim = 0;  // head_dim % 32 == 0, <= 256
   const float* q = nullptr;       // row r at q + r*q_stride: [n_q_heads][head_dim]
   int64_t q_stride = 0;           // 0: packed
   const float* lambda = nullptr;  // [n_kv_heads, head_dim]
+  const float* map_t = nullptr;   // [n_kv_heads][head_dim (j)][head_dim (e)] = N[e][j]; null: H
   float scale = 1.0f;
   float* out = nullptr;           // [rows][n_q_heads][head_dim] packed
 };

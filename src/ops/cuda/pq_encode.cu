@@ -38,6 +38,7 @@ struct EncodeParams {
   int64_t x_token_stride, x_head_stride;  // elements
   const float* lambda;                    // [n_heads, head_dim] or null
   int hblock;                             // Walsh-Hadamard block (0: none)
+  const float* map_t;                     // the learned key map M^T [n_heads][head_dim][head_dim] or null
   const float* codebooks;                 // [n_heads, books, K, DS]
   uint16_t* codes16;                      // plain output [n_tokens, n_sub] (n_heads == 1), or null
   uint8_t* packed;                        // packed output, or null
@@ -109,6 +110,40 @@ __device__ void load_rows_plain(const EncodeParams& p, int h, int64_t t0, int tt
   }
 }
 
+// Phase 1b, the learned key map (codec/learned_key_map.h) on the tile in place: x <- M x per row,
+// each output sum_j M[e][j] x[j] in ascending j with fp32 FMAs. Thread per (row, channel) output,
+// up to kMapOuts of them; rows go in chunks whose outputs all fit, so a chunk reads only rows that
+// no other chunk writes.
+constexpr int kMapOuts = 8;
+__device__ void map_rows_smem(const EncodeParams& p, int h, int tt, float* s_x, int ldx) {
+  const int D = p.head_dim;
+  const float* mt = p.map_t + int64_t(h) * D * D;
+  const int chunk_rows = max(1, kThreads * kMapOuts / D);
+  for (int r0 = 0; r0 < tt; r0 += chunk_rows) {
+    const int n_out = min(chunk_rows, tt - r0) * D;
+    float acc[kMapOuts];
+    int row[kMapOuts], col[kMapOuts];
+#pragma unroll
+    for (int i = 0; i < kMapOuts; ++i) {
+      const int o = threadIdx.x + kThreads * i;
+      row[i] = r0 + (o < n_out ? o / D : 0);
+      col[i] = o < n_out ? o % D : 0;
+      acc[i] = 0.0f;
+    }
+    for (int j = 0; j < D; ++j) {
+#pragma unroll
+      for (int i = 0; i < kMapOuts; ++i)
+        if (threadIdx.x + kThreads * i < n_out)
+          acc[i] = fmaf(__ldg(mt + int64_t(j) * D + col[i]), s_x[row[i] * ldx + j], acc[i]);
+    }
+    __syncthreads();  // every output of the chunk read its rows
+#pragma unroll
+    for (int i = 0; i < kMapOuts; ++i)
+      if (threadIdx.x + kThreads * i < n_out) s_x[row[i] * ldx + col[i]] = acc[i];
+    __syncthreads();
+  }
+}
+
 template <int DS, int R>
 __global__ void __launch_bounds__(kThreads) encode_kernel(EncodeParams p0) {
   constexpr int TT = 32 * R;
@@ -137,6 +172,7 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(EncodeParams p0) {
   if (p.hblock) transform_rows_warp(p, h, t0, tt, s_x, ldx);
   else load_rows_plain(p, h, t0, tt, s_x, ldx);
   __syncthreads();
+  if (p.map_t) map_rows_smem(p, h, tt, s_x, ldx);
   for (int c = threadIdx.x; c < p.books * p.K; c += kThreads) {
     const float* cp = s_book + c * DS;
     float n = 0.0f;
@@ -224,16 +260,26 @@ __global__ void encode_generic_kernel(EncodeParams p0, int DS) {
        t += int64_t(gridDim.x) * blockDim.x) {
     uint8_t* row = p.packed ? p.packed + int64_t(h) * p.code_head_stride + t * p.code_token_stride : nullptr;
     const int64_t xrow = t * p.x_token_stride + int64_t(h) * p.x_head_stride;
-    float xt[256];  // the transformed row (hblock > 0 only)
-    if (p.hblock) {
+    float xt[256];  // the transformed row (hblock > 0 or map_t only)
+    if (p.hblock || p.map_t) {
       for (int e = 0; e < p.head_dim; ++e) {
         float x = load_elem(p.x, xrow + e * p.x_elem_stride, p.elem);
         if (p.km.n_pairs) x -= key_mean_offset(p.km, h, p.head_dim, p.pos0 + t, e);
         if (p.lambda) x = x / p.lambda[int64_t(h) * p.head_dim + e];
         xt[e] = x;
       }
+      if (p.map_t) {  // map_rows_smem's sums, in the same order
+        const float* mt = p.map_t + int64_t(h) * p.head_dim * p.head_dim;
+        float yt[256];
+        for (int e = 0; e < p.head_dim; ++e) {
+          float acc = 0.0f;
+          for (int j = 0; j < p.head_dim; ++j) acc = fmaf(__ldg(mt + int64_t(j) * p.head_dim + e), xt[j], acc);
+          yt[e] = acc;
+        }
+        for (int e = 0; e < p.head_dim; ++e) xt[e] = yt[e];
+      }
       // Same butterfly order as vq::fwht_inplace.
-      for (int base = 0; base < p.head_dim; base += p.hblock)
+      for (int base = 0; p.hblock && base < p.head_dim; base += p.hblock)
         for (int hh = 1; hh < p.hblock; hh <<= 1)
           for (int i = 0; i < p.hblock; i += 2 * hh)
             for (int j = i; j < i + hh; ++j) {
@@ -241,7 +287,7 @@ __global__ void encode_generic_kernel(EncodeParams p0, int DS) {
               xt[base + j] = a + b;
               xt[base + j + hh] = a - b;
             }
-      const float sc = 1.0f / sqrtf(float(p.hblock));
+      const float sc = p.hblock ? 1.0f / sqrtf(float(p.hblock)) : 1.0f;
       for (int e = 0; e < p.head_dim; ++e) xt[e] *= sc;
     }
     uint32_t acc_bits = 0;  // pending packed bits, LSB-first
@@ -252,7 +298,7 @@ __global__ void encode_generic_kernel(EncodeParams p0, int DS) {
       for (int e = 0; e < DS; ++e) {
         const int ch = sub * DS + e;
         float x;
-        if (p.hblock) {
+        if (p.hblock || p.map_t) {
           x = xt[ch];
         } else {
           x = load_elem(p.x, xrow + int64_t(ch) * p.x_elem_stride, p.elem);
@@ -338,7 +384,7 @@ void launch_encode(EncodeParams p, int DS, cudaStream_t st) {
   else if (DS == 8) done = try_fast<8>(p, st);
   else if (DS == 16) done = try_fast<16>(p, st);
   if (done) return;
-  VQ_CHECK(p.hblock == 0 || p.head_dim <= 256,
+  VQ_CHECK((p.hblock == 0 && !p.map_t) || p.head_dim <= 256,
            "CUDA fused encode: head_dim {} / sub_dim {} / {} centroids with the Hadamard rotation does not fit "
            "the fast kernel (sub_dim must be 4, 8 or 16 and the codebooks must fit in shared memory) and the "
            "generic kernel takes head_dim <= 256",
@@ -451,7 +497,8 @@ void kv_encode_blocks_device(const KVEncodeParams& a, void* stream) {
       p.x_token_stride = 1, p.x_head_stride = int64_t(D) * B, p.x_elem_stride = B;
       p.x_job_offset = 0;
       p.lambda = a.lambda;
-      p.hblock = D & -D;
+      p.map_t = a.key_map_t;
+      p.hblock = a.key_map_t ? 0 : D & -D;
       p.codebooks = a.k_books;
       p.km = a.key_mean;
       p.bits = a.k_bits;
