@@ -18,7 +18,7 @@ L=${OUT:-out/issue18}
 S=$(dirname "$0")
 mkdir -p "$L"
 stages=${1:-tests,cost}
-M=/root/vqm/model.gguf
+M=/root/vqm/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf  # the file name calibrations record
 CAL=$Q/q15_d4b8_learned.vqcal
 has() { [[ ",$stages," == *",$1,"* ]]; }
 if has stash; then
@@ -31,6 +31,7 @@ if has tests; then
     > $L/test_kvcache.log 2>&1; summary test_kvcache $? $L/test_kvcache.log
   timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
   timeout 200 $BIN/test_model --gtest_filter='*Device*' --gtest_brief=1 > $L/test_model.log 2>&1; summary test_model $? $L/test_model.log
+  timeout 150 $BIN/test_engine --gtest_filter='*OnTheDevice*:*OnEachDevice*' --gtest_brief=1 > $L/test_engine.log 2>&1; summary test_engine $? $L/test_engine.log
   sanitizers
 fi
 if has cost; then

@@ -11,6 +11,7 @@
 #include "ops/cuda/kv_blocks_cuda.h"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/scalar_blocks.cuh"
+#include "ops/cuda/smem_attr.cuh"
 
 namespace vq::cuda {
 namespace {
@@ -135,63 +136,64 @@ __global__ void query_transform_kernel(QueryTransformParams p) {
     if (i < epl) o[lane + 32 * i] = (v[i] * s) * p.scale;
 }
 
-// The learned key transform's queries: warp per (query head, kQMapRows rows); element e = lane +
-// 32*i. o[e] = scale * sum_j N[e][j] (q[j] lambda[j]), the sum in ascending j with fp32 FMAs; q[j]
-// comes from its lane by a shuffle, N^T's row j is read once for the warp's rows.
-constexpr int kQMapRows = 4;
-__global__ void query_map_kernel(QueryTransformParams p) {
-  pdl_wait();  // launched with PDL (pdl.cuh)
-  pdl_trigger();
-  const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
-  const int64_t item = int64_t(blockIdx.x) * warps + (threadIdx.x >> 5);
-  const int64_t row_blocks = (p.rows + kQMapRows - 1) / kQMapRows;
-  if (item >= row_blocks * p.n_q_heads) return;
-  const int qh = int(item / row_blocks), r0 = int(item % row_blocks) * kQMapRows;
-  const int kh = qh / (p.n_q_heads / p.n_kv_heads);
-  const int D = p.head_dim, epl = D / 32;
-  const int nr = min(kQMapRows, p.rows - r0);
-  const float* lam = p.lambda + int64_t(kh) * D;
+// The learned key transform's queries: o[e] = scale * sum_j N[e][j] (q[j] lambda[j]), the sum in
+// ascending j with fp32 FMAs. Block per (tile of kQMapItems (row, query head) items of one KV head,
+// KV head, kQMapCols output channels): N^T's columns of the tile (head_dim x kQMapCols) and the items'
+// scaled queries are staged in shared memory by wide loads, all in flight at once (the map is
+// constant, so it is staged before the PDL wait); then thread per (channel, kQMapItems / 4 items).
+// A warp per item reading N^T from L2 one j at a time was latency-bound (~75 us per layer at B=1).
+constexpr int kQMapItems = 32, kQMapCols = 64, kQMapThreads = 256;
+constexpr int kQMapItemsPerThread = kQMapItems * kQMapCols / kQMapThreads;  // 8
+size_t query_map_smem(int D) { return size_t(D) * kQMapCols * 4 + size_t(kQMapItems) * (D + 1) * 4; }
+
+__global__ void __launch_bounds__(kQMapThreads) query_map_kernel(QueryTransformParams p) {
+  extern __shared__ __align__(16) float sm[];
+  const int D = p.head_dim, G = p.n_q_heads / p.n_kv_heads, kh = blockIdx.y, e0 = blockIdx.z * kQMapCols;
+  float* s_n = sm;                     // [D][kQMapCols]: N^T[j][e0 + c]
+  float* s_q = sm + D * kQMapCols;     // [kQMapItems][D + 1]
   const float* nt = p.map_t + int64_t(kh) * D * D;
-  float x[kQMapRows][8], acc[kQMapRows][8];
-#pragma unroll
-  for (int r = 0; r < kQMapRows; ++r)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      acc[r][i] = 0.0f;
-      x[r][i] = 0.0f;
-      if (i < epl && r < nr)
-        x[r][i] = p.q[int64_t(r0 + r) * p.q_stride + int64_t(qh) * D + lane + 32 * i] * lam[lane + 32 * i];
+  for (int i = threadIdx.x; i < D * kQMapCols / 4; i += kQMapThreads) {
+    const int j = i / (kQMapCols / 4), c4 = i % (kQMapCols / 4);
+    reinterpret_cast<float4*>(s_n)[i] = e0 + 4 * c4 < D  // head_dim % 32 == 0: a float4 is all in or all out
+                                            ? __ldg(reinterpret_cast<const float4*>(nt + int64_t(j) * D + e0) + c4)
+                                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  pdl_wait();  // launched with PDL (pdl.cuh): the queries are the previous kernel's output
+  pdl_trigger();
+  const int64_t n_items = int64_t(p.rows) * G, it0 = int64_t(blockIdx.x) * kQMapItems;
+  const float* lam = p.lambda + int64_t(kh) * D;
+  for (int i = threadIdx.x; i < kQMapItems * D; i += kQMapThreads) {
+    const int li = i / D, j = i % D;
+    const int64_t it = it0 + li;
+    float x = 0.0f;
+    if (it < n_items) {
+      const int64_t r = it / G;
+      const int qh = kh * G + int(it % G);
+      x = p.q[r * p.q_stride + int64_t(qh) * D + j] * lam[j];
     }
-#pragma unroll 1
-  for (int jb = 0; jb < epl; ++jb)
+    s_q[li * (D + 1) + j] = x;
+  }
+  __syncthreads();
+  const int c = threadIdx.x % kQMapCols, ig = threadIdx.x / kQMapCols;  // items ig, ig + 4, ...
+  if (e0 + c >= D) return;
+  float acc[kQMapItemsPerThread];
+#pragma unroll
+  for (int k = 0; k < kQMapItemsPerThread; ++k) acc[k] = 0.0f;
 #pragma unroll 4
-    for (int jl = 0; jl < 32; ++jl) {
-      const int j = jb * 32 + jl;
-      float xj[kQMapRows];
+  for (int j = 0; j < D; ++j) {
+    const float n = s_n[j * kQMapCols + c];
 #pragma unroll
-      for (int r = 0; r < kQMapRows; ++r) {
-        float v = 0.0f;
+    for (int k = 0; k < kQMapItemsPerThread; ++k)
+      acc[k] = fmaf(n, s_q[(ig + 4 * k) * (D + 1) + j], acc[k]);
+  }
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-          if (i == jb) v = x[r][i];
-        xj[r] = __shfl_sync(0xffffffffu, v, jl);
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (i < epl) {
-          const float n = __ldg(nt + int64_t(j) * D + lane + 32 * i);
-#pragma unroll
-          for (int r = 0; r < kQMapRows; ++r) acc[r][i] = fmaf(n, xj[r], acc[r][i]);
-        }
-    }
-#pragma unroll
-  for (int r = 0; r < kQMapRows; ++r)
-    if (r < nr) {
-      float* o = p.out + (int64_t(r0 + r) * p.n_q_heads + qh) * D;
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (i < epl) o[lane + 32 * i] = acc[r][i] * p.scale;
-    }
+  for (int k = 0; k < kQMapItemsPerThread; ++k) {
+    const int64_t it = it0 + ig + 4 * k;
+    if (it >= n_items) break;
+    const int64_t r = it / G;
+    const int qh = kh * G + int(it % G);
+    p.out[(r * p.n_q_heads + qh) * D + e0 + c] = acc[k] * p.scale;
+  }
 }
 
 __global__ void bias_add_kernel(BiasAddParams p) {
@@ -291,9 +293,12 @@ void query_transform_device(const QueryTransformParams& p, void* stream) {
   QueryTransformParams q = p;
   if (!q.q_stride) q.q_stride = int64_t(p.n_q_heads) * p.head_dim;
   if (p.map_t) {
-    const int64_t items = (int64_t(p.rows) + kQMapRows - 1) / kQMapRows * p.n_q_heads;
-    launch_pdl("query_map_kernel", query_map_kernel, dim3(unsigned((items + 3) / 4)), dim3(128), 0, as_stream(stream),
-               q);
+    const int G = p.n_q_heads / p.n_kv_heads;
+    const int64_t tiles = (int64_t(p.rows) * G + kQMapItems - 1) / kQMapItems;
+    const size_t smem = query_map_smem(p.head_dim);
+    detail::ensure_smem_attr(query_map_kernel, smem);
+    const dim3 grid(unsigned(tiles), unsigned(p.n_kv_heads), unsigned((p.head_dim + kQMapCols - 1) / kQMapCols));
+    launch_pdl("query_map_kernel", query_map_kernel, grid, dim3(kQMapThreads), smem, as_stream(stream), q);
     return;
   }
   const int64_t items = int64_t(p.rows) * p.n_q_heads;
