@@ -97,6 +97,14 @@ def test_output_paths_are_checked_before_the_work(tmp_path):
             needles=["--save-session", "does not exist"])
 
 
+def test_eval_device_flag_is_checked_before_the_model_loads():
+    # No usable GPU: one line naming --device cuda before the model is read; with one, the missing
+    # model is the one line.
+    line = refused("eval", "-m", NO_MODEL, "--device", "cuda")
+    assert "--device cuda" in line or NO_MODEL in line, line
+    refused("eval", "-m", NO_MODEL, "--device", "tpu", needles=["--device", "tpu"])
+
+
 def test_load_session_takes_regular_files_only(tiny, tmp_path):
     d = tmp_path / "x.vqkv"
     d.mkdir()
