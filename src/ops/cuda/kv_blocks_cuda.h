@@ -57,8 +57,8 @@ struct StepFixupParams {
 };
 void step_fixup_device(const StepFixupParams& p, void* stream = nullptr);
 
-// ---- dense blocks -> VecInfer coded blocks (smoothing + Hadamard on keys, nearest centroid,
-// bit-packing; the fused encoder of pq.h reading the block layout) ----
+// ---- dense blocks -> VecInfer coded blocks (smoothing + Hadamard or the learned map on keys,
+// nearest centroid, bit-packing; the fused encoder of pq.h reading the block layout) ----
 struct BlockEncodeJob {
   const uint8_t* dense = nullptr;  // a dense block (fp16)
   uint8_t* coded = nullptr;        // its coded block

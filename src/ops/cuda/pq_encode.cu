@@ -2,7 +2,8 @@
 //
 // One block = one head x a tile of TT = 32*R tokens, 256 threads (8 warps).
 //  phase 1: the tile's vectors are loaded (f32/f16/bf16), smoothed and Walsh-Hadamard rotated
-//           (one warp per token, butterflies across lanes by shuffles) into shared memory;
+//           (one warp per token, butterflies across lanes by shuffles) into shared memory, or
+//           with the learned key transform mapped by a dense head_dim x head_dim matrix there;
 //  phase 2: a warp takes one sub-space at a time; each lane owns R tokens of it, keeps -2x in
 //           registers and scans the codebook from shared memory (broadcast reads), computing
 //           |c|^2 - 2 x.c with fp32 FMAs; the running min and argmin stay in registers (exact
