@@ -46,10 +46,9 @@ struct CalibrationOptions {
   int key_mean_tokens = -1;
   // How keys are turned before coding (docs/QUALITY.md "Learned key transform"): "hadamard": the
   // smoothing then the Walsh-Hadamard rotation; "learned": a dense map per (layer, KV head) from the
-  // recorded keys and queries (from_model only; per-sub-space books; caches on the CPU only for
-  // now: the device refuses such a calibration); "auto": learned for from_model with per-sub-space
-  // books recorded on the CPU from at least 16 tokens per key channel (4096 at head_dim 256), else
-  // hadamard (a calibration recorded on the device is for the device).
+  // recorded keys and queries (from_model only; per-sub-space books; caches on either device);
+  // "auto": learned for from_model with per-sub-space books from at least 16 tokens per key channel
+  // (4096 at head_dim 256), else hadamard.
   std::string key_transform = "auto";
   // from_model only: after training, the new cache is compared with fp16 on up to this many tokens
   // of the text after the max_tokens trained on (held_out_check(); 0: not measured; otherwise at

@@ -211,7 +211,7 @@ static void bind_calibration(nb::module_& m) {
           "on them (segment_tokens 0: sequences of 2048 tokens); then compares the new cache with fp16 on up to "
           "held_out_tokens tokens of the text after those (held_out_check). key_mean_tokens > 0: the keys' rotated "
           "mean is removed before coding and its exact score added back (CPU and GPU); 0: none; -1: 16). key_transform: "
-          "'learned' (a dense map per layer and KV head from the recorded keys and queries; caches on the CPU), "
+          "'learned' (a dense map per layer and KV head from the recorded keys and queries; CPU and GPU), "
           "'hadamard' (smoothing + Walsh-Hadamard) or 'auto' (learned for per-sub-space books from at least 16 "
           "tokens per key channel).")
       .def_prop_ro("key_transform", &Calibration::key_transform, "'hadamard' or 'learned'")

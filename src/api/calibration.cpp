@@ -13,7 +13,7 @@ namespace veloxquant {
 
 static_assert(kMinHeldOutTokens == vq::kMinHeldOutTokens, "the public and internal held-out minimum differ");
 
-// key_transform "auto": from_model lets calibrate_model choose (by device, books and tokens); from
+// key_transform "auto": from_model lets calibrate_model choose (by books and tokens); from
 // arrays (no queries) it is the Walsh-Hadamard transform.
 static vq::CalibTrainOptions train_options(const CalibrationOptions& o, bool from_model) {
   vq::CalibTrainOptions t;

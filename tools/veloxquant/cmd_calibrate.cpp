@@ -106,9 +106,9 @@ void add_calibrate(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--key-transform", o->key_transform,
                 "learned: a dense map per layer and KV head from the recorded keys and queries before coding "
-                "(per-sub-space books; caches on the CPU only for now); hadamard: the smoothing then the "
-                "Walsh-Hadamard rotation; auto: learned for per-sub-space books recorded on the CPU from at least "
-                "16 tokens per key channel, else hadamard (docs/QUALITY.md \"Learned key transform\")")
+                "(per-sub-space books; caches on the CPU and the GPU); hadamard: the smoothing then the "
+                "Walsh-Hadamard rotation; auto: learned for per-sub-space books from at least 16 tokens per key "
+                "channel, else hadamard (docs/QUALITY.md \"Learned key transform\")")
       ->check(CLI::IsMember({"auto", "hadamard", "learned"}))
       ->capture_default_str();
   c->add_option("--held-out", o->held_out,
