@@ -200,6 +200,41 @@ def test_calibration_file_loads(calib_file):
     c = vq.Calibration.load(calib_file)
     assert c.n_layers == 1 and c.n_kv_heads == 2 and c.head_dim == 64
     assert c.key_preset == "d4b8" and c.n_calib_tokens == 2048 and c.model_name == "tiny.gguf"
+    assert c.key_transform == "learned"  # auto: per-sub-space books, 2048 tokens >= 16 per channel
+
+
+def test_calibrate_key_transforms(tmp_path):
+    """key_transform picks the learned map or the Walsh-Hadamard rotation (as `veloxquant calibrate
+    --key-transform`); the learned file holds one head_dim x head_dim f32 map per (layer, KV head)
+    more; auto takes the rotation for shared books and from too few tokens; bad values are refused."""
+    m = tiny("llama", "cpu", layers=1)
+    text = " ".join(str(i * 7 % 300) for i in range(4096))
+    size = {}
+    for kt in ("hadamard", "learned", "auto"):
+        p = vqt.calibrate(m, _Tok(), text, "vecinfer:d4b8", str(tmp_path / f"{kt}.vqcal"), max_tokens=2048,
+                          segment_tokens=1024, model_name="tiny.gguf", key_transform=kt)
+        size[kt] = os.path.getsize(p)
+    assert size["learned"] - size["hadamard"] == 1 * 2 * 64 * 64 * 4
+    assert size["auto"] == size["learned"]
+    few = vqt.calibrate(m, _Tok(), text, "vecinfer:d4b8", str(tmp_path / "few.vqcal"), max_tokens=1000,
+                        segment_tokens=1000, model_name="tiny.gguf")  # 1000 < 16 tokens x 64 channels
+    shared = vqt.calibrate(m, _Tok(), text, "vecinfer:d4b8,gran=shared", str(tmp_path / "shared.vqcal"),
+                           max_tokens=2048, segment_tokens=1024, model_name="tiny.gguf")
+    learned_few = vqt.calibrate(m, _Tok(), text, "vecinfer:d4b8", str(tmp_path / "few_l.vqcal"), max_tokens=1000,
+                                segment_tokens=1000, model_name="tiny.gguf", key_transform="learned")
+    assert os.path.getsize(learned_few) - os.path.getsize(few) == 2 * 64 * 64 * 4
+    with pytest.raises(vqt.Error, match="shared"):
+        vqt.calibrate(m, _Tok(), text, "vecinfer:d4b8,gran=shared", str(tmp_path / "bad.vqcal"), max_tokens=2048,
+                      segment_tokens=1024, model_name="tiny.gguf", key_transform="learned")
+    assert not (tmp_path / "bad.vqcal").exists()
+    with pytest.raises(ValueError, match="key_transform"):
+        vqt.calibrate(m, _Tok(), text, key_transform="sideways")
+    # each file drives the cache within the method's error of fp16
+    ids = torch.randint(0, 300, (1, 200))
+    ref = _logits(sdpa(m), ids, DynamicCache(config=m.config))
+    for f in (str(tmp_path / "learned.vqcal"), shared):
+        assert _rel(_logits(m, ids, vqt.cache(m, "vecinfer:d4b8" if f != shared else "vecinfer:d4b8,gran=shared",
+                                              calib=f)), ref) < 0.5
 
 
 def test_gguf_channel_order():

@@ -332,11 +332,16 @@ VQT_API int64_t vqt_memory(void* h, int what) {
 // Trains a VecInfer calibration from recorded keys/values and writes it (the CLI's file format).
 // k[l], v[l]: [n_tokens, n_kv_heads, head_dim] f32; query_energy: null, or [n_layers] arrays of
 // [n_kv_heads * head_dim] doubles (the mean square of each query channel per KV head: the
-// query-aware smoothing of `veloxquant calibrate`). segment_tokens: the recorded tokens are
-// independent sequences of this many tokens (their first skip_tokens are left out).
+// query-aware smoothing of `veloxquant calibrate`); query_moment: null, or [n_layers] arrays of
+// [n_kv_heads, head_dim, head_dim] doubles (the queries' second moment per KV head: the learned key
+// transform's input). key_transform: 0 Walsh-Hadamard, 1 learned (needs query_moment), -1 auto (as
+// `veloxquant calibrate`: learned for per-sub-space books from enough tokens, when query_moment is
+// given). segment_tokens: the recorded tokens are independent sequences of this many tokens (their
+// first skip_tokens are left out).
 VQT_API int vqt_train_calibration(const char* spec, int n_layers, int n_kv_heads, int head_dim, const float* const* k,
                                   const float* const* v, int64_t n_tokens, int segment_tokens, int skip_tokens,
-                                  const double* const* query_energy, const char* model_name, const char* path) {
+                                  const double* const* query_energy, const double* const* query_moment,
+                                  int key_transform, const char* model_name, const char* path) {
   return guarded([&] {
     vq::KVCacheConfig cfg = vq::parse_kv_cache_spec(spec);
     VQ_CHECK(cfg.method == vq::KVMethod::vecinfer, "calibrate: {} needs no calibration (vecinfer specs only)",
@@ -349,6 +354,18 @@ VQT_API int vqt_train_calibration(const char* spec, int n_layers, int n_kv_heads
       opt.query_energy.resize(size_t(n_layers));
       for (int l = 0; l < n_layers; ++l)
         opt.query_energy[size_t(l)].assign(query_energy[l], query_energy[l] + size_t(n_kv_heads) * head_dim);
+    }
+    VQ_CHECK(key_transform >= -1 && key_transform <= 1, "calibrate: key transform {} must be -1 (auto), 0 or 1",
+             key_transform);
+    VQ_CHECK(key_transform != 1 || query_moment, "calibrate: the learned key transform needs the queries' second moment");
+    const bool learned = key_transform == 1 || (key_transform == -1 && query_moment &&
+                                                vq::default_key_transform(cfg, n_tokens, head_dim) ==
+                                                    vq::KeyTransform::learned);
+    if (learned) {
+      opt.key_transform = vq::KeyTransform::learned;
+      opt.query_moment.resize(size_t(n_layers));
+      const size_t n = size_t(n_kv_heads) * head_dim * head_dim;
+      for (int l = 0; l < n_layers; ++l) opt.query_moment[size_t(l)].assign(query_moment[l], query_moment[l] + n);
     }
     std::vector<const float*> kk(k, k + n_layers), vv(v, v + n_layers);
     const vq::Calibration c = vq::train_calibration(cfg, n_kv_heads, head_dim, kk, vv, n_tokens, opt,

@@ -68,7 +68,7 @@ def _load_library():
         "vqt_layer": (I, [P, I, P, P, P, P, I, F, P]),
         "vqt_abort_step": (None, [P]),
         "vqt_memory": (I64, [P, I]),
-        "vqt_train_calibration": (I, [S, I, I, I, P, P, I64, I, I, P, S, S]),
+        "vqt_train_calibration": (I, [S, I, I, I, P, P, I64, I, I, P, P, I, S, S]),
         "vqt_random_calibration": (I, [S, I, I, I, ctypes.c_uint64, S]),
     }
     for name, (res, args) in sig.items():
@@ -469,6 +469,7 @@ class _Recorder:
         self.k = [[] for _ in range(n_layers)]
         self.v = [[] for _ in range(n_layers)]
         self.qe = [torch.zeros(n_kv, head_dim, dtype=torch.float64) for _ in range(n_layers)]
+        self.qm = [torch.zeros(n_kv, head_dim, head_dim, dtype=torch.float64) for _ in range(n_layers)]
         self.n_kv = n_kv
 
     def add(self, layer, q, k, v):
@@ -478,23 +479,34 @@ class _Recorder:
         self.k[layer].append(k[0].transpose(0, 1).to(torch.float32).cpu())
         self.v[layer].append(v[0].transpose(0, 1).to(torch.float32).cpu())
         Hq, D = q.shape[1], q.shape[3]
-        e = q[0].to(torch.float64).pow(2).sum(dim=1)  # [Hq, D]
+        q64 = q[0].to(torch.float64)  # [Hq, T, D]
+        e = q64.pow(2).sum(dim=1)  # [Hq, D]
         self.qe[layer] += e.view(self.n_kv, Hq // self.n_kv, D).sum(dim=1).cpu()
+        # the second moment of each KV head's query rows: [n_kv, D, D] (the learned key transform)
+        g = q64.reshape(self.n_kv, -1, D)
+        self.qm[layer] += torch.matmul(g.transpose(1, 2), g).cpu()
 
 
 @torch.no_grad()
 def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_tokens=8192, segment_tokens=2048,
-              skip_tokens=4, gguf_channel_order=False, model_name=None) -> str:
-    """Records every layer's post-RoPE keys, values and query energies while the model runs
-    ``texts`` (a string or a list of strings, joined by blank lines; at most max_tokens tokens, run
-    as independent sequences of segment_tokens) and trains and writes a VecInfer calibration file
-    for ``spec`` exactly as ``veloxquant calibrate`` does (query-aware smoothing, the first
-    skip_tokens of each sequence left out). Returns the file's path (default: <spec>.vqcal).
+              skip_tokens=4, gguf_channel_order=False, model_name=None, key_transform="auto") -> str:
+    """Records every layer's post-RoPE keys, values and queries while the model runs ``texts`` (a
+    string or a list of strings, joined by blank lines; at most max_tokens tokens, run as
+    independent sequences of segment_tokens) and trains and writes a VecInfer calibration file for
+    ``spec`` as ``veloxquant calibrate`` does: query-aware smoothing, the first skip_tokens of each
+    sequence left out, and the key transform (key_transform: "learned", a dense map per layer and KV
+    head from the keys' covariance and the queries' second moment; "hadamard", the smoothing and the
+    Walsh-Hadamard rotation; "auto", learned for per-sub-space books from at least 16 tokens per key
+    channel, as the CLI). Not here (the CLI's calibrate has them): the rotated key mean and the
+    recording's random positions. Returns the file's path (default: <spec>.vqcal).
     gguf_channel_order=True (a llama/mistral model loaded from a GGUF): the file is written in the
     GGUF's channel order, for the CLI on that GGUF and for cache(..., gguf_channel_order=True).
     model_name: the name the file records (the CLI accepts a file whose name is the GGUF's file
     name, its stem or its general.name); default: the last part of the model's name_or_path."""
     global _recorder
+    transforms = {"auto": -1, "hadamard": 0, "learned": 1}
+    if key_transform not in transforms:
+        raise ValueError(f"calibrate: key_transform {key_transform!r} is not one of {sorted(transforms)}")
     if isinstance(texts, str):
         texts = [texts]
     text = "\n\n".join(texts)
@@ -524,13 +536,16 @@ def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_toke
     kp = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in ks])
     vp = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in vs])
     qp = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in qe])
+    qm = [(x / (n * (n_heads // n_kv))).contiguous() for x in rec.qm]
+    mp = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in qm])
     if path is None:
         path = spec.replace(":", "_").replace(",", "_").replace("=", "") + ".vqcal"
     name = model_name or os.path.basename(str(getattr(model.config, "_name_or_path", "")).rstrip("/")) \
         or model.config.model_type
     _check(_lib.vqt_train_calibration(spec.encode(), n_layers, n_kv, head_dim, ctypes.cast(kp, ctypes.c_void_p),
                                       ctypes.cast(vp, ctypes.c_void_p), n, min(segment_tokens, n), skip_tokens,
-                                      ctypes.cast(qp, ctypes.c_void_p), str(name).encode(), str(path).encode()))
+                                      ctypes.cast(qp, ctypes.c_void_p), ctypes.cast(mp, ctypes.c_void_p),
+                                      transforms[key_transform], str(name).encode(), str(path).encode()))
     return str(path)
 
 

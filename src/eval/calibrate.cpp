@@ -329,11 +329,6 @@ std::string default_calibration_text_path() {
   return "";
 }
 
-KeyTransform default_key_transform(const KVCacheConfig& cfg, int64_t train_tokens, int head_dim) {
-  const bool enough = train_tokens >= int64_t(kLearnedKeyTokensPerChannel) * head_dim;
-  return cfg.granularity != CodebookGranularity::shared && enough ? KeyTransform::learned : KeyTransform::hadamard;
-}
-
 std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg) {
   // Only what the file depends on: the key/value presets and the codebook granularity (not the
   // cache's residual or sink lengths), plus the recipe tag kCalibRecipe: files of an older recipe

@@ -78,15 +78,6 @@ std::string calibration_quality_warning(const KVCacheConfig& cfg, const Calibrat
 // (docs/QUALITY.md, "Calibration size"), at about 4x the first-use time.
 inline constexpr int kFirstUseCalibTokens = 8192;
 KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg);
-// The key transform of a calibration with books of cfg from train_tokens tokens of keys of head_dim
-// channels (the first use, and `calibrate`'s auto): learned (docs/QUALITY.md "Learned key
-// transform") for per-sub-space books from at least kLearnedKeyTokensPerChannel tokens per channel;
-// else Walsh-Hadamard: for shared books, which the learned map's uneven sub-spaces do not suit; and
-// from fewer tokens, where the map's head_dim x head_dim covariances are estimated too noisily
-// (measured on Gemma 3, head_dim 256: from 2048 tokens the learned map's KL was 6% above the
-// rotation's, from 8192 29% below).
-inline constexpr int kLearnedKeyTokensPerChannel = 16;
-KeyTransform default_key_transform(const KVCacheConfig& cfg, int64_t train_tokens, int head_dim);
 
 // Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens); the
 // opt.held_out_tokens after them (when the text has at least 64) make the held-out check.

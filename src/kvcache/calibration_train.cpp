@@ -136,6 +136,11 @@ Calibration train_calibration(const KVCacheConfig& cfg, int H, int D, const std:
   return c;
 }
 
+KeyTransform default_key_transform(const KVCacheConfig& cfg, int64_t train_tokens, int head_dim) {
+  const bool enough = train_tokens >= int64_t(kLearnedKeyTokensPerChannel) * head_dim;
+  return cfg.granularity != CodebookGranularity::shared && enough ? KeyTransform::learned : KeyTransform::hadamard;
+}
+
 Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int H, int D, uint64_t seed, float scale) {
   VQ_CHECK(kv_method(cfg.method).needs_calibration(), "random calibration: kv cache {} has no codebooks", cfg.name());
   cfg.validate(D);

@@ -59,6 +59,16 @@ struct CalibTrainOptions {
   std::function<void(int, int)> progress;
 };
 
+// The key transform of a calibration with books of cfg from train_tokens tokens of keys of head_dim
+// channels (the first use, and `calibrate`'s auto): learned (docs/QUALITY.md "Learned key
+// transform") for per-sub-space books from at least kLearnedKeyTokensPerChannel tokens per channel;
+// else Walsh-Hadamard: for shared books, which the learned map's uneven sub-spaces do not suit; and
+// from fewer tokens, where the map's head_dim x head_dim covariances are estimated too noisily
+// (measured on Gemma 3, head_dim 256: from 2048 tokens the learned map's KL was 6% above the
+// rotation's, from 8192 29% below).
+inline constexpr int kLearnedKeyTokensPerChannel = 16;
+KeyTransform default_key_transform(const KVCacheConfig& cfg, int64_t train_tokens, int head_dim);
+
 // k[l], v[l]: [n_tokens, n_kv_heads, head_dim] f32 row-major, the post-RoPE keys / values of
 // layer l. Granularity follows cfg.granularity; per_subspace needs >= 2^bits tokens left after
 // the skipped ones.
