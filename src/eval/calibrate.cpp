@@ -34,7 +34,8 @@ namespace vq {
 // (Calibration::check), so that the first-use file can warn (issue 18); -r6: the rotated key mean
 // (kKeyMeanTokens; docs/QUALITY.md "Rotated key mean"), now that the device kernels add it back;
 // -r7: the learned key transform (default_key_transform; docs/QUALITY.md "Learned key transform"),
-// on both devices since the device kernels apply its maps; shared books keep -r6.
+// on both devices since the device kernels apply its maps; shared books keep -r6. A "-tN" suffix: the
+// first use trained on N tokens, more than kFirstUseCalibTokens (first_use_calib_tokens: head_dim > 128).
 static constexpr const char* kCalibRecipe = "-r7";
 static constexpr const char* kCalibRecipeHadamard = "-r6";
 // Tokens per calibration sequence (see calibrate_model).
@@ -329,18 +330,22 @@ std::string default_calibration_text_path() {
   return "";
 }
 
-std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg) {
+int first_use_calib_tokens(int head_dim) {
+  return std::max(kFirstUseCalibTokens, kFirstUseTokensPerChannel * std::max(head_dim, 1));
+}
+
+std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg, int head_dim) {
   // Only what the file depends on: the key/value presets and the codebook granularity (not the
   // cache's residual or sink lengths), plus the recipe tag kCalibRecipe: files of an older recipe
   // are not reused.
   std::string preset = cfg.key == cfg.value ? "vecinfer_" + cfg.key.name()
                                             : "vecinfer_k_" + cfg.key.name() + "_v_" + cfg.value.name();
   if (cfg.granularity == CodebookGranularity::shared) preset += "_shared";
-  // The tag: what calibrate_model picks for the first use's kFirstUseCalibTokens tokens (the Jargon
-  // File holds far more) at any head_dim up to 512.
-  const bool learned =
-      default_key_transform(first_use_calib_config(cfg), kFirstUseCalibTokens, 256) == KeyTransform::learned;
+  // The tag: what calibrate_model picks for the first use's tokens (the Jargon File holds far more).
+  const int tokens = first_use_calib_tokens(head_dim);
+  const bool learned = default_key_transform(first_use_calib_config(cfg), tokens, head_dim) == KeyTransform::learned;
   preset += learned ? kCalibRecipe : kCalibRecipeHadamard;
+  if (tokens > kFirstUseCalibTokens) preset += "-t" + std::to_string(tokens);
   const std::string sha = sha256_file(model_path).substr(0, 16);
   return (std::filesystem::path(cache_dir()) / "calib" / (sha + "-" + preset + ".vqcal")).string();
 }
@@ -353,7 +358,7 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
   if (!calib_flag.empty()) return calib_flag;
   if (cfg.calibration || !cfg.calibration_file.empty()) return cfg.calibration_file;
   VQ_CHECK(is_default_model, "{}", calibration_howto(cfg));
-  const std::string path = default_calibration_path(model_path, cfg);
+  const std::string path = default_calibration_path(model_path, cfg, model.config().head_dim);
   if (std::filesystem::exists(path)) return path;
   const std::string text_path = default_calibration_text_path();
   VQ_CHECK(!text_path.empty(),
@@ -364,7 +369,8 @@ std::string resolve_calibration(const Model& model, const std::string& model_pat
   CalibTrainOptions opt;
   opt.key_mean_tokens = kKeyMeanTokens;
   opt.key_transform_auto = true;
-  const Calibration cal = calibrate_model(model, read_text_file(text_path), kFirstUseCalibTokens, c, opt,
+  const Calibration cal = calibrate_model(model, read_text_file(text_path),
+                                          first_use_calib_tokens(model.config().head_dim), c, opt,
                                           std::filesystem::path(model_path).filename().string(), progress);
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   save_calibration(path, cal);

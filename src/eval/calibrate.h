@@ -77,6 +77,12 @@ std::string calibration_quality_warning(const KVCacheConfig& cfg, const Calibrat
 // fit the calibration text; 8192 lowered the held-out KL vs fp16 of d4b8 on every model measured
 // (docs/QUALITY.md, "Calibration size"), at about 4x the first-use time.
 inline constexpr int kFirstUseCalibTokens = 8192;
+// Wider heads take more: at least kFirstUseTokensPerChannel tokens per key channel, for the learned
+// key transform's head_dim x head_dim covariances (Gemma 3, head_dim 256, 16384 tokens instead of
+// 8192, context 2048: d4b8 KL 0.0294 -> 0.0268, k=d4b10,v=d8b12 0.0221 -> 0.0190; SmolLM2, head_dim
+// 64, already has 128 per channel at 8192: the split preset 0.0179 -> 0.0180; docs/QUALITY.md).
+inline constexpr int kFirstUseTokensPerChannel = 64;
+int first_use_calib_tokens(int head_dim);
 KVCacheConfig first_use_calib_config(const KVCacheConfig& cfg);
 
 // Tokenizes text and keeps the first max_tokens tokens (throws if fewer than min_tokens); the
@@ -91,8 +97,10 @@ Calibration calibrate_model(const Model& model, const std::string& text, int max
 // The Jargon File (Debian package jargon-text) if installed, else "".
 std::string default_calibration_text_path();
 // <cache>/calib/<first 16 hex of the model's sha256>-<preset><recipe>.vqcal (<cache>:
-// core/cache_dir.h); the recipe tag follows the key transform (default_key_transform).
-std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg);
+// core/cache_dir.h) for a model of head_dim channels per head; the recipe tag follows the key
+// transform (default_key_transform) and names the tokens when they are more than
+// kFirstUseCalibTokens (first_use_calib_tokens).
+std::string default_calibration_path(const std::string& model_path, const KVCacheConfig& cfg, int head_dim);
 
 // For vecinfer: calib_flag when given; else, for the default model, the cached first-use
 // calibration (made now from the Jargon File when absent; recorded on the CPU, so that the file is

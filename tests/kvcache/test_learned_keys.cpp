@@ -171,9 +171,16 @@ TEST(LearnedKeys, FirstUseRecipeFollowsTheBooks) {
   EXPECT_EQ(default_key_transform(d4b8, 4096, 256), KeyTransform::learned);
   EXPECT_EQ(default_key_transform(d4b8, 4095, 256), KeyTransform::hadamard);
   const std::string model = std::string(VQ_SOURCE_DIR) + "/README.md";  // any file: the path hashes it
-  const std::string learned = default_calibration_path(model, d4b8), rotated = default_calibration_path(model, d8b12);
+  const std::string learned = default_calibration_path(model, d4b8, 128),
+                    rotated = default_calibration_path(model, d8b12, 128);
   EXPECT_NE(learned.find("vecinfer_d4b8-r7.vqcal"), std::string::npos) << learned;
   EXPECT_NE(rotated.find("vecinfer_d8b12_shared-r6.vqcal"), std::string::npos) << rotated;
+  // Wider heads take more tokens (64 per key channel), and the name says so.
+  EXPECT_EQ(first_use_calib_tokens(64), 8192);
+  EXPECT_EQ(first_use_calib_tokens(128), 8192);
+  EXPECT_EQ(first_use_calib_tokens(256), 16384);
+  const std::string wide = default_calibration_path(model, d4b8, 256);
+  EXPECT_NE(wide.find("vecinfer_d4b8-r7-t16384.vqcal"), std::string::npos) << wide;
 }
 
 // The device store takes learned calibrations (its kernels map keys and queries; parity with the
