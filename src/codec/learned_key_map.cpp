@@ -182,6 +182,15 @@ void transform_queries_mapped(float* q, int64_t n_tokens, int n_q_heads, int n_k
   }
 }
 
+std::vector<float> key_maps_query_side(const float* maps, int n_heads, int D, const char* what) {
+  std::vector<float> out(size_t(n_heads) * D * D);
+  for (int h = 0; h < n_heads; ++h) {
+    const std::vector<float> n = key_map_query_side(maps + size_t(h) * D * D, D, what);
+    std::copy(n.begin(), n.end(), out.begin() + ptrdiff_t(size_t(h) * D * D));
+  }
+  return out;
+}
+
 void apply_key_map(const float* M, float* x, int64_t n, int D, int64_t stride) {
   if (n <= 0) return;
   Eigen::Map<const RowMatF> m(M, D, D);

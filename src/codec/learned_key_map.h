@@ -33,6 +33,8 @@ std::vector<float> learned_key_map(const std::vector<double>& key_cov, const std
 // naming `what` when M is singular or so ill-conditioned that q~ . k~ would not equal q . k to
 // fp32 precision (a tampered file).
 std::vector<float> key_map_query_side(const float* M, int D, const char* what);
+// The same for n_heads maps [n_heads, D, D] (one layer's): [n_heads, D, D].
+std::vector<float> key_maps_query_side(const float* maps, int n_heads, int D, const char* what);
 
 // In place: x[t] <- M x[t] for n rows of D floats at a stride of `stride` floats.
 void apply_key_map(const float* M, float* x, int64_t n, int D, int64_t stride);

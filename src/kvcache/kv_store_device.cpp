@@ -477,11 +477,7 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
     cuda::f32_to_f16_device(b.v32.as<float>(), b.v16.as<uint16_t>(), int64_t(cl.value_codebooks.size()),
                             m.stream.handle());
     if (cal.learned_keys()) {  // the CPU format's maps (VecInferFormat): M for keys, M^-T for queries
-      std::vector<float> qmaps(cl.key_map.size());
-      for (int h = 0; h < m.H; ++h) {
-        const std::vector<float> n = key_map_query_side(cl.key_map.data() + size_t(h) * m.D * m.D, m.D, "device cache");
-        std::copy(n.begin(), n.end(), qmaps.begin() + ptrdiff_t(size_t(h) * m.D * m.D));
-      }
+      const std::vector<float> qmaps = key_maps_query_side(cl.key_map.data(), m.H, m.D, "device cache");
       const std::vector<float> kt = transpose_maps(cl.key_map.data(), m.H, m.D), qt = transpose_maps(qmaps.data(), m.H, m.D);
       b.key_map_t = cuda::to_device(kt.data(), kt.size() * 4);
       b.query_map_t = cuda::to_device(qt.data(), qt.size() * 4);

@@ -51,11 +51,7 @@ class VecInferFormat final : public CodedFormat {
     const int H = g.n_kv_heads, D = g.head_dim;
     if (c.learned_keys()) {
       key_map_ = L.key_map;
-      query_map_.resize(key_map_.size());
-      for (int h = 0; h < H; ++h) {
-        const std::vector<float> n = key_map_query_side(key_map_.data() + size_t(h) * D * D, D, "vecinfer cache");
-        std::copy(n.begin(), n.end(), query_map_.begin() + ptrdiff_t(size_t(h) * D * D));
-      }
+      query_map_ = key_maps_query_side(key_map_.data(), H, D, "vecinfer cache");
     }
     const size_t kf = c.key_codebook_floats() / size_t(H), vf = c.value_codebook_floats() / size_t(H);
     for (int h = 0; h < H; ++h) {
