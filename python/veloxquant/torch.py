@@ -464,12 +464,13 @@ AttentionMaskInterface.register(_RECORD_NAME, _padding_mask)
 
 
 class _Recorder:
-    def __init__(self, n_layers, n_kv, head_dim, gguf_order=False):
+    def __init__(self, n_layers, n_kv, head_dim, gguf_order=False, moment=True):
         self.gguf_order = gguf_order
         self.k = [[] for _ in range(n_layers)]
         self.v = [[] for _ in range(n_layers)]
         self.qe = [torch.zeros(n_kv, head_dim, dtype=torch.float64) for _ in range(n_layers)]
-        self.qm = [torch.zeros(n_kv, head_dim, head_dim, dtype=torch.float64) for _ in range(n_layers)]
+        # the queries' second moment, only for the learned key transform (moment)
+        self.qm = [torch.zeros(n_kv, head_dim, head_dim, dtype=torch.float64) for _ in range(n_layers)] if moment else None
         self.n_kv = n_kv
 
     def add(self, layer, q, k, v):
@@ -483,8 +484,9 @@ class _Recorder:
         e = q64.pow(2).sum(dim=1)  # [Hq, D]
         self.qe[layer] += e.view(self.n_kv, Hq // self.n_kv, D).sum(dim=1).cpu()
         # the second moment of each KV head's query rows: [n_kv, D, D] (the learned key transform)
-        g = q64.reshape(self.n_kv, -1, D)
-        self.qm[layer] += torch.matmul(g.transpose(1, 2), g).cpu()
+        if self.qm is not None:
+            g = q64.reshape(self.n_kv, -1, D)
+            self.qm[layer] += torch.matmul(g.transpose(1, 2), g).cpu()
 
 
 @torch.no_grad()
@@ -516,7 +518,7 @@ def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_toke
     n_layers, n_heads, n_kv, head_dim, _ = _geometry(model.config)
     dev = next(model.parameters()).device
     old = model.config._attn_implementation
-    rec = _Recorder(n_layers, n_kv, head_dim, gguf_channel_order)
+    rec = _Recorder(n_layers, n_kv, head_dim, gguf_channel_order, moment=key_transform != "hadamard")
     model.set_attn_implementation(_RECORD_NAME)
     _recorder = rec
     try:
@@ -536,15 +538,15 @@ def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_toke
     kp = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in ks])
     vp = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in vs])
     qp = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in qe])
-    qm = [(x / (n * (n_heads // n_kv))).contiguous() for x in rec.qm]
-    mp = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in qm])
+    qm = [(x / (n * (n_heads // n_kv))).contiguous() for x in rec.qm] if rec.qm is not None else None
+    mp = ctypes.cast((ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in qm]), ctypes.c_void_p) if qm else None
     if path is None:
         path = spec.replace(":", "_").replace(",", "_").replace("=", "") + ".vqcal"
     name = model_name or os.path.basename(str(getattr(model.config, "_name_or_path", "")).rstrip("/")) \
         or model.config.model_type
     _check(_lib.vqt_train_calibration(spec.encode(), n_layers, n_kv, head_dim, ctypes.cast(kp, ctypes.c_void_p),
                                       ctypes.cast(vp, ctypes.c_void_p), n, min(segment_tokens, n), skip_tokens,
-                                      ctypes.cast(qp, ctypes.c_void_p), ctypes.cast(mp, ctypes.c_void_p),
+                                      ctypes.cast(qp, ctypes.c_void_p), mp,
                                       transforms[key_transform], str(name).encode(), str(path).encode()))
     return str(path)
 

@@ -23,6 +23,7 @@
 #include "veloxquant/kv_spec.h"
 #include "veloxquant/model.h"
 #include "veloxquant/runtime.h"
+#include "veloxquant/session.h"
 
 namespace vq::cli {
 namespace {
@@ -120,7 +121,7 @@ void run_eval_cmd(const EvalCliOptions& o) {
   vx::EvalOptions opt;
   opt.chunk = o.chunk;
   opt.device = device;
-  if (device == vx::Device::cuda) opt.retrieval_chunk = 2048;  // the device's prefill step (generate's default)
+  opt.retrieval_chunk = vx::default_max_chunk(device);  // the device's prefill step (generate's, the sessions')
   opt.trials = o.trials;
   opt.depths = o.depths;
   opt.contexts = o.no_quality ? std::vector<int>{} : contexts;
