@@ -2,7 +2,7 @@
 // prebuilt LUT, the cache's decode path) against the reference LUT kernel, on random codes:
 // ns and cycles (at the measured TSC-free clock estimate, see below) per token x KV head for
 // the whole GQA group. Calls cover `chunk` tokens each, as the cache's pages do.
-// usage: kv_speed_pq [n_tokens=8192] [group=3] [chunk=512] [preset ...] (presets: d4b8 d8b8 d8b12 ...)
+// usage: kv_speed_pq [n_tokens=8192] [group=3] [chunk=512] [head_dim=64] [preset ...] (presets: d4b8 d8b8 d8b12 ...)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,8 +25,7 @@ bool parse_preset(const std::string& s, int& sd, int& bits) {
   return std::sscanf(s.c_str(), "d%db%d", &sd, &bits) == 2 && sd > 0 && bits > 0 && bits <= 16;
 }
 
-void run(int n, int G, int chunk, const std::string& kp, const std::string& vp) {
-  const int D = 64;
+void run(int n, int G, int chunk, int D, const std::string& kp, const std::string& vp) {
   int ksd, kb, vsd, vb;
   if (!parse_preset(kp, ksd, kb) || !parse_preset(vp, vsd, vb)) {
     std::printf("bad preset %s/%s\n", kp.c_str(), vp.c_str());
@@ -43,7 +42,7 @@ void run(int n, int G, int chunk, const std::string& kp, const std::string& vp) 
   const size_t kr = packed_row_bytes(nks, kb), vr = packed_row_bytes(nvs, vb);
   // codes: k [n, kr], v [n, vr] bytes
   AlignedBuffer<uint8_t> kc(kr * size_t(n)), vc(vr * size_t(n));
-  std::vector<uint16_t> codes(size_t{64});
+  std::vector<uint16_t> codes(static_cast<size_t>(D));
   for (int t = 0; t < n; ++t) {
     for (int j = 0; j < nks; ++j) codes[size_t(j)] = uint16_t(rng() & ((1u << kb) - 1));
     pack_codes(codes.data(), nks, kb, kc.data() + size_t(t) * kr);
@@ -95,15 +94,15 @@ void run(int n, int G, int chunk, const std::string& kp, const std::string& vp) 
       den += y * y;
     }
   const double ns_tok = best * 1e9 / n;
-  std::printf("k=%-6s v=%-6s G=%d n=%d chunk=%d: %.2f ns/token-kvhead (%.1f us per call set), ref %.1f ns/token; "
+  std::printf("k=%-6s v=%-6s D=%d G=%d n=%d chunk=%d: %.2f ns/token-kvhead (%.1f us per call set), ref %.1f ns/token; "
               "code bytes/token %zu; nmse vs ref %.1e\n",
-              kp.c_str(), vp.c_str(), G, n, chunk, ns_tok, best * 1e6, ref_s * 1e9 / n, kr + vr, den > 0 ? num / den : num);
+              kp.c_str(), vp.c_str(), D, G, n, chunk, ns_tok, best * 1e6, ref_s * 1e9 / n, kr + vr, den > 0 ? num / den : num);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int n = 8192, G = 3, chunk = 512;
+  int n = 8192, G = 3, chunk = 512, D = 64;
   std::vector<std::string> presets;
   int pos = 0;
   for (int i = 1; i < argc; ++i) {
@@ -112,7 +111,8 @@ int main(int argc, char** argv) {
       const int v = std::atoi(s.c_str());
       if (pos == 0) n = v;
       else if (pos == 1) G = v;
-      else chunk = v;
+      else if (pos == 2) chunk = v;
+      else D = v;
       ++pos;
     } else {
       presets.push_back(s);
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   if (presets.empty()) presets = {"d4b8", "d8b8", "d8b12"};
   for (const auto& p : presets) {
     const auto slash = p.find('/');
-    if (slash == std::string::npos) run(n, G, chunk, p, p);
-    else run(n, G, chunk, p.substr(0, slash), p.substr(slash + 1));
+    if (slash == std::string::npos) run(n, G, chunk, D, p, p);
+    else run(n, G, chunk, D, p.substr(0, slash), p.substr(slash + 1));
   }
 }

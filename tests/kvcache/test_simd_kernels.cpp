@@ -9,6 +9,8 @@
 #include <cstring>
 #include <random>
 
+#include <hwy/targets.h>
+
 #include "core/bitpack.h"
 #include "core/error.h"
 #include "core/fp16.h"
@@ -177,36 +179,65 @@ TEST(SimdKernels, KiviEqualsDecodeThenAttend) {
   EXPECT_THROW(cpu::kivi_attention(bad), Error);
 }
 
-// The vecinfer kernel with groups of more than 4 heads (several interleaved LUT head groups),
-// tokens split over calls that continue one state, against the reference LUT kernel.
+// The vecinfer kernel on a grid of GQA groups (one and several interleaved LUT head groups of
+// 4 or 8 heads: pq_lut_heads), head_dims, sub-dims, code widths (8-bit codes read in place,
+// 10-bit unpacked) and shared or per-sub-space books, tokens split over calls that continue one
+// state, against the reference LUT kernel, on every compiled SIMD target.
 TEST(SimdKernels, VecInferGroupsAndSplitCalls) {
-  std::mt19937 rng(23);
-  for (int G : {5, 8, 9}) {
-    const int D = 64, nks = 16, nvs = 16, n = 300;
-    auto kcb = randn(size_t(nks) * 256 * 4, rng), vcb = randn(size_t(nvs) * 256 * 4, rng);
-    auto q = randn(size_t(G) * D, rng, 0.3f);
-    std::vector<uint8_t> kc(size_t(n) * nks), vc(size_t(n) * nvs);
-    for (auto& x : kc) x = uint8_t(rng());
-    for (auto& x : vc) x = uint8_t(rng());
-    PQAttnArgs a;
-    a.group = G; a.head_dim = D; a.k_sub_dim = 4; a.k_bits = 8; a.k_books = nks;
-    a.v_sub_dim = 4; a.v_bits = 8; a.v_books = nvs; a.q = q.data(); a.k_codebook = kcb.data(); a.v_codebook = vcb.data();
-    std::vector<float> m(static_cast<size_t>(G), -INFINITY), d(static_cast<size_t>(G), 0.0f), o(size_t(G) * D, 0.0f);
-    const auto cbt = cpu::transpose_codebook(kcb.data(), nks, 8, 4);
-    std::vector<float> lut(cpu::pq_lut_floats(a));
-    cpu::pq_build_lut(a, cbt.data(), lut.data());
-    a.m = m.data(); a.d = d.data(); a.o = o.data();
-    for (int t0 : {0, 100, 257}) {
-      const int t1 = t0 == 0 ? 100 : (t0 == 100 ? 257 : n);
-      a.n_tokens = t1 - t0;
-      a.k_codes = kc.data() + size_t(t0) * nks;
-      a.v_codes = vc.data() + size_t(t0) * nvs;
-      cpu::pq_attention_accumulate(a, lut.data());
+  EXPECT_EQ(cpu::pq_lut_heads(3), 4);
+  EXPECT_EQ(cpu::pq_lut_heads(4), 4);
+  EXPECT_EQ(cpu::pq_lut_heads(6), 8);
+  EXPECT_EQ(cpu::pq_lut_heads(7), 8);
+  EXPECT_EQ(cpu::pq_lut_heads(8), 8);
+  EXPECT_EQ(cpu::pq_lut_heads(12), 4);
+  EXPECT_EQ(cpu::pq_lut_heads(16), 8);
+  struct Case { int G, D, ksd, kbits, vsd, vbits; bool shared; };
+  const Case cases[] = {{1, 64, 4, 8, 4, 8, false},  {3, 128, 4, 8, 4, 8, false}, {5, 64, 4, 8, 4, 8, false},
+                        {6, 128, 4, 8, 4, 8, false}, {6, 128, 4, 8, 8, 8, true},  {7, 64, 8, 8, 8, 8, false},
+                        {8, 256, 4, 8, 4, 8, false}, {8, 128, 4, 10, 4, 12, false}, {9, 64, 4, 8, 4, 8, false},
+                        {12, 128, 4, 8, 4, 8, false}, {16, 64, 4, 8, 16, 8, false}, {6, 64, 4, 8, 2, 8, false}};
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::mt19937 rng(23);
+    for (const Case& c : cases) {
+      const int G = c.G, D = c.D, n = 300;
+      const int nks = D / c.ksd, nvs = D / c.vsd, kb = c.shared ? 1 : nks, vb = c.shared ? 1 : nvs;
+      auto kcb = randn((size_t(kb) << c.kbits) * c.ksd, rng), vcb = randn((size_t(vb) << c.vbits) * c.vsd, rng);
+      auto q = randn(size_t(G) * D, rng, 0.3f);
+      const size_t kr = packed_row_bytes(nks, c.kbits), vr = packed_row_bytes(nvs, c.vbits);
+      std::vector<uint8_t> kc(size_t(n) * kr), vc(size_t(n) * vr);
+      std::vector<uint16_t> codes(static_cast<size_t>(D));
+      for (int t = 0; t < n; ++t) {
+        for (int j = 0; j < nks; ++j) codes[size_t(j)] = uint16_t(rng() & ((1u << c.kbits) - 1));
+        pack_codes(codes.data(), nks, c.kbits, kc.data() + size_t(t) * kr);
+        for (int j = 0; j < nvs; ++j) codes[size_t(j)] = uint16_t(rng() & ((1u << c.vbits) - 1));
+        pack_codes(codes.data(), nvs, c.vbits, vc.data() + size_t(t) * vr);
+      }
+      PQAttnArgs a;
+      a.group = G; a.head_dim = D; a.k_sub_dim = c.ksd; a.k_bits = c.kbits; a.k_books = kb;
+      a.v_sub_dim = c.vsd; a.v_bits = c.vbits; a.v_books = vb;
+      a.q = q.data(); a.k_codebook = kcb.data(); a.v_codebook = vcb.data();
+      std::vector<float> m(static_cast<size_t>(G), -INFINITY), d(static_cast<size_t>(G), 0.0f), o(size_t(G) * D, 0.0f);
+      const auto cbt = cpu::transpose_codebook(kcb.data(), kb, c.kbits, c.ksd);
+      std::vector<float> lut(cpu::pq_lut_floats(a));
+      cpu::pq_build_lut(a, cbt.data(), lut.data());
+      a.m = m.data(); a.d = d.data(); a.o = o.data();
+      for (int t0 : {0, 100, 257}) {
+        const int t1 = t0 == 0 ? 100 : (t0 == 100 ? 257 : n);
+        a.n_tokens = t1 - t0;
+        a.k_codes = kc.data() + size_t(t0) * kr;
+        a.v_codes = vc.data() + size_t(t0) * vr;
+        cpu::pq_attention_accumulate(a, lut.data());
+      }
+      std::vector<float> rm(static_cast<size_t>(G)), rd(static_cast<size_t>(G)), ro(size_t(G) * D);
+      PQAttnArgs r = a;
+      r.n_tokens = n; r.k_codes = kc.data(); r.v_codes = vc.data(); r.m = rm.data(); r.d = rd.data(); r.o = ro.data();
+      ref::pq_attention(r);
+      expect_same(m, d, o, rm, rd, ro, G, D,
+                  std::string(hwy::TargetName(target)) + " vecinfer G" + std::to_string(G) + " D" + std::to_string(D) +
+                      " k=d" + std::to_string(c.ksd) + "b" + std::to_string(c.kbits) + " v=d" + std::to_string(c.vsd) +
+                      "b" + std::to_string(c.vbits) + (c.shared ? " shared" : ""));
     }
-    std::vector<float> rm(static_cast<size_t>(G)), rd(static_cast<size_t>(G)), ro(size_t(G) * D);
-    PQAttnArgs r = a;
-    r.n_tokens = n; r.k_codes = kc.data(); r.v_codes = vc.data(); r.m = rm.data(); r.d = rd.data(); r.o = ro.data();
-    ref::pq_attention(r);
-    expect_same(m, d, o, rm, rd, ro, G, D, "vecinfer G" + std::to_string(G));
   }
+  hwy::SetSupportedTargetsForTest(0);
 }

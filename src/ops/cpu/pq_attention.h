@@ -1,7 +1,7 @@
 #pragma once
 // Fast attention on VecInfer codes (Highway SIMD, runtime dispatch); same contract as
-// vq::ref::pq_attention (ops/ref/pq_attention.h). Per call: LUT[hg][j][c][4] = q~_{4hg+h},j . c
-// for the group's heads, four heads interleaved per entry (one 16-byte load serves 4 heads);
+// vq::ref::pq_attention (ops/ref/pq_attention.h). Per call: LUT[hg][j][c][KH] = q~_{KH hg+h},j . c
+// for the group's heads, KH = pq_lut_heads(group) heads interleaved per entry (one load serves KH heads);
 // tokens in blocks of 256, sub-spaces in passes whose tables stay in L1; online softmax per
 // block; values decoded in registers (broadcast centroid x per-head weights, one FMA per
 // sub-space and token). Design and measurements: docs/CPU_KV_NOTES.md.
@@ -17,8 +17,12 @@ void pq_attention(const PQAttnArgs& a);
 // Split form for callers that keep one query's tables across several key ranges.
 // The channel-major key codebook: [k_books, k_sub_dim, 2^k_bits] from [k_books, 2^k_bits, k_sub_dim].
 std::vector<float> transpose_codebook(const float* codebook, int books, int bits, int sub_dim);
-size_t pq_lut_floats(const PQAttnArgs& a);  // ceil(group / 4) * 4 * (head_dim / k_sub_dim) * 2^k_bits
-// lut: [ceil(group / 4), head_dim / k_sub_dim, 2^k_bits, 4] f32 (lanes of absent heads are 0). k_codebook_t: transpose_codebook(a.k_codebook).
+// Heads per LUT entry for a GQA group: 8 where that pads the group to no more lanes than 4 does
+// (groups of 5-8, 13-16, ...: one pass over the codes serves them), else 4.
+int pq_lut_heads(int group);
+size_t pq_lut_floats(const PQAttnArgs& a);  // ceil(group / KH) * KH * (head_dim / k_sub_dim) * 2^k_bits
+// lut: [ceil(group / KH), head_dim / k_sub_dim, 2^k_bits, KH] f32, KH = pq_lut_heads(group) (lanes
+// of absent heads are 0). k_codebook_t: transpose_codebook(a.k_codebook).
 void pq_build_lut(const PQAttnArgs& a, const float* k_codebook_t, float* lut);
 // Continues the online-softmax state already in a.m, a.d, a.o (empty: -inf, 0, 0) over the
 // a.n_tokens coded tokens, with tables from pq_build_lut.
