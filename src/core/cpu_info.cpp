@@ -1,6 +1,11 @@
 #include "core/cpu_info.h"
 
+#include <cstring>
 #include <fstream>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 namespace vq {
 
@@ -13,6 +18,21 @@ std::string cpu_model_name() {
       if (p != std::string::npos) return line.substr(line.find_first_not_of(" \t", p + 1));
     }
   return "unknown";
+}
+
+std::string cpu_vendor() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return "";
+  char v[13];
+  std::memcpy(v, &b, 4);
+  std::memcpy(v + 4, &d, 4);
+  std::memcpy(v + 8, &c, 4);
+  v[12] = 0;
+  return v;
+#else
+  return "";
+#endif
 }
 
 }  // namespace vq

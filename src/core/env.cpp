@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/cpu_info.h"
 #include "core/error.h"
 
 namespace vq {
@@ -48,6 +49,8 @@ const std::vector<EnvVar>& env_vars() {
       {"VQ_CODED_ATTN_KERNEL", "auto or gather_mma", "auto", "src/kvcache/kv_store_device.cpp",
        "gather_mma forces the gather-mma split kernel for every coded layer (benchmarks compare it with the "
        "automatic choice)."},
+      {"VQ_CPU_WEIGHT_PREFETCH", "0 or 1", "1 on Intel CPUs, 0 on others", "src/model/matmul_packed.cpp",
+       "Software prefetch of the weight stream in the CPU's one-row (decode) weight products (CpuTuning)."},
       {"VQ_CACHE_DIR", "a folder", "$XDG_CACHE_HOME/veloxquant, else $HOME/.cache/veloxquant", "src/core/cache_dir.cpp",
        "Where first-use calibrations and fetched models are kept."},
       {"XDG_CACHE_HOME", "a folder", "unset", "src/core/cache_dir.cpp", "The user cache folder (when VQ_CACHE_DIR is unset)."},
@@ -75,8 +78,8 @@ std::string env_doc_markdown() {
       "# Environment variables\n\n"
       "Generated from `env_vars()` in src/core/env.cpp (tests/core/test_env.cpp checks that this file is current;\n"
       "when it fails it writes the new text to the build folder and says where). The GPU tuning knobs\n"
-      "(`GpuTuning`, src/core/env.h) default to the dispatchers' choices; these variables only override\n"
-      "them, for measurements, and are read once per process. A value outside the listed ones is an error\n"
+      "(`GpuTuning`, src/core/env.h) default to the dispatchers' choices, the CPU ones (`CpuTuning`) to\n"
+      "choices per CPU; these variables only override them, for measurements, and are read once per process. A value outside the listed ones is an error\n"
       "naming the variable.\n\n"
       "| Variable | Values | Unset means | Read by | Effect |\n"
       "|---|---|---|---|---|\n";
@@ -95,6 +98,17 @@ bool env_switch(const char* name, bool fallback) {
   return v == "1";
 }
 }  // namespace
+
+CpuTuning read_cpu_tuning() {
+  CpuTuning t;
+  t.weight_prefetch = env_switch("VQ_CPU_WEIGHT_PREFETCH", cpu_vendor() == "GenuineIntel");
+  return t;
+}
+
+const CpuTuning& cpu_tuning() {
+  static const CpuTuning t = read_cpu_tuning();
+  return t;
+}
 
 GpuTuning read_gpu_tuning() {
   GpuTuning t;

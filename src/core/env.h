@@ -4,7 +4,7 @@
 // (env_doc_markdown(); tests/core/test_env.cpp fails when the doc is stale, and a test checks
 // that every variable named in src/ and tools/ is declared).
 //
-// GPU tuning knobs live in one options struct, GpuTuning, whose zero / automatic defaults leave
+// CPU and GPU tuning knobs live in one options struct each, CpuTuning and GpuTuning, whose zero / automatic defaults leave
 // the choice to the kernel dispatchers; the VQ_* variables only override it, read once at first
 // use (never in a hot path).
 #include <initializer_list>
@@ -34,6 +34,20 @@ const std::vector<EnvVar>& env_vars();
 const EnvVar& env_var(const char* name);
 // docs/ENVIRONMENT.md: the table of env_vars().
 std::string env_doc_markdown();
+
+// CPU tuning: defaults chosen per machine where measurements differ; every field has one VQ_*
+// override.
+struct CpuTuning {
+  // VQ_CPU_WEIGHT_PREFETCH: the one-row (decode) weight products request their weight stream a
+  // few chunks ahead in software (products of 2+ rows always do). Default: on for Intel CPUs, off
+  // for others. Measured (docs/BENCHMARKS.md, issue 22): Intel Xeon (Emerald Rapids, 2 vCPUs)
+  // Qwen2.5-1.5B's q4_K/q6_K layer 6.6 -> 11.9 GB/s per thread; AMD Zen 4 q6_K 59-72 -> 33-40 GFLOP/s.
+  bool weight_prefetch = true;
+};
+// The defaults for this CPU with the environment's overrides, read now (throws naming a bad value).
+CpuTuning read_cpu_tuning();
+// read_cpu_tuning() once per process.
+const CpuTuning& cpu_tuning();
 
 // GPU tuning: defaults let the dispatcher choose; every field has one VQ_* override.
 struct GpuTuning {

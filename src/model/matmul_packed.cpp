@@ -7,6 +7,8 @@
 // FMA, no horizontal sums; the offsets (mins, -8 d, ...) meet s_x = d_x * sum(q_x) likewise.
 // Register tiles of up to 4 activation rows share each decoded weight vector; see the header
 // for how tiles, column steps and activation panels are ordered for 1..16 rows and prefill.
+// `pf` (CpuTuning::weight_prefetch): one-row tiles request the weight stream ahead in software
+// too (tiles of 2+ rows of the K-quants always do); Intel parts need it, Zen 4 is faster without.
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL 1  // the VNNI target, as in model/matmul_kernels.cpp
 #endif
@@ -20,6 +22,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
@@ -91,8 +94,12 @@ constexpr size_t Chunk32() {
   return K == K32::Q4_0 ? 144 : K == K32::Q4_1 ? 160 : K == K32::Q5_0 ? 176 : K == K32::Q5_1 ? 192 : 272;
 }
 
+// Bytes ahead of the current unit that the scalar-block tiles request when prefetching.
+constexpr int64_t kAhead32 = 2048;
+
 template <K32 K, int MT>
-HWY_INLINE void Tile32(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io) {
+HWY_INLINE void Tile32(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io,
+                       bool pf) {
   constexpr bool kFive = K == K32::Q5_0 || K == K32::Q5_1;
   constexpr bool kMin = K == K32::Q4_1 || K == K32::Q5_1;
   constexpr bool kOffset = K != K32::Q8_0;
@@ -103,6 +110,9 @@ HWY_INLINE void Tile32(const uint8_t* G, int64_t u0, int64_t u1, const Quantized
   const __m256i m15 = _mm256_set1_epi8(15);
   for (int64_t u = u0; u < u1; ++u) {
     const uint8_t* C = G + u * int64_t(Chunk32<K>());
+    if (MT == 1 && pf)  // one-row tiles only, as the K-quants' (tiles of 2+ rows: not measured faster)
+      for (int64_t k = 0; k < int64_t(Chunk32<K>()); k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(C + kAhead32 + k), _MM_HINT_T0);
     __m256i w[8];  // vector k: elements 4k..4k+3 of the 8 rows
     if constexpr (K == K32::Q8_0) {
       for (int k = 0; k < 8; ++k) w[k] = Load32(C + 32 * k);
@@ -144,7 +154,8 @@ HWY_INLINE void Tile32(const uint8_t* G, int64_t u0, int64_t u1, const Quantized
 }
 
 template <bool kFive, int MT>
-HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io) {
+HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io,
+                        bool pf) {
   constexpr int64_t kChunk = kFive ? int64_t(kQ5KChunk) : int64_t(kQ4KChunk);
   const int64_t nb = X.cols / 32;
   __m256 acc[MT], accm[MT];
@@ -152,9 +163,8 @@ HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
   const __m256i m15 = _mm256_set1_epi8(15);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * kChunk;
-    // Tiles of 2+ rows fetch the chunk two ahead in software; one row leaves it to the hardware
-    // prefetchers (see TileQ6K).
-    if constexpr (MT > 1)
+    // Tiles of 2+ rows fetch the chunk two ahead in software; one row when pf (see TileQ6K).
+    if (MT > 1 || pf)
       for (int64_t k = 0; k < kChunk; k += 64)
         _mm_prefetch(reinterpret_cast<const char*>(C + 2 * kChunk + k), _MM_HINT_T0);
     const __m256 d8 = H8(C + 1152), dm8 = H8(C + 1168);
@@ -193,19 +203,20 @@ HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
 // halves of each 32-element block keep separate sums (their scales differ).
 template <int MT>
 HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
-                        int64_t m0, __m256* io) {
+                        int64_t m0, __m256* io, bool pf) {
   const int64_t nb = X.cols / 32, n16 = X.cols / 16;
   __m256 acc[MT];
   for (int t = 0; t < MT; ++t) acc[t] = io[2 * t];
   const __m256i m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(48);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * int64_t(kQ6KChunk);
-    // Tiles of 2+ rows fetch the chunk two ahead in software; for one row the hardware
-    // prefetchers do better alone (Zen 4, weights from memory, 1 thread: q6_K M=1 59-72 GFLOP/s
-    // without, 33-40 with; M=4 98-104 with, 77-80 without; q4_K likewise). (The codes and high
-    // bits of a block are contiguous: with the planes apart, two interleaved streams, M=1 ran at
-    // 12-13 GFLOP/s, stalled on each chunk's first load.)
-    if constexpr (MT > 1)
+    // Tiles of 2+ rows fetch the chunk two ahead in software. One row does when pf: on Zen 4
+    // the hardware prefetchers do better alone (weights from memory, 1 thread: q6_K M=1 59-72
+    // GFLOP/s without, 33-40 with; M=4 98-104 with, 77-80 without; q4_K likewise), on Intel Xeon
+    // (Emerald Rapids) they do not (Qwen2.5-1.5B's q4_K/q6_K layer, M=1: 6.6 GB/s per thread
+    // without, 11.9 with). (The codes and high bits of a block are contiguous: with the planes
+    // apart, two interleaved streams, M=1 ran at 12-13 GFLOP/s, stalled on each chunk's first load.)
+    if (MT > 1 || pf)
       for (int64_t k = 0; k < int64_t(kQ6KChunk); k += 64)
         _mm_prefetch(reinterpret_cast<const char*>(C + 2 * int64_t(kQ6KChunk) + k), _MM_HINT_T0);
     const __m256 d8 = H8(C + 1664);
@@ -252,7 +263,7 @@ HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
 // sums). Q3_K: w = u (0..7) and the sum of each half less 4 * its activation sum (exact in int32).
 template <bool kThree, int MT>
 HWY_INLINE void TileQ23K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
-                         int64_t m0, __m256* io) {
+                         int64_t m0, __m256* io, bool /*pf: not measured for these types*/) {
   constexpr int64_t kChunk = kThree ? int64_t(kQ3KChunk) : int64_t(kQ2KChunk);
   const int64_t nb = X.cols / 32, n16 = X.cols / 16;
   __m256 acc[MT], accm[MT];
@@ -422,8 +433,8 @@ struct Fmt32 {
   static constexpr bool kSums16 = false;
   template <int MT>
   static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t*,
-                              int64_t m0, __m256* io) {
-    Tile32<K, MT>(G, u0, u1, X, m0, io);
+                              int64_t m0, __m256* io, bool pf) {
+    Tile32<K, MT>(G, u0, u1, X, m0, io, pf);
   }
 };
 template <bool kFive>
@@ -432,8 +443,8 @@ struct FmtQ4K {
   static constexpr bool kSums16 = false;
   template <int MT>
   static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t*,
-                              int64_t m0, __m256* io) {
-    TileQ4K<kFive, MT>(G, u0, u1, X, m0, io);
+                              int64_t m0, __m256* io, bool pf) {
+    TileQ4K<kFive, MT>(G, u0, u1, X, m0, io, pf);
   }
 };
 struct FmtQ6K {
@@ -441,8 +452,8 @@ struct FmtQ6K {
   static constexpr bool kSums16 = true;
   template <int MT>
   static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
-                              int64_t m0, __m256* io) {
-    TileQ6K<MT>(G, u0, u1, X, xs16, m0, io);
+                              int64_t m0, __m256* io, bool pf) {
+    TileQ6K<MT>(G, u0, u1, X, xs16, m0, io, pf);
   }
 };
 template <bool kThree>
@@ -451,18 +462,18 @@ struct FmtQ23K {
   static constexpr bool kSums16 = true;
   template <int MT>
   static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
-                              int64_t m0, __m256* io) {
-    TileQ23K<kThree, MT>(G, u0, u1, X, xs16, m0, io);
+                              int64_t m0, __m256* io, bool pf) {
+    TileQ23K<kThree, MT>(G, u0, u1, X, xs16, m0, io, pf);
   }
 };
 template <class F>
 HWY_INLINE void TileN(int64_t mt, const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X,
-                      const int32_t* xs16, int64_t m0, __m256* io) {
+                      const int32_t* xs16, int64_t m0, __m256* io, bool pf) {
   switch (mt) {
-    case 4: return F::template Tile<4>(G, u0, u1, X, xs16, m0, io);
-    case 3: return F::template Tile<3>(G, u0, u1, X, xs16, m0, io);
-    case 2: return F::template Tile<2>(G, u0, u1, X, xs16, m0, io);
-    default: return F::template Tile<1>(G, u0, u1, X, xs16, m0, io);
+    case 4: return F::template Tile<4>(G, u0, u1, X, xs16, m0, io, pf);
+    case 3: return F::template Tile<3>(G, u0, u1, X, xs16, m0, io, pf);
+    case 2: return F::template Tile<2>(G, u0, u1, X, xs16, m0, io, pf);
+    default: return F::template Tile<1>(G, u0, u1, X, xs16, m0, io, pf);
   }
 }
 
@@ -495,7 +506,7 @@ HWY_INLINE void StoreRows(const __m256* io, int64_t n, int64_t m0, int64_t g, in
 }
 
 template <class F>
-void Groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy) {
+void Groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy, bool pf) {
   const int64_t nu = P.cols / unit_cols(P.type), M = X.M;
   const uint8_t* base = P.data.data();
   __m256 io[2 * kPackedDecodeRows];
@@ -511,13 +522,14 @@ void Groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& 
       const uint8_t* G = base + g * nu * F::kChunk;
       for (int64_t i = 0; i < 2 * M; ++i) io[i] = _mm256_setzero_ps();
       if (M <= 4) {
-        TileN<F>(M, G, 0, nu, X, xs16, 0, io);
+        TileN<F>(M, G, 0, nu, X, xs16, 0, io, pf);
       } else {
         // Batched decode: a step of the group's columns is read from memory once, then from L1
         // by each 4-row tile.
         for (int64_t u0 = 0; u0 < nu; u0 += F::kStep) {
           const int64_t u1 = std::min(nu, u0 + F::kStep);
-          for (int64_t m0 = 0; m0 < M; m0 += 4) TileN<F>(std::min<int64_t>(4, M - m0), G, u0, u1, X, xs16, m0, io + 2 * m0);
+          for (int64_t m0 = 0; m0 < M; m0 += 4)
+            TileN<F>(std::min<int64_t>(4, M - m0), G, u0, u1, X, xs16, m0, io + 2 * m0, pf);
         }
       }
       StoreRows(io, M, 0, g, P.rows, y, ldy);
@@ -532,25 +544,26 @@ void Groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& 
       for (int64_t m0 = p0; m0 < p1; m0 += 4) {
         const int64_t mt = std::min<int64_t>(4, p1 - m0);
         for (int64_t i = 0; i < 2 * mt; ++i) io[i] = _mm256_setzero_ps();
-        TileN<F>(mt, G, 0, nu, X, xs16, m0, io);
+        TileN<F>(mt, G, 0, nu, X, xs16, m0, io, pf);
         StoreRows(io, mt, m0, g, P.rows, y, ldy);
       }
     }
   }
 }
 
-void PackedGroupsImpl(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy) {
+void PackedGroupsImpl(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy,
+                      bool pf) {
   switch (P.type) {
-    case GGMLType::Q4_0: return Groups<Fmt32<K32::Q4_0>>(P, g0, g1, X, y, ldy);
-    case GGMLType::Q4_1: return Groups<Fmt32<K32::Q4_1>>(P, g0, g1, X, y, ldy);
-    case GGMLType::Q5_0: return Groups<Fmt32<K32::Q5_0>>(P, g0, g1, X, y, ldy);
-    case GGMLType::Q5_1: return Groups<Fmt32<K32::Q5_1>>(P, g0, g1, X, y, ldy);
-    case GGMLType::Q8_0: return Groups<Fmt32<K32::Q8_0>>(P, g0, g1, X, y, ldy);
-    case GGMLType::Q4_K: return Groups<FmtQ4K<false>>(P, g0, g1, X, y, ldy);
-    case GGMLType::Q5_K: return Groups<FmtQ4K<true>>(P, g0, g1, X, y, ldy);
-    case GGMLType::Q6_K: return Groups<FmtQ6K>(P, g0, g1, X, y, ldy);
-    case GGMLType::Q2_K: return Groups<FmtQ23K<false>>(P, g0, g1, X, y, ldy);
-    case GGMLType::Q3_K: return Groups<FmtQ23K<true>>(P, g0, g1, X, y, ldy);
+    case GGMLType::Q4_0: return Groups<Fmt32<K32::Q4_0>>(P, g0, g1, X, y, ldy, pf);
+    case GGMLType::Q4_1: return Groups<Fmt32<K32::Q4_1>>(P, g0, g1, X, y, ldy, pf);
+    case GGMLType::Q5_0: return Groups<Fmt32<K32::Q5_0>>(P, g0, g1, X, y, ldy, pf);
+    case GGMLType::Q5_1: return Groups<Fmt32<K32::Q5_1>>(P, g0, g1, X, y, ldy, pf);
+    case GGMLType::Q8_0: return Groups<Fmt32<K32::Q8_0>>(P, g0, g1, X, y, ldy, pf);
+    case GGMLType::Q4_K: return Groups<FmtQ4K<false>>(P, g0, g1, X, y, ldy, pf);
+    case GGMLType::Q5_K: return Groups<FmtQ4K<true>>(P, g0, g1, X, y, ldy, pf);
+    case GGMLType::Q6_K: return Groups<FmtQ6K>(P, g0, g1, X, y, ldy, pf);
+    case GGMLType::Q2_K: return Groups<FmtQ23K<false>>(P, g0, g1, X, y, ldy, pf);
+    case GGMLType::Q3_K: return Groups<FmtQ23K<true>>(P, g0, g1, X, y, ldy, pf);
     case GGMLType::F32: return GroupsF<0>(P, g0, g1, X, y, ldy);
     case GGMLType::F16: return GroupsF<1>(P, g0, g1, X, y, ldy);
     case GGMLType::BF16: return GroupsF<2>(P, g0, g1, X, y, ldy);
@@ -560,7 +573,8 @@ void PackedGroupsImpl(const PackedWeight& P, int64_t g0, int64_t g1, const Quant
 
 #else  // other targets (NEON, SVE, SSE4, scalar, ...): the portable kernel
 
-void PackedGroupsImpl(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy) {
+void PackedGroupsImpl(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy,
+                      bool /*pf*/) {
   packed_groups_scalar(P, g0, g1, X, y, ldy);
 }
 
@@ -576,7 +590,7 @@ HWY_EXPORT(PackedGroupsImpl);
 
 void packed_groups_kernel(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y,
                           int64_t ldy) {
-  HWY_DYNAMIC_DISPATCH(PackedGroupsImpl)(P, g0, g1, X, y, ldy);
+  HWY_DYNAMIC_DISPATCH(PackedGroupsImpl)(P, g0, g1, X, y, ldy, cpu_tuning().weight_prefetch);
 }
 
 namespace {

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common/error_of.h"
+#include "core/cpu_info.h"
 #include "core/env.h"
 
 namespace fs = std::filesystem;
@@ -95,6 +96,30 @@ TEST(EnvRegistry, GpuTuningDefaultsAndOverrides) {
     unsetenv(name);
   }
   for (const char* n : names) unsetenv(n);
+}
+
+// CpuTuning: the weight prefetch defaults by the CPU's vendor; VQ_CPU_WEIGHT_PREFETCH overrides it
+// either way; a bad value is one error naming the variable.
+TEST(EnvRegistry, CpuTuningDefaultsAndOverrides) {
+  unsetenv("VQ_CPU_WEIGHT_PREFETCH");
+  EXPECT_EQ(read_cpu_tuning().weight_prefetch, cpu_vendor() == "GenuineIntel") << "vendor " << cpu_vendor();
+  setenv("VQ_CPU_WEIGHT_PREFETCH", "0", 1);
+  EXPECT_FALSE(read_cpu_tuning().weight_prefetch);
+  setenv("VQ_CPU_WEIGHT_PREFETCH", "1", 1);
+  EXPECT_TRUE(read_cpu_tuning().weight_prefetch);
+  setenv("VQ_CPU_WEIGHT_PREFETCH", "yes", 1);
+  const std::string e = test::error_of([] { read_cpu_tuning(); });
+  EXPECT_NE(e.find("VQ_CPU_WEIGHT_PREFETCH=yes"), std::string::npos) << e;
+  unsetenv("VQ_CPU_WEIGHT_PREFETCH");
+}
+
+// The vendor string is CPUID's 12 characters on x86 (empty elsewhere).
+TEST(CpuInfo, VendorIsCpuidsString) {
+#if defined(__x86_64__) || defined(__i386__)
+  EXPECT_EQ(cpu_vendor().size(), 12u) << cpu_vendor();
+#else
+  EXPECT_EQ(cpu_vendor(), "");
+#endif
 }
 
 }  // namespace
