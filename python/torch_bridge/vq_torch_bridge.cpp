@@ -337,11 +337,15 @@ VQT_API int64_t vqt_memory(void* h, int what) {
 // transform's input). key_transform: 0 Walsh-Hadamard, 1 learned (needs query_moment), -1 auto (as
 // `veloxquant calibrate`: learned for per-sub-space books from enough tokens, when query_moment is
 // given). segment_tokens: the recorded tokens are independent sequences of this many tokens (their
-// first skip_tokens are left out).
+// first skip_tokens are left out), token t at position t % segment_tokens. key_mean_tokens > 0: the
+// rotated key mean (the CLI's `--key-mean rotated`, segments of that many tokens) is fitted on the
+// keys and removed before training; rope_freqs: [n_layers, n_rot / 2] doubles, each layer's rotary
+// inverse frequencies, rope_neox: 1 when rotary pairs are (i, i + n_rot / 2), 0 when (2i, 2i + 1).
 VQT_API int vqt_train_calibration(const char* spec, int n_layers, int n_kv_heads, int head_dim, const float* const* k,
                                   const float* const* v, int64_t n_tokens, int segment_tokens, int skip_tokens,
                                   const double* const* query_energy, const double* const* query_moment,
-                                  int key_transform, const char* model_name, const char* path) {
+                                  int key_transform, int key_mean_tokens, const double* rope_freqs, int n_rot,
+                                  int rope_neox, const char* model_name, const char* path) {
   return guarded([&] {
     vq::KVCacheConfig cfg = vq::parse_kv_cache_spec(spec);
     VQ_CHECK(cfg.method == vq::KVMethod::vecinfer, "calibrate: {} needs no calibration (vecinfer specs only)",
@@ -368,8 +372,33 @@ VQT_API int vqt_train_calibration(const char* spec, int n_layers, int n_kv_heads
       for (int l = 0; l < n_layers; ++l) opt.query_moment[size_t(l)].assign(query_moment[l], query_moment[l] + n);
     }
     std::vector<const float*> kk(k, k + n_layers), vv(v, v + n_layers);
-    const vq::Calibration c = vq::train_calibration(cfg, n_kv_heads, head_dim, kk, vv, n_tokens, opt,
-                                                    model_name ? model_name : "");
+    vq::FittedKeyMean fit;
+    std::vector<std::vector<double>> freqs;
+    if (key_mean_tokens > 0) {
+      VQ_CHECK(rope_freqs && n_rot >= 2 && n_rot <= head_dim && n_rot % 2 == 0,
+               "calibrate: the rotated key mean needs the rotary frequencies (n_rot {} of head_dim {})", n_rot,
+               head_dim);
+      const int seg = segment_tokens > 0 ? segment_tokens : int(std::min<int64_t>(n_tokens, INT32_MAX));
+      std::vector<int64_t> pos(static_cast<size_t>(n_tokens));
+      std::vector<bool> use(static_cast<size_t>(n_tokens));
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        pos[size_t(t)] = t % seg;
+        use[size_t(t)] = pos[size_t(t)] >= skip_tokens;
+      }
+      for (int l = 0; l < n_layers; ++l) {
+        const double* f = rope_freqs + size_t(l) * size_t(n_rot / 2);
+        for (int i = 0; i < n_rot / 2; ++i)
+          VQ_CHECK(std::isfinite(f[i]) && f[i] > 0, "calibrate: layer {} rotary frequency {} = {} must be > 0", l, i,
+                   f[i]);
+        freqs.emplace_back(f, f + n_rot / 2);
+      }
+      fit = vq::fit_rotated_key_mean(kk, pos.data(), use, n_tokens, n_kv_heads, head_dim, n_rot, rope_neox != 0,
+                                     freqs, key_mean_tokens);
+      for (int l = 0; l < n_layers; ++l) kk[size_t(l)] = fit.centred[size_t(l)].data();
+    }
+    vq::Calibration c = vq::train_calibration(cfg, n_kv_heads, head_dim, kk, vv, n_tokens, opt,
+                                              model_name ? model_name : "");
+    if (!fit.means.empty()) vq::attach_key_mean(c, std::move(fit), freqs, n_rot, rope_neox != 0, key_mean_tokens);
     vq::save_calibration(path, c);
   });
 }

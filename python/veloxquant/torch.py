@@ -68,7 +68,7 @@ def _load_library():
         "vqt_layer": (I, [P, I, P, P, P, P, I, F, P]),
         "vqt_abort_step": (None, [P]),
         "vqt_memory": (I64, [P, I]),
-        "vqt_train_calibration": (I, [S, I, I, I, P, P, I64, I, I, P, P, I, S, S]),
+        "vqt_train_calibration": (I, [S, I, I, I, P, P, I64, I, I, P, P, I, I, P, I, I, S, S]),
         "vqt_random_calibration": (I, [S, I, I, I, ctypes.c_uint64, S]),
     }
     for name, (res, args) in sig.items():
@@ -489,9 +489,39 @@ class _Recorder:
             self.qm[layer] += torch.matmul(g.transpose(1, 2), g).cpu()
 
 
+# The rotated key mean's segment: the CLI's (kKeyMeanTokens, eval/calibrate.h).
+_KEY_MEAN_TOKENS = 16
+
+
+def _rope_freqs(model, head_dim):
+    """The model's rotary inverse frequencies (radians per token, [n_rot / 2] floats) from its one
+    rotary embedding module, or None where they are not read here: no such module, or several
+    (per-layer-type rotary embeddings, e.g. Gemma 3's local and global bases)."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(cfg, "rope_local_base_freq", None):
+        return None
+    found = []
+    for _, mod in model.named_modules():
+        for name, buf in mod.named_buffers(recurse=False):
+            if "inv_freq" in name and isinstance(buf, torch.Tensor):
+                found.append((name, buf))
+    # transformers keeps the table in use as inv_freq (and the unscaled one as original_inv_freq);
+    # any other name is a second table (per layer type), whose layers are not told apart here
+    if not found or not {n for n, _ in found} <= {"inv_freq", "original_inv_freq"}:
+        return None
+    used = [b.detach().to(torch.float64).cpu() for n, b in found if n == "inv_freq"]
+    if not used or any(not torch.equal(b, used[0]) for b in used[1:]):
+        return None
+    f = used[0]
+    if f.ndim != 1 or f.numel() == 0 or 2 * f.numel() > head_dim or not bool((f > 0).all()):
+        return None
+    return f.tolist()
+
+
 @torch.no_grad()
 def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_tokens=8192, segment_tokens=2048,
-              skip_tokens=4, gguf_channel_order=False, model_name=None, key_transform="auto") -> str:
+              skip_tokens=4, gguf_channel_order=False, model_name=None, key_transform="auto",
+              key_mean="auto") -> str:
     """Records every layer's post-RoPE keys, values and queries while the model runs ``texts`` (a
     string or a list of strings, joined by blank lines; at most max_tokens tokens, run as
     independent sequences of segment_tokens) and trains and writes a VecInfer calibration file for
@@ -499,8 +529,12 @@ def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_toke
     sequence left out, and the key transform (key_transform: "learned", a dense map per layer and KV
     head from the keys' covariance and the queries' second moment; "hadamard", the smoothing and the
     Walsh-Hadamard rotation; "auto", learned for per-sub-space books from at least 16 tokens per key
-    channel, as the CLI). Not here (the CLI's calibrate has them): the rotated key mean and the
-    recording's random positions. Returns the file's path (default: <spec>.vqcal).
+    channel, as the CLI). key_mean: "rotated", the keys' pre-RoPE mean is fitted, removed before the
+    codebooks train and added back exactly in attention (the CLI's `--key-mean rotated`, 16-token
+    segments; needs the rotary frequencies, read from the model's one rotary embedding); "none";
+    "auto" (default): rotated where the frequencies can be read, as the CLI's default. Not here (the
+    CLI's calibrate has it): the recording's random positions. Returns the file's path (default:
+    <spec>.vqcal).
     gguf_channel_order=True (a llama/mistral model loaded from a GGUF): the file is written in the
     GGUF's channel order, for the CLI on that GGUF and for cache(..., gguf_channel_order=True).
     model_name: the name the file records (the CLI accepts a file whose name is the GGUF's file
@@ -509,6 +543,8 @@ def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_toke
     transforms = {"auto": -1, "hadamard": 0, "learned": 1}
     if key_transform not in transforms:
         raise ValueError(f"calibrate: key_transform {key_transform!r} is not one of {sorted(transforms)}")
+    if key_mean not in ("auto", "rotated", "none"):
+        raise ValueError(f"calibrate: key_mean {key_mean!r} is not one of ['auto', 'none', 'rotated']")
     if isinstance(texts, str):
         texts = [texts]
     text = "\n\n".join(texts)
@@ -516,6 +552,11 @@ def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_toke
     if ids.numel() < 16:
         raise ValueError(f"calibrate: the text gives only {ids.numel()} tokens (>= 16 needed)")
     n_layers, n_heads, n_kv, head_dim, _ = _geometry(model.config)
+    freqs = _rope_freqs(model, head_dim) if key_mean != "none" else None
+    if key_mean == "rotated" and freqs is None:
+        raise ValueError("calibrate: key_mean='rotated' needs the model's rotary frequencies, which are read from "
+                         "one rotary embedding module with an inv_freq buffer (this model has none or several); "
+                         "use key_mean='none'")
     dev = next(model.parameters()).device
     old = model.config._attn_implementation
     rec = _Recorder(n_layers, n_kv, head_dim, gguf_channel_order, moment=key_transform != "hadamard")
@@ -544,10 +585,14 @@ def calibrate(model, tokenizer, texts, spec="vecinfer:d4b8", path=None, max_toke
         path = spec.replace(":", "_").replace(",", "_").replace("=", "") + ".vqcal"
     name = model_name or os.path.basename(str(getattr(model.config, "_name_or_path", "")).rstrip("/")) \
         or model.config.model_type
+    # GGUF's llama order pairs rotary channels (2i, 2i + 1); transformers' pairs (i, i + n_rot / 2).
+    fr = (ctypes.c_double * (n_layers * len(freqs)))(*(freqs * n_layers)) if freqs else None
     _check(_lib.vqt_train_calibration(spec.encode(), n_layers, n_kv, head_dim, ctypes.cast(kp, ctypes.c_void_p),
                                       ctypes.cast(vp, ctypes.c_void_p), n, min(segment_tokens, n), skip_tokens,
-                                      ctypes.cast(qp, ctypes.c_void_p), mp,
-                                      transforms[key_transform], str(name).encode(), str(path).encode()))
+                                      ctypes.cast(qp, ctypes.c_void_p), mp, transforms[key_transform],
+                                      _KEY_MEAN_TOKENS if freqs else 0,
+                                      ctypes.cast(fr, ctypes.c_void_p) if fr else None, 2 * len(freqs) if freqs else 0,
+                                      0 if gguf_channel_order else 1, str(name).encode(), str(path).encode()))
     return str(path)
 
 

@@ -197,40 +197,21 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
   // codebooks train on exactly as the cache removes it before coding.
   const int T = opt.key_mean_tokens;
   VQ_CHECK(T >= 0 && T <= 4096, "calibrate: key mean segment of {} tokens must be in 0..4096", T);
-  std::vector<std::vector<float>> centred, means;
+  FittedKeyMean fit;
+  std::vector<std::vector<double>> freqs;
   if (T > 0 && mc.n_rot >= 2) {
     VQ_CHECK(rec.positions.size() == size_t(rec.n_tokens) && rec.segment > 0,
              "calibrate: the recording has no positions (internal error)");
-    const bool neox = mc.rope_layout == RopeLayout::NeoX;
     std::vector<bool> use(size_t(rec.n_tokens));
     for (int64_t t = 0; t < rec.n_tokens; ++t) use[size_t(t)] = t % rec.segment >= opt.skip_tokens;
-    centred.resize(size_t(mc.n_layers));
-    means.resize(size_t(mc.n_layers));
-    parallel_for(size_t(mc.n_layers), [&](size_t l0, size_t l1, int) {
-      for (size_t l = l0; l < l1; ++l) {
-        means[l] = pre_rope_key_mean(rec.keys[l].data(), rec.positions.data(), use, rec.n_tokens, mc.n_kv_heads,
-                                     mc.head_dim, mc.n_rot, neox, model.rope_inv_freqs(int(l)), T);
-        centred[l] = rec.keys[l];
-        const RotatedKeyMean km(means[l], model.rope_inv_freqs(int(l)), mc.n_kv_heads, mc.head_dim, mc.n_rot, neox,
-                                T);
-        const size_t row = size_t(mc.n_kv_heads) * mc.head_dim;
-        for (int64_t t = 0; t < rec.n_tokens; ++t)  // positions are per token (a span makes them random)
-          km.subtract(rec.positions[size_t(t)], 1, centred[l].data() + size_t(t) * row, 0, mc.head_dim);
-        k[l] = centred[l].data();
-      }
-    });
+    for (int l = 0; l < mc.n_layers; ++l) freqs.push_back(model.rope_inv_freqs(l));
+    fit = fit_rotated_key_mean(k, rec.positions.data(), use, rec.n_tokens, mc.n_kv_heads, mc.head_dim, mc.n_rot,
+                               mc.rope_layout == RopeLayout::NeoX, freqs, T);
+    for (int l = 0; l < mc.n_layers; ++l) k[size_t(l)] = fit.centred[size_t(l)].data();
   }
   Calibration cal = train_calibration(cfg, mc.n_kv_heads, mc.head_dim, k, v, rec.n_tokens, opt, model_name);
-  if (!means.empty()) {
-    cal.key_mean_tokens = T;
-    cal.rope_neox = mc.rope_layout == RopeLayout::NeoX;
-    cal.n_rot = mc.n_rot;
-    for (int l = 0; l < mc.n_layers; ++l) {
-      cal.layers[size_t(l)].key_mean = std::move(means[size_t(l)]);
-      cal.layers[size_t(l)].rope_freqs = model.rope_inv_freqs(l);
-    }
-    cal.validate();
-  }
+  if (!fit.means.empty())
+    attach_key_mean(cal, std::move(fit), freqs, mc.n_rot, mc.rope_layout == RopeLayout::NeoX, T);
   return cal;
 }
 

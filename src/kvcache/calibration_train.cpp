@@ -168,6 +168,48 @@ Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int H, in
   return c;
 }
 
+FittedKeyMean fit_rotated_key_mean(const std::vector<const float*>& k, const int64_t* pos, const std::vector<bool>& use,
+                                   int64_t n_tokens, int n_kv_heads, int head_dim, int n_rot, bool neox,
+                                   const std::vector<std::vector<double>>& freqs, int T) {
+  const size_t L = k.size();
+  VQ_CHECK(freqs.size() == L, "key mean: {} layers of keys, {} of rotary frequencies", L, freqs.size());
+  VQ_CHECK(T >= 1 && T <= 4096, "key mean: segment of {} tokens must be in 1..4096", T);
+  VQ_CHECK(n_rot >= 2 && n_rot <= head_dim && n_rot % 2 == 0, "key mean: n_rot {} does not fit head_dim {}", n_rot,
+           head_dim);
+  VQ_CHECK(use.size() == size_t(n_tokens), "key mean: {} use flags for {} tokens", use.size(), n_tokens);
+  for (size_t l = 0; l < L; ++l)
+    VQ_CHECK(freqs[l].size() == size_t(n_rot / 2), "key mean: layer {} has {} rotary frequencies, n_rot / 2 = {}", l,
+             freqs[l].size(), n_rot / 2);
+  FittedKeyMean fit;
+  fit.means.resize(L);
+  fit.centred.resize(L);
+  const size_t row = size_t(n_kv_heads) * head_dim;
+  parallel_for(L, [&](size_t l0, size_t l1, int) {
+    for (size_t l = l0; l < l1; ++l) {
+      fit.means[l] = pre_rope_key_mean(k[l], pos, use, n_tokens, n_kv_heads, head_dim, n_rot, neox, freqs[l], T);
+      fit.centred[l].assign(k[l], k[l] + size_t(n_tokens) * row);
+      const RotatedKeyMean km(fit.means[l], freqs[l], n_kv_heads, head_dim, n_rot, neox, T);
+      for (int64_t t = 0; t < n_tokens; ++t)  // positions are per token (a span makes them random)
+        km.subtract(pos[t], 1, fit.centred[l].data() + size_t(t) * row, 0, head_dim);
+    }
+  });
+  return fit;
+}
+
+void attach_key_mean(Calibration& cal, FittedKeyMean&& fit, const std::vector<std::vector<double>>& freqs, int n_rot,
+                     bool neox, int T) {
+  VQ_CHECK(fit.means.size() == cal.layers.size() && freqs.size() == cal.layers.size(),
+           "key mean: {} fitted layers for a calibration of {}", fit.means.size(), cal.layers.size());
+  cal.key_mean_tokens = T;
+  cal.rope_neox = neox;
+  cal.n_rot = n_rot;
+  for (size_t l = 0; l < cal.layers.size(); ++l) {
+    cal.layers[l].key_mean = std::move(fit.means[l]);
+    cal.layers[l].rope_freqs = freqs[l];
+  }
+  cal.validate();
+}
+
 void add_random_key_mean(Calibration& c, const std::vector<double>& freqs, int n_rot, bool neox, int T, uint64_t seed,
                          float scale) {
   VQ_CHECK(n_rot >= 2 && n_rot <= c.head_dim && n_rot % 2 == 0 && freqs.size() == size_t(n_rot / 2) && T >= 1,

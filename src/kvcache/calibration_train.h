@@ -76,6 +76,22 @@ Calibration train_calibration(const KVCacheConfig& cfg, int n_kv_heads, int head
                               const std::vector<const float*>& k, const std::vector<const float*>& v,
                               int64_t n_tokens, const CalibTrainOptions& opt, const std::string& model);
 
+// The rotated key mean (codec/key_mean.h) fitted on a recording: per layer the pre-RoPE mean of
+// the keys k[l] ([n_tokens, n_kv_heads, head_dim], post-RoPE, token t at position pos[t]; tokens
+// with use[t] false left out) on the rotary pairs slow enough for segments of T tokens, and the
+// keys with it removed, which the codebooks train on exactly as the cache removes it before coding.
+// freqs[l]: layer l's rotary inverse frequencies [n_rot / 2] (radians per token).
+struct FittedKeyMean {
+  std::vector<std::vector<float>> means;    // [n_layers][n_kv_heads * head_dim]
+  std::vector<std::vector<float>> centred;  // [n_layers][n_tokens * n_kv_heads * head_dim]
+};
+FittedKeyMean fit_rotated_key_mean(const std::vector<const float*>& k, const int64_t* pos, const std::vector<bool>& use,
+                                   int64_t n_tokens, int n_kv_heads, int head_dim, int n_rot, bool neox,
+                                   const std::vector<std::vector<double>>& freqs, int T);
+// Gives cal the fitted means (moved out of fit) with their rotary layout, and validates it.
+void attach_key_mean(Calibration& cal, FittedKeyMean&& fit, const std::vector<std::vector<double>>& freqs, int n_rot,
+                     bool neox, int T);
+
 // A calibration with random contents for speed work and device-parity tests where only the
 // shapes matter: smoothing factors 1 + |N(0, 0.1)|, codebooks N(0, scale^2) (granularity from cfg).
 Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, uint64_t seed,
