@@ -263,7 +263,7 @@ HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
 // sums). Q3_K: w = u (0..7) and the sum of each half less 4 * its activation sum (exact in int32).
 template <bool kThree, int MT>
 HWY_INLINE void TileQ23K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
-                         int64_t m0, __m256* io, bool /*pf: not measured for these types*/) {
+                         int64_t m0, __m256* io, bool pf) {
   constexpr int64_t kChunk = kThree ? int64_t(kQ3KChunk) : int64_t(kQ2KChunk);
   const int64_t nb = X.cols / 32, n16 = X.cols / 16;
   __m256 acc[MT], accm[MT];
@@ -271,6 +271,9 @@ HWY_INLINE void TileQ23K(const uint8_t* G, int64_t u0, int64_t u1, const Quantiz
   const __m256i m3 = _mm256_set1_epi8(3);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * kChunk;
+    if (MT == 1 && pf)  // as TileQ4K's one-row tiles
+      for (int64_t k = 0; k < kChunk; k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(C + 2 * kChunk + k), _MM_HINT_T0);
     const __m256 d8 = H8(C + (kThree ? 896 : 640));
     const __m256 dm8 = kThree ? _mm256_setzero_ps() : H8(C + 656);
     for (int j = 0; j < 8; ++j) {
