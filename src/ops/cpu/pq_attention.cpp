@@ -37,11 +37,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int kBlock = 256;  // tokens per softmax step
 
-// Key sub-spaces per pass over a block: the pass's LUT slice (KJ x 2^bits x KH floats) stays in L1.
-template <int KH>
-constexpr int KeyPass() {
-  return 4;
-}
+// Key sub-spaces per pass over a block: the pass's LUT slice (4 x 2^bits x KH floats: 16 KiB at
+// KH = 4, 32 KiB at KH = 8 for 8-bit codes) stays in L1 (2 per pass measured slower for KH = 8).
+constexpr int kKJ = 4;
 
 template <int KH>
 void BuildLutT(const PQAttnArgs& a, const float* cbt, float* lut) {
@@ -52,7 +50,7 @@ void BuildLutT(const PQAttnArgs& a, const float* cbt, float* lut) {
   // rows: [KH, K] f32, one head's table of sub-space j before interleaving; quads: [KH / 4][K][4]
   thread_local AlignedBuffer<float> rows_buf, quad_buf;
   if (rows_buf.size() < size_t(KH) * K) rows_buf.resize(size_t(KH) * K);
-  if (quad_buf.size() < size_t(KH) * K) quad_buf.resize(size_t(KH) * K);
+  if (KH != 4 && quad_buf.size() < size_t(KH) * K) quad_buf.resize(size_t(KH) * K);  // KH = 4 writes dst directly
   float* rows = rows_buf.data();
   for (int hg = 0; hg < n_hg; ++hg) {
     for (int j = 0; j < nks; ++j) {
@@ -139,7 +137,8 @@ HWY_INLINE void Scores(const float* lut, int nks, int K, const CT* const* rows, 
   }
 #else
   const hn::CappedTag<float, KH> dc;  // one entry in NE vectors (NE = 1 unless the target is 128-bit and KH = 8)
-  constexpr int NL = int(hn::MaxLanes(dc)), NE = KH / NL, KJ = KeyPass<KH>();
+  constexpr int NL = int(hn::MaxLanes(dc)), NE = KH / NL, KJ = kKJ;
+  static_assert(kKJ == 4, "a pass adds four sub-spaces' tables pairwise");
   const int64_t L = int64_t(K) * KH;  // floats per sub-space table
   // one full pass of KJ sub-spaces from j0; the first pass stores, later ones add to S
   auto pass = [&](int j0, auto first) {
@@ -150,14 +149,12 @@ HWY_INLINE void Scores(const float* lut, int nks, int K, const CT* const* rows, 
       for (int e = 0; e < NE; ++e) {
         const float* E = L0 + e * NL;
         auto s = hn::Add(hn::LoadU(dc, E + size_t(c[0]) * KH), hn::LoadU(dc, E + L + size_t(c[1]) * KH));
-        if constexpr (KJ == 4)
-          s = hn::Add(s, hn::Add(hn::LoadU(dc, E + 2 * L + size_t(c[2]) * KH), hn::LoadU(dc, E + 3 * L + size_t(c[3]) * KH)));
+        s = hn::Add(s, hn::Add(hn::LoadU(dc, E + 2 * L + size_t(c[2]) * KH), hn::LoadU(dc, E + 3 * L + size_t(c[3]) * KH)));
         if constexpr (!first) s = hn::Add(hn::Load(dc, S + KH * t + e * NL), s);
         hn::Store(s, dc, S + KH * t + e * NL);
       }
     }
   };
-  static_assert(KJ == 2 || KJ == 4, "a pass adds 2 or 4 sub-spaces");
   int j0 = 0;
   if (nks >= KJ) {
     pass(0, std::true_type{});
