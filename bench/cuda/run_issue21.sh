@@ -4,7 +4,7 @@
 # with lib/ (device_prelude.sh).
 #   bash run_issue21.sh [stages]   stages: wgtests, pattn, prefill, scale, itl, nsys, hf
 #   wgtests: the device store's parity tests (the prefill kernel's every shape class) with each
-#            form of the prefill kernel (wgmma, mma.sync) and tile size, and the sanitizers
+#            form of the prefill kernel (warp-specialised, wgmma, mma.sync) and tile size, and the sanitizers
 #   pattn:   the prefill chunk alone (512 rows after 32K past tokens) on every sweep geometry,
 #            each kernel form x tile size x keys per pass (PATTN_CONFIGS)
 #   prefill: veloxquant bench e2e --device cuda --prefill N (random fp16 weights of the geometry),
@@ -21,19 +21,20 @@ GEOS=${GEOS:-qwen2.5-1.5b llama-3.1-8b}
 N=${PREFILL_N:-32768}
 CH=${PREFILL_CHUNK:-2048}
 . "$S/device_prelude.sh"
-if has wgtests; then
-  for wg in 1 0; do for w in 4 8; do
-    VQ_PREFILL_WGMMA=$wg VQ_PREFILL_WARPS=$w timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*' --gtest_brief=1 \
-      > $L/wgtests_$wg$w.log 2>&1
-    summary "test_kvcache wgmma=$wg warps=$w" $? $L/wgtests_$wg$w.log
-  done; done
+if has wgtests; then  # WGTEST_CONFIGS: wgmma:warps:ws triples
+  for c in ${WGTEST_CONFIGS:-1:8:1 1:8:0 1:4:0 0:4:0 0:8:0}; do
+    IFS=: read wg w ws <<< "$c"
+    VQ_PREFILL_WGMMA=$wg VQ_PREFILL_WARPS=$w VQ_PREFILL_WS=$ws timeout 200 $BIN/test_kvcache --gtest_filter='*DeviceStore*' \
+      --gtest_brief=1 > $L/wgtests_$wg$w$ws.log 2>&1
+    summary "test_kvcache wgmma=$wg warps=$w ws=$ws" $? $L/wgtests_$wg$w$ws.log
+  done
   timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
   sanitizers
 fi
-if has pattn; then  # PATTN_CONFIGS: wgmma:warps:keys triples (keys empty = the dispatcher's choice)
-  for c in ${PATTN_CONFIGS:-1:8: 1:4: 0:4: 0:8:}; do
-    IFS=: read wg w k <<< "$c"
-    VQ_PREFILL_WGMMA=$wg VQ_PREFILL_WARPS=$w VQ_PREFILL_KEYS=$k timeout 150 $BIN/bench_paged_attention ${PATTN_GEOS:-all} \
+if has pattn; then  # PATTN_CONFIGS: wgmma:warps:keys:ws (keys empty = the dispatcher's choice; ws 0|1)
+  for c in ${PATTN_CONFIGS:-1:8::1 1:8::0}; do
+    IFS=: read wg w k ws <<< "$c"
+    VQ_PREFILL_WGMMA=$wg VQ_PREFILL_WARPS=$w VQ_PREFILL_KEYS=$k VQ_PREFILL_WS=${ws:-1} timeout 150 $BIN/bench_paged_attention ${PATTN_GEOS:-all} \
       fp16 vecinfer:d4b8 --sweep --S 32768 --prefill 512 --reps 20 2>&1 | sed "s/^paged_prefill /paged_prefill $c /" >> $L/pattn.log
   done
   grep paged_prefill $L/pattn.log | awk '{print $2, $3, $4, $7, $8}' | sort -s -k2,2 | sort -s -k3,3

@@ -46,6 +46,10 @@ const std::vector<EnvVar>& env_vars() {
       {"VQ_PREFILL_WGMMA", "0 or 1", "1", "src/ops/cuda/paged_prefill.cu",
        "The Hopper wgmma form of the prefill attention kernel (on sm_90 with a 90a build); 0 forces the mma.sync "
        "form (for comparisons)."},
+      {"VQ_PREFILL_WS", "0, 1 or 2", "0", "src/ops/cuda/paged_prefill.cu",
+       "The warp-specialised form of the wgmma prefill kernel (a producer warpgroup filling mbarrier stages, two "
+       "consumer warpgroups): 2 also overlaps each pass's scores with the previous pass's P V where three stages "
+       "fit, 1 does not, 0 keeps the synchronous wgmma form (for comparisons)."},
       {"VQ_CODED_ATTN_KERNEL", "auto or gather_mma", "auto", "src/kvcache/kv_store_device.cpp",
        "gather_mma forces the gather-mma split kernel for every coded layer (benchmarks compare it with the "
        "automatic choice)."},
@@ -119,6 +123,7 @@ GpuTuning read_gpu_tuning() {
   t.prefill_warps = env_choice(env_var("VQ_PREFILL_WARPS").name, {4, 8}, t.prefill_warps);
   t.prefill_keys = env_choice(env_var("VQ_PREFILL_KEYS").name, {32, 64}, t.prefill_keys);
   t.prefill_wgmma = env_switch("VQ_PREFILL_WGMMA", t.prefill_wgmma);
+  t.prefill_ws = env_choice(env_var("VQ_PREFILL_WS").name, {0, 1, 2}, t.prefill_ws);
   const std::string k = env_or_empty(env_var("VQ_CODED_ATTN_KERNEL").name);
   VQ_CHECK(k.empty() || k == "auto" || k == "gather_mma", "VQ_CODED_ATTN_KERNEL={}: must be auto or gather_mma (or unset)",
            k);

@@ -58,6 +58,8 @@ struct GpuTuning {
   int prefill_warps = 0;       // VQ_PREFILL_WARPS: warps per prefill tile, 0 = the dispatcher's choice
   int prefill_keys = 0;        // VQ_PREFILL_KEYS: keys per prefill pass, 0 = the dispatcher's choice
   bool prefill_wgmma = true;   // VQ_PREFILL_WGMMA: the prefill kernel's Hopper wgmma form where built
+  int prefill_ws = 0;          // VQ_PREFILL_WS: its warp-specialised form: 0 off, 1 on, 2 on with S of a pass
+                               // overlapping the previous pass's P V where 3 stages fit
   bool coded_gather_mma = false;  // VQ_CODED_ATTN_KERNEL=gather_mma: force the gather-mma split kernel
 };
 // The defaults with the environment's overrides, read now (throws naming a bad value).

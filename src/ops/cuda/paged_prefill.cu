@@ -654,6 +654,477 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   }  // the kernel body
 }
 
+// ---- The warp-specialised form (Hopper, sm_90a build; GpuTuning::prefill_ws) ----
+// Three warpgroups per tile of 128 rows: warpgroup 0 is the producer, 1 and 2 the consumers (64 rows
+// each). The producer walks the passes and fills NST shared-memory stages (dense passes: cp.async of
+// the fp16 blocks straight into the wgmma layouts; coded passes: the code rows, then decoded into the
+// fp16 tiles by the producer), handing each stage over through an mbarrier (full[s]); the consumers
+// score, mask, softmax and accumulate (wgmma, as the WG form above) and hand the stage back
+// (empty[s]). Nothing waits on the whole block after the start: the producer runs up to NST passes
+// ahead, decoding of coded passes happens beside the consumers' products instead of between them,
+// and each consumer warpgroup proceeds at its own pace (one's softmax under the other's products).
+// Registers move from the producer (40) to the consumers (232) with setmaxnreg. Scalar-block layers
+// keep the form above.
+struct WsOffsets {
+  int q, qc, stage, stage_bytes, raw, books, total;  // bytes from the start of dynamic shared memory
+};
+
+template <int D, int NB, int NST>
+WsOffsets ws_offsets(const PrefillParams& pp, bool books_smem) {
+  static_assert(2 * NST * 8 <= 128, "mbarriers fit in the first 128 bytes");
+  WsOffsets o{};
+  const bool coded = pp.rule.coded;
+  constexpr int KN = kB * NB;
+  int at = 128;  // full[NST], empty[NST]
+  o.q = at;
+  at += 128 * D * 2;
+  o.qc = at;
+  if (coded) at += 128 * D * 2;
+  o.stage = at;
+  o.stage_bytes = 2 * KN * D * 2 + (coded && pp.kbias.values ? 128 * 2 * NB * 4 : 0);
+  at += NST * o.stage_bytes;
+  o.raw = at;
+  if (coded) at += (prefill_kbias_offset(pp, NB) + 127) & ~127;
+  o.books = at;
+  if (coded && books_smem) at += (pp.kbook_halves + pp.vbook_halves) * 2;
+  o.total = at;
+  return o;
+}
+
+// Registers per thread after setmaxnreg: 128 x 80 + 256 x 208 <= 65536.
+constexpr int kWsProducerRegs = 80, kWsConsumerRegs = 208;
+
+#if defined(VQ_HAVE_WGMMA)
+namespace wsb {
+__device__ __forceinline__ void init(uint64_t* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void arrive(uint64_t* b) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void wait(uint64_t* b, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra LAB_WAIT;\n}\n" ::"r"(smem_u32(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void named_sync(unsigned id, unsigned n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int R>
+__device__ __forceinline__ void regs_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void regs_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+}  // namespace wsb
+#endif
+
+#if defined(VQ_HAVE_WGMMA)
+// The overlapped consumer step (OV): S = Q K^T of this pass (keys at ka, TB as in wg_scores) and
+// O += P V of the previous pass (P in pa, values at va) issued together as two commit groups; returns
+// when S is done, the P V product still running (wg::wait<0> ends it). One straight sequence: ptxas
+// serializes wgmma across branches.
+template <int D, int KN, int TB>
+__device__ __forceinline__ void ws_products(float (&sf)[KN / 2], uint32_t qa, uint32_t ka, float (&of)[D / 2],
+                                            const uint32_t (&pa)[KN / 16][4], uint32_t va) {
+  constexpr uint32_t kstep = TB ? 2 * KN * 16 : 256, lbo = TB ? KN * 16 : 128, sbo = TB ? 128 : D * 16;
+  wg::fence_regs(sf);
+  wg::fence_regs(of);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint64_t da = wg::desc(qa + kk * 256, 128, D * 16), db = wg::desc(ka + kk * kstep, lbo, sbo);
+    if constexpr (KN == 128) wg::mma_ss_m64n128<TB>(sf, da, db, 1);
+    else if constexpr (KN == 64) wg::mma_ss_m64n64<TB>(sf, da, db, 1);
+    else wg::mma_ss_m64n32<TB>(sf, da, db, 1);
+  }
+  wg::commit();
+#pragma unroll
+  for (int kk = 0; kk < KN / 16; ++kk) {
+    const uint64_t db = wg::desc(va + kk * 2 * D * 16, D * 16, 128);
+    if constexpr (D == 64) wg::mma_rs_m64n64(of, pa[kk], db);
+    else if constexpr (D == 128) wg::mma_rs_m64n128(of, pa[kk], db);
+    else wg::mma_rs_m64n256(of, pa[kk], db);
+  }
+  wg::commit();
+  wg::wait<1>();
+  wg::fence_regs(sf);
+}
+#endif
+
+template <int D, int NB, int NST, bool OV>
+__global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsOffsets lo) {
+#if !defined(VQ_HAVE_WGMMA)
+  __trap();  // not built for this device: the dispatcher never launches it (launch_ws_d)
+#else
+  extern __shared__ __align__(128) unsigned char smem[];
+  using L = PrefillSmem<D, NB, true>;
+  constexpr int ROWS = 128, NT = D / 8, KN = L::KN, NS = KN / 8;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* empty = full + NST;
+  __half* qp = reinterpret_cast<__half*>(smem + lo.q);
+  __half* qc = reinterpret_cast<__half*>(smem + lo.qc);
+  auto kst = [&](int s) { return reinterpret_cast<__half*>(smem + lo.stage + s * lo.stage_bytes); };
+  auto vst = [&](int s) { return kst(s) + KN * D; };
+  auto kbst = [&](int s) { return reinterpret_cast<float*>(smem + lo.stage + s * lo.stage_bytes + 4 * KN * D); };
+  unsigned char* raw = smem + lo.raw;
+  __half* books = reinterpret_cast<__half*>(smem + lo.books);
+
+  const PagedPrefillTile tile = p.tiles[blockIdx.x];
+  const int kh = blockIdx.y;
+  const int G = p.group, P = ROWS / G;
+  const int n_pos = tile.n_pos;
+  const bool coded_layer = p.rule.coded;
+  const int tab = p.row_table ? p.row_table[tile.row0] : tile.row0;
+  const int H = p.n_kv_heads;
+
+  const int t_first = p.pos[tile.row0], t_last = p.pos[tile.row0 + n_pos - 1];
+  const PagedRanges gf = paged_ranges(p.rule, t_first), gl = paged_ranges(p.rule, t_last);
+  PassWalk walk;
+  walk.coded = coded_layer;
+  walk.sink_lo = gf.sink_lo, walk.sink_hi = gf.sink_hi, walk.code_lo = gf.code_lo, walk.code_hi = gl.code_hi;
+  walk.win_lo = gf.win_lo, walk.t_last = t_last, walk.kn = KN;
+  const int64_t kmin =
+      coded_layer ? min(gf.sink_hi > gf.sink_lo ? gf.sink_lo : gf.code_lo, gf.win_lo) : gf.win_lo;
+  const int64_t j_first = kmin / KN, n_passes = int64_t(t_last) / KN - j_first + 1;
+  const int64_t per_split = (n_passes + p.ksplits - 1) / p.ksplits;
+  const int64_t j_begin = j_first + int64_t(blockIdx.z) * per_split;
+  walk.j_end = min(j_begin + per_split, j_first + n_passes);
+  const bool kb_on = coded_layer && p.kbias.values != nullptr;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < NST; ++s) wsb::init(full + s, 128), wsb::init(empty + s, 256);
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {  // ---------------- producer warpgroup ----------------
+    wsb::regs_down<kWsProducerRegs>();
+    const int tid = threadIdx.x;
+    const uint8_t* const* dtab = p.dense_tables[tab];
+    const uint8_t* const* ctab = coded_layer ? p.coded_tables[tab] : nullptr;
+    const int64_t kbytes = int64_t(H) * kB * p.kcb;
+    const int kraw = kB * p.kcb, vraw_off = (KN * p.kcb + 15) & ~15, vraw = kB * p.vcb;
+    const __half* kbook = nullptr;
+    const __half* vbook = nullptr;
+    if (coded_layer) {
+      kbook = p.k_book + int64_t(kh) * p.kbook_halves;
+      vbook = p.v_book + int64_t(kh) * p.vbook_halves;
+      if (p.books_smem) {  // read only after the first named_sync below
+        for (int i = tid; i < p.kbook_halves / 4; i += 128)
+          reinterpret_cast<uint2*>(books)[i] = reinterpret_cast<const uint2*>(kbook)[i];
+        for (int i = tid; i < p.vbook_halves / 4; i += 128)
+          reinterpret_cast<uint2*>(books + p.kbook_halves)[i] = reinterpret_cast<const uint2*>(vbook)[i];
+        kbook = books;
+        vbook = books + p.kbook_halves;
+      }
+    }
+    // The rotated key mean's terms of row tid (as the WG form's issue(), a whole row per thread).
+    int64_t kb_base = 0, kb_slo = 0, kb_shi = -1;
+    if (kb_on) {
+      const int m = tid, pi = m / G;
+      if (pi < n_pos && pi < P) {
+        const int r = tile.row0 + pi;
+        const PagedRanges g = paged_ranges(p.rule, p.pos[r]);
+        if (g.code_hi > g.code_lo) {
+          kb_base = key_bias_index(p.kbias.row_off[r], p.kbias.row_nseg[r], g.code_lo, kh * G + m % G, 0);
+          kb_slo = g.code_lo >> kKeyMeanSegmentLog2, kb_shi = (g.code_hi - 1) >> kKeyMeanSegmentLog2;
+        }
+      }
+    }
+    auto issue = [&](int64_t j, int form, int s) {
+      __half* ks = kst(s);
+      __half* vs = vst(s);
+      if (form == 1 && kb_on) {
+        float* dst = kbst(s) + tid * (2 * NB);
+        const int64_t sg0 = j * (KN / 16);
+#pragma unroll
+        for (int k = 0; k < 2 * NB; ++k) {
+          const bool ok = sg0 + k >= kb_slo && sg0 + k <= kb_shi;
+          cp_async4_zfill(dst + k, ok ? p.kbias.values + kb_base + sg0 + k : p.kbias.values, ok);
+        }
+      }
+#pragma unroll
+      for (int hb = 0; hb < NB; ++hb) {
+        const int64_t b = j * NB + hb, u0 = b * kB;
+        const bool need = walk.block_needed(b, form);
+        if (form == 0) {
+          if (!need) {
+            for (int i = tid; i < kB * D / 8; i += 128) {
+              const int k = i / (D / 8), c = i % (D / 8);
+              *reinterpret_cast<uint4*>(vs + L::v(hb * kB + k, 8 * c)) = make_uint4(0, 0, 0, 0);
+            }
+            continue;
+          }
+          const __half* blk = reinterpret_cast<const __half*>(dtab[b]);
+          const __half* kg = blk + size_t(kh) * D * kB;                       // [D][kB]
+          const __half* vg = blk + size_t(H) * D * kB + size_t(kh) * kB * D;  // [kB][D]
+          for (int i = tid; i < D * kB / 8; i += 128) {
+            const int d = i / (kB / 8), c = i % (kB / 8);
+            cp_async16(ks + L::kd(d, hb * kB + 8 * c), kg + d * kB + 8 * c);
+          }
+          for (int i = tid; i < kB * D / 8; i += 128) {
+            const int k = i / (D / 8), c = i % (D / 8);
+            const bool ok = u0 + k <= t_last;
+            cp_async16(vs + L::v(hb * kB + k, 8 * c), ok ? vg + k * D + 8 * c : vg, ok);
+          }
+        } else if (need) {
+          const uint8_t* blk = ctab[b];
+          const uint8_t* kc = blk + int64_t(kh) * kB * p.kcb;
+          const uint8_t* vc = blk + kbytes + int64_t(kh) * kB * p.vcb;
+          for (int i = tid; i < kraw / 16; i += 128) cp_async16(raw + hb * kraw + 16 * i, kc + 16 * i);
+          for (int i = tid; i < vraw / 16; i += 128) cp_async16(raw + vraw_off + hb * vraw + 16 * i, vc + 16 * i);
+        }
+      }
+      cp_async_commit();
+    };
+    const int ksub = coded_layer ? D / p.kd : 0, vsub = coded_layer ? D / p.vd : 0;
+    int64_t cj = j_begin;
+    int cform = 0;
+    walk.seek(cj, cform);
+    int it = 0, ps = 0, pform = -1;  // pform >= 0: the pass in stage ps waits to be handed over
+    while (true) {
+      if (pform >= 0) {
+        cp_async_wait<0>();
+        if (pform == 1) {  // everyone's code rows are in: decode into the stage's fp16 tiles
+          wsb::named_sync(1, 128);
+          decode_rows(KN, raw, p.kcb, p.kbits, p.kd, ksub, p.kbooks > 1, kbook, kst(ps),
+                      [](int k, int d) { return L::kc(k, d); }, tid, 128);
+          decode_rows(KN, raw + vraw_off, p.vcb, p.vbits, p.vd, vsub, p.vbooks > 1, vbook, vst(ps),
+                      [](int k, int d) { return L::v(k, d); }, tid, 128);
+        }
+        wg::fence_proxy_async();  // this thread's copies and stores, visible to the consumers' wgmma
+        wsb::arrive(full + ps);
+        if (pform == 1) wsb::named_sync(1, 128);  // the code rows are free for the next pass
+        pform = -1;
+      }
+      if (cj < 0) break;
+      const int s = it % NST;
+      wsb::wait(empty + s, ((it / NST) & 1) ^ 1);
+      issue(cj, cform, s);
+      ps = s, pform = cform, ++it;
+      ++cform;
+      if (cform == 2) cform = 0, ++cj;
+      walk.seek(cj, cform);
+    }
+    return;
+  }
+
+  // ---------------- consumer warpgroups ----------------
+  wsb::regs_up<kWsConsumerRegs>();
+  const int ct = threadIdx.x - 128, cw = ct >> 5, cwg = cw >> 2, lane = ct & 31;
+  const int g = lane >> 2, t = lane & 3;
+  // This warpgroup's 64 query rows: row m = (position m / G, head m % G), fp16, scaled for base 2.
+  for (int i = ct & 127; i < 64 * D; i += 128) {
+    const int m = cwg * 64 + i / D, d = i % D, pi = m / G, hg = m % G;
+    float vp = 0.f, vc = 0.f;
+    if (pi < n_pos && pi < P) {
+      const int64_t r = tile.row0 + pi;
+      vp = p.q[r * p.q_stride + (int64_t(kh) * G + hg) * D + d] * p.qscale;
+      if (coded_layer) vc = p.q_code[(r * p.n_q_heads + int64_t(kh) * G + hg) * D + d] * kLog2e;
+    }
+    qp[L::q(m, d)] = __float2half_rn(vp);
+    if (coded_layer) qc[L::q(m, d)] = __float2half_rn(vc);
+  }
+  wg::fence_proxy_async();
+  wsb::named_sync(2 + cwg, 128);
+  PagedRanges rg[2];
+  int rpos[2];
+  bool rvalid[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int m = cw * 16 + g + 8 * h, pi = m / G;
+    rvalid[h] = pi < n_pos && pi < P;
+    rpos[h] = rvalid[h] ? p.pos[tile.row0 + pi] : -1;
+    rg[h] = paged_ranges(p.rule, rvalid[h] ? rpos[h] : 0);
+  }
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  int64_t cj = j_begin;
+  int cform = 0;
+  walk.seek(cj, cform);
+  if constexpr (OV) {
+    // S of pass i and P V of pass i - 1 in flight together; the softmax of pass i runs under that
+    // P V, and stage i - 1 goes back to the producer once it is done (hence 3 stages). The first
+    // pass multiplies P = 0 by its own (finite) values.
+    float(&of)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(o);
+    uint32_t pa[KN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < KN / 16; ++kk) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+    int prev_s = -1;
+    for (int it = 0; cj >= 0; ++it) {
+      const int64_t j = cj;
+      const int form = cform;
+      const int s = it % NST;
+      wsb::wait(full + s, (it / NST) & 1);
+      float sc[NS][4];
+      if (form == 1 && kb_on) {
+        const float* kbs = kbst(s);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float* row = kbs + (cw * 16 + g + 8 * h) * (2 * NB);
+#pragma unroll
+          for (int k = 0; k < NS / 2; ++k) {
+            const float v = row[k] * kLog2e;
+            sc[2 * k][2 * h] = sc[2 * k][2 * h + 1] = sc[2 * k + 1][2 * h] = sc[2 * k + 1][2 * h + 1] = v;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < NS; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+      }
+      float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(sc);
+      const uint32_t qa = smem_u32(form ? qc : qp) + uint32_t(cwg) * 64 * D * 2, ka = smem_u32(kst(s));
+      const uint32_t va = smem_u32(vst(prev_s >= 0 ? prev_s : s));
+      if (form == 0) ws_products<D, KN, 1>(sf, qa, ka, of, pa, va);
+      else ws_products<D, KN, 0>(sf, qa, ka, of, pa, va);
+      float alpha[2];
+      mask_softmax<NS>(sc, form, j * KN, rg, rpos, rvalid, t, m_run, l_run, alpha);
+      wg::wait<0>();
+      wg::fence_regs(of);
+      if (prev_s >= 0) wsb::arrive(empty + prev_s);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+#pragma unroll
+      for (int kk = 0; kk < KN / 16; ++kk) {
+        pa[kk][0] = pack_half2(sc[2 * kk][0], sc[2 * kk][1]);
+        pa[kk][1] = pack_half2(sc[2 * kk][2], sc[2 * kk][3]);
+        pa[kk][2] = pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+        pa[kk][3] = pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+      }
+      prev_s = s;
+      ++cform;
+      if (cform == 2) cform = 0, ++cj;
+      walk.seek(cj, cform);
+    }
+    if (prev_s >= 0) {  // the last pass's P V
+      const uint32_t va = smem_u32(vst(prev_s));
+      wg::fence_regs(of);
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < KN / 16; ++kk) {
+        const uint64_t db = wg::desc(va + kk * 2 * D * 16, D * 16, 128);
+        if constexpr (D == 64) wg::mma_rs_m64n64(of, pa[kk], db);
+        else if constexpr (D == 128) wg::mma_rs_m64n128(of, pa[kk], db);
+        else wg::mma_rs_m64n256(of, pa[kk], db);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(of);
+    }
+  }
+  for (int it = 0; !OV && cj >= 0; ++it) {
+    const int64_t j = cj;
+    const int form = cform;
+    const int s = it % NST;
+    wsb::wait(full + s, (it / NST) & 1);
+    const __half* ks = kst(s);
+    const __half* vs = vst(s);
+    const int64_t u0 = j * KN;
+    float sc[NS][4];
+    if (form == 1 && kb_on) {
+      const float* kbs = kbst(s);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float* row = kbs + (cw * 16 + g + 8 * h) * (2 * NB);
+#pragma unroll
+        for (int k = 0; k < NS / 2; ++k) {
+          const float v = row[k] * kLog2e;
+          sc[2 * k][2 * h] = sc[2 * k][2 * h + 1] = sc[2 * k + 1][2 * h] = sc[2 * k + 1][2 * h + 1] = v;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < NS; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+    }
+    {
+      float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(sc);
+      const uint32_t qa = smem_u32(form ? qc : qp) + uint32_t(cwg) * 64 * D * 2, ka = smem_u32(ks);
+      if (form == 0) wg_scores<D, KN, 1>(sf, qa, ka);  // dense keys [D][KN]
+      else wg_scores<D, KN, 0>(sf, qa, ka);            // decoded keys [KN][D]
+    }
+    float alpha[2];
+    mask_softmax<NS>(sc, form, u0, rg, rpos, rvalid, t, m_run, l_run, alpha);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    {
+      float(&of)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(o);
+      const uint32_t va = smem_u32(vs);
+      uint32_t a[KN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < KN / 16; ++kk) {
+        a[kk][0] = pack_half2(sc[2 * kk][0], sc[2 * kk][1]);
+        a[kk][1] = pack_half2(sc[2 * kk][2], sc[2 * kk][3]);
+        a[kk][2] = pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+        a[kk][3] = pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+      }
+      wg::fence_regs(of);
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < KN / 16; ++kk) {
+        const uint64_t db = wg::desc(va + kk * 2 * D * 16, D * 16, 128);
+        if constexpr (D == 64) wg::mma_rs_m64n64(of, a[kk], db);
+        else if constexpr (D == 128) wg::mma_rs_m64n128(of, a[kk], db);
+        else wg::mma_rs_m64n256(of, a[kk], db);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(of);
+    }
+    wsb::arrive(empty + s);  // this thread is done with stage s
+    ++cform;
+    if (cform == 2) cform = 0, ++cj;
+    walk.seek(cj, cform);
+  }
+  // ---- normalise and write the tile's rows (or this key split's partials), as the forms above ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    l_run[h] = p.ksplits > 1 ? l : l > 0.f ? 1.0f / l : 0.f;
+  }
+  if (p.ksplits > 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = cw * 16 + g + 8 * h;
+      float* rec = p.part + (((int64_t(blockIdx.x) * p.n_kv_heads + kh) * p.ksplits + blockIdx.z) * ROWS + m) * (2 + D);
+      if (t == 0) rec[0] = m_run[h], rec[1] = l_run[h];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int d = n * 8 + 2 * t;
+        rec[2 + d] = o[n][2 * h], rec[3 + d] = o[n][2 * h + 1];
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!rvalid[h]) continue;
+    const int m = cw * 16 + g + 8 * h, pi = m / G, hg = m % G;
+    const int64_t base = int64_t(tile.row0 + pi) * p.out_stride + (int64_t(kh) * G + hg) * D;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float v0 = o[n][2 * h] * l_run[h], v1 = o[n][2 * h + 1] * l_run[h];
+      const int d = n * 8 + 2 * t;
+      if (p.out_type == ElemType::f16) {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + base + d) = __floats2half2_rn(v0, v1);
+      } else {
+        float* o32 = static_cast<float*>(p.out) + base + d;
+        o32[0] = v0, o32[1] = v1;
+      }
+    }
+  }
+#endif
+}
+
 
 // Grid (n_tiles, n_kv_heads), 256 threads: each (row, dim) of a tile combines the key splits'
 // partials by log-sum-exp (base 2) and writes the normalised output as the kernel would.
@@ -762,8 +1233,50 @@ void launch_dw(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t 
   else launch<D, 4, 1, WG>(pp, n_tiles, H, st);
 }
 
+// The warp-specialised form with NST stages of NB pool blocks, where it fits in shared memory (the
+// books of a coded layer staged there only if they fit too); false: it does not fit.
+template <int D, int NB, int NST, bool OV>
+bool launch_ws(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
+  bool books = pp.rule.coded && pp.books_smem;
+  WsOffsets o = ws_offsets<D, NB, NST>(pp, books);
+  if (size_t(o.total) > smem_optin() && books) books = false, o = ws_offsets<D, NB, NST>(pp, false);
+  if (size_t(o.total) > smem_optin()) return false;
+  pp.books_smem = books;
+  pp.raw_bytes = prefill_raw_bytes(pp, NB);
+  detail::ensure_smem_attr(prefill_ws_kernel<D, NB, NST, OV>, size_t(o.total));
+  prefill_ws_kernel<D, NB, NST, OV>
+      <<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 384, size_t(o.total), st>>>(pp, o);
+  VQ_CUDA_LAUNCHED("prefill_ws_kernel");
+  if (pp.ksplits > 1) {
+    prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H)), 256, 0, st>>>(pp, 128);
+    VQ_CUDA_LAUNCHED("prefill_merge_kernel");
+  }
+  return true;
+}
+
+// The warp-specialised form (tiles of 128 rows, fp16 or coded layers on an sm_90a build) unless
+// GpuTuning::prefill_ws is off (VQ_PREFILL_WS=0) or the tile's stages do not fit: 128 keys per pass
+// at head_dim 64 and 128 (3 stages, 2 for coded layers at 128), 64 at 256 (32 for coded layers).
+template <int D>
+bool launch_ws_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
+  if (w != 8 || !prefill_wgmma() || !gpu_tuning().prefill_ws || pp.rule.elem != PagedElem::f16 ||
+      gpu_tuning().prefill_keys)
+    return false;
+  const bool ov = gpu_tuning().prefill_ws == 2;
+  if constexpr (D == 64) {
+    return ov ? launch_ws<64, 4, 3, true>(pp, n_tiles, H, st) : launch_ws<64, 4, 3, false>(pp, n_tiles, H, st);
+  } else if constexpr (D == 128) {
+    if (pp.rule.coded) return launch_ws<128, 4, 2, false>(pp, n_tiles, H, st);
+    return ov ? launch_ws<128, 4, 3, true>(pp, n_tiles, H, st) : launch_ws<128, 4, 3, false>(pp, n_tiles, H, st);
+  } else {
+    return pp.rule.coded ? launch_ws<256, 1, 2, false>(pp, n_tiles, H, st)
+                         : launch_ws<256, 2, 2, false>(pp, n_tiles, H, st);
+  }
+}
+
 template <int D>
 void launch_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
+  if (launch_ws_d<D>(pp, w, n_tiles, H, st)) return;
   if (prefill_wgmma()) launch_dw<D, true>(pp, w, n_tiles, H, st);
   else launch_dw<D, false>(pp, w, n_tiles, H, st);
 }
