@@ -372,15 +372,16 @@ VQT_API int vqt_train_calibration(const char* spec, int n_layers, int n_kv_heads
       for (int l = 0; l < n_layers; ++l) opt.query_moment[size_t(l)].assign(query_moment[l], query_moment[l] + n);
     }
     std::vector<const float*> kk(k, k + n_layers), vv(v, v + n_layers);
-    vq::FittedKeyMean fit;
-    std::vector<std::vector<double>> freqs;
+    vq::KeyMeanFitSpec km;
+    std::vector<int64_t> pos;
+    std::vector<bool> use;
     if (key_mean_tokens > 0) {
       VQ_CHECK(rope_freqs && n_rot >= 2 && n_rot <= head_dim && n_rot % 2 == 0,
                "calibrate: the rotated key mean needs the rotary frequencies (n_rot {} of head_dim {})", n_rot,
                head_dim);
       const int seg = segment_tokens > 0 ? segment_tokens : int(std::min<int64_t>(n_tokens, INT32_MAX));
-      std::vector<int64_t> pos(static_cast<size_t>(n_tokens));
-      std::vector<bool> use(static_cast<size_t>(n_tokens));
+      pos.resize(static_cast<size_t>(n_tokens));
+      use.resize(static_cast<size_t>(n_tokens));
       for (int64_t t = 0; t < n_tokens; ++t) {
         pos[size_t(t)] = t % seg;
         use[size_t(t)] = pos[size_t(t)] >= skip_tokens;
@@ -390,15 +391,12 @@ VQT_API int vqt_train_calibration(const char* spec, int n_layers, int n_kv_heads
         for (int i = 0; i < n_rot / 2; ++i)
           VQ_CHECK(std::isfinite(f[i]) && f[i] > 0, "calibrate: layer {} rotary frequency {} = {} must be > 0", l, i,
                    f[i]);
-        freqs.emplace_back(f, f + n_rot / 2);
+        km.freqs.emplace_back(f, f + n_rot / 2);
       }
-      fit = vq::fit_rotated_key_mean(kk, pos.data(), use, n_tokens, n_kv_heads, head_dim, n_rot, rope_neox != 0,
-                                     freqs, key_mean_tokens);
-      for (int l = 0; l < n_layers; ++l) kk[size_t(l)] = fit.centred[size_t(l)].data();
+      km.T = key_mean_tokens, km.pos = pos.data(), km.use = &use, km.n_rot = n_rot, km.neox = rope_neox != 0;
     }
-    vq::Calibration c = vq::train_calibration(cfg, n_kv_heads, head_dim, kk, vv, n_tokens, opt,
-                                              model_name ? model_name : "");
-    if (!fit.means.empty()) vq::attach_key_mean(c, std::move(fit), freqs, n_rot, rope_neox != 0, key_mean_tokens);
+    const vq::Calibration c = vq::train_calibration_with_key_mean(cfg, n_kv_heads, head_dim, kk, vv, n_tokens, opt,
+                                                                  model_name ? model_name : "", km);
     vq::save_calibration(path, c);
   });
 }

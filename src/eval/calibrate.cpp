@@ -197,22 +197,18 @@ Calibration calibrate_recording(const Model& model, const KVRecording& rec, cons
   // codebooks train on exactly as the cache removes it before coding.
   const int T = opt.key_mean_tokens;
   VQ_CHECK(T >= 0 && T <= 4096, "calibrate: key mean segment of {} tokens must be in 0..4096", T);
-  FittedKeyMean fit;
-  std::vector<std::vector<double>> freqs;
+  KeyMeanFitSpec km;
+  std::vector<bool> use;
   if (T > 0 && mc.n_rot >= 2) {
     VQ_CHECK(rec.positions.size() == size_t(rec.n_tokens) && rec.segment > 0,
              "calibrate: the recording has no positions (internal error)");
-    std::vector<bool> use(size_t(rec.n_tokens));
+    use.resize(size_t(rec.n_tokens));
     for (int64_t t = 0; t < rec.n_tokens; ++t) use[size_t(t)] = t % rec.segment >= opt.skip_tokens;
-    for (int l = 0; l < mc.n_layers; ++l) freqs.push_back(model.rope_inv_freqs(l));
-    fit = fit_rotated_key_mean(k, rec.positions.data(), use, rec.n_tokens, mc.n_kv_heads, mc.head_dim, mc.n_rot,
-                               mc.rope_layout == RopeLayout::NeoX, freqs, T);
-    for (int l = 0; l < mc.n_layers; ++l) k[size_t(l)] = fit.centred[size_t(l)].data();
+    km.T = T, km.pos = rec.positions.data(), km.use = &use, km.n_rot = mc.n_rot;
+    km.neox = mc.rope_layout == RopeLayout::NeoX;
+    for (int l = 0; l < mc.n_layers; ++l) km.freqs.push_back(model.rope_inv_freqs(l));
   }
-  Calibration cal = train_calibration(cfg, mc.n_kv_heads, mc.head_dim, k, v, rec.n_tokens, opt, model_name);
-  if (!fit.means.empty())
-    attach_key_mean(cal, std::move(fit), freqs, mc.n_rot, mc.rope_layout == RopeLayout::NeoX, T);
-  return cal;
+  return train_calibration_with_key_mean(cfg, mc.n_kv_heads, mc.head_dim, k, v, rec.n_tokens, opt, model_name, km);
 }
 
 CalibrationCheck measure_calibration(const Model& model, const std::vector<int32_t>& ids, const KVCacheConfig& cfg,

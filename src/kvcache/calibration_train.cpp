@@ -210,6 +210,20 @@ void attach_key_mean(Calibration& cal, FittedKeyMean&& fit, const std::vector<st
   cal.validate();
 }
 
+Calibration train_calibration_with_key_mean(const KVCacheConfig& cfg, int n_kv_heads, int head_dim,
+                                            std::vector<const float*> k, const std::vector<const float*>& v,
+                                            int64_t n_tokens, const CalibTrainOptions& opt, const std::string& model,
+                                            const KeyMeanFitSpec& km) {
+  if (km.T <= 0) return train_calibration(cfg, n_kv_heads, head_dim, k, v, n_tokens, opt, model);
+  VQ_CHECK(km.pos && km.use, "key mean: no positions or use flags for the {} tokens", n_tokens);
+  FittedKeyMean fit =
+      fit_rotated_key_mean(k, km.pos, *km.use, n_tokens, n_kv_heads, head_dim, km.n_rot, km.neox, km.freqs, km.T);
+  for (size_t l = 0; l < k.size(); ++l) k[l] = fit.centred[l].data();
+  Calibration cal = train_calibration(cfg, n_kv_heads, head_dim, k, v, n_tokens, opt, model);
+  attach_key_mean(cal, std::move(fit), km.freqs, km.n_rot, km.neox, km.T);
+  return cal;
+}
+
 void add_random_key_mean(Calibration& c, const std::vector<double>& freqs, int n_rot, bool neox, int T, uint64_t seed,
                          float scale) {
   VQ_CHECK(n_rot >= 2 && n_rot <= c.head_dim && n_rot % 2 == 0 && freqs.size() == size_t(n_rot / 2) && T >= 1,

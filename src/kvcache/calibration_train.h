@@ -92,6 +92,24 @@ FittedKeyMean fit_rotated_key_mean(const std::vector<const float*>& k, const int
 void attach_key_mean(Calibration& cal, FittedKeyMean&& fit, const std::vector<std::vector<double>>& freqs, int n_rot,
                      bool neox, int T);
 
+// What train_calibration_with_key_mean needs to fit the rotated key mean first (T = 0: none):
+// the tokens' positions and use flags, and the rotary layout (as fit_rotated_key_mean).
+struct KeyMeanFitSpec {
+  int T = 0;
+  const int64_t* pos = nullptr;          // [n_tokens]
+  const std::vector<bool>* use = nullptr;  // [n_tokens]
+  int n_rot = 0;
+  bool neox = true;
+  std::vector<std::vector<double>> freqs;  // [n_layers][n_rot / 2]
+};
+// The CLI's and the PyTorch bridge's trainer: with km.T > 0 the rotated key mean is fitted on k,
+// the codebooks train on the centred keys and the calibration carries the means; otherwise
+// train_calibration as it is.
+Calibration train_calibration_with_key_mean(const KVCacheConfig& cfg, int n_kv_heads, int head_dim,
+                                            std::vector<const float*> k, const std::vector<const float*>& v,
+                                            int64_t n_tokens, const CalibTrainOptions& opt, const std::string& model,
+                                            const KeyMeanFitSpec& km);
+
 // A calibration with random contents for speed work and device-parity tests where only the
 // shapes matter: smoothing factors 1 + |N(0, 0.1)|, codebooks N(0, scale^2) (granularity from cfg).
 Calibration random_calibration(const KVCacheConfig& cfg, int n_layers, int n_kv_heads, int head_dim, uint64_t seed,

@@ -691,10 +691,10 @@ WsOffsets ws_offsets(const PrefillParams& pp, bool books_smem) {
   return o;
 }
 
+#if defined(VQ_HAVE_WGMMA)
 // Registers per thread after setmaxnreg: 128 x 80 + 256 x 208 <= 65536.
 constexpr int kWsProducerRegs = 80, kWsConsumerRegs = 208;
 
-#if defined(VQ_HAVE_WGMMA)
 namespace wsb {
 __device__ __forceinline__ void init(uint64_t* b, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
