@@ -266,6 +266,75 @@ __device__ __forceinline__ void mask_softmax(float (&s)[NS][4], int form, int64_
   online_softmax_step<NS>(s, m_run, l_run, alpha);
 }
 
+// The score accumulators of a pass: the rotated key mean's terms staged with it (kbs: rows of 2 NB
+// segments of 16 tokens, so column groups 2k, 2k + 1 share segment k; keys outside a row's code range
+// got 0 and are masked later), or zeros (kbs null). w16: the first of this warp's 16 rows.
+template <int NS, int NB>
+__device__ __forceinline__ void init_scores(float (&s)[NS][4], const float* kbs, int w16, int g) {
+  if (kbs) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* row = kbs + (w16 + g + 8 * h) * (2 * NB);
+#pragma unroll
+      for (int k = 0; k < NS / 2; ++k) {
+        const float v = row[k] * kLog2e;
+        s[2 * k][2 * h] = s[2 * k][2 * h + 1] = s[2 * k + 1][2 * h] = s[2 * k + 1][2 * h + 1] = v;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+  }
+}
+
+// Normalises this thread's two rows (w16 + g, + 8) and writes them to the output, or with key splits
+// the split's partials (base-2 max, sum, unnormalised o) for prefill_merge_kernel.
+template <int D, int ROWS>
+__device__ __forceinline__ void write_rows(const PrefillParams& p, const PagedPrefillTile& tile, int kh, int w16,
+                                           int g, int t, float (&o)[D / 8][4], const float (&m_run)[2],
+                                           float (&l_run)[2], const bool (&rvalid)[2]) {
+  constexpr int NT = D / 8;
+  const int G = p.group;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    l_run[h] = p.ksplits > 1 ? l : l > 0.f ? 1.0f / l : 0.f;
+  }
+  if (p.ksplits > 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = w16 + g + 8 * h;
+      float* rec = p.part + (((int64_t(blockIdx.x) * p.n_kv_heads + kh) * p.ksplits + blockIdx.z) * ROWS + m) * (2 + D);
+      if (t == 0) rec[0] = m_run[h], rec[1] = l_run[h];  // m: -inf where this split saw no key of the row
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int d = n * 8 + 2 * t;
+        rec[2 + d] = o[n][2 * h], rec[3 + d] = o[n][2 * h + 1];
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!rvalid[h]) continue;
+    const int m = w16 + g + 8 * h, pi = m / G, hg = m % G;
+    const int64_t base = int64_t(tile.row0 + pi) * p.out_stride + (int64_t(kh) * G + hg) * D;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const float v0 = o[n][2 * h] * l_run[h], v1 = o[n][2 * h + 1] * l_run[h];
+      const int d = n * 8 + 2 * t;
+      if (p.out_type == ElemType::f16) {
+        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + base + d) = __floats2half2_rn(v0, v1);
+      } else {
+        float* o32 = static_cast<float*>(p.out) + base + d;
+        o32[0] = v0, o32[1] = v1;
+      }
+    }
+  }
+}
+
 #if defined(VQ_HAVE_WGMMA)
 // S = Q K^T of one warpgroup's 64 rows: D/16 k-steps of m64nKNk16 from shared memory, Q K-major
 // (core-matrix rows of D channels, at shared address qa), K at ka: TB = 1 for keys stored
@@ -612,45 +681,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
       }
     }
   }
-  // ---- normalise and write the tile's rows (or this key split's partials) ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    l_run[h] = p.ksplits > 1 ? l : l > 0.f ? 1.0f / l : 0.f;
-  }
-  if (p.ksplits > 1) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = warp * 16 + g + 8 * h;
-      float* rec = p.part + (((int64_t(blockIdx.x) * p.n_kv_heads + kh) * p.ksplits + blockIdx.z) * ROWS + m) * (2 + D);
-      if (t == 0) rec[0] = m_run[h], rec[1] = l_run[h];  // m: -inf where this split saw no key of the row
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const int d = n * 8 + 2 * t;
-        rec[2 + d] = o[n][2 * h], rec[3 + d] = o[n][2 * h + 1];
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (!rvalid[h]) continue;
-    const int m = warp * 16 + g + 8 * h, pi = m / G, hg = m % G;
-    const int64_t base = int64_t(tile.row0 + pi) * p.out_stride + (int64_t(kh) * G + hg) * D;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const float v0 = o[n][2 * h] * l_run[h], v1 = o[n][2 * h + 1] * l_run[h];
-      const int d = n * 8 + 2 * t;
-      if (p.out_type == ElemType::f16) {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + base + d) = __floats2half2_rn(v0, v1);
-      } else {
-        float* o32 = static_cast<float*>(p.out) + base + d;
-        o32[0] = v0, o32[1] = v1;
-      }
-    }
-  }
+  write_rows<D, ROWS>(p, tile, kh, warp * 16, g, t, o, m_run, l_run, rvalid);
   }  // the kernel body
 }
 
@@ -1083,45 +1114,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
     if (cform == 2) cform = 0, ++cj;
     walk.seek(cj, cform);
   }
-  // ---- normalise and write the tile's rows (or this key split's partials), as the forms above ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    l_run[h] = p.ksplits > 1 ? l : l > 0.f ? 1.0f / l : 0.f;
-  }
-  if (p.ksplits > 1) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = cw * 16 + g + 8 * h;
-      float* rec = p.part + (((int64_t(blockIdx.x) * p.n_kv_heads + kh) * p.ksplits + blockIdx.z) * ROWS + m) * (2 + D);
-      if (t == 0) rec[0] = m_run[h], rec[1] = l_run[h];
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const int d = n * 8 + 2 * t;
-        rec[2 + d] = o[n][2 * h], rec[3 + d] = o[n][2 * h + 1];
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (!rvalid[h]) continue;
-    const int m = cw * 16 + g + 8 * h, pi = m / G, hg = m % G;
-    const int64_t base = int64_t(tile.row0 + pi) * p.out_stride + (int64_t(kh) * G + hg) * D;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const float v0 = o[n][2 * h] * l_run[h], v1 = o[n][2 * h + 1] * l_run[h];
-      const int d = n * 8 + 2 * t;
-      if (p.out_type == ElemType::f16) {
-        *reinterpret_cast<__half2*>(static_cast<__half*>(p.out) + base + d) = __floats2half2_rn(v0, v1);
-      } else {
-        float* o32 = static_cast<float*>(p.out) + base + d;
-        o32[0] = v0, o32[1] = v1;
-      }
-    }
-  }
+  write_rows<D, ROWS>(p, tile, kh, cw * 16, g, t, o, m_run, l_run, rvalid);
 #endif
 }
 
