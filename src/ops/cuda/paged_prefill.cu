@@ -266,27 +266,6 @@ __device__ __forceinline__ void mask_softmax(float (&s)[NS][4], int form, int64_
   online_softmax_step<NS>(s, m_run, l_run, alpha);
 }
 
-// The score accumulators of a pass: the rotated key mean's terms staged with it (kbs: rows of 2 NB
-// segments of 16 tokens, so column groups 2k, 2k + 1 share segment k; keys outside a row's code range
-// got 0 and are masked later), or zeros (kbs null). w16: the first of this warp's 16 rows.
-template <int NS, int NB>
-__device__ __forceinline__ void init_scores(float (&s)[NS][4], const float* kbs, int w16, int g) {
-  if (kbs) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float* row = kbs + (w16 + g + 8 * h) * (2 * NB);
-#pragma unroll
-      for (int k = 0; k < NS / 2; ++k) {
-        const float v = row[k] * kLog2e;
-        s[2 * k][2 * h] = s[2 * k][2 * h + 1] = s[2 * k + 1][2 * h] = s[2 * k + 1][2 * h + 1] = v;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-  }
-}
-
 // Normalises this thread's two rows (w16 + g, + 8) and writes them to the output, or with key splits
 // the split's partials (base-2 max, sum, unnormalised o) for prefill_merge_kernel.
 template <int D, int ROWS>
