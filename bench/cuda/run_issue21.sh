@@ -89,3 +89,28 @@ if has itl; then  # deliverable 4: inter-token latency of 8 running streams whil
   echo "itl $g exit $?"; grep -E 'itl:' $L/itl_$g.log
 fi
 
+if has itlnsys; then  # where a mixed step's time goes: the itl run (one cache, one chunk size) under nsys
+  g=${GEOS%% *}
+  NS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$NS" ]; then
+    timeout 300 $NS profile -o $L/ns_itl -t cuda --force-overwrite true $BIN/veloxquant bench e2e --device cuda \
+      --geometry $g --batch 8 --ctx 4096 --steps 16 --warmup 4 --kv-cache ${ITL_KV:-fp16} --itl ${ITL_PROMPT:-32768} \
+      --itl-chunks ${ITL_CHUNKS:-128} > $L/itlnsys.log 2>&1
+    echo "itlnsys exit $?"; grep -E 'itl:' $L/itlnsys.log
+    for r in cuda_gpu_kern_sum cuda_api_sum; do
+      $NS stats -r $r -f csv -o $L/itl_$r $L/ns_itl.nsys-rep > /dev/null 2>&1
+      python3 - "$L/itl_${r}_$r.csv" "$r" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+tot = sum(float(r['Total Time (ns)']) for r in rows)
+print(f"{sys.argv[2]}: total {tot/1e6:.1f} ms, {sum(int(r['Num Calls'] if 'Num Calls' in r else r['Instances']) for r in rows)} calls")
+for r in rows[:14]:
+    n = r.get('Instances') or r.get('Num Calls')
+    print(f"  {float(r['Time (%)']):5.1f}% {float(r['Total Time (ns)'])/1e6:9.1f} ms {n:>7} {float(r.get('Avg (ns)', 0))/1e3:8.1f} us {r['Name'][:100]}")
+PY
+    done
+    rm -f $L/ns_itl.nsys-rep $L/ns_itl.sqlite
+  else
+    echo "nsys not found on the device"
+  fi
+fi

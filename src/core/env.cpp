@@ -50,6 +50,9 @@ const std::vector<EnvVar>& env_vars() {
        "The warp-specialised form of the wgmma prefill kernel (a producer warpgroup filling mbarrier stages, two "
        "consumer warpgroups): 2 also overlaps each pass's scores with the previous pass's P V where three stages "
        "fit, 1 does not, 0 keeps the synchronous wgmma form (for comparisons)."},
+      {"VQ_MIXED_STEP_GRAPHS", "0 or 1", "0", "src/model/forward_device.cpp",
+       "CUDA graphs for steps with prefill rows (a chunk beside decode rows) as for decode steps: a shape is "
+       "captured the second time it is seen and replayed after; 0 launches such steps eagerly."},
       {"VQ_CODED_ATTN_KERNEL", "auto or gather_mma", "auto", "src/kvcache/kv_store_device.cpp",
        "gather_mma forces the gather-mma split kernel for every coded layer (benchmarks compare it with the "
        "automatic choice)."},
@@ -124,6 +127,7 @@ GpuTuning read_gpu_tuning() {
   t.prefill_keys = env_choice(env_var("VQ_PREFILL_KEYS").name, {32, 64}, t.prefill_keys);
   t.prefill_wgmma = env_switch("VQ_PREFILL_WGMMA", t.prefill_wgmma);
   t.prefill_ws = env_choice(env_var("VQ_PREFILL_WS").name, {0, 1, 2}, t.prefill_ws);
+  t.mixed_step_graphs = env_switch("VQ_MIXED_STEP_GRAPHS", t.mixed_step_graphs);
   const std::string k = env_or_empty(env_var("VQ_CODED_ATTN_KERNEL").name);
   VQ_CHECK(k.empty() || k == "auto" || k == "gather_mma", "VQ_CODED_ATTN_KERNEL={}: must be auto or gather_mma (or unset)",
            k);

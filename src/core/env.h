@@ -61,6 +61,7 @@ struct GpuTuning {
   int prefill_ws = 0;          // VQ_PREFILL_WS: its warp-specialised form: 0 off, 1 on, 2 on with S of a pass
                                // overlapping the previous pass's P V where 3 stages fit
   bool coded_gather_mma = false;  // VQ_CODED_ATTN_KERNEL=gather_mma: force the gather-mma split kernel
+  bool mixed_step_graphs = false;  // VQ_MIXED_STEP_GRAPHS: replay CUDA graphs of steps with prefill rows too
 };
 // The defaults with the environment's overrides, read now (throws naming a bad value).
 GpuTuning read_gpu_tuning();

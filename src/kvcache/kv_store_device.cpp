@@ -75,6 +75,8 @@ int KVStoreDevice::rows() const { VQ_NO_CUDA; }
 bool KVStoreDevice::step_has_fixups() const { VQ_NO_CUDA; }
 bool KVStoreDevice::step_has_encodes() const { VQ_NO_CUDA; }
 uint64_t KVStoreDevice::layout_version() const { VQ_NO_CUDA; }
+int KVStoreDevice::step_tiles() const { VQ_NO_CUDA; }
+int KVStoreDevice::step_decode_rows() const { VQ_NO_CUDA; }
 const int32_t* KVStoreDevice::positions() const { VQ_NO_CUDA; }
 void KVStoreDevice::launch_fixup() { VQ_NO_CUDA; }
 void KVStoreDevice::launch_append(int, const float*, int64_t, const float*, int64_t) { VQ_NO_CUDA; }
@@ -653,6 +655,8 @@ bool KVStoreDevice::step_has_encodes() const {
   return false;
 }
 uint64_t KVStoreDevice::layout_version() const { return impl_->version; }
+int KVStoreDevice::step_tiles() const { return int(impl_->tiles.size()); }
+int KVStoreDevice::step_decode_rows() const { return impl_->decode_rows; }
 const int32_t* KVStoreDevice::positions() const { return impl_->dptr<int32_t>(impl_->o_pos); }
 
 void KVStoreDevice::launch_fixup() {
