@@ -51,6 +51,29 @@ constexpr int kKPad = 8;   // halves of padding per shared-memory row (conflict-
 constexpr int kBookSmemMax = 8192;  // bytes per side: books up to this size are staged in shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 
+// A warp's score accumulators (16 rows x NS groups of 8 keys, the mma C layout; g = lane / 4) at
+// the start of a pass: the rotated key mean's terms staged with a coded pass (kbs: rows of 2 NB
+// segments of 16 tokens, so column groups 2k and 2k + 1 share segment k; keys outside a row's code
+// range got 0 and are masked later), in log2 units; zeros where kbs is null. The products add to them.
+template <int NS, int NB>
+__device__ __forceinline__ void init_scores(float (&s)[NS][4], const float* kbs, int row0) {
+  const int g = (threadIdx.x & 31) >> 2;
+  if (kbs) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* row = kbs + (row0 + g + 8 * h) * (2 * NB);
+#pragma unroll
+      for (int k = 0; k < NS / 2; ++k) {
+        const float v = row[k] * kLog2e;
+        s[2 * k][2 * h] = s[2 * k][2 * h + 1] = s[2 * k + 1][2 * h] = s[2 * k + 1][2 * h + 1] = v;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+  }
+}
+
 struct PrefillParams {
   int n_kv_heads, group, n_q_heads, D;
   PagedRule rule;
@@ -556,24 +579,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     // ---- S = Q K^T: 16 rows x KN keys per warp ----
     const __half* qs = form ? qc : qp;
     float s[NS][4];
-    if (form == 1 && kb_on) {
-      // The accumulators start at the rotated key mean's terms staged with the pass (the products add
-      // to them): segments of 16 tokens, so column groups 2k, 2k + 1 share segment k of the pass.
-      // Keys outside a row's code range got 0 and are masked below.
-      const float* kbs = kbst(st);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float* row = kbs + (warp * 16 + g + 8 * h) * (2 * NB);
-#pragma unroll
-        for (int k = 0; k < NS / 2; ++k) {
-          const float v = row[k] * kLog2e;
-          s[2 * k][2 * h] = s[2 * k][2 * h + 1] = s[2 * k + 1][2 * h] = s[2 * k + 1][2 * h + 1] = v;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-    }
+    init_scores<NS, NB>(s, form == 1 && kb_on ? kbst(st) : nullptr, warp * 16);
     const int mi = lane >> 3, r8 = lane & 7;
 #if defined(VQ_HAVE_WGMMA)
     if constexpr (WG) {
@@ -975,21 +981,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
       const int s = it % NST;
       wsb::wait(full + s, (it / NST) & 1);
       float sc[NS][4];
-      if (form == 1 && kb_on) {
-        const float* kbs = kbst(s);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float* row = kbs + (cw * 16 + g + 8 * h) * (2 * NB);
-#pragma unroll
-          for (int k = 0; k < NS / 2; ++k) {
-            const float v = row[k] * kLog2e;
-            sc[2 * k][2 * h] = sc[2 * k][2 * h + 1] = sc[2 * k + 1][2 * h] = sc[2 * k + 1][2 * h + 1] = v;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int n = 0; n < NS; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-      }
+      init_scores<NS, NB>(sc, form == 1 && kb_on ? kbst(s) : nullptr, cw * 16);
       float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(sc);
       const uint32_t qa = smem_u32(form ? qc : qp) + uint32_t(cwg) * 64 * D * 2, ka = smem_u32(kst(s));
       const uint32_t va = smem_u32(vst(prev_s >= 0 ? prev_s : s));
@@ -1039,21 +1031,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
     const __half* vs = vst(s);
     const int64_t u0 = j * KN;
     float sc[NS][4];
-    if (form == 1 && kb_on) {
-      const float* kbs = kbst(s);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float* row = kbs + (cw * 16 + g + 8 * h) * (2 * NB);
-#pragma unroll
-        for (int k = 0; k < NS / 2; ++k) {
-          const float v = row[k] * kLog2e;
-          sc[2 * k][2 * h] = sc[2 * k][2 * h + 1] = sc[2 * k + 1][2 * h] = sc[2 * k + 1][2 * h + 1] = v;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < NS; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-    }
+    init_scores<NS, NB>(sc, form == 1 && kb_on ? kbst(s) : nullptr, cw * 16);
     {
       float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(sc);
       const uint32_t qa = smem_u32(form ? qc : qp) + uint32_t(cwg) * 64 * D * 2, ka = smem_u32(ks);
