@@ -3,6 +3,7 @@
 # where our time goes. Binaries built on the project machine (nvcc, sm_90 + PTX), xz-packed in $P
 # with lib/ (device_prelude.sh).
 #   bash run_issue21.sh [stages]   stages: wgtests, pattn, prefill, scale, itl, nsys, hf
+#   model:   test_model's device tests (the forward on the GPU, CUDA graphs of decode and mixed steps)
 #   wgtests: the device store's parity tests (the prefill kernel's every shape class) with each
 #            form of the prefill kernel (warp-specialised, wgmma, mma.sync) and tile size, and the sanitizers
 #   pattn:   the prefill chunk alone (512 rows after 32K past tokens) on every sweep geometry,
@@ -30,6 +31,9 @@ if has wgtests; then  # WGTEST_CONFIGS: wgmma:warps:ws triples
   done
   timeout 150 $BIN/test_ops --gtest_filter='*Cuda*:*cuda*' --gtest_brief=1 > $L/test_ops.log 2>&1; summary test_ops $? $L/test_ops.log
   sanitizers
+fi
+if has model; then  # the forward's GPU tests (graph replay of decode and mixed steps among them)
+  timeout 200 $BIN/test_model --gtest_filter='*Device*' --gtest_brief=1 > $L/test_model.log 2>&1; summary test_model $? $L/test_model.log
 fi
 if has pattn; then  # PATTN_CONFIGS: wgmma:warps:keys:ws (keys empty = the dispatcher's choice; ws 0|1)
   for c in ${PATTN_CONFIGS:-1:8::1 1:8::0}; do
