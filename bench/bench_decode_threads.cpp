@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "core/int_list.h"
 #include "core/thread_pool.h"
 #include "model/matmul_packed.h"
 #include "model/weight_formats.h"
@@ -36,19 +38,11 @@ using Clock = std::chrono::steady_clock;
 }
 
 std::vector<int64_t> parse_list(const std::string& s, const char* what) {
-  std::vector<int64_t> out;
-  size_t p = 0;
-  while (p <= s.size()) {
-    size_t q = s.find(',', p);
-    if (q == std::string::npos) q = s.size();
-    const std::string item = s.substr(p, q - p);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v <= 0) usage(std::string("bad ") + what + " '" + item + "'");
-    out.push_back(v);
-    p = q + 1;
+  try {
+    return vq::parse_int_list(s, what);
+  } catch (const vq::Error& e) {
+    usage(e.what());
   }
-  return out;
 }
 
 struct Proj {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/int_list.h"
 #include "core/thread_pool.h"
 #include "model/weight_formats.h"
 
@@ -106,7 +107,7 @@ void read_bytes(const uint8_t* p, size_t n) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   std::vector<std::string> types = {"q4_1", "q8_0"};
   std::vector<int> threads = {1, 2};
   int64_t M = 1;
@@ -116,8 +117,8 @@ int main(int argc, char** argv) {
     if (a == "--types") types = split(v);
     else if (a == "--threads") {
       threads.clear();
-      for (auto& s : split(v)) threads.push_back(std::stoi(s));
-    } else if (a == "--M") M = std::stoll(v);
+      for (int64_t t : vq::parse_int_list(v, "--threads", 1, 1024)) threads.push_back(int(t));
+    } else if (a == "--M") M = vq::parse_int_option(v, "--M");
     else if (a == "--min-ms") min_ms = std::stod(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
@@ -176,4 +177,13 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a bad option (vq::Error, std::stod's) or a failed product
+    std::fprintf(stderr, "bench_matmul: %s\n", e.what());
+    return 2;
+  }
 }

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/error.h"
+#include "core/int_list.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -63,19 +65,14 @@ uint64_t sum64(const uint64_t* b, const uint64_t* e) {
   return s[0] + s[1] + s[2] + s[3];
 }
 
-std::vector<int> parse_list(const char* s) {
-  std::vector<int> v;
-  for (const char* p = s; *p;) {
-    char* end = nullptr;
-    const long x = std::strtol(p, &end, 10);
-    if (end == p || x <= 0) {
-      std::fprintf(stderr, "bench_read_bandwidth: bad list '%s'\n", s);
-      std::exit(2);
-    }
-    v.push_back(int(x));
-    p = *end == ',' ? end + 1 : end;
+std::vector<int> parse_list(const char* s, const char* what) {
+  try {
+    const std::vector<int64_t> v = vq::parse_int_list(s, what, 1, 1 << 20);
+    return std::vector<int>(v.begin(), v.end());
+  } catch (const vq::Error& e) {
+    std::fprintf(stderr, "bench_read_bandwidth: %s\n", e.what());
+    std::exit(2);
   }
-  return v;
 }
 
 }  // namespace
@@ -90,9 +87,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_read_bandwidth: %s needs a value\n", a.c_str());
       return 2;
     }
-    if (a == "--threads") threads = parse_list(argv[++i]);
-    else if (a == "--mib") mib = size_t(parse_list(argv[++i]).at(0));
-    else if (a == "--passes") passes = parse_list(argv[++i]).at(0);
+    if (a == "--threads") threads = parse_list(argv[++i], "--threads");
+    else if (a == "--mib") mib = size_t(parse_list(argv[++i], "--mib").at(0));
+    else if (a == "--passes") passes = parse_list(argv[++i], "--passes").at(0);
     else {
       std::fprintf(stderr, "bench_read_bandwidth: unknown option %s\n", a.c_str());
       return 2;

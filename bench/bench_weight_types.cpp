@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "core/int_list.h"
 #include "core/thread_pool.h"
 #include "model/matmul_packed.h"
 #include "model/weight_formats.h"
@@ -65,10 +67,11 @@ vq::GGMLType parse_type(const std::string& s) {
 }
 
 int64_t parse_int(const std::string& s, const char* what) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (end == s.c_str() || *end != '\0' || v <= 0) usage(std::string("bad ") + what + " '" + s + "'");
-  return v;
+  try {
+    return vq::parse_int_option(s, what);
+  } catch (const vq::Error& e) {
+    usage(e.what());
+  }
 }
 
 template <class F>

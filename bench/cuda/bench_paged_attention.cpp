@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+#include "core/int_list.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
 #include "kvcache/kv_store.h"
@@ -142,6 +144,11 @@ void run(const Geo& g, const std::string& kv, int B, int S, int Q, const std::ve
 
 }  // namespace
 
+[[noreturn]] static void bad_flag(const vq::Error& e) {
+  std::fprintf(stderr, "bench_paged_attention: %s\n", e.what());
+  std::exit(2);
+}
+
 int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "all";
   std::vector<std::string> caches;
@@ -151,37 +158,22 @@ int main(int argc, char** argv) {
   std::vector<int> caps = {0};  // --coded-caps: LUT split caps to time (0: the dispatcher's)
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    // --B / --S / --prefill take a positive count; anything else is refused, not read as 0.
+    // --B / --S / --prefill take a positive count, lists numbers in lo..hi; anything else is
+    // refused, not read as 0.
     auto count = [&](const char* flag) {
-      char* end = nullptr;
-      const long v = i + 1 < argc ? std::strtol(argv[i + 1], &end, 10) : 0;
-      if (i + 1 >= argc || *end != '\0' || v <= 0 || v > (1 << 24)) {
-        std::fprintf(stderr, "bench_paged_attention: %s needs a positive count (got '%s')\n", flag,
-                     i + 1 < argc ? argv[i + 1] : "");
-        std::exit(2);
+      try {
+        return int(vq::parse_int_option(i + 1 < argc ? argv[++i] : "", flag, 1, 1 << 24));
+      } catch (const vq::Error& e) {
+        bad_flag(e);
       }
-      ++i;
-      return int(v);
     };
-    // a comma-separated list of numbers in lo..hi
     auto ints = [&](const char* flag, long lo, long hi) {
-      std::vector<int> out;
-      const std::string list = i + 1 < argc ? argv[++i] : "";
-      size_t at = 0;
-      while (at <= list.size()) {
-        const size_t comma = std::min(list.find(',', at), list.size());
-        const std::string item = list.substr(at, comma - at);
-        char* end = nullptr;
-        const long v = std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || *end != '\0' || v < lo || v > hi) {
-          std::fprintf(stderr, "bench_paged_attention: %s needs numbers %ld..%ld separated by commas (got '%s')\n", flag,
-                       lo, hi, list.c_str());
-          std::exit(2);
-        }
-        out.push_back(int(v));
-        at = comma + 1;
+      try {
+        const std::vector<int64_t> v = vq::parse_int_list(i + 1 < argc ? argv[++i] : "", flag, lo, hi);
+        return std::vector<int>(v.begin(), v.end());
+      } catch (const vq::Error& e) {
+        bad_flag(e);
       }
-      return out;
     };
     if (a == "--B") only_b = count("--B");
     else if (a == "--S") only_s = count("--S");

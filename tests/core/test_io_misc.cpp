@@ -16,6 +16,7 @@
 #include "core/env.h"
 #include "common/error_of.h"
 #include "core/error.h"
+#include "core/int_list.h"
 #include "core/mmap_file.h"
 #include "core/tensor.h"
 
@@ -27,6 +28,21 @@ std::string tmp(const std::string& name) {
 }
 
 using test::error_of;
+
+TEST(IntOption, ListsAndRefusals) {
+  EXPECT_EQ(parse_int_list("1,4,8", "--threads"), (std::vector<int64_t>{1, 4, 8}));
+  EXPECT_EQ(parse_int_list("32768", "--S"), (std::vector<int64_t>{32768}));
+  EXPECT_EQ(parse_int_option("0", "--warmup", 0), 0);
+  EXPECT_EQ(parse_int_option("-3", "--x", -5, 5), -3);
+  for (const char* bad : {"", "1,", ",1", "1,,2", "1x", " 1", "0", "-1", "+2", "1.5", "99999999999999999999"}) {
+    const std::string e = error_of([&] { parse_int_list(bad, "--threads"); });
+    EXPECT_NE(e.find("--threads"), std::string::npos) << "'" << bad << "': " << e;
+  }
+  const std::string range = error_of([] { parse_int_option("9", "--keys", 32, 64); });
+  EXPECT_NE(range.find("32..64"), std::string::npos) << range;
+  const std::string esc = error_of([] { parse_int_option("1\x1b[2J", "--reps"); });
+  EXPECT_EQ(esc.find('\x1b'), std::string::npos) << "control characters are escaped";
+}
 
 TEST(TensorView, ShapesAndErrors) {
   std::vector<float> buf(24);

@@ -29,6 +29,7 @@
 #include "cli_model.h"
 #include "commands.h"
 #include "core/error.h"
+#include "core/int_list.h"
 #include "eval/calibrate.h"
 #include "model/session.h"
 #include "veloxquant/files.h"
@@ -57,22 +58,8 @@ struct E2EArgs {
 };
 
 std::vector<int> parse_list(const std::string& s, const char* what) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    int x = 0;
-    try {
-      x = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    VQ_CHECK(used == item.size() && x >= 1, "{}: '{}' is not a positive integer (give a list like 1,4,8)", what, item);
-    v.push_back(x);
-  }
-  VQ_CHECK(!v.empty(), "{}: empty list", what);
-  return v;
+  const std::vector<int64_t> v = parse_int_list(s, what, 1, std::numeric_limits<int>::max());
+  return std::vector<int>(v.begin(), v.end());
 }
 
 void run_e2e(const E2EArgs& a) {
