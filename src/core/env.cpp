@@ -7,6 +7,7 @@
 
 #include "core/cpu_info.h"
 #include "core/error.h"
+#include "core/int_list.h"
 
 namespace vq {
 
@@ -26,6 +27,11 @@ int env_choice(const char* name, std::initializer_list<int> allowed, int unset) 
     list += (list.empty() ? "" : " or ") + std::to_string(a);
   }
   VQ_FAIL("{}={}: must be {} (or unset)", name, v, list);
+}
+
+int env_int_in(const char* name, int lo, int hi, int unset) {
+  const std::string v = env_or_empty(name);
+  return v.empty() ? unset : int(parse_int_option(v, name, lo, hi));
 }
 
 const std::vector<EnvVar>& env_vars() {
@@ -53,6 +59,10 @@ const std::vector<EnvVar>& env_vars() {
       {"VQ_MIXED_STEP_GRAPHS", "0 or 1", "0", "src/model/forward_device.cpp",
        "CUDA graphs for steps with prefill rows (a chunk beside decode rows) as for decode steps: a shape is "
        "captured the second time it is seen and replayed after; 0 launches such steps eagerly."},
+      {"VQ_PREFILL_SCRATCH_MIB", "0 to 65536", "0", "src/kvcache/kv_store_device.cpp",
+       "Prefill of coded layers on the GPU: the code blocks a step's prefill tiles read are decoded once into a "
+       "scratch of at most this many MiB (fp16) and copied by every tile, instead of each tile decoding them; 0, or "
+       "a step that needs more, keeps the per-tile decoding. 8-bit codes only."},
       {"VQ_CODED_ATTN_KERNEL", "auto or gather_mma", "auto", "src/kvcache/kv_store_device.cpp",
        "gather_mma forces the gather-mma split kernel for every coded layer (benchmarks compare it with the "
        "automatic choice)."},
@@ -128,6 +138,7 @@ GpuTuning read_gpu_tuning() {
   t.prefill_wgmma = env_switch("VQ_PREFILL_WGMMA", t.prefill_wgmma);
   t.prefill_ws = env_choice(env_var("VQ_PREFILL_WS").name, {0, 1, 2}, t.prefill_ws);
   t.mixed_step_graphs = env_switch("VQ_MIXED_STEP_GRAPHS", t.mixed_step_graphs);
+  t.prefill_scratch_mib = env_int_in(env_var("VQ_PREFILL_SCRATCH_MIB").name, 0, 65536, t.prefill_scratch_mib);
   const std::string k = env_or_empty(env_var("VQ_CODED_ATTN_KERNEL").name);
   VQ_CHECK(k.empty() || k == "auto" || k == "gather_mma", "VQ_CODED_ATTN_KERNEL={}: must be auto or gather_mma (or unset)",
            k);

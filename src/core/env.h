@@ -20,6 +20,9 @@ bool env_switched_off(const char* name);
 // A variant choice: unset or empty gives `unset`, one of `allowed` gives that value; anything else
 // throws vq::Error naming the variable, its value and the allowed ones.
 int env_choice(const char* name, std::initializer_list<int> allowed, int unset);
+// An integer in [lo, hi]: unset or empty gives `unset`; anything else throws vq::Error naming the
+// variable and the range.
+int env_int_in(const char* name, int lo, int hi, int unset);
 
 // One declared variable. values: what it may hold; fallback: what unset means.
 struct EnvVar {
@@ -62,6 +65,8 @@ struct GpuTuning {
                                // overlapping the previous pass's P V where 3 stages fit
   bool coded_gather_mma = false;  // VQ_CODED_ATTN_KERNEL=gather_mma: force the gather-mma split kernel
   bool mixed_step_graphs = false;  // VQ_MIXED_STEP_GRAPHS: replay CUDA graphs of steps with prefill rows too
+  int prefill_scratch_mib = 0;     // VQ_PREFILL_SCRATCH_MIB: coded prefill with the past decoded once per step
+                                   // into a scratch of at most this many MiB (0: each tile decodes)
 };
 // The defaults with the environment's overrides, read now (throws naming a bad value).
 GpuTuning read_gpu_tuning();

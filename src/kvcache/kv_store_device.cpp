@@ -77,6 +77,7 @@ bool KVStoreDevice::step_has_encodes() const { VQ_NO_CUDA; }
 uint64_t KVStoreDevice::layout_version() const { VQ_NO_CUDA; }
 int KVStoreDevice::step_tiles() const { VQ_NO_CUDA; }
 int KVStoreDevice::step_decode_rows() const { VQ_NO_CUDA; }
+bool KVStoreDevice::step_prefill_scratch() const { VQ_NO_CUDA; }
 const int32_t* KVStoreDevice::positions() const { VQ_NO_CUDA; }
 void KVStoreDevice::launch_fixup() { VQ_NO_CUDA; }
 void KVStoreDevice::launch_append(int, const float*, int64_t, const float*, int64_t) { VQ_NO_CUDA; }
@@ -88,6 +89,8 @@ void KVStoreDevice::attend_host(int, const AttnEntry*, int, float) { VQ_NO_CUDA;
 void KVStoreDevice::download_block(int, int32_t, void*) const { VQ_NO_CUDA; }
 bool KVStoreDevice::tiles_rows(int) const { VQ_NO_CUDA; }
 void KVStoreDevice::set_deterministic(bool) { VQ_NO_CUDA; }
+void KVStoreDevice::set_prefill_scratch_bytes(size_t) { VQ_NO_CUDA; }
+bool KVStoreDevice::prefill_scratch_possible() const { VQ_NO_CUDA; }
 void KVStoreDevice::copy_to_host(const std::vector<HostCopy>&) const { VQ_NO_CUDA; }
 void KVStoreDevice::copy_to_device(const std::vector<HostCopy>&) { VQ_NO_CUDA; }
 void KVStoreDevice::note_block(const SeqKV&, int, bool, size_t) {}
@@ -211,11 +214,23 @@ struct KVStoreDevice::Impl {
   std::vector<uint8_t> row_skip;              // [rows] 1: a prefill tile computes the row
   int decode_rows = 0;                        // rows before the last run of skipped rows
   bool det = false;                           // set_deterministic
+  // Coded layers' prefill with the past decoded once per step (cuda::PrefillScratch;
+  // GpuTuning::prefill_scratch_mib, 0: off): per distinct rule of the coded layers, each tiled
+  // sequence's code blocks get consecutive slots of `scr` before the layer's prefill kernel.
+  size_t scr_cap_bytes = 0;                   // 0: the store's layers do not take it
+  std::vector<int> scr_rule_of;               // [L] index into scr_rules, -1: not a coded layer
+  std::vector<cuda::PagedRule> scr_rules;
+  bool scr_on = false;                        // this step's coded tiles read scr
+  int scr_slots = 0;                          // capacity of scr in slots
+  cuda::DeviceBuffer scr;
+  std::vector<int32_t> scr_n, scr_seqs;       // per rule: entries, [seq_cap][4] entries
+  std::vector<int64_t> scr_slot0;             // per rule: [seq_cap]
 
   // descriptor layout (byte offsets into host / dev)
   int rows_cap = 0, seq_cap = 0, jobs_cap = 0, upd_cap = 0, copy_cap = 0, tiles_cap = 0;
   size_t o_pos = 0, o_rowseq = 0, o_dtab = 0, o_ctab = 0, o_njobs = 0, o_jobs = 0, o_nupd = 0, o_upd = 0, o_ncopy = 0,
-         o_copy = 0, o_skip = 0, o_tiles = 0, o_boff = 0, o_bnseg = 0, total = 0;
+         o_copy = 0, o_skip = 0, o_tiles = 0, o_boff = 0, o_bnseg = 0, o_scr_n = 0, o_scr_seqs = 0, o_scr_slot0 = 0,
+         total = 0;
   cuda::PinnedBuffer host;
   cuda::DeviceBuffer dev;
   uint64_t version = 0;
@@ -311,6 +326,10 @@ struct KVStoreDevice::Impl {
     o_tiles = take(size_t(tiles_cap) * sizeof(cuda::PagedPrefillTile));
     o_boff = take(size_t(rows_cap) * 8);
     o_bnseg = take(size_t(rows_cap) * 4);
+    const size_t nr = scr_rules.size();
+    o_scr_n = take(nr * 4);
+    o_scr_seqs = take(nr * size_t(seq_cap) * 16);
+    o_scr_slot0 = take(nr * size_t(seq_cap) * 8);
     total = o;
     host = cuda::PinnedBuffer(total);
     dev = cuda::DeviceBuffer(total);
@@ -365,6 +384,51 @@ struct KVStoreDevice::Impl {
       work = cuda::DeviceBuffer(need + need / 4);
       ++version;
     }
+  }
+
+  // The step's prefill scratch (finish_step, after layout): per rule, the slots of each tiled
+  // sequence's code blocks (the union of its tile rows' code ranges); on when some coded tile reads
+  // codes and the largest rule's slots fit in scr_cap_bytes (else the tiles decode as before).
+  void plan_scratch() {
+    scr_on = false;
+    if (scr_cap_bytes == 0 || tiles.empty()) return;
+    const int seqs = int(step_tables.size());
+    std::vector<int32_t> first(size_t(seqs), INT32_MAX), last(size_t(seqs), -1);
+    for (const cuda::PagedPrefillTile& t : tiles) {
+      const size_t si = size_t(row_seq[size_t(t.row0)]);
+      first[si] = std::min(first[si], row_pos[size_t(t.row0)]);
+      last[si] = std::max(last[si], row_pos[size_t(t.row0 + t.n_pos - 1)]);
+    }
+    const size_t nr = scr_rules.size();
+    scr_n.assign(nr, 0);
+    scr_seqs.assign(nr * size_t(seq_cap) * 4, 0);
+    scr_slot0.assign(nr * size_t(seq_cap), 0);
+    int64_t need = 0;
+    for (size_t ri = 0; ri < nr; ++ri) {
+      int64_t slots = 0;
+      for (int si = 0; si < seqs; ++si) {
+        if (last[size_t(si)] < 0) continue;
+        const cuda::PagedRanges a = cuda::paged_ranges(scr_rules[ri], first[size_t(si)]);
+        const cuda::PagedRanges b = cuda::paged_ranges(scr_rules[ri], last[size_t(si)]);
+        const int64_t lo = std::min(a.code_lo, b.code_lo), hi = std::max(a.code_hi, b.code_hi);
+        if (hi <= lo) continue;
+        const int64_t b0 = lo / B, nb = (hi + B - 1) / B - b0;
+        int32_t* e = &scr_seqs[(ri * size_t(seq_cap) + size_t(scr_n[ri])) * 4];
+        e[0] = si, e[1] = int32_t(b0), e[2] = int32_t(nb), e[3] = int32_t(slots);
+        scr_slot0[ri * size_t(seq_cap) + size_t(si)] = slots - b0;
+        ++scr_n[ri];
+        slots += nb;
+      }
+      need = std::max(need, slots);
+    }
+    const size_t slot_bytes = size_t(H) * size_t(cuda::prefill_scratch_halves(D)) * 2;
+    if (need == 0 || size_t(need) * slot_bytes > scr_cap_bytes || need > INT32_MAX / 2) return;
+    if (need > scr_slots) {
+      scr_slots = int(std::min<int64_t>(std::max<int64_t>(need + need / 4, 64), int64_t(scr_cap_bytes / slot_bytes)));
+      scr = cuda::DeviceBuffer(size_t(scr_slots) * slot_bytes);
+      ++version;
+    }
+    scr_on = true;
   }
 
   // The rotated key mean's part of a step (finish_step): each row's score terms (as many
@@ -520,6 +584,22 @@ KVStoreDevice::KVStoreDevice(KVStore& store) : impl_(std::make_unique<Impl>(stor
   }
   const bool any_coded = std::any_of(m.rules.begin(), m.rules.end(), [](const cuda::PagedRule& r) { return r.coded; });
   m.tile_rows = cuda::paged_prefill_tile_rows(any_coded);
+  const KVCacheConfig& cc = store.spec().config;
+  if (any_coded && m.B == 32 &&
+      cuda::prefill_scratch_supported(m.D, cc.key.sub_dim, cc.key.bits, cc.value.sub_dim, cc.value.bits)) {
+    m.scr_cap_bytes = size_t(gpu_tuning().prefill_scratch_mib) << 20;
+    m.scr_rule_of.assign(size_t(m.L), -1);
+    for (int l = 0; l < m.L; ++l) {
+      const cuda::PagedRule& r = m.rules[size_t(l)];
+      if (!r.coded) continue;
+      size_t i = 0;
+      while (i < m.scr_rules.size() && !(m.scr_rules[i].sink_end == r.sink_end && m.scr_rules[i].residual == r.residual &&
+                                         m.scr_rules[i].window == r.window))
+        ++i;
+      if (i == m.scr_rules.size()) m.scr_rules.push_back(r);
+      m.scr_rule_of[size_t(l)] = int(i);
+    }
+  }
   m.stream.synchronize();
 }
 
@@ -587,6 +667,13 @@ bool KVStoreDevice::tiles_rows(int n) const {
 
 void KVStoreDevice::set_deterministic(bool on) { impl_->det = on; }
 
+void KVStoreDevice::set_prefill_scratch_bytes(size_t bytes) {
+  Impl& m = *impl_;
+  VQ_CHECK(!m.open, "kv store (cuda): set_prefill_scratch_bytes inside a step");
+  if (!m.scr_rules.empty()) m.scr_cap_bytes = bytes;
+}
+bool KVStoreDevice::prefill_scratch_possible() const { return !impl_->scr_rules.empty(); }
+
 bool KVStoreDevice::finish_step() {
   Impl& m = *impl_;
   VQ_CHECK(m.open, "kv store (cuda): finish_step outside a step");
@@ -617,6 +704,7 @@ bool KVStoreDevice::finish_step() {
   m.layout(std::max(rows, 1), std::max(seqs, 1), njobs, int(m.updates.size()), int(m.copies.size()),
            int(m.tiles.size()));
   m.size_workspace(std::max(rows, 1));
+  m.plan_scratch();
   // descriptors
   std::memcpy(m.hptr<int32_t>(m.o_pos), m.row_pos.data(), size_t(rows) * 4);
   std::memcpy(m.hptr<int32_t>(m.o_rowseq), m.row_seq.data(), size_t(rows) * 4);
@@ -638,6 +726,11 @@ bool KVStoreDevice::finish_step() {
   std::copy(m.copies.begin(), m.copies.end(), m.hptr<cuda::BlockCopy>(m.o_copy));
   std::copy(m.row_skip.begin(), m.row_skip.end(), m.hptr<uint8_t>(m.o_skip));
   std::copy(m.tiles.begin(), m.tiles.end(), m.hptr<cuda::PagedPrefillTile>(m.o_tiles));
+  if (m.scr_on) {
+    std::copy(m.scr_n.begin(), m.scr_n.end(), m.hptr<int32_t>(m.o_scr_n));
+    std::copy(m.scr_seqs.begin(), m.scr_seqs.end(), m.hptr<int32_t>(m.o_scr_seqs));
+    std::copy(m.scr_slot0.begin(), m.scr_slot0.end(), m.hptr<int64_t>(m.o_scr_slot0));
+  }
   if (!m.km_rules.empty()) {
     std::copy(m.row_boff.begin(), m.row_boff.end(), m.hptr<int64_t>(m.o_boff));
     std::copy(m.row_bnseg.begin(), m.row_bnseg.end(), m.hptr<int32_t>(m.o_bnseg));
@@ -657,6 +750,7 @@ bool KVStoreDevice::step_has_encodes() const {
 uint64_t KVStoreDevice::layout_version() const { return impl_->version; }
 int KVStoreDevice::step_tiles() const { return int(impl_->tiles.size()); }
 int KVStoreDevice::step_decode_rows() const { return impl_->decode_rows; }
+bool KVStoreDevice::step_prefill_scratch() const { return impl_->scr_on; }
 const int32_t* KVStoreDevice::positions() const { return impl_->dptr<int32_t>(impl_->o_pos); }
 
 void KVStoreDevice::launch_fixup() {
@@ -768,6 +862,16 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
     p.n_tiles = int(m.tiles.size());
     p.tile_rows = m.tile_rows;
     p.row_skip = m.dptr<uint8_t>(m.o_skip);
+    const int ri = m.scr_on ? m.scr_rule_of[size_t(layer)] : -1;
+    if (ri >= 0) {
+      cuda::PrefillScratch& sc = p.prefill_scratch;
+      sc.blocks = m.scr.data();
+      sc.slots = m.scr_slots;
+      sc.slot0 = m.dptr<int64_t>(m.o_scr_slot0) + size_t(ri) * m.seq_cap;
+      sc.seqs = m.dptr<int32_t>(m.o_scr_seqs) + size_t(ri) * m.seq_cap * 4;
+      sc.n_seqs = m.dptr<int32_t>(m.o_scr_n) + ri;
+      sc.max_seqs = m.seq_cap;
+    }
   }
   p.out_type = out_type;
   p.out = out;

@@ -58,6 +58,12 @@ class KVStoreDevice {
   // kernels are those of a step of kDetNominalRows decode rows and the prefill kernel takes one
   // key split, whatever the step holds, so a row's result depends on its own sequence only.
   void set_deterministic(bool on);
+  // Coded layers' prefill with the past decoded once per step into a scratch of at most `bytes`
+  // (cuda::PrefillScratch; default GpuTuning::prefill_scratch_mib MiB, 0: every tile decodes; a
+  // step needing more decodes per tile too). Same results either way. Between steps.
+  void set_prefill_scratch_bytes(size_t bytes);
+  // Whether the store's layers can take it (coded layers, 8-bit codes: cuda::prefill_scratch_supported).
+  bool prefill_scratch_possible() const;
   // Whether the step has table updates, copies or encode jobs (a graph without them is cheaper).
   bool step_has_fixups() const;
   bool step_has_encodes() const;
@@ -67,6 +73,8 @@ class KVStoreDevice {
   // the layout, never on positions or lengths: a captured step replays for another of this shape.
   int step_tiles() const;
   int step_decode_rows() const;
+  // Whether the step's coded prefill tiles read the past decoded once (GpuTuning::prefill_scratch_mib).
+  bool step_prefill_scratch() const;
   const int32_t* positions() const;  // [rows] device
 
   void launch_fixup();

@@ -115,8 +115,9 @@ struct ForwardDevice::Impl {
     bool mixed = false;    // made for a step with prefill rows
   };
   // A step's launch shape: rows, logits rows, fix-ups, encodes, prefill tiles, the rows the decode
-  // kernels cover, and (deterministic mode) the short entries' rows and logits rows.
-  using GraphKey = std::tuple<int, int, bool, bool, int, int, int, int>;
+  // kernels cover, (deterministic mode) the short entries' rows and logits rows, and whether coded
+  // tiles read the decoded-once scratch.
+  using GraphKey = std::tuple<int, int, bool, bool, int, int, int, int, bool>;
   std::map<GraphKey, GraphRec> graphs;
   // Graphs kept of steps with prefill rows (their shapes vary more than decode steps'): the least
   // recently used beyond this are dropped.
@@ -665,8 +666,8 @@ void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
   ++stats_.steps;
   Impl::GraphRec* gr = nullptr;
   if (use_graph) {
-    const Impl::GraphKey key{rows, lrows, fixups, encodes, dev.step_tiles(), dev.step_decode_rows(), m.small_rows,
-                             m.small_lrows};
+    const Impl::GraphKey key{rows,         lrows,        fixups,       encodes, dev.step_tiles(), dev.step_decode_rows(),
+                             m.small_rows, m.small_lrows, dev.step_prefill_scratch()};
     gr = &m.graphs[key];
     gr->last_use = stats_.steps;
     if (!s.decode_shape) {

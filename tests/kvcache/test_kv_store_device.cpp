@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -285,6 +286,52 @@ TEST(DeviceStore, SmallRunForSanitizers) {
       for (float x : o) ASSERT_TRUE(std::isfinite(x)) << kv;
     }
   }
+}
+
+// Coded prefill with the past decoded once per step (KVStoreDevice::set_prefill_scratch_bytes)
+// gives bit for bit the outputs of every tile decoding it, chunk after chunk (the code ranges grow,
+// in-chunk blocks are encoded in the same step), for shared and per-sub-space books, the rotated
+// key mean, head_dim 64 / 128 / 256 and groups 4..8; a scratch too small for a step falls back.
+TEST(DeviceStore, PrefillScratchEqualsPerTileDecoding) {
+  VQ_SKIP_WITHOUT_GPU();
+  const Case cases[] = {{"g4_d64_shared", 8, 2, 64, "vecinfer:d4b8,r=32,gran=shared"},
+                        {"g6_d128", 12, 2, 128, "vecinfer:d4b8,r=32"},
+                        {"g8_d128_kmean", 16, 2, 128, "vecinfer:d4b8,r=32", 0, 75, true},
+                        {"g4_d256", 8, 2, 256, "vecinfer:d4b8,r=32"}};
+  for (const Case& c : cases)
+    for (const size_t cap : {size_t(1) << 30, size_t(1)}) {
+      const KVSpec spec = spec_for(c, 2);
+      auto a = make_store(c, spec, KVDevice::cuda), b = make_store(c, spec, KVDevice::cuda);
+      ASSERT_TRUE(b->device().prefill_scratch_possible()) << c.name;
+      a->device().set_prefill_scratch_bytes(0);
+      b->device().set_prefill_scratch_bytes(cap);
+      std::mt19937 rng(5);
+      SeqKV sa = a->new_sequence(), sb = b->new_sequence();
+      const size_t kvrow = size_t(c.H) * c.D, qrow = size_t(c.HQ) * c.D;
+      int used = 0;
+      for (int n : {96, 160, 200, 64}) {
+        for (int l = 0; l < 2; ++l) {
+          const auto k = randn(size_t(n) * kvrow, rng), v = randn(size_t(n) * kvrow, rng);
+          a->append(sa, l, k.data(), v.data(), n);
+          b->append(sb, l, k.data(), v.data(), n);
+        }
+        const auto q = randn(size_t(n) * qrow, rng);
+        std::vector<float> oa(q.size(), NAN), ob(q.size(), NAN);
+        AttnEntry ea{&sa, sa.size() - n, n, q.data(), oa.data()}, eb{&sb, sb.size() - n, n, q.data(), ob.data()};
+        for (int l = 0; l < 2; ++l) {
+          a->attend(l, &ea, 1, 0.125f);
+          b->attend(l, &eb, 1, 0.125f);
+          used += b->device().step_prefill_scratch();
+          EXPECT_FALSE(a->device().step_prefill_scratch());
+          for (size_t i = 0; i < oa.size(); ++i) ASSERT_TRUE(std::isfinite(ob[i])) << c.name << " " << i;
+          ASSERT_EQ(std::memcmp(oa.data(), ob.data(), oa.size() * 4), 0)
+              << c.name << " cap " << cap << ": chunk of " << n << " at " << sa.size() - n << ", layer " << l
+              << ": the scratch's outputs differ from per-tile decoding";
+        }
+      }
+      if (cap > 1) EXPECT_GE(used, 6) << c.name << ": the scratch was not used";
+      else EXPECT_EQ(used, 0) << c.name << ": a scratch of 1 byte cannot hold a step";
+    }
 }
 
 TEST(DeviceStore, RefusesMethodsWithoutDeviceKernels) {

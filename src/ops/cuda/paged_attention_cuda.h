@@ -86,6 +86,28 @@ VQ_HD int64_t key_bias_index(int64_t row_off, int row_nseg, int64_t code_lo, int
   return row_off + int64_t(qh) * row_nseg + ((u >> kKeyMeanSegmentLog2) - (code_lo >> kKeyMeanSegmentLog2));
 }
 
+// Prefill of coded layers with the past decoded once per step (CUDA_NOTES.md section 6): before the
+// prefill kernel, the code blocks the step's tiles read are decoded into `blocks`, fp16 slots of
+// [n_kv_heads][K, V][32 tokens][head_dim] (prefill_scratch_halves(head_dim) per KV head), and
+// the prefill kernel copies a coded pass from there instead of decoding it in every tile. Sequence
+// entry i of `seqs` (n_seqs of them, device count, at most max_seqs): {table, first block, blocks,
+// first slot}; block b of table t's sequence is slot slot0[t] + b. blocks null: per-tile decoding.
+struct PrefillScratch {
+  void* blocks = nullptr;
+  int slots = 0;                      // capacity in slots (the decode kernel's grid)
+  const int64_t* slot0 = nullptr;     // [tables]
+  const int32_t* seqs = nullptr;      // [max_seqs][4]
+  const int32_t* n_seqs = nullptr;
+  int max_seqs = 0;
+};
+VQ_HD constexpr int64_t prefill_scratch_halves(int head_dim) { return int64_t(2) * 32 * head_dim; }
+// Whether a coded layer's prefill can take the scratch: 8-bit codes in rows of whole 32-bit words
+// (sub-spaces a multiple of 4) and sub-vectors of a multiple of 4 channels.
+inline bool prefill_scratch_supported(int head_dim, int k_sub_dim, int k_bits, int v_sub_dim, int v_bits) {
+  return k_bits == 8 && v_bits == 8 && k_sub_dim > 0 && v_sub_dim > 0 && k_sub_dim % 4 == 0 && v_sub_dim % 4 == 0 &&
+         (head_dim / k_sub_dim) % 4 == 0 && (head_dim / v_sub_dim) % 4 == 0;
+}
+
 // Prefill: a tile of consecutive query rows (positions) of one sequence, computed by the
 // tensor-core prefill kernel (each key block read once per tile); at most
 // paged_prefill_positions_per_tile(group, tile_rows) rows, block_tokens 32. A tile holds
@@ -134,6 +156,7 @@ struct PagedAttnParams {
   int tile_rows = 0;          // paged_prefill_tile_rows: the tiles were cut for this many rows
   int prefill_splits = 0;     // key splits of the prefill kernel (paged_attention_plan: few tiles -> several)
   const uint8_t* row_skip = nullptr;  // [rows] or null
+  PrefillScratch prefill_scratch;     // coded layers' tiles: the past decoded once (blocks null: not)
   // Rows [decode_rows, rows) are all prefill-tile rows (row_skip set): the decode kernels, their
   // merge and their workspace cover rows [0, decode_rows) only. -1: all rows.
   int decode_rows = -1;

@@ -102,6 +102,11 @@ struct PrefillParams {
   void* out;
   int64_t out_stride;
   PagedKeyBias kbias;  // coded passes: the rotated key mean's score terms (values null: none)
+  // Coded passes copied from the step's decoded past (PrefillScratch: slot slot0[table] + block,
+  // prefill_scratch_halves(D) per KV head, K then V token-major) instead of decoded here; null: decode.
+  // Read by prefill_kernel only (launch_ws_d leaves such layers to it).
+  const __half* scr;
+  const int64_t* scr_slot0;
 };
 
 using namespace ptx;  // smem_u32, cp_async*, ldsm_x4(_t), mma16816, pack_half2 (mma_ptx.cuh)
@@ -399,6 +404,9 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   const int H = p.n_kv_heads;
   const int64_t kbytes = int64_t(H) * kB * p.kcb;
   const int kraw = kB * p.kcb, vraw_off = (KN * p.kcb + 15) & ~15, vraw = kB * p.vcb;  // per block
+  // The step's decoded past (PrefillParams::scr): block b of this sequence and KV head at scr_k + b * scr_stride.
+  const int64_t scr_stride = int64_t(H) * prefill_scratch_halves(D);
+  const __half* scr_k = p.scr ? p.scr + p.scr_slot0[tab] * scr_stride + kh * prefill_scratch_halves(D) : nullptr;
 
   const int t_first = p.pos[tile.row0], t_last = p.pos[tile.row0 + n_pos - 1];
   const PagedRanges gf = paged_ranges(p.rule, t_first), gl = paged_ranges(p.rule, t_last);
@@ -477,6 +485,18 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
           const bool ok = u0 + k <= t_last;
           cp_async16(vs + L::v(hb * kB + k, 8 * c), ok ? vg + k * D + 8 * c : vg, ok);
         }
+      } else if (need && form == 1 && scr_k) {  // decoded once for the step: K, V token-major
+        const __half* sb = scr_k + b * scr_stride;
+        for (int i = threadIdx.x; i < kB * D / 8; i += NTH) {
+          const int k = i / (D / 8), c = i % (D / 8);
+          cp_async16(ks + L::kc(hb * kB + k, 8 * c), sb + k * D + 8 * c);
+          cp_async16(vs + L::v(hb * kB + k, 8 * c), sb + kB * D + k * D + 8 * c);
+        }
+      } else if (form == 1 && scr_k) {  // no row reads the block: V zeroed (the tile may hold anything)
+        for (int i = threadIdx.x; i < kB * D / 8; i += NTH) {
+          const int k = i / (D / 8), c = i % (D / 8);
+          *reinterpret_cast<uint4*>(vs + L::v(hb * kB + k, 8 * c)) = make_uint4(0, 0, 0, 0);
+        }
       } else if (need) {  // code rows, or a scalar layer's raw rows (the same layout: K rows, then V rows)
         const uint8_t* blk = form == 1 ? ctab[b] : dtab[b];
         const uint8_t* kc = blk + int64_t(kh) * kB * p.kcb;
@@ -547,7 +567,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     __syncthreads();  // pass j's data in stage st; everyone done with stage st ^ 1 (and the queries written)
     __half* ks = kst(st);
     __half* vs = vst(st);
-    if (form == 1) {  // decode the code rows into fp16 tiles: K token-major [KN][D], V [KN][D]
+    if (form == 1 && !p.scr) {  // decode the code rows into fp16 tiles: K token-major [KN][D], V [KN][D]
       const unsigned char* raw = rawst(st);
       decode_rows(KN, raw, p.kcb, p.kbits, p.kd, ksub, p.kbooks > 1, kbook, ks,
                   [](int k, int d) { return L::kc(k, d); }, threadIdx.x, NTH);
@@ -1104,6 +1124,28 @@ __global__ void __launch_bounds__(256) prefill_merge_kernel(PrefillParams p, int
   }
 }
 
+// The step's decoded past (PrefillScratch): block (slot, KV head) decodes the slot's code block,
+// K and V rows, into fp16 [32][D] each, token-major (the layout of a tile's decoded pass). 8-bit
+// codes with rows of whole 32-bit words only (launch_prefill checks): the fast path of decode_rows,
+// which reads no byte past a row.
+__global__ void __launch_bounds__(128) prefill_scratch_kernel(PrefillParams p, PrefillScratch s) {
+  const int slot = blockIdx.x, kh = blockIdx.y, n = *s.n_seqs;
+  const int32_t* e = nullptr;
+  for (int i = 0; i < n && i < s.max_seqs; ++i)
+    if (slot >= s.seqs[4 * i + 3] && slot < s.seqs[4 * i + 3] + s.seqs[4 * i + 2]) e = s.seqs + 4 * i;
+  if (!e) return;  // a slot this step does not use
+  const int H = p.n_kv_heads, D = p.D;
+  const uint8_t* blk = p.coded_tables[e[0]][int64_t(e[1]) + (slot - e[3])];
+  const uint8_t* kc = blk + int64_t(kh) * kB * p.kcb;
+  const uint8_t* vc = blk + int64_t(H) * kB * p.kcb + int64_t(kh) * kB * p.vcb;
+  __half* dst = static_cast<__half*>(s.blocks) + (int64_t(slot) * H + kh) * prefill_scratch_halves(D);
+  const auto row_major = [D](int k, int d) { return k * D + d; };
+  decode_rows(kB, kc, p.kcb, p.kbits, p.kd, D / p.kd, p.kbooks > 1, p.k_book + int64_t(kh) * p.kbook_halves, dst,
+              row_major, threadIdx.x, 128);
+  decode_rows(kB, vc, p.vcb, p.vbits, p.vd, D / p.vd, p.vbooks > 1, p.v_book + int64_t(kh) * p.vbook_halves,
+              dst + kB * D, row_major, threadIdx.x, 128);
+}
+
 size_t smem_optin() {
   static const size_t b = [] {
     int dev = 0, v = 0;
@@ -1209,8 +1251,10 @@ bool launch_ws(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
 // at head_dim 64 and 128 (3 stages, 2 for coded layers at 128), 64 at 256 (32 for coded layers).
 template <int D>
 bool launch_ws_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
+  // (A coded layer reading the step's decoded past takes the synchronous form: its passes are plain
+  // copies there, and the producer warpgroup's registers have no room for a third kind of pass.)
   if (w != 8 || !prefill_wgmma() || !gpu_tuning().prefill_ws || pp.rule.elem != PagedElem::f16 ||
-      gpu_tuning().prefill_keys)
+      gpu_tuning().prefill_keys || pp.scr)
     return false;
   const bool ov = gpu_tuning().prefill_ws == 2;
   if constexpr (D == 64) {
@@ -1289,6 +1333,17 @@ void launch_prefill(const PagedAttnParams& a, float* part, cudaStream_t st) {
   pp.out_type = a.out_type;
   pp.out = a.out;
   pp.out_stride = a.out_stride ? a.out_stride : int64_t(pp.n_q_heads) * a.head_dim;
+  const PrefillScratch& sc = a.prefill_scratch;
+  if (a.rule.coded && sc.blocks) {
+    VQ_CHECK(prefill_scratch_supported(a.head_dim, a.k_sub_dim, a.k_bits, a.v_sub_dim, a.v_bits) && sc.slot0 &&
+                 sc.seqs && sc.n_seqs && sc.slots > 0 && sc.slots <= 2147483647,
+             "cuda::paged_attention prefill: a scratch for codes of {} / {} bits (8-bit codes only) or without its tables",
+             a.k_bits, a.v_bits);
+    prefill_scratch_kernel<<<dim3(unsigned(sc.slots), unsigned(a.n_kv_heads)), 128, 0, st>>>(pp, sc);
+    VQ_CUDA_LAUNCHED("prefill_scratch_kernel");
+    pp.scr = static_cast<const __half*>(sc.blocks);
+    pp.scr_slot0 = sc.slot0;
+  }
   const int w = a.tile_rows / 16;  // 4 or 8 (checked by paged_attention)
   if (a.head_dim == 64) launch_d<64>(pp, w, a.n_tiles, a.n_kv_heads, st);
   else if (a.head_dim == 128) launch_d<128>(pp, w, a.n_tiles, a.n_kv_heads, st);
