@@ -424,8 +424,15 @@ struct KVStoreDevice::Impl {
     const size_t slot_bytes = size_t(H) * size_t(cuda::prefill_scratch_halves(D)) * 2;
     if (need == 0 || size_t(need) * slot_bytes > scr_cap_bytes || need > INT32_MAX / 2) return;
     if (need > scr_slots) {
-      scr_slots = int(std::min<int64_t>(std::max<int64_t>(need + need / 4, 64), int64_t(scr_cap_bytes / slot_bytes)));
-      scr = cuda::DeviceBuffer(size_t(scr_slots) * slot_bytes);
+      const int slots =
+          int(std::min<int64_t>(std::max<int64_t>(need + need / 4, 64), int64_t(scr_cap_bytes / slot_bytes)));
+      try {
+        cuda::DeviceBuffer grown(size_t(slots) * slot_bytes);
+        scr = std::move(grown);
+      } catch (const Error&) {
+        return;  // no device memory for it: this step's tiles decode as before (the step is under way)
+      }
+      scr_slots = slots;
       ++version;
     }
     scr_on = true;
