@@ -52,17 +52,15 @@ const std::vector<EnvVar>& env_vars() {
       {"VQ_PREFILL_WGMMA", "0 or 1", "1", "src/ops/cuda/paged_prefill.cu",
        "The Hopper wgmma form of the prefill attention kernel (on sm_90 with a 90a build); 0 forces the mma.sync "
        "form (for comparisons)."},
-      {"VQ_PREFILL_WS", "0, 1 or 2", "0", "src/ops/cuda/paged_prefill.cu",
-       "The warp-specialised form of the wgmma prefill kernel (a producer warpgroup filling mbarrier stages, two "
-       "consumer warpgroups): 2 also overlaps each pass's scores with the previous pass's P V where three stages "
-       "fit, 1 does not, 0 keeps the synchronous wgmma form (for comparisons)."},
-      {"VQ_MIXED_STEP_GRAPHS", "0 or 1", "0", "src/model/forward_device.cpp",
-       "CUDA graphs for steps with prefill rows (a chunk beside decode rows) as for decode steps: a shape is "
-       "captured the second time it is seen and replayed after; 0 launches such steps eagerly."},
-      {"VQ_PREFILL_SCRATCH_MIB", "0 to 65536", "0", "src/kvcache/kv_store_device.cpp",
+      {"VQ_PREFILL_WS", "0, 1 or 2", "1", "src/ops/cuda/paged_prefill.cu",
+       "The warp-specialised form of the wgmma prefill kernel for fp16 layers (a producer warpgroup filling mbarrier "
+       "stages, two consumer warpgroups); 0 keeps the synchronous wgmma form, 2 also overlaps each pass's scores with "
+       "the previous pass's P V (measured no faster than 1; for comparisons)."},
+      {"VQ_PREFILL_SCRATCH_MIB", "0 to 65536", "1024", "src/kvcache/kv_store_device.cpp",
        "Prefill of coded layers on the GPU: the code blocks a step's prefill tiles read are decoded once into a "
-       "scratch of at most this many MiB (fp16) and copied by every tile, instead of each tile decoding them; 0, or "
-       "a step that needs more, keeps the per-tile decoding. 8-bit codes only."},
+       "scratch of at most this many MiB of device memory (fp16, allocated when a step needs it) and copied by every "
+       "tile, instead of each tile decoding them; 0, or a step that needs more, keeps the per-tile decoding. 8-bit "
+       "codes only."},
       {"VQ_CODED_ATTN_KERNEL", "auto or gather_mma", "auto", "src/kvcache/kv_store_device.cpp",
        "gather_mma forces the gather-mma split kernel for every coded layer (benchmarks compare it with the "
        "automatic choice)."},
@@ -137,7 +135,6 @@ GpuTuning read_gpu_tuning() {
   t.prefill_keys = env_choice(env_var("VQ_PREFILL_KEYS").name, {32, 64}, t.prefill_keys);
   t.prefill_wgmma = env_switch("VQ_PREFILL_WGMMA", t.prefill_wgmma);
   t.prefill_ws = env_choice(env_var("VQ_PREFILL_WS").name, {0, 1, 2}, t.prefill_ws);
-  t.mixed_step_graphs = env_switch("VQ_MIXED_STEP_GRAPHS", t.mixed_step_graphs);
   t.prefill_scratch_mib = env_int_in(env_var("VQ_PREFILL_SCRATCH_MIB").name, 0, 65536, t.prefill_scratch_mib);
   const std::string k = env_or_empty(env_var("VQ_CODED_ATTN_KERNEL").name);
   VQ_CHECK(k.empty() || k == "auto" || k == "gather_mma", "VQ_CODED_ATTN_KERNEL={}: must be auto or gather_mma (or unset)",

@@ -61,11 +61,10 @@ struct GpuTuning {
   int prefill_warps = 0;       // VQ_PREFILL_WARPS: warps per prefill tile, 0 = the dispatcher's choice
   int prefill_keys = 0;        // VQ_PREFILL_KEYS: keys per prefill pass, 0 = the dispatcher's choice
   bool prefill_wgmma = true;   // VQ_PREFILL_WGMMA: the prefill kernel's Hopper wgmma form where built
-  int prefill_ws = 0;          // VQ_PREFILL_WS: its warp-specialised form: 0 off, 1 on, 2 on with S of a pass
-                               // overlapping the previous pass's P V where 3 stages fit
+  int prefill_ws = 1;          // VQ_PREFILL_WS: its warp-specialised form for fp16 layers: 0 off, 1 on, 2 on with
+                               // S of a pass overlapping the previous pass's P V (no faster, for comparisons)
   bool coded_gather_mma = false;  // VQ_CODED_ATTN_KERNEL=gather_mma: force the gather-mma split kernel
-  bool mixed_step_graphs = false;  // VQ_MIXED_STEP_GRAPHS: replay CUDA graphs of steps with prefill rows too
-  int prefill_scratch_mib = 0;     // VQ_PREFILL_SCRATCH_MIB: coded prefill with the past decoded once per step
+  int prefill_scratch_mib = 1024;  // VQ_PREFILL_SCRATCH_MIB: coded prefill with the past decoded once per step
                                    // into a scratch of at most this many MiB (0: each tile decodes)
 };
 // The defaults with the environment's overrides, read now (throws naming a bad value).

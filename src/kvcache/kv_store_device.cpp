@@ -75,8 +75,6 @@ int KVStoreDevice::rows() const { VQ_NO_CUDA; }
 bool KVStoreDevice::step_has_fixups() const { VQ_NO_CUDA; }
 bool KVStoreDevice::step_has_encodes() const { VQ_NO_CUDA; }
 uint64_t KVStoreDevice::layout_version() const { VQ_NO_CUDA; }
-int KVStoreDevice::step_tiles() const { VQ_NO_CUDA; }
-int KVStoreDevice::step_decode_rows() const { VQ_NO_CUDA; }
 bool KVStoreDevice::step_prefill_scratch() const { VQ_NO_CUDA; }
 const int32_t* KVStoreDevice::positions() const { VQ_NO_CUDA; }
 void KVStoreDevice::launch_fixup() { VQ_NO_CUDA; }
@@ -755,8 +753,6 @@ bool KVStoreDevice::step_has_encodes() const {
   return false;
 }
 uint64_t KVStoreDevice::layout_version() const { return impl_->version; }
-int KVStoreDevice::step_tiles() const { return int(impl_->tiles.size()); }
-int KVStoreDevice::step_decode_rows() const { return impl_->decode_rows; }
 bool KVStoreDevice::step_prefill_scratch() const { return impl_->scr_on; }
 const int32_t* KVStoreDevice::positions() const { return impl_->dptr<int32_t>(impl_->o_pos); }
 

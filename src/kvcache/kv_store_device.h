@@ -68,11 +68,6 @@ class KVStoreDevice {
   bool step_has_fixups() const;
   bool step_has_encodes() const;
   uint64_t layout_version() const;
-  // The step's launch shape beyond its row count (after finish_step): its prefill tiles and the
-  // rows before them that the decode kernels cover. Launches depend on these, the row count and
-  // the layout, never on positions or lengths: a captured step replays for another of this shape.
-  int step_tiles() const;
-  int step_decode_rows() const;
   // Whether the step's coded prefill tiles read the past decoded once (GpuTuning::prefill_scratch_mib).
   bool step_prefill_scratch() const;
   const int32_t* positions() const;  // [rows] device

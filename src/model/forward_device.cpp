@@ -110,38 +110,13 @@ struct ForwardDevice::Impl {
   struct GraphRec {
     cuda::Graph g;
     uint64_t kv_version = 0, buf_version = 0;
-    int64_t last_use = 0;  // the step count when last wanted
-    int seen = 0;          // steps of this shape so far
-    bool mixed = false;    // made for a step with prefill rows
   };
-  // A step's launch shape: rows, logits rows, fix-ups, encodes, prefill tiles, the rows the decode
-  // kernels cover, (deterministic mode) the short entries' rows and logits rows, and whether coded
-  // tiles read the decoded-once scratch.
-  using GraphKey = std::tuple<int, int, bool, bool, int, int, int, int, bool>;
-  std::map<GraphKey, GraphRec> graphs;
-  // Graphs kept of steps with prefill rows (their shapes vary more than decode steps'): the least
-  // recently used beyond this are dropped.
-  static constexpr size_t kMaxMixedGraphs = 16;
+  std::map<std::tuple<int, int, bool, bool>, GraphRec> graphs;
 
   Impl(const DeviceModel& m, KVStore& k) : M(m), kv(k), dev(k.device()) {
     const ModelConfig& c = m.config();
     E = c.n_embd, HQ = c.n_heads, H = c.n_kv_heads, D = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim();
     qkvd = qd + 2 * kvd, F = c.n_ff, V = c.n_vocab;
-  }
-
-  // Drops the least recently used graphs of steps with prefill rows beyond kMaxMixedGraphs (never `keep`).
-  void trim_mixed_graphs(const GraphKey& keep) {
-    size_t n = 0;
-    for (const auto& [k, g] : graphs) n += g.mixed;
-    while (n > kMaxMixedGraphs) {
-      auto victim = graphs.end();
-      for (auto it = graphs.begin(); it != graphs.end(); ++it)
-        if (it->second.mixed && it->first != keep && (victim == graphs.end() || it->second.last_use < victim->second.last_use))
-          victim = it;
-      if (victim == graphs.end()) break;
-      graphs.erase(victim);
-      --n;
-    }
   }
 
   void reserve(int rows, int lrows) {
@@ -510,7 +485,6 @@ struct ForwardDevice::Impl {
 
 ForwardDevice::ForwardDevice(std::shared_ptr<const DeviceModel> model, KVStore& kv) : model_(std::move(model)), kv_(kv) {
   VQ_CHECK(kv.device_kind() == KVDevice::cuda, "forward (cuda): the KV store's blocks live on the cpu");
-  mixed_graphs_ = gpu_tuning().mixed_step_graphs;
   const ModelConfig& c = model_->config();
   VQ_CHECK(kv.n_layers() == c.n_layers, "forward (cuda): the KV store has {} layers, the model {}", kv.n_layers(),
            c.n_layers);
@@ -660,24 +634,10 @@ void ForwardDevice::step(const BatchEntry* entries, int n_entries) {
   const int rows = s.rows, lrows = s.lrows;
   void* st = dev.stream();
   const bool fixups = dev.step_has_fixups(), encodes = dev.step_has_encodes();
-  // Decode steps are captured at their first sight; steps with prefill rows (set_mixed_step_graphs)
-  // at their second, so that a one-off shape (a prompt's last chunk) costs no capture.
-  const bool use_graph = graphs_ && !observer_ && (s.decode_shape || mixed_graphs_);
+  const bool use_graph = graphs_ && s.decode_shape && !observer_;
   ++stats_.steps;
-  Impl::GraphRec* gr = nullptr;
   if (use_graph) {
-    const Impl::GraphKey key{rows,         lrows,        fixups,       encodes, dev.step_tiles(), dev.step_decode_rows(),
-                             m.small_rows, m.small_lrows, dev.step_prefill_scratch()};
-    gr = &m.graphs[key];
-    gr->last_use = stats_.steps;
-    if (!s.decode_shape) {
-      gr->mixed = true;
-      m.trim_mixed_graphs(key);
-      if (++gr->seen < 2) gr = nullptr;
-    }
-  }
-  if (gr) {
-    Impl::GraphRec& g = *gr;
+    Impl::GraphRec& g = m.graphs[std::make_tuple(rows, lrows, fixups, encodes)];
     if (g.g.valid() && g.kv_version == dev.layout_version() && g.buf_version == m.buf_version) {
       g.g.launch(st);
       ++stats_.graph_replays;

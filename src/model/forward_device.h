@@ -52,10 +52,6 @@ class ForwardDevice {
   void set_kv_observer(KVObserver f) { observer_ = std::move(f); }
   // CUDA graphs for decode steps (default on; off: every step launches eagerly).
   void set_graphs(bool on) { graphs_ = on; }
-  // CUDA graphs for steps with prefill rows too (a chunk beside decode rows), keyed by the step's
-  // launch shape (KVStoreDevice::step_tiles): captured at a shape's second step, replayed after.
-  // Default: GpuTuning::mixed_step_graphs (VQ_MIXED_STEP_GRAPHS). Needs set_graphs on.
-  void set_mixed_step_graphs(bool on) { mixed_graphs_ = on; }
   // Batch-invariant mode (default off): a row's logits are bit-identical whatever else the step
   // holds (other sequences' rows, how many), given the same chunks of its own sequence. Rows of
   // short entries take the GEMVs in row-invariant forms, rows of long chunks the batch-invariant
@@ -76,7 +72,7 @@ class ForwardDevice {
   std::shared_ptr<const DeviceModel> model_;
   KVStore& kv_;
   KVObserver observer_;
-  bool graphs_ = true, mixed_graphs_ = false, skip_download_ = false;
+  bool graphs_ = true, skip_download_ = false;
   ForwardDeviceStats stats_;
   std::unique_ptr<Impl> impl_;
 };

@@ -312,67 +312,6 @@ TEST(ForwardDevice, GraphReplayEqualsEagerFor200Steps) {
   }
 }
 
-// Steps with prefill rows (a long prompt's chunks beside decode rows, as the engine interleaves
-// them) replayed through CUDA graphs equal the same steps launched eagerly, bit for bit, while the
-// prompt's past grows (so only the descriptors change between replays); shapes seen twice replay.
-TEST(ForwardDevice, MixedStepGraphReplayEqualsEager) {
-  VQ_SKIP_WITHOUT_GPU();
-  for (int geo : {0, 1})
-    for (const char* kv : {"fp16", "vecinfer:d4b8,r=32"}) {
-      auto model = tiny(kGeos[geo], "fwd_dev_mixed_graph");
-      const KVSpec spec = spec_of(*model, kv);
-      const int V = kGeos[geo].n_vocab;
-      auto store_g = make_kv_store(*model, spec, size_t(-1), KVDevice::cuda);
-      auto store_e = make_kv_store(*model, spec, size_t(-1), KVDevice::cuda);
-      Forward fg(*model, *store_g), fe(*model, *store_e);
-      fg.device()->set_mixed_step_graphs(true);
-      fe.device()->set_mixed_step_graphs(false);
-      std::mt19937 rng(11);
-      constexpr int N = 4, kPrompt = 1000;
-      std::vector<SeqKV> sg, se;
-      std::vector<std::vector<int32_t>> toks(N);
-      for (int i = 0; i < N; ++i) {
-        sg.push_back(store_g->new_sequence());
-        se.push_back(store_e->new_sequence());
-        toks[size_t(i)].resize(kPrompt + 64);
-        for (auto& t : toks[size_t(i)]) t = int32_t(rng() % uint32_t(V));
-      }
-      std::vector<int64_t> fed(N, 0);
-      std::vector<float> lg(N * size_t(V)), le(N * size_t(V));
-      auto run = [&](const std::vector<int>& counts, int step_no) {
-        std::vector<BatchEntry> eg, ee;
-        for (int i = 0; i < N; ++i) {
-          if (counts[size_t(i)] == 0) continue;
-          const int32_t* t = toks[size_t(i)].data() + fed[size_t(i)];
-          eg.push_back(BatchEntry{&sg[size_t(i)], t, counts[size_t(i)], LogitsWanted::last, lg.data() + size_t(i) * V});
-          ee.push_back(BatchEntry{&se[size_t(i)], t, counts[size_t(i)], LogitsWanted::last, le.data() + size_t(i) * V});
-        }
-        fg.step(eg.data(), int(eg.size()));
-        fe.step(ee.data(), int(ee.size()));
-        for (int i = 0; i < N; ++i) {
-          if (counts[size_t(i)] == 0) continue;
-          fed[size_t(i)] += counts[size_t(i)];
-          ASSERT_EQ(std::memcmp(lg.data() + size_t(i) * V, le.data() + size_t(i) * V, size_t(V) * 4), 0)
-              << kGeos[geo].name << " " << kv << ": step " << step_no << ", sequence " << i << " (" << counts[size_t(i)]
-              << " tokens at " << fed[size_t(i)] - counts[size_t(i)] << "): graph replay differs from eager launches";
-        }
-      };
-      run({24, 24, 24, 0}, 0);
-      // Three decoding sequences (one of them idle every fourth step) beside the prompt's chunks of
-      // 32 tokens, with a chunk of 20 now and then.
-      for (int step = 1; fed[3] < kPrompt; ++step) {
-        const int chunk = step % 7 == 0 ? 20 : 32;
-        run({1, step % 4 ? 1 : 0, 1, int(std::min<int64_t>(chunk, kPrompt - fed[3]))}, step);
-        if (HasFatalFailure()) return;
-      }
-      const ForwardDeviceStats& g = fg.device()->stats();
-      const ForwardDeviceStats& e = fe.device()->stats();
-      EXPECT_GT(g.graph_replays, 10) << kGeos[geo].name << " " << kv;
-      EXPECT_EQ(e.graph_replays, 0) << kGeos[geo].name << " " << kv;
-      EXPECT_EQ(g.steps, e.steps);
-    }
-}
-
 TEST(ForwardDevice, PoolBudgetExhaustionThrowsBeforeChangingTheSequence) {
   VQ_SKIP_WITHOUT_GPU();
   auto model = tiny(kGeos[0], "fwd_dev_budget");

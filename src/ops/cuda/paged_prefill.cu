@@ -104,7 +104,7 @@ struct PrefillParams {
   PagedKeyBias kbias;  // coded passes: the rotated key mean's score terms (values null: none)
   // Coded passes copied from the step's decoded past (PrefillScratch: slot slot0[table] + block,
   // prefill_scratch_halves(D) per KV head, K then V token-major) instead of decoded here; null: decode.
-  // Read by prefill_kernel only (launch_ws_d leaves such layers to it).
+  // Read by prefill_kernel only (launch_ws_d leaves coded layers to it).
   const __half* scr;
   const int64_t* scr_slot0;
 };
@@ -1246,25 +1246,24 @@ bool launch_ws(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
   return true;
 }
 
-// The warp-specialised form (tiles of 128 rows, fp16 or coded layers on an sm_90a build) unless
+// The warp-specialised form (tiles of 128 rows, fp16 layers on an sm_90a build) unless
 // GpuTuning::prefill_ws is off (VQ_PREFILL_WS=0) or the tile's stages do not fit: 128 keys per pass
-// at head_dim 64 and 128 (3 stages, 2 for coded layers at 128), 64 at 256 (32 for coded layers).
+// at head_dim 64 and 128 (3 stages), 64 at 256. Coded layers take the synchronous form: on the H200
+// the producer warpgroup decoding their passes was slower than the whole tile decoding between the
+// products (Llama-3.1-8B shape, 512 x 32K, d4b8: 5.66 ms against 3.98), and with the step's decoded
+// past (PrefillParams::scr) their passes are plain copies there.
 template <int D>
 bool launch_ws_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
-  // (A coded layer reading the step's decoded past takes the synchronous form: its passes are plain
-  // copies there, and the producer warpgroup's registers have no room for a third kind of pass.)
-  if (w != 8 || !prefill_wgmma() || !gpu_tuning().prefill_ws || pp.rule.elem != PagedElem::f16 ||
-      gpu_tuning().prefill_keys || pp.scr)
+  if (w != 8 || !prefill_wgmma() || !gpu_tuning().prefill_ws || pp.rule.elem != PagedElem::f16 || pp.rule.coded ||
+      gpu_tuning().prefill_keys)
     return false;
   const bool ov = gpu_tuning().prefill_ws == 2;
   if constexpr (D == 64) {
     return ov ? launch_ws<64, 4, 3, true>(pp, n_tiles, H, st) : launch_ws<64, 4, 3, false>(pp, n_tiles, H, st);
   } else if constexpr (D == 128) {
-    if (pp.rule.coded) return launch_ws<128, 4, 2, false>(pp, n_tiles, H, st);
     return ov ? launch_ws<128, 4, 3, true>(pp, n_tiles, H, st) : launch_ws<128, 4, 3, false>(pp, n_tiles, H, st);
   } else {
-    return pp.rule.coded ? launch_ws<256, 1, 2, false>(pp, n_tiles, H, st)
-                         : launch_ws<256, 2, 2, false>(pp, n_tiles, H, st);
+    return launch_ws<256, 2, 2, false>(pp, n_tiles, H, st);
   }
 }
 
