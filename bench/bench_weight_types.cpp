@@ -66,6 +66,14 @@ vq::GGMLType parse_type(const std::string& s) {
   usage("unknown or unsupported type " + s);
 }
 
+std::vector<int64_t> parse_list(const std::string& s, const char* what) {
+  try {
+    return vq::parse_int_list(s, what);
+  } catch (const vq::Error& e) {
+    usage(e.what());
+  }
+}
+
 int64_t parse_int(const std::string& s, const char* what) {
   try {
     return vq::parse_int_option(s, what);
@@ -110,11 +118,9 @@ int main(int argc, char** argv) {
     if (a == "--types") {
       if (v != "all") types = split(v);
     } else if (a == "--M") {
-      Ms.clear();
-      for (const auto& s : split(v)) Ms.push_back(parse_int(s, "--M"));
+      Ms = parse_list(v, "--M");
     } else if (a == "--threads") {
-      thread_counts.clear();
-      for (const auto& s : split(v)) thread_counts.push_back(parse_int(s, "--threads"));
+      thread_counts = parse_list(v, "--threads");
     } else if (a == "--shapes") {
       shapes.clear();
       for (const auto& s : split(v)) {

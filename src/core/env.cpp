@@ -8,6 +8,7 @@
 #include "core/cpu_info.h"
 #include "core/error.h"
 #include "core/int_list.h"
+#include "core/text_escape.h"
 
 namespace vq {
 
@@ -31,7 +32,7 @@ int env_choice(const char* name, std::initializer_list<int> allowed, int unset) 
 
 int env_int_in(const char* name, int lo, int hi, int unset) {
   const std::string v = env_or_empty(name);
-  return v.empty() ? unset : int(parse_int_option(v, name, lo, hi));
+  return v.empty() ? unset : int(parse_int_option(v, fmt::format("{}={}", name, escape_control(v)), lo, hi));
 }
 
 const std::vector<EnvVar>& env_vars() {

@@ -69,14 +69,19 @@ TEST(EnvRegistry, EveryVariableReadIsDeclared) {
 // overrides its field; a value outside the declared ones is one error naming the variable.
 TEST(EnvRegistry, GpuTuningDefaultsAndOverrides) {
   const char* names[] = {"VQ_PDL", "VQ_ATTN_FORK", "VQ_GEMV_F16", "VQ_PREFILL_KERNEL", "VQ_PREFILL_WARPS",
-                         "VQ_PREFILL_KEYS", "VQ_PREFILL_WGMMA", "VQ_CODED_ATTN_KERNEL"};
+                         "VQ_PREFILL_KEYS", "VQ_PREFILL_WGMMA", "VQ_CODED_ATTN_KERNEL", "VQ_PREFILL_WS",
+                         "VQ_PREFILL_SCRATCH_MIB"};
   for (const char* n : names) unsetenv(n);
   GpuTuning t = read_gpu_tuning();
   EXPECT_TRUE(t.pdl && t.attn_fork && t.gemv_f16 && t.prefill_kernel && t.prefill_wgmma);
   EXPECT_EQ(t.prefill_warps, 0);
   EXPECT_EQ(t.prefill_keys, 0);
   EXPECT_FALSE(t.coded_gather_mma);
+  EXPECT_EQ(t.prefill_ws, 1);
+  EXPECT_EQ(t.prefill_scratch_mib, 1024);
   setenv("VQ_PDL", "0", 1);
+  setenv("VQ_PREFILL_WS", "2", 1);
+  setenv("VQ_PREFILL_SCRATCH_MIB", "0", 1);
   setenv("VQ_PREFILL_WARPS", "8", 1);
   setenv("VQ_PREFILL_KEYS", "32", 1);
   setenv("VQ_PREFILL_WGMMA", "0", 1);
@@ -88,8 +93,12 @@ TEST(EnvRegistry, GpuTuningDefaultsAndOverrides) {
   EXPECT_EQ(t.prefill_warps, 8);
   EXPECT_EQ(t.prefill_keys, 32);
   EXPECT_TRUE(t.coded_gather_mma);
+  EXPECT_EQ(t.prefill_ws, 2);
+  EXPECT_EQ(t.prefill_scratch_mib, 0);
   for (auto [name, bad] : {std::pair{"VQ_PDL", "off"}, {"VQ_PREFILL_WARPS", "6"}, {"VQ_PREFILL_WGMMA", "2"},
-                                {"VQ_CODED_ATTN_KERNEL", "fast"}}) {
+                                {"VQ_CODED_ATTN_KERNEL", "fast"}, {"VQ_PREFILL_WS", "3"},
+                                {"VQ_PREFILL_SCRATCH_MIB", "-1"}, {"VQ_PREFILL_SCRATCH_MIB", "1x"},
+                                {"VQ_PREFILL_SCRATCH_MIB", "70000"}}) {
     setenv(name, bad, 1);
     const std::string e = test::error_of([] { read_gpu_tuning(); });
     EXPECT_NE(e.find(std::string(name) + "=" + bad), std::string::npos) << e;

@@ -567,7 +567,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     __syncthreads();  // pass j's data in stage st; everyone done with stage st ^ 1 (and the queries written)
     __half* ks = kst(st);
     __half* vs = vst(st);
-    if (form == 1 && !p.scr) {  // decode the code rows into fp16 tiles: K token-major [KN][D], V [KN][D]
+    if (form == 1 && !scr_k) {  // decode the code rows into fp16 tiles: K token-major [KN][D], V [KN][D]
       const unsigned char* raw = rawst(st);
       decode_rows(KN, raw, p.kcb, p.kbits, p.kd, ksub, p.kbooks > 1, kbook, ks,
                   [](int k, int d) { return L::kc(k, d); }, threadIdx.x, NTH);
