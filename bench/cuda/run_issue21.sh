@@ -11,6 +11,8 @@
 #   prefill: veloxquant bench e2e --device cuda --prefill N (random fp16 weights of the geometry),
 #            fp16 and vecinfer:d4b8 caches, chunks of PREFILL_CHUNK (default 2048) tokens
 #   nsys:    the same prefill under nsys, kernel time summary (cuda_gpu_kern_sum), top kernels
+#   ncu:     Nsight Compute on the prefill chunk alone (NCU_GEO, NCU_KV, NCU_KERNEL regex): the full
+#            section set as text and the per-instruction SASS table (stall samples) as CSV
 #   hf:      bench/cuda/hf_peer.py on the same geometry (HF_GEO), prefill tok/s of one generate(1)
 set -uo pipefail
 P=${VQ_PREBUILT:-.gpubin-d}
@@ -70,6 +72,18 @@ PY
       echo "nsys not found on the device"
     fi
   done
+fi
+if has ncu; then
+  NC=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  g=${NCU_GEO:-llama-3.1-8b}; kv=${NCU_KV:-fp16}; tag=${NCU_TAG:-${kv##*:}}
+  timeout 400 $NC --set full --clock-control none -k regex:${NCU_KERNEL:-prefill_ws} --launch-skip 2 -c 1 \
+    --import-source no -f -o $L/ncu_$tag $BIN/bench_paged_attention $g $kv --sweep --S 32768 --prefill 512 --reps 3 \
+    > $L/ncu_run_$tag.log 2>&1
+  echo "ncu $tag exit $?"; tail -3 $L/ncu_run_$tag.log
+  $NC -i $L/ncu_$tag.ncu-rep --page details --print-details all > $L/ncu_details_$tag.txt 2>&1
+  $NC -i $L/ncu_$tag.ncu-rep --page source --csv --print-source sass > $L/ncu_sass_$tag.csv 2>&1
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Bank Conflicts|Issue Slots Busy|No Eligible|Achieved Occupancy" $L/ncu_details_$tag.txt | head -20
+  rm -f $L/ncu_$tag.ncu-rep
 fi
 if has hf; then
   for g in $GEOS; do

@@ -692,37 +692,32 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
 
 // ---- The warp-specialised form (Hopper, sm_90a build; GpuTuning::prefill_ws) ----
 // Three warpgroups per tile of 128 rows: warpgroup 0 is the producer, 1 and 2 the consumers (64 rows
-// each). The producer walks the passes and fills NST shared-memory stages (dense passes: cp.async of
-// the fp16 blocks straight into the wgmma layouts; coded passes: the code rows, then decoded into the
-// fp16 tiles by the producer), handing each stage over through an mbarrier (full[s]); the consumers
-// score, mask, softmax and accumulate (wgmma, as the WG form above) and hand the stage back
-// (empty[s]). Nothing waits on the whole block after the start: the producer runs up to NST passes
-// ahead, decoding of coded passes happens beside the consumers' products instead of between them,
-// and each consumer warpgroup proceeds at its own pace (one's softmax under the other's products).
-// Registers move from the producer (40) to the consumers (232) with setmaxnreg. Scalar-block layers
-// keep the form above.
+// each). The producer walks the passes and fills NST shared-memory stages by cp.async straight into
+// the wgmma layouts (dense passes: the pool's fp16 blocks; coded passes: the step's decoded past,
+// PrefillParams::scr), and hands a stage over when its copies land (cp.async.mbarrier.arrive on
+// full[s]), so up to NST passes are in flight; the consumers score, mask, softmax and accumulate
+// (wgmma, as the WG form above) and hand the stage back (empty[s]). Nothing waits on the whole block
+// after the start: each consumer warpgroup proceeds at its own pace (one's softmax under the other's
+// products). Registers move from the producer (80) to the consumers (208) with setmaxnreg.
+// Scalar-block layers and coded layers without the decoded past keep the form above.
 struct WsOffsets {
-  int q, qc, stage, stage_bytes, raw, books, total;  // bytes from the start of dynamic shared memory
+  int q, qc, stage, stage_bytes, total;  // bytes from the start of dynamic shared memory
 };
 
 template <int D, int NB, int NST>
-WsOffsets ws_offsets(const PrefillParams& pp, bool books_smem) {
+WsOffsets ws_offsets(const PrefillParams& pp) {
   static_assert(2 * NST * 8 <= 128, "mbarriers fit in the first 128 bytes");
   WsOffsets o{};
   const bool coded = pp.rule.coded;
-  constexpr int KN = kB * NB;
   int at = 128;  // full[NST], empty[NST]
   o.q = at;
   at += 128 * D * 2;
   o.qc = at;
   if (coded) at += 128 * D * 2;
   o.stage = at;
-  o.stage_bytes = 2 * KN * D * 2 + (coded && pp.kbias.values ? 128 * 2 * NB * 4 : 0);
+  using L = PrefillSmem<D, NB, true>;
+  o.stage_bytes = (L::KH + L::VH) * 2 + (coded && pp.kbias.values ? 128 * 2 * NB * 4 : 0);
   at += NST * o.stage_bytes;
-  o.raw = at;
-  if (coded) at += (prefill_kbias_offset(pp, NB) + 127) & ~127;
-  o.books = at;
-  if (coded && books_smem) at += (pp.kbook_halves + pp.vbook_halves) * 2;
   o.total = at;
   return o;
 }
@@ -745,6 +740,11 @@ __device__ __forceinline__ void wait(uint64_t* b, uint32_t parity) {
       "@!done bra LAB_WAIT;\n}\n" ::"r"(smem_u32(b)),
       "r"(parity)
       : "memory");
+}
+// Arrives on b once every cp.async this thread has issued so far has landed (counted against the
+// barrier's expected arrivals): the producer hands a stage over without waiting for its copies.
+__device__ __forceinline__ void arrive_on_copies(uint64_t* b) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b)) : "memory");
 }
 __device__ __forceinline__ void named_sync(unsigned id, unsigned n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -806,10 +806,8 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
   __half* qp = reinterpret_cast<__half*>(smem + lo.q);
   __half* qc = reinterpret_cast<__half*>(smem + lo.qc);
   auto kst = [&](int s) { return reinterpret_cast<__half*>(smem + lo.stage + s * lo.stage_bytes); };
-  auto vst = [&](int s) { return kst(s) + KN * D; };
-  auto kbst = [&](int s) { return reinterpret_cast<float*>(smem + lo.stage + s * lo.stage_bytes + 4 * KN * D); };
-  unsigned char* raw = smem + lo.raw;
-  __half* books = reinterpret_cast<__half*>(smem + lo.books);
+  auto vst = [&](int s) { return kst(s) + L::KH; };
+  auto kbst = [&](int s) { return reinterpret_cast<float*>(smem + lo.stage + s * lo.stage_bytes + 2 * (L::KH + L::VH)); };
 
   const PagedPrefillTile tile = p.tiles[blockIdx.x];
   const int kh = blockIdx.y;
@@ -843,23 +841,11 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
     wsb::regs_down<kWsProducerRegs>();
     const int tid = threadIdx.x;
     const uint8_t* const* dtab = p.dense_tables[tab];
-    const uint8_t* const* ctab = coded_layer ? p.coded_tables[tab] : nullptr;
-    const int64_t kbytes = int64_t(H) * kB * p.kcb;
-    const int kraw = kB * p.kcb, vraw_off = (KN * p.kcb + 15) & ~15, vraw = kB * p.vcb;
-    const __half* kbook = nullptr;
-    const __half* vbook = nullptr;
-    if (coded_layer) {
-      kbook = p.k_book + int64_t(kh) * p.kbook_halves;
-      vbook = p.v_book + int64_t(kh) * p.vbook_halves;
-      if (p.books_smem) {  // read only after the first named_sync below
-        for (int i = tid; i < p.kbook_halves / 4; i += 128)
-          reinterpret_cast<uint2*>(books)[i] = reinterpret_cast<const uint2*>(kbook)[i];
-        for (int i = tid; i < p.vbook_halves / 4; i += 128)
-          reinterpret_cast<uint2*>(books + p.kbook_halves)[i] = reinterpret_cast<const uint2*>(vbook)[i];
-        kbook = books;
-        vbook = books + p.kbook_halves;
-      }
-    }
+    // Coded layers run here only with the step's decoded past (launch_ws_d): block b of this
+    // sequence and KV head at scr_k + b * scr_stride, K then V token-major.
+    const int64_t scr_stride = int64_t(H) * prefill_scratch_halves(D);
+    const __half* scr_k = coded_layer ? p.scr + p.scr_slot0[tab] * scr_stride + kh * prefill_scratch_halves(D) : nullptr;
+    const __half* zsrc = reinterpret_cast<const __half*>(p.q);  // a valid address for zero-fills (nothing read)
     // The rotated key mean's terms of row tid (as the WG form's issue(), a whole row per thread).
     int64_t kb_base = 0, kb_slo = 0, kb_shi = -1;
     if (kb_on) {
@@ -873,6 +859,19 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
         }
       }
     }
+    // Token-major rows of D halves ([kB][D]: values, and decoded keys) into the core-matrix layout:
+    // lanes 0-7 take 8 consecutive tokens (one core matrix), lanes 8-31 the next 3 chunks of 8
+    // channels of the same tokens, so a warp writes 4 whole core matrices (4 shared-memory
+    // wavefronts; token by token it took 16). Rows no one reads are zero-filled (src-size 0).
+    auto copy_rows = [&](__half* dst, const __half* src, int n0, bool need, int64_t u0) {
+      constexpr int CPR = D / 8;  // 16-byte chunks per row
+      for (int i = tid; i < kB * CPR; i += 128) {
+        const int u = i >> 5, lane = i & 31;
+        const int k = (u / (CPR / 4)) * 8 + (lane & 7), c = (u % (CPR / 4)) * 4 + (lane >> 3);
+        const bool ok = need && u0 + k <= t_last;
+        cp_async16(dst + L::v(n0 + k, 8 * c), ok ? src + k * D + 8 * c : zsrc, ok);
+      }
+    };
     auto issue = [&](int64_t j, int form, int s) {
       __half* ks = kst(s);
       __half* vs = vst(s);
@@ -889,61 +888,34 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
       for (int hb = 0; hb < NB; ++hb) {
         const int64_t b = j * NB + hb, u0 = b * kB;
         const bool need = walk.block_needed(b, form);
-        if (form == 0) {
-          if (!need) {
-            for (int i = tid; i < kB * D / 8; i += 128) {
-              const int k = i / (D / 8), c = i % (D / 8);
-              *reinterpret_cast<uint4*>(vs + L::v(hb * kB + k, 8 * c)) = make_uint4(0, 0, 0, 0);
+        // Keys no row reads are left as they are (their scores are masked); their values are zeros.
+        if (form == 0) {  // the pool's block: keys [D][kB] (a warp: 512 contiguous bytes, 4 core matrices)
+          const __half* blk = need ? reinterpret_cast<const __half*>(dtab[b]) : zsrc;
+          const __half* kg = blk + size_t(kh) * D * kB;
+          if (need)
+            for (int i = tid; i < D * kB / 8; i += 128) {
+              const int d = i / (kB / 8), c = i % (kB / 8);
+              cp_async16(ks + L::kd(d, hb * kB + 8 * c), kg + d * kB + 8 * c);
             }
-            continue;
-          }
-          const __half* blk = reinterpret_cast<const __half*>(dtab[b]);
-          const __half* kg = blk + size_t(kh) * D * kB;                       // [D][kB]
-          const __half* vg = blk + size_t(H) * D * kB + size_t(kh) * kB * D;  // [kB][D]
-          for (int i = tid; i < D * kB / 8; i += 128) {
-            const int d = i / (kB / 8), c = i % (kB / 8);
-            cp_async16(ks + L::kd(d, hb * kB + 8 * c), kg + d * kB + 8 * c);
-          }
-          for (int i = tid; i < kB * D / 8; i += 128) {
-            const int k = i / (D / 8), c = i % (D / 8);
-            const bool ok = u0 + k <= t_last;
-            cp_async16(vs + L::v(hb * kB + k, 8 * c), ok ? vg + k * D + 8 * c : vg, ok);
-          }
-        } else if (need) {
-          const uint8_t* blk = ctab[b];
-          const uint8_t* kc = blk + int64_t(kh) * kB * p.kcb;
-          const uint8_t* vc = blk + kbytes + int64_t(kh) * kB * p.vcb;
-          for (int i = tid; i < kraw / 16; i += 128) cp_async16(raw + hb * kraw + 16 * i, kc + 16 * i);
-          for (int i = tid; i < vraw / 16; i += 128) cp_async16(raw + vraw_off + hb * vraw + 16 * i, vc + 16 * i);
+          copy_rows(vs, blk + size_t(H) * D * kB + size_t(kh) * kB * D, hb * kB, need, u0);
+        } else {  // decoded once for the step: keys and values token-major
+          const __half* sb = need ? scr_k + b * scr_stride : zsrc;
+          if (need) copy_rows(ks, sb, hb * kB, true, u0);
+          copy_rows(vs, sb + kB * D, hb * kB, need, u0);
         }
       }
       cp_async_commit();
     };
-    const int ksub = coded_layer ? D / p.kd : 0, vsub = coded_layer ? D / p.vd : 0;
     int64_t cj = j_begin;
     int cform = 0;
     walk.seek(cj, cform);
-    int it = 0, ps = 0, pform = -1;  // pform >= 0: the pass in stage ps waits to be handed over
-    while (true) {
-      if (pform >= 0) {
-        cp_async_wait<0>();
-        if (pform == 1) {  // everyone's code rows are in: decode into the stage's fp16 tiles
-          wsb::named_sync(1, 128);
-          decode_rows(KN, raw, p.kcb, p.kbits, p.kd, ksub, p.kbooks > 1, kbook, kst(ps),
-                      [](int k, int d) { return L::kc(k, d); }, tid, 128);
-          decode_rows(KN, raw + vraw_off, p.vcb, p.vbits, p.vd, vsub, p.vbooks > 1, vbook, vst(ps),
-                      [](int k, int d) { return L::v(k, d); }, tid, 128);
-        }
-        wg::fence_proxy_async();  // this thread's copies and stores, visible to the consumers' wgmma
-        wsb::arrive(full + ps);
-        if (pform == 1) wsb::named_sync(1, 128);  // the code rows are free for the next pass
-        pform = -1;
-      }
-      if (cj < 0) break;
+    // Each stage is handed over when its copies land (the barrier counts the 128 threads' copy
+    // completions), so up to NST passes are in flight.
+    for (int it = 0; cj >= 0; ++it) {
       const int s = it % NST;
       wsb::wait(empty + s, ((it / NST) & 1) ^ 1);
       issue(cj, cform, s);
-      ps = s, pform = cform, ++it;
+      wsb::arrive_on_copies(full + s);
       ++cform;
       if (cform == 2) cform = 0, ++cj;
       walk.seek(cj, cform);
@@ -1229,12 +1201,8 @@ void launch_dw(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t 
 // books of a coded layer staged there only if they fit too); false: it does not fit.
 template <int D, int NB, int NST, bool OV>
 bool launch_ws(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
-  bool books = pp.rule.coded && pp.books_smem;
-  WsOffsets o = ws_offsets<D, NB, NST>(pp, books);
-  if (size_t(o.total) > smem_optin() && books) books = false, o = ws_offsets<D, NB, NST>(pp, false);
+  const WsOffsets o = ws_offsets<D, NB, NST>(pp);
   if (size_t(o.total) > smem_optin()) return false;
-  pp.books_smem = books;
-  pp.raw_bytes = prefill_raw_bytes(pp, NB);
   detail::ensure_smem_attr(prefill_ws_kernel<D, NB, NST, OV>, size_t(o.total));
   prefill_ws_kernel<D, NB, NST, OV>
       <<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 384, size_t(o.total), st>>>(pp, o);
@@ -1246,23 +1214,27 @@ bool launch_ws(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
   return true;
 }
 
-// The warp-specialised form (tiles of 128 rows, fp16 layers on an sm_90a build) unless
-// GpuTuning::prefill_ws is off (VQ_PREFILL_WS=0) or the tile's stages do not fit: 128 keys per pass
-// at head_dim 64 and 128 (3 stages), 64 at 256. Coded layers take the synchronous form: on the H200
-// the producer warpgroup decoding their passes was slower than the whole tile decoding between the
-// products (Llama-3.1-8B shape, 512 x 32K, d4b8: 5.66 ms against 3.98), and with the step's decoded
-// past (PrefillParams::scr) their passes are plain copies there.
+// The warp-specialised form (tiles of 128 rows on an sm_90a build) unless GpuTuning::prefill_ws is
+// off (VQ_PREFILL_WS=0) or the tile's stages do not fit: fp16 layers with 128 keys per pass at
+// head_dim 64 and 128 (3 stages), 64 at 256; coded layers when the step decoded their past once
+// (PrefillParams::scr: their passes are copies too) with 2 stages (their second query tile), 32
+// keys per pass at 256. Coded layers decoding per tile and scalar-block layers take the
+// synchronous form: a producer warpgroup decoding the passes was slower than the whole tile
+// decoding between the products (H200, Llama-3.1-8B shape, 512 x 32K, d4b8: 5.66 ms against 3.98).
 template <int D>
 bool launch_ws_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
-  if (w != 8 || !prefill_wgmma() || !gpu_tuning().prefill_ws || pp.rule.elem != PagedElem::f16 || pp.rule.coded ||
-      gpu_tuning().prefill_keys)
+  if (w != 8 || !prefill_wgmma() || !gpu_tuning().prefill_ws || pp.rule.elem != PagedElem::f16 ||
+      (pp.rule.coded && !pp.scr) || gpu_tuning().prefill_keys)
     return false;
-  const bool ov = gpu_tuning().prefill_ws == 2;
+  const bool ov = gpu_tuning().prefill_ws == 2 && !pp.rule.coded;
   if constexpr (D == 64) {
+    if (pp.rule.coded) return launch_ws<64, 4, 2, false>(pp, n_tiles, H, st);
     return ov ? launch_ws<64, 4, 3, true>(pp, n_tiles, H, st) : launch_ws<64, 4, 3, false>(pp, n_tiles, H, st);
   } else if constexpr (D == 128) {
+    if (pp.rule.coded) return launch_ws<128, 4, 2, false>(pp, n_tiles, H, st);
     return ov ? launch_ws<128, 4, 3, true>(pp, n_tiles, H, st) : launch_ws<128, 4, 3, false>(pp, n_tiles, H, st);
   } else {
+    if (pp.rule.coded) return launch_ws<256, 1, 2, false>(pp, n_tiles, H, st);
     return launch_ws<256, 2, 2, false>(pp, n_tiles, H, st);
   }
 }
