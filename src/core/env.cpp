@@ -54,9 +54,10 @@ const std::vector<EnvVar>& env_vars() {
        "The Hopper wgmma form of the prefill attention kernel (on sm_90 with a 90a build); 0 forces the mma.sync "
        "form (for comparisons)."},
       {"VQ_PREFILL_WS", "0, 1 or 2", "1", "src/ops/cuda/paged_prefill.cu",
-       "The warp-specialised form of the wgmma prefill kernel for fp16 layers (a producer warpgroup filling mbarrier "
-       "stages, two consumer warpgroups); 0 keeps the synchronous wgmma form, 2 also overlaps each pass's scores with "
-       "the previous pass's P V (measured no faster than 1; for comparisons)."},
+       "The warp-specialised form of the wgmma prefill kernel for fp16 layers and for coded layers whose past the step "
+       "decoded once (a producer warpgroup filling mbarrier stages by cp.async, two consumer warpgroups); 0 keeps the "
+       "synchronous wgmma form, 2 also overlaps each pass's scores with the previous pass's P V in fp16 layers at head "
+       "dims 64 and 128 (docs/BENCHMARKS.md (s), (t): no faster end to end; for comparisons)."},
       {"VQ_PREFILL_SCRATCH_MIB", "0 to 65536", "1024", "src/kvcache/kv_store_device.cpp",
        "Prefill of coded layers on the GPU: the code blocks a step's prefill tiles read are decoded once into a "
        "scratch of at most this many MiB of device memory (fp16, allocated when a step needs it) and copied by every "

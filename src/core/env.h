@@ -61,8 +61,8 @@ struct GpuTuning {
   int prefill_warps = 0;       // VQ_PREFILL_WARPS: warps per prefill tile, 0 = the dispatcher's choice
   int prefill_keys = 0;        // VQ_PREFILL_KEYS: keys per prefill pass, 0 = the dispatcher's choice
   bool prefill_wgmma = true;   // VQ_PREFILL_WGMMA: the prefill kernel's Hopper wgmma form where built
-  int prefill_ws = 1;          // VQ_PREFILL_WS: its warp-specialised form for fp16 layers: 0 off, 1 on, 2 on with
-                               // S of a pass overlapping the previous pass's P V (no faster, for comparisons)
+  int prefill_ws = 1;          // VQ_PREFILL_WS: its warp-specialised form (fp16 layers, coded ones with the step's
+                               // decoded past): 0 off, 1 on, 2 on with S of a pass overlapping the previous P V
   bool coded_gather_mma = false;  // VQ_CODED_ATTN_KERNEL=gather_mma: force the gather-mma split kernel
   int prefill_scratch_mib = 1024;  // VQ_PREFILL_SCRATCH_MIB: coded prefill with the past decoded once per step
                                    // into a scratch of at most this many MiB (0: each tile decodes)
