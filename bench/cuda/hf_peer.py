@@ -5,7 +5,9 @@ Llama-3.1-8B geometry (HF_GEO=qwen2.5-1.5b: Qwen2.5-1.5B's, with q/k/v/o biases)
 weights (built on the GPU, no files), B=1:
   decode step = (generate 65 new tokens - generate 1) / 64, prefill tok/s = ctx / generate(1 token),
 with cache_implementation="static" (generate compiles the decode step into CUDA graphs) and with
-the default dynamic cache (HF_MODES=static,dynamic picks). Usage: hf_peer.py [ctx ...] (default 4096 32768).
+the default dynamic cache (HF_MODES=static,dynamic picks). HF_PROFILE=1 also prints the top CUDA
+kernels of one prefill (which SDPA backend ran) and times one causal SDPA call at the prompt's shape
+with each backend. Usage: hf_peer.py [ctx ...] (default 4096 32768).
 """
 import sys
 import time
@@ -76,7 +78,49 @@ def main():
             step = (t65 - t1) / 64
             print(f"hf_peer mode={mode} ctx={ctx} B=1 decode_step_ms={step * 1e3:.2f} tok_s={1 / step:.1f} "
                   f"prefill_s={t1:.3f} prefill_tok_s={ctx / t1:.0f} warmup_s={warm:.1f}", flush=True)
+            if os.environ.get("HF_PROFILE"):  # which kernels the prefill ran (e.g. which SDPA backend)
+                kernels(lambda: gen(1), f"mode={mode} ctx={ctx} generate(1)")
             torch.cuda.empty_cache()
+        if os.environ.get("HF_PROFILE"):
+            sdpa_alone(max(ctxs))
+
+
+def kernels(fn, what, top=8):
+    """The top CUDA kernels of one call of fn, by total device time (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.device_time_total > 0]
+    ev.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in ev)
+    print(f"hf_peer kernels {what}: {total / 1e3:.1f} ms of device time", flush=True)
+    for e in ev[:top]:
+        print(f"  {e.device_time_total / 1e3:8.2f} ms {e.count:6d} x {e.key[:110]}", flush=True)
+
+
+def sdpa_alone(ctx):
+    """One causal SDPA call at the prompt's shape (bf16, GQA), with each backend torch has here."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    d = HID // HEADS
+    q = torch.randn(1, HEADS, ctx, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, KV, ctx, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    for name, b in [("default", None), ("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                    ("efficient", SDPBackend.EFFICIENT_ATTENTION)]:
+        def call():
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        try:
+            if b is None:
+                call()
+                t = min(timed(call) for _ in range(3))
+            else:
+                with sdpa_kernel([b]):
+                    call()
+                    t = min(timed(call) for _ in range(3))
+            print(f"hf_peer sdpa ctx={ctx} backend={name} ms={t * 1e3:.2f} per layer", flush=True)
+        except RuntimeError as e:
+            print(f"hf_peer sdpa ctx={ctx} backend={name} unavailable: {str(e).splitlines()[0][:100]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #   ncu:     Nsight Compute on the prefill chunk alone (NCU_GEO, NCU_KV, NCU_KERNEL regex): the full
 #            section set as text and the per-instruction SASS table (stall samples) as CSV
 #   hf:      bench/cuda/hf_peer.py on the same geometry (HF_GEO), prefill tok/s of one generate(1)
+#            (HF_PROFILE=1: also its top CUDA kernels and one SDPA call per backend at the prompt's shape)
 set -uo pipefail
 P=${VQ_PREBUILT:-.gpubin-d}
 L=${OUT:-out/issue21}
