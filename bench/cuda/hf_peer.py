@@ -9,6 +9,7 @@ the default dynamic cache (HF_MODES=static,dynamic picks). HF_PROFILE=1 also pri
 kernels of one prefill (which SDPA backend ran) and times one causal SDPA call at the prompt's shape
 with each backend. Usage: hf_peer.py [ctx ...] (default 4096 32768).
 """
+import contextlib
 import sys
 import time
 
@@ -111,13 +112,9 @@ def sdpa_alone(ctx):
         def call():
             torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         try:
-            if b is None:
+            with sdpa_kernel([b]) if b is not None else contextlib.nullcontext():
                 call()
                 t = min(timed(call) for _ in range(3))
-            else:
-                with sdpa_kernel([b]):
-                    call()
-                    t = min(timed(call) for _ in range(3))
             print(f"hf_peer sdpa ctx={ctx} backend={name} ms={t * 1e3:.2f} per layer", flush=True)
         except RuntimeError as e:
             print(f"hf_peer sdpa ctx={ctx} backend={name} unavailable: {str(e).splitlines()[0][:100]}", flush=True)

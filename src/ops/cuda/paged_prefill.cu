@@ -104,7 +104,6 @@ struct PrefillParams {
   PagedKeyBias kbias;  // coded passes: the rotated key mean's score terms (values null: none)
   // Coded passes copied from the step's decoded past (PrefillScratch: slot slot0[table] + block,
   // prefill_scratch_halves(D) per KV head, K then V token-major) instead of decoded here; null: decode.
-  // Read by prefill_kernel only (launch_ws_d leaves coded layers to it).
   const __half* scr;
   const int64_t* scr_slot0;
 };
@@ -164,6 +163,15 @@ __device__ __forceinline__ void decode_rows(int rows, const unsigned char* raw, 
 // matrices of a group of 8 rows side by side, row groups cols * 8 halves apart.
 __device__ __forceinline__ int cm_off(int r, int c, int cols) {
   return (r >> 3) * (cols * 8) + (c >> 3) * 64 + (r & 7) * 8 + (c & 7);
+}
+
+// The step's decoded past (PrefillParams::scr) of block table `tab` and KV head kh: block b at
+// scratch_blocks(...) + b * scratch_stride(...), K then V token-major; null without a scratch.
+__device__ __forceinline__ int64_t scratch_stride(const PrefillParams& p) {
+  return int64_t(p.n_kv_heads) * prefill_scratch_halves(p.D);
+}
+__device__ __forceinline__ const __half* scratch_blocks(const PrefillParams& p, int tab, int kh) {
+  return p.scr ? p.scr + p.scr_slot0[tab] * scratch_stride(p) + kh * prefill_scratch_halves(p.D) : nullptr;
 }
 
 // Scalar passes: the KN raw K rows at raw and V rows at vraw (row_bytes each, token-major) into
@@ -404,9 +412,8 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   const int H = p.n_kv_heads;
   const int64_t kbytes = int64_t(H) * kB * p.kcb;
   const int kraw = kB * p.kcb, vraw_off = (KN * p.kcb + 15) & ~15, vraw = kB * p.vcb;  // per block
-  // The step's decoded past (PrefillParams::scr): block b of this sequence and KV head at scr_k + b * scr_stride.
-  const int64_t scr_stride = int64_t(H) * prefill_scratch_halves(D);
-  const __half* scr_k = p.scr ? p.scr + p.scr_slot0[tab] * scr_stride + kh * prefill_scratch_halves(D) : nullptr;
+  const int64_t scr_stride = scratch_stride(p);
+  const __half* scr_k = scratch_blocks(p, tab, kh);  // the step's decoded past, if any
 
   const int t_first = p.pos[tile.row0], t_last = p.pos[tile.row0 + n_pos - 1];
   const PagedRanges gf = paged_ranges(p.rule, t_first), gl = paged_ranges(p.rule, t_last);
@@ -841,10 +848,9 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
     wsb::regs_down<kWsProducerRegs>();
     const int tid = threadIdx.x;
     const uint8_t* const* dtab = p.dense_tables[tab];
-    // Coded layers run here only with the step's decoded past (launch_ws_d): block b of this
-    // sequence and KV head at scr_k + b * scr_stride, K then V token-major.
-    const int64_t scr_stride = int64_t(H) * prefill_scratch_halves(D);
-    const __half* scr_k = coded_layer ? p.scr + p.scr_slot0[tab] * scr_stride + kh * prefill_scratch_halves(D) : nullptr;
+    // Coded layers run here only with the step's decoded past (launch_ws_d).
+    const int64_t scr_stride = scratch_stride(p);
+    const __half* scr_k = scratch_blocks(p, tab, kh);
     const __half* zsrc = reinterpret_cast<const __half*>(p.q);  // a valid address for zero-fills (nothing read)
     // The rotated key mean's terms of row tid (as the WG form's issue(), a whole row per thread).
     int64_t kb_base = 0, kb_slo = 0, kb_shi = -1;
@@ -1197,8 +1203,8 @@ void launch_dw(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t 
   else launch<D, 4, 1, WG>(pp, n_tiles, H, st);
 }
 
-// The warp-specialised form with NST stages of NB pool blocks, where it fits in shared memory (the
-// books of a coded layer staged there only if they fit too); false: it does not fit.
+// The warp-specialised form with NST stages of NB pool blocks, where it fits in shared memory; false:
+// it does not fit.
 template <int D, int NB, int NST, bool OV>
 bool launch_ws(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
   const WsOffsets o = ws_offsets<D, NB, NST>(pp);
