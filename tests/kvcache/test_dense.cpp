@@ -68,9 +68,13 @@ TEST(Dense, Fp16WithinRoundingOfReference) {
 }
 
 TEST(Dense, CpuKernelMatchesRefKernel) {
+  // Every group size the kernel splits differently (1-4 heads per pass, then passes of 4), head
+  // sizes of 1, 2, 4 and 8 vectors and a head_dim no vector width divides.
   std::mt19937 rng(3);
-  for (int D : {64, 128, 24}) {
-    const int nq = 5, G = 4, nk = 77;
+  for (int G : {1, 2, 3, 4, 5, 7, 8})
+  for (int D : {64, 128, 256, 24}) {
+    SCOPED_TRACE(testing::Message() << "G " << G << " D " << D);
+    const int nq = 5, nk = 77;
     const int ks = 80;  // keys channel-major [D][ks]
     auto q = randn(size_t(nq) * G * D, rng), k = randn(size_t(ks) * D, rng), v = randn(size_t(nk) * D, rng);
     std::vector<int64_t> vis = {0, 1, 40, 77, 200};
@@ -97,8 +101,10 @@ TEST(Dense, PagedKernelsMatchContiguous) {
   // ref and cpu kernels, runs starting inside a block, queries seeing different prefixes.
   std::mt19937 rng(4);
   for (bool f32 : {false, true})
-    for (int D : {64, 128}) {
-      const int G = 3, nq = 4, B = 32, nblk = 5, first = 7, nk = nblk * B - first - 3;
+    for (int D : {64, 128})
+    for (int G : {1, 3, 6}) {
+      SCOPED_TRACE(testing::Message() << "f32 " << f32 << " D " << D << " G " << G);
+      const int nq = 4, B = 32, nblk = 5, first = 7, nk = nblk * B - first - 3;
       const size_t es = f32 ? 4 : 2, H = 2, h = 1;
       const size_t block_bytes = 2 * H * D * B * es;
       std::vector<std::vector<uint8_t>> blocks(nblk, std::vector<uint8_t>(block_bytes + 64));
