@@ -60,6 +60,12 @@ class ScalarBlockFormat final : public CodedFormat {
       a.n_tokens = nt;
       a.k_rows = row(base, 0, h, slot);
       a.v_rows = row(base, 1, h, slot);
+      a.next_tokens = int(std::min<int64_t>(B_, n - done - nt));
+      if (a.next_tokens > 0) {
+        uint8_t* next = const_cast<uint8_t*>(blocks[1]);
+        a.next_k_rows = row(next, 0, h, 0);
+        a.next_v_rows = row(next, 1, h, 0);
+      }
       cpu::block_quant_attention(a);
       done += nt;
       slot = 0;

@@ -31,11 +31,7 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 
-HWY_INLINE float GetF16(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
+HWY_INLINE float GetF16(const uint8_t* p) { return LoadF16Scalar(p); }
 
 // Codes of sub-vector k of chunk c of a row, as f32 lanes.
 template <class DF>

@@ -1,7 +1,9 @@
 // q8_0 / q4_0 partial attention (ops/cpu/scalar_attention.h). Per tile of 64 tokens: each key
 // row is decoded once into f32 (scale folded in) and dotted with every head of the group; the
 // softmax step is vectorised; values go channel-chunk by channel-chunk with the heads'
-// accumulators in registers, each value chunk decoded once per token for all heads.
+// accumulators in registers, each value chunk decoded once per token for all heads, its block
+// scales converted once per tile (fp16 by the F16C instruction where the target has it). The next
+// call's rows are requested during the scores, one key and one value row per token.
 #include "ops/cpu/scalar_attention.h"
 
 #include <algorithm>
@@ -26,11 +28,7 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 
-HWY_INLINE float BlockScale(const uint8_t* blk) {
-  uint16_t h;
-  std::memcpy(&h, blk, 2);
-  return f16_to_f32(h);
-}
+HWY_INLINE float BlockScale(const uint8_t* blk) { return LoadF16Scalar(blk); }
 
 // x[0..32) = decoded block (f32), for N-lane vectors (N divides 16).
 template <bool Q4, class DF>
@@ -61,15 +59,22 @@ void BlockAttnImpl(DF df, const cpu::BlockQuantAttnArgs& a) {
   const int N = int(hn::Lanes(df));
   const int D = a.head_dim, G = a.group, nb = D / 32;
   const size_t bb = Q4 ? 18 : 34;
-  // s: [G, kTile] scores/weights; x: [D] one decoded row; alpha: [G]
-  thread_local AlignedBuffer<float> s_buf, x_buf, al_buf;
+  // s: [G, kTile] scores/weights; x: [D] one decoded row; alpha: [G]; vsc: [kTile, nb] value scales
+  thread_local AlignedBuffer<float> s_buf, x_buf, al_buf, vsc_buf;
   if (s_buf.size() < size_t(G) * kTile) s_buf.resize(size_t(G) * kTile);
   if (x_buf.size() < size_t(D)) x_buf.resize(size_t(D));
   if (al_buf.size() < size_t(G)) al_buf.resize(size_t(G));
-  float *s = s_buf.data(), *x = x_buf.data(), *alpha = al_buf.data();
+  if (vsc_buf.size() < size_t(kTile) * nb) vsc_buf.resize(size_t(kTile) * nb);
+  float *s = s_buf.data(), *x = x_buf.data(), *alpha = al_buf.data(), *vsc = vsc_buf.data();
   for (int t0 = 0; t0 < a.n_tokens; t0 += kTile) {
     const int nt = std::min(kTile, a.n_tokens - t0);
     for (int t = 0; t < nt; ++t) {
+      if (t0 + t < a.next_tokens) {
+        for (size_t off = 0; off < a.row_stride; off += 64) {
+          __builtin_prefetch(a.next_k_rows + size_t(t0 + t) * a.row_stride + off);
+          __builtin_prefetch(a.next_v_rows + size_t(t0 + t) * a.row_stride + off);
+        }
+      }
       const uint8_t* row = a.k_rows + size_t(t0 + t) * a.row_stride;
       for (int b = 0; b < nb; ++b) DecodeBlock<Q4>(df, row + size_t(b) * bb, x + b * 32);
       for (int g = 0; g < G; ++g) {
@@ -85,6 +90,8 @@ void BlockAttnImpl(DF df, const cpu::BlockQuantAttnArgs& a) {
       }
     }
     SoftmaxTile(df, s, G, nt, a.m, a.d, alpha);
+    for (int t = 0; t < nt; ++t)
+      for (int b = 0; b < nb; ++b) vsc[t * nb + b] = BlockScale(a.v_rows + size_t(t0 + t) * a.row_stride + size_t(b) * bb);
     // values: channel chunks of N (inside one block), up to 4 heads in registers
     for (int g0 = 0; g0 < G; g0 += 4) {
       const int ng = std::min(4, G - g0);
@@ -98,7 +105,7 @@ void BlockAttnImpl(DF df, const cpu::BlockQuantAttnArgs& a) {
         const float* sg = s + g0 * kTile;
         for (int t = 0; t < nt; ++t) {
           const uint8_t* blk = a.v_rows + size_t(t0 + t) * a.row_stride + size_t(b) * bb;
-          const float dv = BlockScale(blk);
+          const float dv = vsc[t * nb + b];
           hn::Vec<DF> xv;
           const hn::RebindToSigned<DF> di;
           if constexpr (Q4) {

@@ -21,6 +21,11 @@ struct BlockQuantAttnArgs {
   const uint8_t* k_rows = nullptr;            // row t at k_rows + t * row_stride
   const uint8_t* v_rows = nullptr;
   size_t row_stride = 0;
+  // Optional: the rows the next call will read (the next pool block), requested while this one
+  // runs (the blocks are separate allocations the hardware prefetchers do not run into).
+  const uint8_t* next_k_rows = nullptr;
+  const uint8_t* next_v_rows = nullptr;
+  int next_tokens = 0;
   float* m = nullptr;  // [group] running max (start -inf)
   float* d = nullptr;  // [group] running sum of exp
   float* o = nullptr;  // [group, head_dim] running sum exp(s - m) v

@@ -1,5 +1,5 @@
-// Online softmax over one tile of scores, shared by the CPU attention kernels on integer codes
-// (scalar_attention.cpp, kivi_attention.cpp). Per-target Highway code: include it after
+// Online softmax over one tile of scores and the fp16 scale loads, shared by the CPU attention
+// kernels on integer codes (scalar_attention.cpp, kivi_attention.cpp). Per-target Highway code: include it after
 // <hwy/highway.h> in a translation unit that uses hwy/foreach_target.h.
 #if defined(VQ_OPS_CPU_SOFTMAX_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef VQ_OPS_CPU_SOFTMAX_TILE_INL_H_
@@ -10,6 +10,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/fp16.h"
 
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
@@ -21,6 +25,18 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Tokens per score tile.
 constexpr int kTile = 64;
+
+// The fp16 number at p (a block's scale or minimum) as f32: one F16C instruction on the x86
+// targets that have it (all from AVX2 up), else the portable conversion (core/fp16.h).
+HWY_INLINE float LoadF16Scalar(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return _cvtsh_ss(h);
+#else
+  return f16_to_f32(h);
+#endif
+}
 
 // s: [G][kTile] scores of nt tokens for G query heads -> softmax weights exp(s - m_new) in place;
 // updates the running max m[g] and denominator d[g] and writes the factor alpha[g] by which the
