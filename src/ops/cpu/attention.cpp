@@ -14,6 +14,7 @@
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/fp16.h"
+#include "ops/cpu/prefetch.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/attention.cpp"
@@ -38,20 +39,7 @@ HWY_INLINE hn::Vec<DF> LoadKV(DF df, const uint16_t* p) {
   return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
 }
 
-// Software prefetch spread over a loop: step i of n asks for the i-th slice of [p, p + bytes), whole
-// cache lines (null p: nothing).
-struct Slices {
-  const uint8_t* p = nullptr;
-  int lines = 0, per = 0;  // cache lines in all, per step (divided once: a division per step cost 25%)
-  Slices() = default;
-  Slices(const uint8_t* p_, size_t bytes, int n)
-      : p(p_), lines(int((bytes + 63) / 64)), per(n > 0 ? (int((bytes + 63) / 64) + n - 1) / n : 0) {}
-  HWY_INLINE void operator()(int i) const {
-    if (!p) return;
-    const int l1 = std::min(lines, (i + 1) * per);
-    for (int l = i * per; l < l1; ++l) __builtin_prefetch(p + int64_t(l) * 64);
-  }
-};
+using cpu::Slices;
 // What a paged tile prefetches: its block's values from the tile's first key (during the scores)
 // and the next block's keys (during the values).
 struct TilePrefetch {

@@ -31,8 +31,6 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 
-HWY_INLINE float GetF16(const uint8_t* p) { return LoadF16Scalar(p); }
-
 // Codes of sub-vector k of chunk c of a row, as f32 lanes.
 template <class DF>
 HWY_INLINE hn::Vec<DF> CodeVec(DF df, const uint8_t* row, int c, int k, int bits) {
@@ -90,8 +88,8 @@ void KiviImpl(DF df, const cpu::KiviAttnArgs& a) {
     const uint8_t* kg = a.k_groups + size_t(grp) * a.k_group_stride;
     if (in_grp == 0 || t0 == a.first) {
       for (int ch = 0; ch < D; ++ch) {
-        ksc[ch] = GetF16(kg + size_t(ch) * 2);
-        kmn[ch] = GetF16(kg + size_t(D) * 2 + size_t(ch) * 2);
+        ksc[ch] = LoadF16Scalar(kg + size_t(ch) * 2);
+        kmn[ch] = LoadF16Scalar(kg + size_t(D) * 2 + size_t(ch) * 2);
       }
       for (int g = 0; g < GQ; ++g) {
         const float* qg = a.q + int64_t(g) * D;
@@ -129,8 +127,8 @@ void KiviImpl(DF df, const cpu::KiviAttnArgs& a) {
     for (int t = 0; t < nt; ++t) {
       const uint8_t* vr = a.v_rows + size_t(t0 + t) * a.v_stride;
       for (int cg = 0; cg < ncg; ++cg) {
-        vsc[t * N + cg] = GetF16(vr + size_t(cg) * 4);
-        vmn[t * N + cg] = GetF16(vr + size_t(cg) * 4 + 2);
+        vsc[t * N + cg] = LoadF16Scalar(vr + size_t(cg) * 4);
+        vmn[t * N + cg] = LoadF16Scalar(vr + size_t(cg) * 4 + 2);
       }
     }
     for (int g = 0; g < GQ; ++g) {
@@ -205,7 +203,8 @@ void KiviScalar(const cpu::KiviAttnArgs& a) {
     const uint8_t* kg = a.k_groups + size_t(t / GK) * a.k_group_stride;
     const uint8_t* row = kg + size_t(D) * 4 + size_t(t % GK) * krow;
     for (int ch = 0; ch < D; ++ch)
-      x[size_t(ch)] = GetF16(kg + size_t(D) * 2 + size_t(ch) * 2) + GetF16(kg + size_t(ch) * 2) * float(read_code(row, ch, a.bits));
+      x[size_t(ch)] = LoadF16Scalar(kg + size_t(D) * 2 + size_t(ch) * 2) +
+                      LoadF16Scalar(kg + size_t(ch) * 2) * float(read_code(row, ch, a.bits));
     for (int g = 0; g < GQ; ++g) {
       float acc = 0;
       for (int ch = 0; ch < D; ++ch) acc += a.q[int64_t(g) * D + ch] * x[size_t(ch)];
@@ -218,8 +217,8 @@ void KiviScalar(const cpu::KiviAttnArgs& a) {
     }
     const uint8_t* vr = a.v_rows + size_t(t) * a.v_stride;
     for (int ch = 0; ch < D; ++ch)
-      x[size_t(ch)] = GetF16(vr + size_t(ch / GK) * 4 + 2) +
-                      GetF16(vr + size_t(ch / GK) * 4) * float(read_code(vr + size_t(ncg) * 4, ch, a.bits));
+      x[size_t(ch)] = LoadF16Scalar(vr + size_t(ch / GK) * 4 + 2) +
+                      LoadF16Scalar(vr + size_t(ch / GK) * 4) * float(read_code(vr + size_t(ncg) * 4, ch, a.bits));
     for (int g = 0; g < GQ; ++g)
       for (int ch = 0; ch < D; ++ch) a.o[int64_t(g) * D + ch] += s[size_t(g)] * x[size_t(ch)];
   }

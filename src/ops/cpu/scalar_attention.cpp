@@ -13,6 +13,7 @@
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/fp16.h"
+#include "ops/cpu/prefetch.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/scalar_attention.cpp"
@@ -28,13 +29,11 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 
-HWY_INLINE float BlockScale(const uint8_t* blk) { return LoadF16Scalar(blk); }
-
 // x[0..32) = decoded block (f32), for N-lane vectors (N divides 16).
 template <bool Q4, class DF>
 HWY_INLINE void DecodeBlock(DF df, const uint8_t* blk, float* x) {
   const int N = int(hn::Lanes(df));
-  const auto vd = hn::Set(df, BlockScale(blk));
+  const auto vd = hn::Set(df, LoadF16Scalar(blk));
   const hn::RebindToSigned<DF> di;
   if constexpr (Q4) {
     const hn::Rebind<uint8_t, DF> du8;
@@ -66,15 +65,15 @@ void BlockAttnImpl(DF df, const cpu::BlockQuantAttnArgs& a) {
   if (al_buf.size() < size_t(G)) al_buf.resize(size_t(G));
   if (vsc_buf.size() < size_t(kTile) * nb) vsc_buf.resize(size_t(kTile) * nb);
   float *s = s_buf.data(), *x = x_buf.data(), *alpha = al_buf.data(), *vsc = vsc_buf.data();
+  // The next call's rows, a slice per token of this one's scores.
+  const size_t next_bytes = a.next_tokens > 0 ? size_t(a.next_tokens) * a.row_stride : 0;
+  const cpu::Slices pf_k(next_bytes ? a.next_k_rows : nullptr, next_bytes, a.n_tokens);
+  const cpu::Slices pf_v(next_bytes ? a.next_v_rows : nullptr, next_bytes, a.n_tokens);
   for (int t0 = 0; t0 < a.n_tokens; t0 += kTile) {
     const int nt = std::min(kTile, a.n_tokens - t0);
     for (int t = 0; t < nt; ++t) {
-      if (t0 + t < a.next_tokens) {
-        for (size_t off = 0; off < a.row_stride; off += 64) {
-          __builtin_prefetch(a.next_k_rows + size_t(t0 + t) * a.row_stride + off);
-          __builtin_prefetch(a.next_v_rows + size_t(t0 + t) * a.row_stride + off);
-        }
-      }
+      pf_k(t0 + t);
+      pf_v(t0 + t);
       const uint8_t* row = a.k_rows + size_t(t0 + t) * a.row_stride;
       for (int b = 0; b < nb; ++b) DecodeBlock<Q4>(df, row + size_t(b) * bb, x + b * 32);
       for (int g = 0; g < G; ++g) {
@@ -91,7 +90,7 @@ void BlockAttnImpl(DF df, const cpu::BlockQuantAttnArgs& a) {
     }
     SoftmaxTile(df, s, G, nt, a.m, a.d, alpha);
     for (int t = 0; t < nt; ++t)
-      for (int b = 0; b < nb; ++b) vsc[t * nb + b] = BlockScale(a.v_rows + size_t(t0 + t) * a.row_stride + size_t(b) * bb);
+      for (int b = 0; b < nb; ++b) vsc[t * nb + b] = LoadF16Scalar(a.v_rows + size_t(t0 + t) * a.row_stride + size_t(b) * bb);
     // values: channel chunks of N (inside one block), up to 4 heads in registers
     for (int g0 = 0; g0 < G; g0 += 4) {
       const int ng = std::min(4, G - g0);

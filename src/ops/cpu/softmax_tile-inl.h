@@ -1,6 +1,6 @@
 // Online softmax over one tile of scores and the fp16 scale loads, shared by the CPU attention
-// kernels on integer codes (scalar_attention.cpp, kivi_attention.cpp). Per-target Highway code: include it after
-// <hwy/highway.h> in a translation unit that uses hwy/foreach_target.h.
+// kernels on integer codes (scalar_attention.cpp, kivi_attention.cpp). Per-target Highway code:
+// include it after <hwy/highway.h> in a translation unit that uses hwy/foreach_target.h.
 #if defined(VQ_OPS_CPU_SOFTMAX_TILE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef VQ_OPS_CPU_SOFTMAX_TILE_INL_H_
 #undef VQ_OPS_CPU_SOFTMAX_TILE_INL_H_
