@@ -1,8 +1,10 @@
 """Decode speed, KV memory and KL of transformers caches on one GPU: fp16 (DynamicCache + SDPA,
-StaticCache [+ torch.compile]), HF QuantizedCache (quanto / HQQ, 2 and 4 bits) and veloxquant.torch.
+StaticCache), HF QuantizedCache (quanto / HQQ, 2 and 4 bits) and veloxquant.torch; a method
+suffixed "+c" runs its decode steps through torch.compile (mode reduce-overhead), e.g. static+c
+(HF's static compiled cache) beside vq:vecinfer:d4b8+c.
 
     python bench/torch_cache_bench.py --geometry llama-3.1-8b --ctx 4096,32768 --batch 1,8 \
-        --methods fp16,static,quanto4,quanto2,hqq4,hqq2,vq:vecinfer:d4b8 --steps 16 --budget-s 400
+        --methods fp16,static+c,quanto4,quanto2,hqq4,hqq2,vq:vecinfer:d4b8,vq:vecinfer:d4b8+c --steps 16 --budget-s 400
 
 Random weights at the named shape (fp16), or --gguf FILE (a real model loaded by transformers
 from its GGUF; needs the gguf package). Each (method, batch, context): prefill of ctx tokens per
@@ -100,6 +102,16 @@ def sync():
         torch.cuda.synchronize()
 
 
+_COMPILED = {}
+
+
+def compiled_forward(model):
+    """One torch.compile'd forward per model (its guards tell the caches apart)."""
+    if id(model) not in _COMPILED:
+        _COMPILED[id(model)] = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    return _COMPILED[id(model)]
+
+
 @torch.no_grad()
 def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
     sync()
@@ -113,6 +125,10 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
     V = model.config.vocab_size
     ids = torch.randint(0, V, (B, ctx), device=DEV)
     r = {"method": method, "batch": B, "ctx": ctx}
+    # "<method>+c": the decode steps through torch.compile (mode reduce-overhead: CUDA graphs; the
+    # veloxquant op is tagged cudagraph-unsafe, so its graphs are split around it); prefill eager
+    compiled = method.endswith("+c")
+    method = method[:-2] if compiled else method
     if method == "static":
         from transformers import StaticCache
         model.set_attn_implementation("sdpa")
@@ -128,13 +144,21 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
     r["prefill_s"] = round(time.time() - t0, 3)
     pos = ctx
 
+    fwd = compiled_forward(model) if compiled else model
+
     def step(tok, pos):
         cp = torch.tensor([pos], device=DEV)
-        o = model(tok, past_key_values=cache, use_cache=True, cache_position=cp if method == "static" else None)
+        o = fwd(input_ids=tok, past_key_values=cache, use_cache=True,
+                cache_position=cp if method == "static" or compiled else None)
         return o.logits[:, -1].argmax(-1, keepdim=True)
 
-    nxt = step(nxt, pos)  # warm-up
-    pos += 1
+    t2 = time.time()
+    for _ in range(3 if compiled else 1):  # warm-up (compiled: trace, CUDA-graph warm-up, record)
+        nxt = step(nxt, pos)
+        pos += 1
+    sync()
+    if compiled:
+        r["compile_s"] = round(time.time() - t2, 1)
     sync()
     t1 = time.time()
     if cuda:
@@ -204,7 +228,6 @@ def main():
     ap.add_argument("--kl-prefill", type=int, default=1, help="tokens prefilled before the teacher-forced decode; 0: one forward over the whole text (exact only for "
                          "fp16 and veloxquant caches, whose prefill reads what they store; not for HF's quantized ones)")
     ap.add_argument("--budget-s", type=float, default=1e9)
-    ap.add_argument("--compile", action="store_true", help="torch.compile the static-cache decode")
     ap.add_argument("--out", default="")
     ap.add_argument("--case-s", type=float, default=120, help="a case running longer is stopped (SIGALRM)")
     ap.add_argument("--chunk", type=int, default=4096, help="prefill chunk (tokens per row per forward)")
@@ -220,13 +243,11 @@ def main():
     name = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
     print(f"# {name} torch {torch.__version__} python {sys.version.split()[0]}", flush=True)
     model = make_model(args)
-    if args.compile:
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
     calib = args.calib
     if not calib and any("vecinfer" in m for m in args.methods.split(",")):
         c = model.config
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        spec = [m[3:] for m in args.methods.split(",") if "vecinfer" in m][0]
+        spec = [m[3:].removesuffix("+c") for m in args.methods.split(",") if "vecinfer" in m][0]
         calib = vqt.random_calibration(spec, c.num_hidden_layers, c.num_key_value_heads, hd, "/tmp/bench_random.vqcal")
     rows = []
     for ctx in [int(x) for x in args.ctx.split(",") if x and x != "none"]:
@@ -259,7 +280,7 @@ def main():
         ids = ids[:, :args.kl_tokens].to(DEV)
         ref, _ = kl_case(model, vqt, "fp16", ids, calib, n0=args.kl_prefill)
         for method in args.methods.split(","):
-            if method in ("fp16", "static") or time.time() > deadline:
+            if method in ("fp16", "static") or method.endswith("+c") or time.time() > deadline:
                 continue
             try:
                 _, kl = kl_case(model, vqt, method, ids, calib, ref, n0=args.kl_prefill)

@@ -286,3 +286,67 @@ def test_gguf_channel_order():
     ref = _logits(m, ids, DynamicCache(config=m.config))
     got = _logits(m, ids, vqt.cache(m, "fp16", gguf_channel_order=True))
     assert (got - ref).abs().max().item() < 2e-3 * max(1.0, ref.abs().max().item())
+
+
+def _decode(fwd, m, ids, cache, steps, positions):
+    """Eager prefill, then `steps` greedy decode steps through `fwd` (position ids given or left to
+    the model, which then asks the cache for its length); the logits of every decode step."""
+    out = []
+    with torch.no_grad():
+        r = m(ids, past_key_values=cache, use_cache=True)
+        nxt = r.logits[:, -1].argmax(-1, keepdim=True)
+        pos = ids.shape[1]
+        for _ in range(steps):
+            kw = {"position_ids": torch.full_like(nxt, pos)} if positions else {}
+            r = fwd(input_ids=nxt, past_key_values=cache, use_cache=True, **kw)
+            out.append(r.logits[:, -1].float())
+            nxt = r.logits[:, -1].argmax(-1, keepdim=True)
+            pos += 1
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("spec", ["fp16", "vecinfer:d4b8"])
+def test_compiled_decode_is_one_graph_and_matches_eager(device, spec, calib_file):
+    """torch.compile of a decode step: the attention is one opaque op (veloxquant::attend), so the
+    step is a single graph with no break, a fresh cache and later steps reuse it (no recompile per
+    token or per cache), and its logits are the eager ones (same kernels, same pool)."""
+    _gpu_or_skip(device)
+    if spec != "fp16" and device == "cpu":
+        spec = "q8_0"  # the CPU store's coded methods; VecInfer's codes run on the device
+    from torch._dynamo.utils import counters
+    m = tiny("llama", device)
+    calib = calib_file if "vecinfer" in spec else None
+    ids = torch.randint(0, 320, (2, 37), device=device)
+    ref = _decode(m, m, ids, vqt.cache(m, spec, calib=calib), 6, True)
+    torch._dynamo.reset()
+    counters.clear()
+    if device == "cuda":  # CUDA graphs around the op (it is tagged cudagraph-unsafe)
+        fwd = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
+    else:
+        fwd = torch.compile(m.forward, backend="aot_eager", fullgraph=True)
+    for positions in (True, False):
+        got = _decode(fwd, m, ids, vqt.cache(m, spec, calib=calib), 6, positions)
+        tol = 2e-2 if device == "cuda" else 1e-4
+        assert (got - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item()), positions
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    # one graph with position ids, one without (the model then computes them from the cache's length)
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+def test_generate_compiled(tmp_path):
+    """generate() with a compile config (transformers compiles the decode steps when the cache says
+    it is compileable): the same tokens as SDPA's, left padding included."""
+    from transformers.generation.configuration_utils import CompileConfig
+    m = tiny("llama", "cpu")
+    ids = torch.randint(0, 320, (2, 24))
+    cc = CompileConfig(backend="aot_eager", mode=None, fullgraph=True)
+    cc._compile_all_devices = True  # transformers compiles on the GPU only, unless told
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    kw = dict(max_new_tokens=10, pad_token_id=0, do_sample=False, attention_mask=mask)
+    with torch.no_grad():
+        ref = sdpa(m).generate(ids, **kw)
+        got = m.generate(ids, past_key_values=vqt.cache(m, "fp16"), compile_config=cc, **kw)
+    assert torch.equal(got, ref)

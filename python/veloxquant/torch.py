@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import weakref
 
 import torch
 
@@ -118,7 +119,9 @@ _pending = None
 class VeloxQuantLayer(CacheLayerMixin):
     """One attention layer of a VeloxQuantCache: its keys and values live in the cache's pool."""
 
-    is_compileable = False
+    # torch.compile: the attention runs as one opaque custom op (veloxquant::attend) that keeps the
+    # Python bookkeeping out of the traced graph, so a compiled decode step has no graph break
+    is_compileable = True
     is_sliding = False
     is_croppable = True
 
@@ -142,9 +145,18 @@ class VeloxQuantLayer(CacheLayerMixin):
         return key_states, value_states
 
     def get_seq_length(self) -> int:
+        # Traced by torch.compile, a Python int would be burnt into the graph (a recompile per
+        # step): there the length is a tensor the attention op updates in place (as transformers'
+        # StaticLayer returns a tensor).
+        if torch.compiler.is_compiling():
+            return self._owner._len_t
         return self._n
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
+        # The "veloxquant" mask function ignores the sizes (causality and windows come from
+        # positions inside the library); under torch.compile they are left constant.
+        if torch.compiler.is_compiling():
+            return query_length, 0
         return self._n + query_length, 0
 
     def get_max_length(self) -> int:
@@ -206,9 +218,20 @@ class VeloxQuantCache(Cache):
         self.gguf_channel_order = bool(gguf_channel_order)
         self._next_layer = 0
         self._rows = None  # the open step: (batch, new tokens, flat indices of the real rows or None)
+        # For torch.compile: the op finds this cache through a handle tensor (a graph input whose
+        # value is never burnt in, so a new cache reuses the compiled graph), and the traced
+        # get_seq_length reads the tokens held from _len_t (updated in place by the op).
+        global _next_handle
+        _next_handle += 1
+        self._handle = torch.tensor([_next_handle], dtype=torch.int64)
+        self._len_t = torch.zeros((), dtype=torch.int64, device="cuda" if device == "cuda" else "cpu")
+        _caches[_next_handle] = weakref.ref(self)
         super().__init__(layers=[VeloxQuantLayer(self, i) for i in range(n_layers)])
 
     def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle is not None and _caches is not None:
+            _caches.pop(int(handle[0]), None)
         h = getattr(self, "_h", None)
         if h is not None and _lib is not None:
             _lib.vqt_destroy(h)
@@ -235,6 +258,7 @@ class VeloxQuantCache(Cache):
     def _set_lengths(self, n):
         for layer in self.layers:
             layer._n = n
+        self._len_t.fill_(n)
 
     def reset(self):
         _check(_lib.vqt_reset(self._h, 0))
@@ -300,49 +324,93 @@ class VeloxQuantCache(Cache):
         self._rows = (batch, q_len, idx)
         self._next_layer = 0
 
+    def _rows_of(self, x, qk):
+        """[B, H, T, D] -> [B*T, H*D] float32 rows, contiguous (traced by torch.compile: one fused
+        transpose + cast of the new tokens)."""
+        B, H, T, D = x.shape
+        x = x.transpose(1, 2)
+        if qk and self.gguf_channel_order:
+            x = _to_gguf_order(x)
+        return x.reshape(B * T, H * D).to(torch.float32).contiguous()
+
     def _attend(self, layer, query, key, value, attention_mask, scaling):
+        """The attention of one layer: the new tokens' rows cross into the library through the
+        veloxquant::attend op. Returns [B, T, Hq, D] in the query's dtype."""
         B, Hq, T, D = query.shape
-        if layer.layer_idx == 0:
-            self._begin(B, T, attention_mask)
-        if self._rows is None or layer.layer_idx != self._next_layer:
-            raise Error(f"veloxquant.torch: layer {layer.layer_idx} ran out of order (layer {self._next_layer} "
+        dev = self.device_kind == "cuda"
+        out_f16 = dev and query.dtype == torch.float16
+        mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise Error("veloxquant.torch: a 4D attention mask was given; the veloxquant attention takes the "
+                        "2D padding mask only")
+        out = torch.ops.veloxquant.attend(self._rows_of(query, True), self._rows_of(key, True),
+                                          self._rows_of(value, False), mask, self._handle, layer.layer_idx, B, T,
+                                          float(scaling), out_f16)
+        return out.view(B, T, Hq, D).to(query.dtype)
+
+    def _attend_rows(self, layer_idx, q, k, v, attention_mask, batch, q_len, scaling, out_f16):
+        """Eager body of veloxquant::attend: the step's bookkeeping (layer 0 opens it), the pads
+        left out, one call into the library, the pads' rows zero."""
+        layer = self.layers[layer_idx]
+        if layer_idx == 0:
+            self._begin(batch, q_len, attention_mask)
+        if self._rows is None or layer_idx != self._next_layer:
+            raise Error(f"veloxquant.torch: layer {layer_idx} ran out of order (layer {self._next_layer} "
                         "expected)")
         _, _, idx = self._rows
         dev = self.device_kind == "cuda"
-        if dev and query.device.type != "cuda":
-            raise Error("veloxquant.torch: a cuda cache got tensors on " + str(query.device))
-        if not dev and query.device.type != "cpu":
-            raise Error("veloxquant.torch: a cpu cache got tensors on " + str(query.device))
-
-        def rows(x, qk):  # [B, H, T, D] -> [rows, H*D] float32, contiguous (pads left out)
-            x = x.transpose(1, 2)
-            if qk and self.gguf_channel_order:
-                x = _to_gguf_order(x)
-            x = x.reshape(B * T, -1)
-            if idx is not None:
-                x = x.index_select(0, idx)
-            return x.to(torch.float32).contiguous()
-
-        q, k, v = rows(query, True), rows(key, True), rows(value, False)
-        out_f16 = dev and query.dtype == torch.float16
-        out = torch.empty((q.shape[0], Hq * D), dtype=torch.float16 if out_f16 else torch.float32,
-                          device=query.device)
-        stream = torch.cuda.current_stream(query.device).cuda_stream if dev else 0
-        rc = _lib.vqt_layer(self._h, layer.layer_idx, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+        if dev and q.device.type != "cuda":
+            raise Error("veloxquant.torch: a cuda cache got tensors on " + str(q.device))
+        if not dev and q.device.type != "cpu":
+            raise Error("veloxquant.torch: a cpu cache got tensors on " + str(q.device))
+        if idx is not None:
+            q, k, v = q.index_select(0, idx), k.index_select(0, idx), v.index_select(0, idx)
+        out = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float16 if out_f16 else torch.float32,
+                          device=q.device)
+        stream = torch.cuda.current_stream(q.device).cuda_stream if dev else 0
+        rc = _lib.vqt_layer(self._h, layer_idx, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                             1 if out_f16 else 0, float(scaling), ctypes.c_void_p(stream))
         if rc < 0:
             _lib.vqt_abort_step(self._h)
             self._rows = None
             _check(rc)
-        layer._n += T
-        self._next_layer = layer.layer_idx + 1
+        layer._n += q_len
+        self._next_layer = layer_idx + 1
         if self._next_layer == len(self.layers):
             self._rows, self._next_layer = None, 0
+            self._len_t.fill_(layer._n)
         if idx is not None:
-            full = torch.zeros((B * T, Hq * D), dtype=out.dtype, device=out.device)
+            full = torch.zeros((batch * q_len, out.shape[1]), dtype=out.dtype, device=out.device)
             full.index_copy_(0, idx, out)
             out = full
-        return out.view(B, T, Hq, D).to(query.dtype)
+        return out
+
+
+# The cache of a veloxquant::attend call: handle -> weak reference (a handle is a one-element
+# int64 tensor held by the cache, so a compiled graph takes it as an input, not a constant).
+_caches = {}
+_next_handle = 0
+_OP_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("veloxquant::attend", mutates_args=(), tags=_OP_TAGS)
+def _attend_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor | None,
+               handle: torch.Tensor, layer: int, batch: int, q_len: int, scaling: float,
+               out_f16: bool) -> torch.Tensor:
+    """One layer's attention through a VeloxQuantCache: q/k/v are the new tokens' float32 rows
+    [batch*q_len, heads*head_dim]; the keys and values are appended to the pool and the queries
+    attend over it. Opaque to torch.compile (the cache's bookkeeping is Python state); tagged
+    cudagraph-unsafe, so a CUDA-graphed graph is split around it."""
+    ref = _caches.get(int(handle[0]))
+    c = ref() if ref is not None else None
+    if c is None:
+        raise Error("veloxquant.torch: the cache of this attention call no longer exists")
+    return c._attend_rows(layer, q, k, v, attention_mask, batch, q_len, scaling, out_f16)
+
+
+@_attend_op.register_fake
+def _attend_fake(q, k, v, attention_mask, handle, layer, batch, q_len, scaling, out_f16):
+    return q.new_empty((batch * q_len, q.shape[1]), dtype=torch.float16 if out_f16 else torch.float32)
 
 
 def _to_gguf_order(x):
@@ -396,6 +464,10 @@ def _padding_mask(batch_size=None, q_length=None, kv_length=None, q_offset=None,
     """The mask transformers builds for the "veloxquant" attention: the 2D padding mask as given
     (None without padding). Causality and windows come from positions inside the library, so no
     [B, 1, q, kv] mask is ever materialised (at 32K tokens that is a gigabyte per forward)."""
+    if torch.compiler.is_compiling():
+        # no data-dependent test in a traced graph; a decode step's pads are not in the pool, so
+        # its mask is not needed (and its growing length would recompile every step)
+        return attention_mask if q_length is not None and q_length > 1 else None
     if attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
         return None
     return attention_mask
