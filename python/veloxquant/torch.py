@@ -18,6 +18,12 @@ as float32 rows (one fused transpose + cast of the new tokens only), the attenti
 back as float16 (device, fp16 models) or float32 rows. Nothing of the cache itself is ever
 dequantised into a torch tensor.
 
+Under ``torch.compile`` the attention is one opaque custom op, ``veloxquant::attend`` (the cache's
+bookkeeping is Python state that a traced graph must not burn in): a decode step compiles to a
+single graph, later steps and fresh caches reuse it, and ``generate`` compiles its decode steps
+for this cache (``is_compileable``). The op is tagged cudagraph-unsafe, so with mode
+"reduce-overhead" inductor's graph partition CUDA-graphs the rest of each layer around it.
+
 The native part is ``libveloxquant_torch.so`` (python/torch_bridge), a C ABI loaded with
 ctypes: it needs neither torch's nor Python's headers, so one build serves any torch and any
 Python. ``VQ_TORCH_LIB`` names another copy (read once, at import).
