@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
+#include "model/matmul_amx.h"
 #include "model/matmul_packed.h"
 #include "model/quant_blocks.h"
 
@@ -593,6 +594,9 @@ HWY_EXPORT(PackedGroupsImpl);
 
 void packed_groups_kernel(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y,
                           int64_t ldy) {
+  // Prefill rows on AMX tiles where the CPU has them (the same sums in the same order).
+  if (X.M > kPackedDecodeRows && cpu_tuning().amx && amx_supports(P.type) && amx_available())
+    return amx_groups(P, g0, g1, X, y, ldy);
   HWY_DYNAMIC_DISPATCH(PackedGroupsImpl)(P, g0, g1, X, y, ldy, cpu_tuning().weight_prefetch);
 }
 
