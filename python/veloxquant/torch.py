@@ -229,15 +229,16 @@ class VeloxQuantCache(Cache):
         # get_seq_length reads the tokens held from _len_t (updated in place by the op).
         global _next_handle
         _next_handle += 1
+        self._hid = _next_handle  # __del__ uses the int: a collection may run while torch traces (FakeTensorMode)
         self._handle = torch.tensor([_next_handle], dtype=torch.int64)
         self._len_t = torch.zeros((), dtype=torch.int64, device="cuda" if device == "cuda" else "cpu")
         _caches[_next_handle] = weakref.ref(self)
         super().__init__(layers=[VeloxQuantLayer(self, i) for i in range(n_layers)])
 
     def __del__(self):
-        handle = getattr(self, "_handle", None)
-        if handle is not None and _caches is not None:
-            _caches.pop(int(handle[0]), None)
+        hid = getattr(self, "_hid", None)
+        if hid is not None and _caches is not None:
+            _caches.pop(hid, None)
         h = getattr(self, "_h", None)
         if h is not None and _lib is not None:
             _lib.vqt_destroy(h)
