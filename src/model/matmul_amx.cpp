@@ -1,7 +1,5 @@
 #include "model/matmul_amx.h"
 
-#include <vector>
-
 #include "core/error.h"
 
 #if defined(__x86_64__)
@@ -16,33 +14,13 @@ namespace vq {
 
 namespace {
 
-int kind_of(GGMLType t) {
-  switch (t) {
-    case GGMLType::Q4_0: return 0;
-    case GGMLType::Q4_1: return 1;
-    case GGMLType::Q5_0: return 2;
-    case GGMLType::Q5_1: return 3;
-    case GGMLType::Q8_0: return 4;
-    case GGMLType::Q4_K: return 5;
-    case GGMLType::Q5_K: return 6;
-    case GGMLType::Q6_K: return 7;
-    default: return -1;
-  }
-}
-
-// The kernels' arguments, with this thread's scratch (a group's unpacked codes and scales).
+// The kernels' arguments.
 amx_detail::Args make_args(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y,
                            int64_t ldy) {
   VQ_CHECK(amx_supports(P.type), "amx: {} weights have no AMX kernel", ggml_type_name(P.type));
   VQ_CHECK(X.M > 16 && X.cols == P.cols && X.q != nullptr, "amx: {} activation rows of {} columns for a {} x {} weight",
            X.M, X.cols, P.rows, P.cols);
-  thread_local std::vector<int8_t> bw;
-  thread_local std::vector<float> sc;
-  thread_local std::vector<int32_t> xs16;
-  bw.resize(size_t(P.cols) * 8);
-  sc.resize(size_t(P.cols / 32) * 16);
   amx_detail::Args a{};
-  a.type = kind_of(P.type);
   a.base = P.data.data();
   a.chunk = int64_t(chunk_bytes(P.type));
   a.nu = P.cols / unit_cols(P.type);
@@ -53,20 +31,8 @@ amx_detail::Args make_args(const PackedWeight& P, int64_t g0, int64_t g1, const 
   a.cols = X.cols;
   a.q = X.q;
   a.d = X.d;
-  a.s = X.s;
-  if (P.type == GGMLType::Q6_K) {  // the sums of 16 activation codes (q6_K's codes are offset by 32)
-    xs16.resize(size_t(X.M * (X.cols / 16)));
-    for (int64_t i = 0; i < X.M * (X.cols / 16); ++i) {
-      int32_t s = 0;
-      for (int e = 0; e < 16; ++e) s += X.q[16 * i + e];
-      xs16[size_t(i)] = s;
-    }
-    a.xs16 = xs16.data();
-  }
   a.y = y;
   a.ldy = ldy;
-  a.bw = bw.data();
-  a.sc = sc.data();
   return a;
 }
 
@@ -91,7 +57,7 @@ bool amx_available() {
 #endif
 }
 
-bool amx_supports(GGMLType t) { return kind_of(t) >= 0; }
+bool amx_supports(GGMLType t) { return t == GGMLType::Q8_0; }
 
 void amx_groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy) {
   VQ_CHECK(amx_available(), "amx: this CPU (or the OS) does not offer AMX tiles");

@@ -16,12 +16,11 @@ thread_local EmuTile tiles[8];
 
 // Tile shapes as the hardware backend configures them (rows, bytes per row).
 struct EmuTiles {
-  static void configure(bool q6k) {
-    const int shape[2][6][2] = {{{16, 32}, {16, 32}, {8, 32}, {0, 0}, {0, 0}, {0, 0}},
-                                {{16, 32}, {16, 16}, {4, 32}, {16, 32}, {16, 16}, {4, 32}}};
+  static void configure() {
+    const int shape[3][2] = {{16, 32}, {16, 32}, {8, 32}};  // C, A, B: rows, bytes per row
     for (int t = 0; t < 8; ++t) {
-      tiles[t].rows = t < 6 ? shape[q6k][t][0] : 0;
-      tiles[t].colsb = t < 6 ? shape[q6k][t][1] : 0;
+      tiles[t].rows = t < 3 ? shape[t][0] : 0;
+      tiles[t].colsb = t < 3 ? shape[t][1] : 0;
     }
   }
   static void release() {}
@@ -40,29 +39,17 @@ struct EmuTiles {
       std::memcpy(static_cast<uint8_t*>(p) + r * stride, tiles[T].d + 64 * r, size_t(tiles[T].colsb));
   }
   // C[m][n] += sum over k (A's 4-byte groups) of A[m][4k + i] * B[k][4n + i], i 0..3, in int32.
-  template <int C, int A, int B, bool kSignedB>
-  static void dp() {
+  template <int C, int A, int B>
+  static void dp_ss() {
     EmuTile &c = tiles[C], &a = tiles[A], &b = tiles[B];
     for (int m = 0; m < c.rows; ++m)
       for (int n = 0; n < c.colsb / 4; ++n) {
         int32_t s;
         std::memcpy(&s, c.d + 64 * m + 4 * n, 4);
         for (int k = 0; k < a.colsb / 4; ++k)
-          for (int i = 0; i < 4; ++i) {
-            const int32_t x = int8_t(a.d[64 * m + 4 * k + i]);
-            const uint8_t w = b.d[64 * k + 4 * n + i];
-            s += x * (kSignedB ? int32_t(int8_t(w)) : int32_t(w));
-          }
+          for (int i = 0; i < 4; ++i) s += int32_t(int8_t(a.d[64 * m + 4 * k + i])) * int32_t(int8_t(b.d[64 * k + 4 * n + i]));
         std::memcpy(c.d + 64 * m + 4 * n, &s, 4);
       }
-  }
-  template <int C, int A, int B>
-  static void dp_su() {
-    dp<C, A, B, false>();
-  }
-  template <int C, int A, int B>
-  static void dp_ss() {
-    dp<C, A, B, true>();
   }
 };
 

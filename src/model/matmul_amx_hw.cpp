@@ -16,54 +16,37 @@ struct alignas(64) TileConfig {
 };
 
 struct HwTiles {
-  static void configure(bool q6k) {
+  static void configure() {
     TileConfig c;
     std::memset(&c, 0, sizeof c);
     c.palette = 1;
-    auto set = [&](int t, int rows, int colsb) {
-      c.rows[t] = uint8_t(rows);
-      c.colsb[t] = uint16_t(colsb);
-    };
-    set(0, 16, 32);
-    if (q6k) {
-      set(1, 16, 16), set(2, 4, 32), set(3, 16, 32), set(4, 16, 16), set(5, 4, 32);
-    } else {
-      set(1, 16, 32), set(2, 8, 32);
-    }
+    const int shape[3][2] = {{16, 32}, {16, 32}, {8, 32}};  // C, A, B: rows, bytes per row
+    for (int t = 0; t < 3; ++t) c.rows[t] = uint8_t(shape[t][0]), c.colsb[t] = uint16_t(shape[t][1]);
     _tile_loadconfig(&c);
   }
   static void release() { _tile_release(); }
   // GCC's tile intrinsics paste the tile number into the instruction text: literals only.
+  // GCC's tile intrinsics paste the tile number into the instruction text: literals only.
   template <int T>
   static void zero() {
-    if constexpr (T == 0) _tile_zero(0);
-    else if constexpr (T == 3) _tile_zero(3);
-    else static_assert(T == 0, "accumulator tiles are 0 and 3");
+    static_assert(T == 0, "the accumulator tile is 0");
+    _tile_zero(0);
   }
   template <int T>
   static void load(const void* p, int64_t stride) {
     if constexpr (T == 1) _tile_loadd(1, p, stride);
     else if constexpr (T == 2) _tile_loadd(2, p, stride);
-    else if constexpr (T == 4) _tile_loadd(4, p, stride);
-    else if constexpr (T == 5) _tile_loadd(5, p, stride);
-    else static_assert(T == 1, "operand tiles are 1, 2, 4, 5");
+    else static_assert(T == 1, "operand tiles are 1 and 2");
   }
   template <int T>
   static void store(void* p, int64_t stride) {
-    if constexpr (T == 0) _tile_stored(0, p, stride);
-    else if constexpr (T == 3) _tile_stored(3, p, stride);
-    else static_assert(T == 0, "accumulator tiles are 0 and 3");
-  }
-  template <int C, int A, int B>
-  static void dp_su() {
-    if constexpr (C == 0 && A == 1 && B == 2) _tile_dpbsud(0, 1, 2);
-    else if constexpr (C == 3 && A == 4 && B == 5) _tile_dpbsud(3, 4, 5);
-    else static_assert(C == 0, "tile products are 0 += 1.2 and 3 += 4.5");
+    static_assert(T == 0, "the accumulator tile is 0");
+    _tile_stored(0, p, stride);
   }
   template <int C, int A, int B>
   static void dp_ss() {
-    if constexpr (C == 0 && A == 1 && B == 2) _tile_dpbssd(0, 1, 2);
-    else static_assert(C == 0, "the signed tile product is 0 += 1.2");
+    static_assert(C == 0 && A == 1 && B == 2, "the tile product is 0 += 1 . 2");
+    _tile_dpbssd(0, 1, 2);
   }
 };
 
