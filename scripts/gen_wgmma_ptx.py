@@ -90,6 +90,18 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 __device__ __forceinline__ uint64_t desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
 }
+// Descriptors of swizzled operands, the layouts TMA writes with CU_TENSOR_MAP_SWIZZLE_128B / _64B:
+// atoms of 8 rows of 128 (64) bytes, 1024 (512) bytes at boundaries of their size, the 16-byte
+// chunk c of row r stored at chunk c ^ (r % 8) (c ^ ((r / 2) % 4)). MN-major (rows along M/N):
+// lbo = bytes between atoms adjacent along M/N, sbo = bytes between groups of 8 rows along K.
+// K-major: lbo unused, sbo = bytes between groups of 8 rows along M/N; a k-step inside an atom
+// adds its byte offset to saddr.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return desc(saddr, lbo, sbo) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ uint64_t desc_sw64(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return desc(saddr, lbo, sbo) | (uint64_t(2) << 62);
+}
 
 #if defined(VQ_HAVE_WGMMA)
 '''

@@ -15,6 +15,8 @@ const char* kv_device_name(KVDevice d) { return d == KVDevice::cuda ? "cuda" : "
 #ifdef VQ_HAVE_CUDA
 struct KVPool::Slab {
   cuda::DeviceBuffer mem;
+  int arena = -1;
+  size_t stride = 0;  // bytes between its blocks
 };
 #else
 struct KVPool::Slab {};
@@ -53,6 +55,8 @@ void KVPool::grow(Arena& a, size_t min_blocks) {
                                       n, a.name, double(n * stride) / 1048576.0, double(slab_bytes_) / 1048576.0,
                                       e.what()));
   }
+  slab->arena = int(&a - arenas_.data());
+  slab->stride = stride;
   auto* base = slab->mem.as<uint8_t>();
   for (size_t i = n; i-- > 0;) a.free_dev.push_back(base + i * stride);
   slab_bytes_ += n * stride;
@@ -62,6 +66,29 @@ void KVPool::grow(Arena& a, size_t min_blocks) {
   (void)min_blocks;
   VQ_FAIL("kv pool: no CUDA backend");
 #endif
+}
+
+KVPool::Span KVPool::device_span(int arena) const {
+  Span sp;
+#ifdef VQ_HAVE_CUDA
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (const auto& s : slabs_)
+    if (s->arena == arena) {
+      const auto b = reinterpret_cast<uintptr_t>(s->mem.data());
+      lo = std::min(lo, b), hi = std::max(hi, b + s->mem.size());
+    }
+  if (hi == 0) return sp;
+  size_t g = 4096;  // the largest power of two dividing every slab's offset and block stride
+  for (const auto& s : slabs_)
+    if (s->arena == arena)
+      while (g > 1 && ((reinterpret_cast<uintptr_t>(s->mem.data()) - lo) % g || s->stride % g)) g /= 2;
+  sp.base = reinterpret_cast<const uint8_t*>(lo);
+  sp.bytes = hi - lo;
+  sp.align = g;
+#else
+  (void)arena;
+#endif
+  return sp;
 }
 
 uint8_t* KVPool::take_block_memory(Arena& a) {

@@ -80,6 +80,15 @@ class KVPool {
   // pools: nothing to do.
   void reserve(const std::vector<int64_t>& counts);
   size_t device_reserved_bytes() const { return slab_bytes_; }  // device memory held in slabs
+  // Device pools: the address range that holds every block of `arena` (from its lowest slab to the
+  // end of its highest; other arenas' slabs may lie inside), and the largest power of two (up to
+  // 4096) that divides the distance of every block of it from `base`. {null, 0, 0}: no slab yet.
+  struct Span {
+    const uint8_t* base = nullptr;
+    size_t bytes = 0;
+    size_t align = 0;
+  };
+  Span device_span(int arena) const;
 
  private:
   struct Slot {

@@ -823,6 +823,10 @@ void KVStoreDevice::launch_attend(int layer, const float* q, int64_t q_stride, f
   p.scale = scale;
   const bool direct = m.direct(layer);
   if (direct) p.dense_tables = p.coded_tables;  // a direct layer's only blocks: its scalar blocks
+  if (!direct && !m.tiles.empty()) {
+    const KVPool::Span sp = m.st.pool_.device_span(m.st.dense_arena_);
+    p.dense_base = sp.base, p.dense_bytes = sp.bytes, p.dense_align = sp.align;
+  }
   const bool rotated = direct && m.rotate;
   if (rotated) {  // the keys were rotated: score with H q (the softmax scale stays the kernels')
     m.transform_queries(rows, q, q_stride, m.ones.as<float>(), 1.0f);

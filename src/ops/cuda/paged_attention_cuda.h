@@ -132,6 +132,12 @@ struct PagedAttnParams {
   const int32_t* row_table = nullptr;
   const uint8_t* const* const* dense_tables = nullptr;  // the sequences' dense block tables
   const uint8_t* const* const* coded_tables = nullptr;  // coded block tables (rule.coded)
+  // Where every fp16 block of dense_tables lies (the pool arena's device span, KVPool::device_span)
+  // and the power of two dividing each block's distance from dense_base: the prefill kernel reads
+  // the blocks by TMA through one tensor map over it. Null: unknown (the prefill takes the
+  // synchronous form).
+  const uint8_t* dense_base = nullptr;
+  size_t dense_bytes = 0, dense_align = 0;
   const float* q = nullptr;   // row r at q + r*q_stride: [n_kv_heads*group][head_dim] f32 after RoPE
   int64_t q_stride = 0;       // elements; 0: packed
   float scale = 1.0f;         // score = scale * q.k on the dense keys

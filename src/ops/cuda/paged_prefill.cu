@@ -28,7 +28,9 @@
 // row (paged_ranges): a block a row reads as codes is masked in its dense pass and vice versa.
 // Passes shrink (VQ_PREFILL_KEYS, or the dispatcher) where two stages do not fit in shared
 // memory (D=256 with coded layers). Variants and their times: docs/CUDA_NOTES.md section 6.
+#include <cuda.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cmath>
@@ -106,6 +108,7 @@ struct PrefillParams {
   // prefill_scratch_halves(D) per KV head, K then V token-major) instead of decoded here; null: decode.
   const __half* scr;
   const int64_t* scr_slot0;
+  const uint8_t* dense_base;  // PagedAttnParams::dense_base (the warp-specialised form's tensor maps)
 };
 
 using namespace ptx;  // smem_u32, cp_async*, ldsm_x4(_t), mma16816, pack_half2 (mma_ptx.cuh)
@@ -699,10 +702,12 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
 
 // ---- The warp-specialised form (Hopper, sm_90a build; GpuTuning::prefill_ws) ----
 // Three warpgroups per tile of 128 rows: warpgroup 0 is the producer, 1 and 2 the consumers (64 rows
-// each). The producer walks the passes and fills NST shared-memory stages by cp.async straight into
-// the wgmma layouts (dense passes: the pool's fp16 blocks; coded passes: the step's decoded past,
-// PrefillParams::scr), and hands a stage over when its copies land (cp.async.mbarrier.arrive on
-// full[s]), so up to NST passes are in flight; the consumers score, mask, softmax and accumulate
+// each). The producer walks the passes and fills NST shared-memory stages by TMA (one thread issues
+// a block's boxes; dense passes: the pool's fp16 blocks, coded passes: the step's decoded past,
+// PrefillParams::scr) in the swizzled layouts wgmma reads (WsTiles), and hands a stage over when its
+// copies land (the boxes' bytes counted on full[s], plus a cp.async.mbarrier.arrive per thread for
+// the few rows copied by cp.async: the block holding the tile's last key, whose later rows are
+// zeroed, and the rotated key mean's terms), so up to NST passes are in flight; the consumers score, mask, softmax and accumulate
 // (wgmma, as the WG form above) and hand the stage back (empty[s]). Nothing waits on the whole block
 // after the start: each consumer warpgroup proceeds at its own pace (one's softmax under the other's
 // products). Registers move from the producer (80) to the consumers (208) with setmaxnreg.
@@ -711,21 +716,51 @@ struct WsOffsets {
   int q, qc, stage, stage_bytes, total;  // bytes from the start of dynamic shared memory
 };
 
+// The tensor maps of the producer's copies, 2-D views of fp16 rows: k, the dense arena as rows of
+// 32 halves (a block's keys of one KV head, [D][32]: D rows, one box of 32 x D, 64-byte swizzle);
+// v, the dense arena as rows of D halves (a block's values of one KV head: 32 rows, boxes of 64
+// channels x 32, 128-byte swizzle); s, the decoded past as rows of D halves (keys and values
+// token-major, boxed as v).
+struct WsMaps {
+  CUtensorMap k, v, s;
+};
+
+// Shared tiles of the warp-specialised form, offsets in halves. Dense keys: NB blocks of [D][32]
+// (MN-major, keys along 64-byte rows, 64-byte swizzle), block hb at hb * 32 * D. Values and
+// decoded keys: D / 64 column blocks of [KN][64] (128-byte rows, 128-byte swizzle), column block c
+// at c * KN * 64; sw(k, d) is element (key k, channel d) there.
+template <int D, int KN>
+struct WsTiles {
+  static __device__ __forceinline__ int sw(int k, int d) {
+    return (d >> 6) * (KN * 64) + k * 64 + ((((d >> 3) & 7) ^ (k & 7)) << 3) + (d & 7);
+  }
+  // k-step kk (16 channels) of S = Q K^T: dense keys (TB 1) or decoded keys (TB 0).
+  static __device__ __forceinline__ uint64_t kdesc(uint32_t ka, int kk, int tb) {
+    return tb ? wg::desc_sw64(ka + kk * 1024, 32 * D * 2, 512)
+              : wg::desc_sw128(ka + (kk >> 2) * (KN * 128) + (kk & 3) * 32, 16, 1024);
+  }
+  // k-step kk (16 keys) of O += P V.
+  static __device__ __forceinline__ uint64_t vdesc(uint32_t va, int kk) {
+    return wg::desc_sw128(va + kk * 2048, KN * 128, 1024);
+  }
+};
+
 template <int D, int NB, int NST>
 WsOffsets ws_offsets(const PrefillParams& pp) {
   static_assert(2 * NST * 8 <= 128, "mbarriers fit in the first 128 bytes");
   WsOffsets o{};
   const bool coded = pp.rule.coded;
-  int at = 128;  // full[NST], empty[NST]
+  int at = 128;  // full[NST], empty[NST]; the kernel aligns the start to 1024 bytes
   o.q = at;
   at += 128 * D * 2;
   o.qc = at;
   if (coded) at += 128 * D * 2;
+  at = (at + 1023) & ~1023;  // swizzle atoms at their boundaries
   o.stage = at;
   using L = PrefillSmem<D, NB, true>;
   o.stage_bytes = (L::KH + L::VH) * 2 + (coded && pp.kbias.values ? 128 * 2 * NB * 4 : 0);
   at += NST * o.stage_bytes;
-  o.total = at;
+  o.total = at + 1024;  // room to align the start
   return o;
 }
 
@@ -753,6 +788,19 @@ __device__ __forceinline__ void wait(uint64_t* b, uint32_t parity) {
 __device__ __forceinline__ void arrive_on_copies(uint64_t* b) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b)) : "memory");
 }
+// The current phase of b also waits for `bytes` more to land (TMA's complete_tx); no arrival.
+__device__ __forceinline__ void expect_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+// TMA: the box of tensor map tm at coordinates (c0, c1) into shared memory at dst, its bytes
+// counted on b.
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* tm, int c0, int c1, uint64_t* b) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(smem_u32(b))
+      : "memory");
+}
 __device__ __forceinline__ void named_sync(unsigned id, unsigned n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
@@ -768,45 +816,75 @@ __device__ __forceinline__ void regs_up() {
 #endif
 
 #if defined(VQ_HAVE_WGMMA)
-// The overlapped consumer step (OV): S = Q K^T of this pass (keys at ka, TB as in wg_scores) and
-// O += P V of the previous pass (P in pa, values at va) issued together as two commit groups; returns
-// when S is done, the P V product still running (wg::wait<0> ends it). One straight sequence: ptxas
-// serializes wgmma across branches.
+// Issues S = Q K^T of one warpgroup's 64 rows (query core matrices at qa) over the key tile at ka
+// (WsTiles: TB 1 dense, 0 decoded) as one commit group.
 template <int D, int KN, int TB>
-__device__ __forceinline__ void ws_products(float (&sf)[KN / 2], uint32_t qa, uint32_t ka, float (&of)[D / 2],
-                                            const uint32_t (&pa)[KN / 16][4], uint32_t va) {
-  constexpr uint32_t kstep = TB ? 2 * KN * 16 : 256, lbo = TB ? KN * 16 : 128, sbo = TB ? 128 : D * 16;
-  wg::fence_regs(sf);
-  wg::fence_regs(of);
-  wg::fence();
+__device__ __forceinline__ void ws_issue_scores(float (&sf)[KN / 2], uint32_t qa, uint32_t ka) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    const uint64_t da = wg::desc(qa + kk * 256, 128, D * 16), db = wg::desc(ka + kk * kstep, lbo, sbo);
+    const uint64_t da = wg::desc(qa + kk * 256, 128, D * 16), db = WsTiles<D, KN>::kdesc(ka, kk, TB);
     if constexpr (KN == 128) wg::mma_ss_m64n128<TB>(sf, da, db, 1);
     else if constexpr (KN == 64) wg::mma_ss_m64n64<TB>(sf, da, db, 1);
     else wg::mma_ss_m64n32<TB>(sf, da, db, 1);
   }
   wg::commit();
+}
+// Issues O += P V (P in registers, the value tile at va) as one commit group.
+template <int D, int KN>
+__device__ __forceinline__ void ws_issue_pv(float (&of)[D / 2], const uint32_t (&pa)[KN / 16][4], uint32_t va) {
 #pragma unroll
   for (int kk = 0; kk < KN / 16; ++kk) {
-    const uint64_t db = wg::desc(va + kk * 2 * D * 16, D * 16, 128);
+    const uint64_t db = WsTiles<D, KN>::vdesc(va, kk);
     if constexpr (D == 64) wg::mma_rs_m64n64(of, pa[kk], db);
     else if constexpr (D == 128) wg::mma_rs_m64n128(of, pa[kk], db);
     else wg::mma_rs_m64n256(of, pa[kk], db);
   }
   wg::commit();
+}
+// S = Q K^T, waited for.
+template <int D, int KN, int TB>
+__device__ __forceinline__ void ws_scores(float (&sf)[KN / 2], uint32_t qa, uint32_t ka) {
+  wg::fence_regs(sf);
+  wg::fence();
+  ws_issue_scores<D, KN, TB>(sf, qa, ka);
+  wg::wait<0>();
+  wg::fence_regs(sf);
+}
+// O += P V, waited for.
+template <int D, int KN>
+__device__ __forceinline__ void ws_pv(float (&of)[D / 2], const uint32_t (&pa)[KN / 16][4], uint32_t va) {
+  wg::fence_regs(of);
+  wg::fence();
+  ws_issue_pv<D, KN>(of, pa, va);
+  wg::wait<0>();
+  wg::fence_regs(of);
+}
+// The overlapped consumer step (OV): S = Q K^T of this pass and O += P V of the previous pass (P in
+// pa, values at va) issued together as two commit groups; returns when S is done, the P V product
+// still running (wg::wait<0> ends it). One straight sequence: ptxas serializes wgmma across branches.
+template <int D, int KN, int TB>
+__device__ __forceinline__ void ws_products(float (&sf)[KN / 2], uint32_t qa, uint32_t ka, float (&of)[D / 2],
+                                            const uint32_t (&pa)[KN / 16][4], uint32_t va) {
+  wg::fence_regs(sf);
+  wg::fence_regs(of);
+  wg::fence();
+  ws_issue_scores<D, KN, TB>(sf, qa, ka);
+  ws_issue_pv<D, KN>(of, pa, va);
   wg::wait<1>();
   wg::fence_regs(sf);
 }
 #endif
 
 template <int D, int NB, int NST, bool OV>
-__global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsOffsets lo) {
+__global__ void __launch_bounds__(384, 1)
+    prefill_ws_kernel(PrefillParams p, WsOffsets lo, const __grid_constant__ WsMaps maps) {
 #if !defined(VQ_HAVE_WGMMA)
   __trap();  // not built for this device: the dispatcher never launches it (launch_ws_d)
 #else
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);  // WsOffsets are from here
   using L = PrefillSmem<D, NB, true>;
+  using T = WsTiles<D, L::KN>;
   constexpr int ROWS = 128, NT = D / 8, KN = L::KN, NS = KN / 8;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + NST;
@@ -865,19 +943,18 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
         }
       }
     }
-    // Token-major rows of D halves ([kB][D]: values, and decoded keys) into the core-matrix layout:
-    // lanes 0-7 take 8 consecutive tokens (one core matrix), lanes 8-31 the next 3 chunks of 8
-    // channels of the same tokens, so a warp writes 4 whole core matrices (4 shared-memory
-    // wavefronts; token by token it took 16). Rows no one reads are zero-filled (src-size 0).
+    // Token-major rows of D halves ([kB][D]) by cp.async into the swizzled tile (T::sw), rows no
+    // one reads zero-filled (src-size 0): a warp takes 4 rows of 64 channels (whole 128-byte rows).
     auto copy_rows = [&](__half* dst, const __half* src, int n0, bool need, int64_t u0) {
-      constexpr int CPR = D / 8;  // 16-byte chunks per row
-      for (int i = tid; i < kB * CPR; i += 128) {
-        const int u = i >> 5, lane = i & 31;
-        const int k = (u / (CPR / 4)) * 8 + (lane & 7), c = (u % (CPR / 4)) * 4 + (lane >> 3);
+      for (int i = tid; i < kB * (D / 8); i += 128) {
+        const int k = (i >> 3) % kB, c = ((i >> 3) / kB) * 8 + (i & 7);
         const bool ok = need && u0 + k <= t_last;
-        cp_async16(dst + L::v(n0 + k, 8 * c), ok ? src + k * D + 8 * c : zsrc, ok);
+        cp_async16(dst + T::sw(n0 + k, 8 * c), ok ? src + k * D + 8 * c : zsrc, ok);
       }
     };
+    // Rows of the tensor maps (WsMaps): a block's keys in k, its values in v, and block b of the
+    // decoded past in s (keys; values 32 rows on).
+    const int64_t scr_row0 = p.scr ? (p.scr_slot0[tab] * H + kh) * 64 : 0;
     auto issue = [&](int64_t j, int form, int s) {
       __half* ks = kst(s);
       __half* vs = vst(s);
@@ -894,20 +971,35 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
       for (int hb = 0; hb < NB; ++hb) {
         const int64_t b = j * NB + hb, u0 = b * kB;
         const bool need = walk.block_needed(b, form);
-        // Keys no row reads are left as they are (their scores are masked); their values are zeros.
-        if (form == 0) {  // the pool's block: keys [D][kB] (a warp: 512 contiguous bytes, 4 core matrices)
-          const __half* blk = need ? reinterpret_cast<const __half*>(dtab[b]) : zsrc;
-          const __half* kg = blk + size_t(kh) * D * kB;
-          if (need)
-            for (int i = tid; i < D * kB / 8; i += 128) {
-              const int d = i / (kB / 8), c = i % (kB / 8);
-              cp_async16(ks + L::kd(d, hb * kB + 8 * c), kg + d * kB + 8 * c);
-            }
-          copy_rows(vs, blk + size_t(H) * D * kB + size_t(kh) * kB * D, hb * kB, need, u0);
+        // A block read whole goes by TMA; the one holding the tile's last key has its later value
+        // rows zeroed (cp.async), and values of a block no row reads are zeros. Keys no row reads
+        // are left as they are (their scores are masked).
+        const bool whole = need && u0 + kB - 1 <= t_last;
+        __half* vdst = vs + hb * kB * 64;
+        if (form == 0) {  // the pool's block
+          const uint8_t* blk = need ? dtab[b] : nullptr;
+          if (tid == 0 && need) {
+            const int64_t off = blk - p.dense_base;
+            wsb::expect_tx(full + s, uint32_t(whole ? 2 * kB * D * 2 : kB * D * 2));
+            wsb::tma_2d(ks + hb * kB * D, &maps.k, 0, int(off / 64) + kh * D, full + s);
+            if (whole)
+#pragma unroll
+              for (int c = 0; c < D / 64; ++c)
+                wsb::tma_2d(vdst + c * KN * 64, &maps.v, 64 * c, int(off / (2 * D)) + (H + kh) * kB, full + s);
+          }
+          if (!whole)
+            copy_rows(vdst, need ? reinterpret_cast<const __half*>(blk) + size_t(H + kh) * kB * D : zsrc, 0, need, u0);
         } else {  // decoded once for the step: keys and values token-major
-          const __half* sb = need ? scr_k + b * scr_stride : zsrc;
-          if (need) copy_rows(ks, sb, hb * kB, true, u0);
-          copy_rows(vs, sb + kB * D, hb * kB, need, u0);
+          const int r0 = int(scr_row0 + b * H * 64);
+          if (tid == 0 && need) {
+            wsb::expect_tx(full + s, uint32_t(whole ? 2 * kB * D * 2 : kB * D * 2));
+#pragma unroll
+            for (int c = 0; c < D / 64; ++c) {
+              wsb::tma_2d(ks + hb * kB * 64 + c * KN * 64, &maps.s, 64 * c, r0, full + s);
+              if (whole) wsb::tma_2d(vdst + c * KN * 64, &maps.s, 64 * c, r0 + kB, full + s);
+            }
+          }
+          if (!whole) copy_rows(vdst, need ? scr_k + b * scr_stride + kB * D : zsrc, 0, need, u0);
         }
       }
       cp_async_commit();
@@ -1004,21 +1096,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
       if (cform == 2) cform = 0, ++cj;
       walk.seek(cj, cform);
     }
-    if (prev_s >= 0) {  // the last pass's P V
-      const uint32_t va = smem_u32(vst(prev_s));
-      wg::fence_regs(of);
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < KN / 16; ++kk) {
-        const uint64_t db = wg::desc(va + kk * 2 * D * 16, D * 16, 128);
-        if constexpr (D == 64) wg::mma_rs_m64n64(of, pa[kk], db);
-        else if constexpr (D == 128) wg::mma_rs_m64n128(of, pa[kk], db);
-        else wg::mma_rs_m64n256(of, pa[kk], db);
-      }
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_regs(of);
-    }
+    if (prev_s >= 0) ws_pv<D, KN>(of, pa, smem_u32(vst(prev_s)));  // the last pass's P V
   }
   for (int it = 0; !OV && cj >= 0; ++it) {
     const int64_t j = cj;
@@ -1033,8 +1111,8 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
     {
       float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(sc);
       const uint32_t qa = smem_u32(form ? qc : qp) + uint32_t(cwg) * 64 * D * 2, ka = smem_u32(ks);
-      if (form == 0) wg_scores<D, KN, 1>(sf, qa, ka);  // dense keys [D][KN]
-      else wg_scores<D, KN, 0>(sf, qa, ka);            // decoded keys [KN][D]
+      if (form == 0) ws_scores<D, KN, 1>(sf, qa, ka);  // dense keys
+      else ws_scores<D, KN, 0>(sf, qa, ka);            // decoded keys
     }
     float alpha[2];
     mask_softmax<NS>(sc, form, u0, rg, rpos, rvalid, t, m_run, l_run, alpha);
@@ -1042,7 +1120,6 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
     for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
     {
       float(&of)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(o);
-      const uint32_t va = smem_u32(vs);
       uint32_t a[KN / 16][4];
 #pragma unroll
       for (int kk = 0; kk < KN / 16; ++kk) {
@@ -1051,18 +1128,7 @@ __global__ void __launch_bounds__(384, 1) prefill_ws_kernel(PrefillParams p, WsO
         a[kk][2] = pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
         a[kk][3] = pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
       }
-      wg::fence_regs(of);
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < KN / 16; ++kk) {
-        const uint64_t db = wg::desc(va + kk * 2 * D * 16, D * 16, 128);
-        if constexpr (D == 64) wg::mma_rs_m64n64(of, a[kk], db);
-        else if constexpr (D == 128) wg::mma_rs_m64n128(of, a[kk], db);
-        else wg::mma_rs_m64n256(of, a[kk], db);
-      }
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_regs(of);
+      ws_pv<D, KN>(of, a, smem_u32(vs));
     }
     wsb::arrive(empty + s);  // this thread is done with stage s
     ++cform;
@@ -1203,15 +1269,64 @@ void launch_dw(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t 
   else launch<D, 4, 1, WG>(pp, n_tiles, H, st);
 }
 
+// cuTensorMapEncodeTiled from the driver (the runtime hands out its entry point; no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 2-D map of fp16 rows of `cols` halves, `rows` of them from `base`, boxes of box_cols x box_rows.
+bool encode_rows(CUtensorMap& m, const void* base, uint64_t cols, uint64_t rows, uint32_t box_cols,
+                 uint32_t box_rows, CUtensorMapSwizzle sw) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  if (!enc || rows == 0 || rows > (uint64_t(1) << 31)) return false;
+  const cuuint64_t dim[2] = {cols, rows}, stride[1] = {cols * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
+  return enc(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void*>(base), dim, stride, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The warp-specialised form's tensor maps (WsMaps) for this layer; false where they cannot be made
+// (no dense span, a span or scratch past 2^31 rows, a block not on a row boundary, no driver entry
+// point): the layer takes the synchronous form.
+bool ws_maps(const PagedAttnParams& a, WsMaps& m) {
+  const int D = a.head_dim;
+  if (!a.dense_base || a.dense_bytes == 0 || a.dense_align % size_t(2 * D) != 0 || a.dense_align % 64 != 0 ||
+      reinterpret_cast<uintptr_t>(a.dense_base) % 16 != 0)
+    return false;
+  if (!encode_rows(m.k, a.dense_base, 32, a.dense_bytes / 64, 32, uint32_t(D), CU_TENSOR_MAP_SWIZZLE_64B) ||
+      !encode_rows(m.v, a.dense_base, uint64_t(D), a.dense_bytes / (2 * D), 64, 32, CU_TENSOR_MAP_SWIZZLE_128B))
+    return false;
+  if (a.rule.coded) {
+    const PrefillScratch& sc = a.prefill_scratch;
+    if (!sc.blocks) return false;
+    const uint64_t rows = uint64_t(sc.slots) * uint64_t(a.n_kv_heads) * 64;
+    if (!encode_rows(m.s, sc.blocks, uint64_t(D), rows, 64, 32, CU_TENSOR_MAP_SWIZZLE_128B)) return false;
+  } else {
+    m.s = m.v;  // not read
+  }
+  return true;
+}
+
 // The warp-specialised form with NST stages of NB pool blocks, where it fits in shared memory; false:
 // it does not fit.
 template <int D, int NB, int NST, bool OV>
-bool launch_ws(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
+bool launch_ws(const PrefillParams& pp, const WsMaps& maps, int n_tiles, int H, cudaStream_t st) {
   const WsOffsets o = ws_offsets<D, NB, NST>(pp);
   if (size_t(o.total) > smem_optin()) return false;
   detail::ensure_smem_attr(prefill_ws_kernel<D, NB, NST, OV>, size_t(o.total));
   prefill_ws_kernel<D, NB, NST, OV>
-      <<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 384, size_t(o.total), st>>>(pp, o);
+      <<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 384, size_t(o.total), st>>>(pp, o, maps);
   VQ_CUDA_LAUNCHED("prefill_ws_kernel");
   if (pp.ksplits > 1) {
     prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H)), 256, 0, st>>>(pp, 128);
@@ -1228,26 +1343,30 @@ bool launch_ws(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
 // synchronous form: a producer warpgroup decoding the passes was slower than the whole tile
 // decoding between the products (H200, Llama-3.1-8B shape, 512 x 32K, d4b8: 5.66 ms against 3.98).
 template <int D>
-bool launch_ws_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
+bool launch_ws_d(const PrefillParams& pp, const PagedAttnParams& a, int w, int n_tiles, int H, cudaStream_t st) {
   if (w != 8 || !prefill_wgmma() || !gpu_tuning().prefill_ws || pp.rule.elem != PagedElem::f16 ||
       (pp.rule.coded && !pp.scr) || gpu_tuning().prefill_keys)
     return false;
+  WsMaps maps;
+  if (!ws_maps(a, maps)) return false;
   const bool ov = gpu_tuning().prefill_ws == 2 && !pp.rule.coded;
   if constexpr (D == 64) {
-    if (pp.rule.coded) return launch_ws<64, 4, 2, false>(pp, n_tiles, H, st);
-    return ov ? launch_ws<64, 4, 3, true>(pp, n_tiles, H, st) : launch_ws<64, 4, 3, false>(pp, n_tiles, H, st);
+    if (pp.rule.coded) return launch_ws<64, 4, 2, false>(pp, maps, n_tiles, H, st);
+    return ov ? launch_ws<64, 4, 3, true>(pp, maps, n_tiles, H, st)
+              : launch_ws<64, 4, 3, false>(pp, maps, n_tiles, H, st);
   } else if constexpr (D == 128) {
-    if (pp.rule.coded) return launch_ws<128, 4, 2, false>(pp, n_tiles, H, st);
-    return ov ? launch_ws<128, 4, 3, true>(pp, n_tiles, H, st) : launch_ws<128, 4, 3, false>(pp, n_tiles, H, st);
+    if (pp.rule.coded) return launch_ws<128, 4, 2, false>(pp, maps, n_tiles, H, st);
+    return ov ? launch_ws<128, 4, 3, true>(pp, maps, n_tiles, H, st)
+              : launch_ws<128, 4, 3, false>(pp, maps, n_tiles, H, st);
   } else {
-    if (pp.rule.coded) return launch_ws<256, 1, 2, false>(pp, n_tiles, H, st);
-    return launch_ws<256, 2, 2, false>(pp, n_tiles, H, st);
+    if (pp.rule.coded) return launch_ws<256, 1, 2, false>(pp, maps, n_tiles, H, st);
+    return launch_ws<256, 2, 2, false>(pp, maps, n_tiles, H, st);
   }
 }
 
 template <int D>
-void launch_d(const PrefillParams& pp, int w, int n_tiles, int H, cudaStream_t st) {
-  if (launch_ws_d<D>(pp, w, n_tiles, H, st)) return;
+void launch_d(const PrefillParams& pp, const PagedAttnParams& a, int w, int n_tiles, int H, cudaStream_t st) {
+  if (launch_ws_d<D>(pp, a, w, n_tiles, H, st)) return;
   if (prefill_wgmma()) launch_dw<D, true>(pp, w, n_tiles, H, st);
   else launch_dw<D, false>(pp, w, n_tiles, H, st);
 }
@@ -1322,9 +1441,10 @@ void launch_prefill(const PagedAttnParams& a, float* part, cudaStream_t st) {
     pp.scr_slot0 = sc.slot0;
   }
   const int w = a.tile_rows / 16;  // 4 or 8 (checked by paged_attention)
-  if (a.head_dim == 64) launch_d<64>(pp, w, a.n_tiles, a.n_kv_heads, st);
-  else if (a.head_dim == 128) launch_d<128>(pp, w, a.n_tiles, a.n_kv_heads, st);
-  else launch_d<256>(pp, w, a.n_tiles, a.n_kv_heads, st);
+  pp.dense_base = a.dense_base;
+  if (a.head_dim == 64) launch_d<64>(pp, a, w, a.n_tiles, a.n_kv_heads, st);
+  else if (a.head_dim == 128) launch_d<128>(pp, a, w, a.n_tiles, a.n_kv_heads, st);
+  else launch_d<256>(pp, a, w, a.n_tiles, a.n_kv_heads, st);
 }
 
 }  // namespace vq::cuda::detail
