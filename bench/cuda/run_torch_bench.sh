@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# bench/torch_cache_bench.py on the device machine (torch and transformers there, no package
+# registry): libveloxquant_torch.so built on the project machine and carried xz-packed in
+# $TX/libveloxquant_torch.so.xz (or unpacked in $T), the Debian libraries it links in $P/lib.
+#   CTX=32768 BATCH=1 METHODS=static+c,vq:vecinfer:d4b8+c,vq:vecinfer:d4b8 bash bench/cuda/run_torch_bench.sh
+# static+c: HF's StaticCache with the decode step under torch.compile (mode reduce-overhead);
+# vq:SPEC+c: veloxquant.torch's cache the same way; without +c, eager.
+set -uo pipefail
+P=${VQ_PREBUILT:-.gpubin-d}
+T=${VQ_TORCH_PREBUILT:-.gpubin-t}
+TX=${VQ_TORCH_PACKED:-.gpubin-tx}
+O=${OUT:-out/torch_bench}
+mkdir -p "$O" "$T"
+[ -f "$T/libveloxquant_torch.so" ] || xz -dc "$TX/libveloxquant_torch.so.xz" > "$T/libveloxquant_torch.so"
+root=$(mktemp -d)
+mkdir -p "$root/veloxquant"
+cp python/veloxquant/torch.py "$root/veloxquant/"
+: > "$root/veloxquant/__init__.py"
+export PYTHONPATH=$root VQ_TORCH_LIB=$PWD/$T/libveloxquant_torch.so LD_LIBRARY_PATH=$PWD/$P/lib:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+python3 -c "import torch, transformers, torch._inductor.config as c; print('torch', torch.__version__, 'transformers', transformers.__version__, 'graph_partition', getattr(c, 'graph_partition', None))"
+timeout "${LIMIT_S:-540}" python3 bench/torch_cache_bench.py --geometry "${GEO:-llama-3.1-8b}" --ctx "${CTX:-4096,32768}" \
+  --batch "${BATCH:-1}" --methods "${METHODS:-static+c,vq:vecinfer:d4b8+c,vq:vecinfer:d4b8}" --steps "${STEPS:-16}" \
+  --case-s "${CASE_S:-200}" --budget-s "${BUDGET:-500}" --out "$O/rows.json" 2>&1 | grep -v -i warn | tail -25
