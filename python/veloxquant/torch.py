@@ -324,9 +324,6 @@ class VeloxQuantCache(Cache):
                         raise Error("veloxquant.torch: padding inside or after the tokens of batch row "
                                     f"{b}: only left padding is supported")
                 idx = new.flatten().nonzero().flatten()
-        elif attention_mask is not None and attention_mask.dim() == 4:
-            raise Error("veloxquant.torch: a 4D attention mask was given; the veloxquant attention takes the "
-                        "2D padding mask only")
         _check(_lib.vqt_begin(self._h, batch, ctypes.cast(_int_array(counts), ctypes.c_void_p)))
         self._rows = (batch, q_len, idx)
         self._next_layer = 0

@@ -23,7 +23,6 @@ amx_detail::Args make_args(const PackedWeight& P, int64_t g0, int64_t g1, const 
   amx_detail::Args a{};
   a.base = P.data.data();
   a.chunk = int64_t(chunk_bytes(P.type));
-  a.nu = P.cols / unit_cols(P.type);
   a.rows = P.rows;
   a.g0 = g0;
   a.g1 = g1;

@@ -40,7 +40,7 @@ namespace vq::amx_detail {
 // AVX-512 + AMX and for AVX2, holding no inline library code) are given by matmul_amx.cpp.
 struct Args {
   const uint8_t* base;      // the packed data
-  int64_t chunk, nu;        // bytes per chunk, chunks (units) per group
+  int64_t chunk;            // bytes per chunk (one 32-column block of a group)
   int64_t rows, g0, g1;     // weight rows; groups [g0, g1)
   int64_t M, cols;          // activation rows (> 16), columns
   const int8_t* q;          // activations [M, cols]

@@ -51,9 +51,7 @@ struct HwTiles {
 };
 
 }  // namespace
-#endif
 
-#if defined(__x86_64__) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #include "model/matmul_amx_kernel.inc"
 namespace vq::amx_detail {
 void run_hw(const Args& a) { Run<HwTiles>(a); }
