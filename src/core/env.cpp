@@ -68,9 +68,6 @@ const std::vector<EnvVar>& env_vars() {
        "automatic choice)."},
       {"VQ_CPU_WEIGHT_PREFETCH", "0 or 1", "1 on Intel CPUs, 0 on others", "src/model/matmul_packed.cpp",
        "Software prefetch of the weight stream in the CPU's one-row (decode) weight products (CpuTuning)."},
-      {"VQ_CPU_AMX", "0 or 1", "1 (used where the CPU and the OS offer AMX)", "src/model/matmul_amx.cpp",
-       "Prefill weight products of q8_0 weights on AMX tiles (CpuTuning); 0 keeps the AVX-512 / AVX2 kernels (for "
-       "comparisons)."},
       {"VQ_CACHE_DIR", "a folder", "$XDG_CACHE_HOME/veloxquant, else $HOME/.cache/veloxquant", "src/core/cache_dir.cpp",
        "Where first-use calibrations and fetched models are kept."},
       {"XDG_CACHE_HOME", "a folder", "unset", "src/core/cache_dir.cpp", "The user cache folder (when VQ_CACHE_DIR is unset)."},
@@ -122,7 +119,6 @@ bool env_switch(const char* name, bool fallback) {
 CpuTuning read_cpu_tuning() {
   CpuTuning t;
   t.weight_prefetch = env_switch("VQ_CPU_WEIGHT_PREFETCH", cpu_vendor() == "GenuineIntel");
-  t.amx = env_switch("VQ_CPU_AMX", true);
   return t;
 }
 

@@ -46,10 +46,6 @@ struct CpuTuning {
   // for others. Measured (docs/BENCHMARKS.md, issue 22): Intel Xeon (Emerald Rapids, 2 vCPUs)
   // Qwen2.5-1.5B's q4_K/q6_K layer 6.6 -> 11.9 GB/s per thread; AMD Zen 4 q6_K 59-72 -> 33-40 GFLOP/s.
   bool weight_prefetch = true;
-  // VQ_CPU_AMX: prefill weight products (more than 16 activation rows) of q8_0 weights on AMX
-  // tiles where the CPU and the OS offer them (model/matmul_amx.h); bit-identical to the AVX
-  // kernels. Default: on (16-core Xeon, 1 thread: 129 -> 185 GFLOP/s).
-  bool amx = true;
 };
 // The defaults for this CPU with the environment's overrides, read now (throws naming a bad value).
 CpuTuning read_cpu_tuning();

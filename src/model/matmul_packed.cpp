@@ -26,7 +26,6 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
-#include "model/matmul_amx.h"
 #include "model/matmul_packed.h"
 #include "model/quant_blocks.h"
 
@@ -63,19 +62,21 @@ HWY_INLINE __m256 U8x8ToFloat(const uint8_t* p) {
 // one 16-bit shift that brings the bit to position 4 of its byte, then a mask. (Bit 4 of a byte
 // only receives bits of the same byte: a left shift by s <= 4 moves bit 4 - s there, a right
 // shift by s <= 3 bit 4 + s <= 7.)
-HWY_INLINE __m256i Fifth(__m256i hb, int bit) {
-  const __m256i m16 = _mm256_set1_epi8(16);
-  if (bit <= 4) return _mm256_and_si256(_mm256_sll_epi16(hb, _mm_cvtsi32_si128(4 - bit)), m16);
-  return _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(bit - 4)), m16);
+template <class W>
+HWY_INLINE typename W::I Fifth(typename W::I hb, int bit) {
+  const typename W::I m16 = W::Set8(16);
+  if (bit <= 4) return W::And(W::Sll16(hb, 4 - bit), m16);
+  return W::And(W::Srl16(hb, bit - 4), m16);
 }
 
 // Bit `bit` (0..7) of each byte of hb moved to bit `pos` (0..4) of its byte, the others cleared
 // (16-bit shifts: a left shift by s <= pos brings bit pos - s of the same byte, a right shift by
 // s <= 7 - pos bit pos + s of the same byte).
-HWY_INLINE __m256i BitTo(__m256i hb, int bit, int pos) {
-  const __m256i m = _mm256_set1_epi8(char(1 << pos));
-  if (bit <= pos) return _mm256_and_si256(_mm256_sll_epi16(hb, _mm_cvtsi32_si128(pos - bit)), m);
-  return _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(bit - pos)), m);
+template <class W>
+HWY_INLINE typename W::I BitTo(typename W::I hb, int bit, int pos) {
+  const typename W::I m = W::Set8(char(1 << pos));
+  if (bit <= pos) return W::And(W::Sll16(hb, pos - bit), m);
+  return W::And(W::Srl16(hb, bit - pos), m);
 }
 // Eight u8 at p as int32 lanes.
 HWY_INLINE __m256i U8x8(const uint8_t* p) {
@@ -98,117 +99,231 @@ constexpr size_t Chunk32() {
 // Bytes ahead of the current unit that the scalar-block tiles request when prefetching.
 constexpr int64_t kAhead32 = 2048;
 
-template <K32 K, int MT>
-HWY_INLINE void Tile32(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io,
-                       bool pf) {
+// The tiles are written once over a width W: W1 is one group of 8 rows in 256-bit vectors,
+// W2 (AVX-512 targets) two groups side by side in 512-bit vectors, group G in the low half and
+// G + gs in the high one. Every lane does the same integer sums and the same float steps in the
+// same order in either width, so a row's output does not depend on which one ran it.
+struct W1 {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int kGroups = 1;
+  static HWY_INLINE I Ld(const uint8_t* p, int64_t) { return Load32(p); }
+  static HWY_INLINE F Half8(const uint8_t* p, int64_t) { return H8(p); }
+  static HWY_INLINE I Set8(char v) { return _mm256_set1_epi8(v); }
+  static HWY_INLINE I And(I a, I b) { return _mm256_and_si256(a, b); }
+  static HWY_INLINE I Or(I a, I b) { return _mm256_or_si256(a, b); }
+  static HWY_INLINE I Srl16(I a, int n) { return _mm256_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+  static HWY_INLINE I Sll16(I a, int n) { return _mm256_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+  static HWY_INLINE I Abs8(I a) { return _mm256_abs_epi8(a); }
+  static HWY_INLINE I Sign8(I x, I w) { return _mm256_sign_epi8(x, w); }
+  static HWY_INLINE I Xor(I a, I b) { return _mm256_xor_si256(a, b); }
+  static HWY_INLINE I Bc4(const int8_t* p) { return Bcast4(p); }
+  static HWY_INLINE I Dot(I sum, I u, I s) { return AccDot(sum, u, s); }
+  static HWY_INLINE I Zero() { return _mm256_setzero_si256(); }
+  static HWY_INLINE F ZeroF() { return _mm256_setzero_ps(); }
+  static HWY_INLINE F Cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  static HWY_INLINE F Set1(float v) { return _mm256_set1_ps(v); }
+  static HWY_INLINE F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static HWY_INLINE F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static HWY_INLINE F Fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static HWY_INLINE F U8F(const uint8_t* p, int64_t) { return U8x8ToFloat(p); }
+  static HWY_INLINE F I8F(const uint8_t* p, int64_t) { return I8x8ToFloat(p); }
+  static HWY_INLINE I U8I(const uint8_t* p, int64_t) { return U8x8(p); }
+  static HWY_INLINE I Set32(int32_t v) { return _mm256_set1_epi32(v); }
+  static HWY_INLINE I Sub32(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static HWY_INLINE I Srl32(I a, int n) { return _mm256_srli_epi32(a, n); }
+  static HWY_INLINE F In(const __m256* io0, const __m256*, int i) { return io0[i]; }
+  static HWY_INLINE void Out(F v, __m256* io0, __m256*, int i) { io0[i] = v; }
+};
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+HWY_INLINE __m512i Join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+HWY_INLINE __m512i AccDot512(__m512i sum, __m512i u, __m512i s) {
+#if HWY_TARGET == HWY_AVX3_DL
+  asm("vpdpbusd %2, %1, %0" : "+v"(sum) : "v"(u), "v"(s));  // as AccDot (the intrinsic needs avx512vnni)
+  return sum;
+#else
+  return _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+struct W2 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kGroups = 2;
+  static HWY_INLINE I Ld(const uint8_t* p, int64_t gs) { return Join(Load32(p), Load32(p + gs)); }
+  static HWY_INLINE F Half8(const uint8_t* p, int64_t gs) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + gs));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+  }
+  static HWY_INLINE I Set8(char v) { return _mm512_set1_epi8(v); }
+  static HWY_INLINE I And(I a, I b) { return _mm512_and_si512(a, b); }
+  static HWY_INLINE I Or(I a, I b) { return _mm512_or_si512(a, b); }
+  static HWY_INLINE I Srl16(I a, int n) { return _mm512_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+  static HWY_INLINE I Sll16(I a, int n) { return _mm512_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+  static HWY_INLINE I Xor(I a, I b) { return _mm512_xor_si512(a, b); }
+  static HWY_INLINE I Bc4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
+  static HWY_INLINE I Dot(I sum, I u, I s) { return AccDot512(sum, u, s); }
+  static HWY_INLINE I Zero() { return _mm512_setzero_si512(); }
+  static HWY_INLINE F ZeroF() { return _mm512_setzero_ps(); }
+  static HWY_INLINE F Cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static HWY_INLINE F Set1(float v) { return _mm512_set1_ps(v); }
+  static HWY_INLINE F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static HWY_INLINE F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static HWY_INLINE F Fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  // Eight bytes of each group (p, p + gs) in one 128-bit vector.
+  static HWY_INLINE __m128i Bytes8x2(const uint8_t* p, int64_t gs) {
+    return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + gs)));
+  }
+  static HWY_INLINE F U8F(const uint8_t* p, int64_t gs) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(Bytes8x2(p, gs))); }
+  static HWY_INLINE F I8F(const uint8_t* p, int64_t gs) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(Bytes8x2(p, gs))); }
+  static HWY_INLINE I U8I(const uint8_t* p, int64_t gs) { return _mm512_cvtepu8_epi32(Bytes8x2(p, gs)); }
+  static HWY_INLINE I Set32(int32_t v) { return _mm512_set1_epi32(v); }
+  static HWY_INLINE I Sub32(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static HWY_INLINE I Srl32(I a, int n) { return _mm512_srli_epi32(a, unsigned(n)); }
+  static HWY_INLINE F In(const __m256* io0, const __m256* io1, int i) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(io0[i]), io1[i], 1);
+  }
+  static HWY_INLINE void Out(F v, __m256* io0, __m256* io1, int i) {
+    io0[i] = _mm512_castps512_ps256(v);
+    io1[i] = _mm512_extractf32x8_ps(v, 1);
+  }
+};
+#endif
+
+template <class W, K32 K, int MT>
+HWY_INLINE void Tile32(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
+                       __m256* io0, __m256* io1, bool pf) {
+  using I = typename W::I;
+  using F = typename W::F;
   constexpr bool kFive = K == K32::Q5_0 || K == K32::Q5_1;
   constexpr bool kMin = K == K32::Q4_1 || K == K32::Q5_1;
   constexpr bool kOffset = K != K32::Q8_0;
   constexpr size_t kD = K == K32::Q8_0 ? 256 : kFive ? 160 : 128;  // offset of d[8]
   const int64_t nb = X.cols / 32;
-  __m256 acc[MT], accm[MT];
-  for (int t = 0; t < MT; ++t) acc[t] = io[2 * t], accm[t] = io[2 * t + 1];
-  const __m256i m15 = _mm256_set1_epi8(15);
+  F acc[MT], accm[MT];
+  for (int t = 0; t < MT; ++t) acc[t] = W::In(io0, io1, 2 * t), accm[t] = W::In(io0, io1, 2 * t + 1);
+  const I m15 = W::Set8(15);
   for (int64_t u = u0; u < u1; ++u) {
     const uint8_t* C = G + u * int64_t(Chunk32<K>());
     if (MT == 1 && pf)  // one-row tiles only, as the K-quants' (tiles of 2+ rows: not measured faster)
-      for (int64_t k = 0; k < int64_t(Chunk32<K>()); k += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(C + kAhead32 + k), _MM_HINT_T0);
-    __m256i w[8];  // vector k: elements 4k..4k+3 of the 8 rows
+      for (int q = 0; q < W::kGroups; ++q)
+        for (int64_t k = 0; k < int64_t(Chunk32<K>()); k += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(C + q * gs + kAhead32 + k), _MM_HINT_T0);
+    I w[8];  // vector k: elements 4k..4k+3 of the 8 rows (of each group)
     if constexpr (K == K32::Q8_0) {
-      for (int k = 0; k < 8; ++k) w[k] = Load32(C + 32 * k);
+      for (int k = 0; k < 8; ++k) w[k] = W::Ld(C + 32 * k, gs);
     } else {
-      const __m256i hb = kFive ? Load32(C + 128) : _mm256_setzero_si256();
+      const I hb = kFive ? W::Ld(C + 128, gs) : W::Zero();
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = Load32(C + 32 * c);
-        w[2 * c] = _mm256_and_si256(v, m15);
-        w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
+        const I v = W::Ld(C + 32 * c, gs);
+        w[2 * c] = W::And(v, m15);
+        w[2 * c + 1] = W::And(W::Srl16(v, 4), m15);
         if constexpr (kFive) {
-          w[2 * c] = _mm256_or_si256(w[2 * c], Fifth(hb, 2 * c));
-          w[2 * c + 1] = _mm256_or_si256(w[2 * c + 1], Fifth(hb, 2 * c + 1));
+          w[2 * c] = W::Or(w[2 * c], Fifth<W>(hb, 2 * c));
+          w[2 * c + 1] = W::Or(w[2 * c + 1], Fifth<W>(hb, 2 * c + 1));
         }
       }
     }
-    const __m256 a8 = H8(C + kD);
-    __m256 b8 = _mm256_setzero_ps();
-    if constexpr (kMin) b8 = H8(C + kD + 16);
-    if constexpr (K == K32::Q4_0) b8 = _mm256_mul_ps(a8, _mm256_set1_ps(-8.0f));
-    if constexpr (K == K32::Q5_0) b8 = _mm256_mul_ps(a8, _mm256_set1_ps(-16.0f));
-    __m256i aw[8];  // Q8_0: |w| (u8), the signs go onto the activations
-    if constexpr (K == K32::Q8_0)
-      for (int k = 0; k < 8; ++k) aw[k] = _mm256_abs_epi8(w[k]);
+    const F a8 = W::Half8(C + kD, gs);
+    F b8 = W::ZeroF();
+    if constexpr (kMin) b8 = W::Half8(C + kD + 16, gs);
+    if constexpr (K == K32::Q4_0) b8 = W::Mul(a8, W::Set1(-8.0f));
+    if constexpr (K == K32::Q5_0) b8 = W::Mul(a8, W::Set1(-16.0f));
+    // Q8_0 (signed weights) in 256 bits: |w| (u8) meets sign(x, w). In 512 bits, which have no
+    // vpsignb: the activations biased to u8 (x + 128; |x| <= 127) meet w, and the block's
+    // 128 * sum(w), made once per unit, is taken off each row's sum (the same integer).
+    constexpr bool kBiased = K == K32::Q8_0 && W::kGroups == 2;
+    I aw[8], corr = W::Zero();
+    if constexpr (kBiased)
+      for (int k = 0; k < 8; ++k) corr = W::Dot(corr, W::Set8(char(0x80)), w[k]);
+    else if constexpr (K == K32::Q8_0)
+      for (int k = 0; k < 8; ++k) aw[k] = W::Abs8(w[k]);
     for (int t = 0; t < MT; ++t) {
       const int8_t* xb = X.q + (m0 + t) * X.cols + 32 * u;
-      __m256i sum = _mm256_setzero_si256();
+      I sum = W::Zero();
       for (int k = 0; k < 8; ++k) {
-        if constexpr (K == K32::Q8_0)
-          sum = AccDot(sum, aw[k], _mm256_sign_epi8(Bcast4(xb + 4 * k), w[k]));
+        if constexpr (kBiased)
+          sum = W::Dot(sum, W::Xor(W::Bc4(xb + 4 * k), W::Set8(char(0x80))), w[k]);
+        else if constexpr (K == K32::Q8_0)
+          sum = W::Dot(sum, aw[k], W::Sign8(W::Bc4(xb + 4 * k), w[k]));
         else
-          sum = AccDot(sum, w[k], Bcast4(xb + 4 * k));
+          sum = W::Dot(sum, w[k], W::Bc4(xb + 4 * k));
       }
+      if constexpr (kBiased) sum = W::Sub32(sum, corr);
       const int64_t bi = (m0 + t) * nb + u;
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(a8, _mm256_set1_ps(X.d[bi])), acc[t]);
-      if constexpr (kOffset) accm[t] = _mm256_fmadd_ps(b8, _mm256_set1_ps(X.s[bi]), accm[t]);
+      acc[t] = W::Fma(W::Cvt(sum), W::Mul(a8, W::Set1(X.d[bi])), acc[t]);
+      if constexpr (kOffset) accm[t] = W::Fma(b8, W::Set1(X.s[bi]), accm[t]);
     }
   }
-  for (int t = 0; t < MT; ++t) io[2 * t] = acc[t], io[2 * t + 1] = accm[t];
+  for (int t = 0; t < MT; ++t) W::Out(acc[t], io0, io1, 2 * t), W::Out(accm[t], io0, io1, 2 * t + 1);
 }
 
-template <bool kFive, int MT>
-HWY_INLINE void TileQ4K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0, __m256* io,
-                        bool pf) {
+template <class W, bool kFive, int MT>
+HWY_INLINE void TileQ4K(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
+                        __m256* io0, __m256* io1, bool pf) {
+  using I = typename W::I;
+  using F = typename W::F;
   constexpr int64_t kChunk = kFive ? int64_t(kQ5KChunk) : int64_t(kQ4KChunk);
   const int64_t nb = X.cols / 32;
-  __m256 acc[MT], accm[MT];
-  for (int t = 0; t < MT; ++t) acc[t] = io[2 * t], accm[t] = io[2 * t + 1];
-  const __m256i m15 = _mm256_set1_epi8(15);
+  F acc[MT], accm[MT];
+  for (int t = 0; t < MT; ++t) acc[t] = W::In(io0, io1, 2 * t), accm[t] = W::In(io0, io1, 2 * t + 1);
+  const I m15 = W::Set8(15);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * kChunk;
     // Tiles of 2+ rows fetch the chunk two ahead in software; one row when pf (see TileQ6K).
     if (MT > 1 || pf)
-      for (int64_t k = 0; k < kChunk; k += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(C + 2 * kChunk + k), _MM_HINT_T0);
-    const __m256 d8 = H8(C + 1152), dm8 = H8(C + 1168);
+      for (int q = 0; q < W::kGroups; ++q)
+        for (int64_t k = 0; k < kChunk; k += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(C + q * gs + 2 * kChunk + k), _MM_HINT_T0);
+    const F d8 = W::Half8(C + 1152, gs), dm8 = W::Half8(C + 1168, gs);
     for (int j = 0; j < 8; ++j) {
-      const __m256 a8 = _mm256_mul_ps(d8, U8x8ToFloat(C + 1024 + 8 * j));
-      const __m256 b8 = _mm256_mul_ps(dm8, U8x8ToFloat(C + 1088 + 8 * j));
-      __m256i lo[4], hi[4];
-      const __m256i hb = kFive ? Load32(C + 1184 + 32 * j) : _mm256_setzero_si256();
+      const F a8 = W::Mul(d8, W::U8F(C + 1024 + 8 * j, gs));
+      const F b8 = W::Mul(dm8, W::U8F(C + 1088 + 8 * j, gs));
+      I lo[4], hi[4];
+      const I hb = kFive ? W::Ld(C + 1184 + 32 * j, gs) : W::Zero();
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = Load32(C + 128 * j + 32 * c);
-        lo[c] = _mm256_and_si256(v, m15);
-        hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
+        const I v = W::Ld(C + 128 * j + 32 * c, gs);
+        lo[c] = W::And(v, m15);
+        hi[c] = W::And(W::Srl16(v, 4), m15);
         if constexpr (kFive) {
-          lo[c] = _mm256_or_si256(lo[c], Fifth(hb, 2 * c));
-          hi[c] = _mm256_or_si256(hi[c], Fifth(hb, 2 * c + 1));
+          lo[c] = W::Or(lo[c], Fifth<W>(hb, 2 * c));
+          hi[c] = W::Or(hi[c], Fifth<W>(hb, 2 * c + 1));
         }
       }
       for (int t = 0; t < MT; ++t) {
         const int8_t* xb = X.q + (m0 + t) * X.cols + s * 256 + 32 * j;
-        __m256i sum = _mm256_setzero_si256();
+        I sum = W::Zero();
         for (int c = 0; c < 4; ++c) {
-          sum = AccDot(sum, lo[c], Bcast4(xb + 8 * c));
-          sum = AccDot(sum, hi[c], Bcast4(xb + 8 * c + 4));
+          sum = W::Dot(sum, lo[c], W::Bc4(xb + 8 * c));
+          sum = W::Dot(sum, hi[c], W::Bc4(xb + 8 * c + 4));
         }
         const int64_t bi = (m0 + t) * nb + 8 * s + j;
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(a8, _mm256_set1_ps(X.d[bi])), acc[t]);
-        accm[t] = _mm256_fnmadd_ps(b8, _mm256_set1_ps(X.s[bi]), accm[t]);
+        acc[t] = W::Fma(W::Cvt(sum), W::Mul(a8, W::Set1(X.d[bi])), acc[t]);
+        accm[t] = W::Fnma(b8, W::Set1(X.s[bi]), accm[t]);
       }
     }
   }
-  for (int t = 0; t < MT; ++t) io[2 * t] = acc[t], io[2 * t + 1] = accm[t];
+  for (int t = 0; t < MT; ++t) W::Out(acc[t], io0, io1, 2 * t), W::Out(accm[t], io0, io1, 2 * t + 1);
 }
 
 // Q6_K: the unsigned codes u (0..63) meet the activations in the u8 x s8 products, and each
 // 16-element half's sum less 32 * its activation sum is sum((u - 32) * x), exactly; the two
 // halves of each 32-element block keep separate sums (their scales differ).
-template <int MT>
-HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
-                        int64_t m0, __m256* io, bool pf) {
+template <class W, int MT>
+HWY_INLINE void TileQ6K(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X,
+                        const int32_t* xs16, int64_t m0, __m256* io0, __m256* io1, bool pf) {
+  using I = typename W::I;
+  using F = typename W::F;
   const int64_t nb = X.cols / 32, n16 = X.cols / 16;
-  __m256 acc[MT];
-  for (int t = 0; t < MT; ++t) acc[t] = io[2 * t];
-  const __m256i m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(48);
+  F acc[MT];
+  for (int t = 0; t < MT; ++t) acc[t] = W::In(io0, io1, 2 * t);
+  const I m15 = W::Set8(15), m48 = W::Set8(48);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * int64_t(kQ6KChunk);
     // Tiles of 2+ rows fetch the chunk two ahead in software. One row does when pf: on Zen 4
@@ -218,102 +333,103 @@ HWY_INLINE void TileQ6K(const uint8_t* G, int64_t u0, int64_t u1, const Quantize
     // without, 11.9 with). (The codes and high bits of a block are contiguous: with the planes
     // apart, two interleaved streams, M=1 ran at 12-13 GFLOP/s, stalled on each chunk's first load.)
     if (MT > 1 || pf)
-      for (int64_t k = 0; k < int64_t(kQ6KChunk); k += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(C + 2 * int64_t(kQ6KChunk) + k), _MM_HINT_T0);
-    const __m256 d8 = H8(C + 1664);
+      for (int q = 0; q < W::kGroups; ++q)
+        for (int64_t k = 0; k < int64_t(kQ6KChunk); k += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(C + q * gs + 2 * int64_t(kQ6KChunk) + k), _MM_HINT_T0);
+    const F d8 = W::Half8(C + 1664, gs);
     for (int j = 0; j < 8; ++j) {
-      const __m256 a0 = _mm256_mul_ps(d8, I8x8ToFloat(C + 1536 + 16 * j));
-      const __m256 a1 = _mm256_mul_ps(d8, I8x8ToFloat(C + 1544 + 16 * j));
-      __m256i w[8];  // w[2c]: elements 8c + 0..3 of each row, w[2c + 1]: 8c + 4..7; 0..63
+      const F a0 = W::Mul(d8, W::I8F(C + 1536 + 16 * j, gs));
+      const F a1 = W::Mul(d8, W::I8F(C + 1544 + 16 * j, gs));
+      I w[8];  // w[2c]: elements 8c + 0..3 of each row, w[2c + 1]: 8c + 4..7; 0..63
       for (int c = 0; c < 4; ++c) {
-        const __m256i v = Load32(C + 192 * j + 32 * c);
-        const __m256i hb = Load32(C + 192 * j + 128 + 32 * (c >> 1));
+        const I v = W::Ld(C + 192 * j + 32 * c, gs);
+        const I hb = W::Ld(C + 192 * j + 128 + 32 * (c >> 1), gs);
         // The 2 high bits of element p (0..3) of each 4-byte lane group sit at bits 2p, 2p+1 of
         // hb's byte: one 16-bit shift brings them to bits 4, 5 (no bits cross a byte).
         const int sh = 4 * (c & 1);  // p = 2 (c & 1) for the low half-block, + 1 for the high
-        const __m256i hlo = sh == 0 ? _mm256_and_si256(_mm256_slli_epi16(hb, 4), m48)
-                                    : _mm256_and_si256(hb, m48);
-        const __m256i hhi = sh == 0 ? _mm256_and_si256(_mm256_slli_epi16(hb, 2), m48)
-                                    : _mm256_and_si256(_mm256_srli_epi16(hb, 2), m48);
-        w[2 * c] = _mm256_or_si256(_mm256_and_si256(v, m15), hlo);
-        w[2 * c + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m15), hhi);
+        const I hlo = sh == 0 ? W::And(W::Sll16(hb, 4), m48) : W::And(hb, m48);
+        const I hhi = sh == 0 ? W::And(W::Sll16(hb, 2), m48) : W::And(W::Srl16(hb, 2), m48);
+        w[2 * c] = W::Or(W::And(v, m15), hlo);
+        w[2 * c + 1] = W::Or(W::And(W::Srl16(v, 4), m15), hhi);
       }
       for (int t = 0; t < MT; ++t) {
         const int8_t* xb = X.q + (m0 + t) * X.cols + s * 256 + 32 * j;
         const int32_t* xs = xs16 + (m0 + t) * n16 + s * 16 + 2 * j;
-        __m256i sum0 = _mm256_setzero_si256(), sum1 = _mm256_setzero_si256();
+        I sum0 = W::Zero(), sum1 = W::Zero();
         for (int c = 0; c < 2; ++c) {
-          sum0 = AccDot(sum0, w[2 * c], Bcast4(xb + 8 * c));
-          sum0 = AccDot(sum0, w[2 * c + 1], Bcast4(xb + 8 * c + 4));
-          sum1 = AccDot(sum1, w[2 * c + 4], Bcast4(xb + 8 * c + 16));
-          sum1 = AccDot(sum1, w[2 * c + 5], Bcast4(xb + 8 * c + 20));
+          sum0 = W::Dot(sum0, w[2 * c], W::Bc4(xb + 8 * c));
+          sum0 = W::Dot(sum0, w[2 * c + 1], W::Bc4(xb + 8 * c + 4));
+          sum1 = W::Dot(sum1, w[2 * c + 4], W::Bc4(xb + 8 * c + 16));
+          sum1 = W::Dot(sum1, w[2 * c + 5], W::Bc4(xb + 8 * c + 20));
         }
-        sum0 = _mm256_sub_epi32(sum0, _mm256_set1_epi32(32 * xs[0]));
-        sum1 = _mm256_sub_epi32(sum1, _mm256_set1_epi32(32 * xs[1]));
-        const __m256 dx = _mm256_set1_ps(X.d[(m0 + t) * nb + 8 * s + j]);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum0), _mm256_mul_ps(a0, dx), acc[t]);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum1), _mm256_mul_ps(a1, dx), acc[t]);
+        sum0 = W::Sub32(sum0, W::Set32(32 * xs[0]));
+        sum1 = W::Sub32(sum1, W::Set32(32 * xs[1]));
+        const F dx = W::Set1(X.d[(m0 + t) * nb + 8 * s + j]);
+        acc[t] = W::Fma(W::Cvt(sum0), W::Mul(a0, dx), acc[t]);
+        acc[t] = W::Fma(W::Cvt(sum1), W::Mul(a1, dx), acc[t]);
       }
     }
   }
-  for (int t = 0; t < MT; ++t) io[2 * t] = acc[t];
+  for (int t = 0; t < MT; ++t) W::Out(acc[t], io0, io1, 2 * t);
 }
 
 // Q2_K and Q3_K (codes2 layout): per 32-element block, the two 16-element halves keep separate
 // sums (their scales differ). Q2_K: w = q (0..3), offsets -dmin * m * (16-element activation
 // sums). Q3_K: w = u (0..7) and the sum of each half less 4 * its activation sum (exact in int32).
-template <bool kThree, int MT>
-HWY_INLINE void TileQ23K(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
-                         int64_t m0, __m256* io, bool pf) {
+template <class W, bool kThree, int MT>
+HWY_INLINE void TileQ23K(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X,
+                         const int32_t* xs16, int64_t m0, __m256* io0, __m256* io1, bool pf) {
+  using I = typename W::I;
+  using F = typename W::F;
   constexpr int64_t kChunk = kThree ? int64_t(kQ3KChunk) : int64_t(kQ2KChunk);
   const int64_t nb = X.cols / 32, n16 = X.cols / 16;
-  __m256 acc[MT], accm[MT];
-  for (int t = 0; t < MT; ++t) acc[t] = io[2 * t], accm[t] = io[2 * t + 1];
-  const __m256i m3 = _mm256_set1_epi8(3);
+  F acc[MT], accm[MT];
+  for (int t = 0; t < MT; ++t) acc[t] = W::In(io0, io1, 2 * t), accm[t] = W::In(io0, io1, 2 * t + 1);
+  const I m3 = W::Set8(3);
   for (int64_t s = u0; s < u1; ++s) {
     const uint8_t* C = G + s * kChunk;
     if (MT == 1 && pf)  // as TileQ4K's one-row tiles
-      for (int64_t k = 0; k < kChunk; k += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(C + 2 * kChunk + k), _MM_HINT_T0);
-    const __m256 d8 = H8(C + (kThree ? 896 : 640));
-    const __m256 dm8 = kThree ? _mm256_setzero_ps() : H8(C + 656);
+      for (int q = 0; q < W::kGroups; ++q)
+        for (int64_t k = 0; k < kChunk; k += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(C + q * gs + 2 * kChunk + k), _MM_HINT_T0);
+    const F d8 = W::Half8(C + (kThree ? 896 : 640), gs);
+    const F dm8 = kThree ? W::ZeroF() : W::Half8(C + 656, gs);
     for (int j = 0; j < 8; ++j) {
-      __m256 a[2], b[2];
+      F a[2], b[2];
       for (int h = 0; h < 2; ++h) {
         if constexpr (kThree) {
-          a[h] = _mm256_mul_ps(d8, I8x8ToFloat(C + 768 + 8 * (2 * j + h)));
-          b[h] = _mm256_setzero_ps();
+          a[h] = W::Mul(d8, W::I8F(C + 768 + 8 * (2 * j + h), gs));
+          b[h] = W::ZeroF();
         } else {
-          const __m256i sc = U8x8(C + 512 + 8 * (2 * j + h));
-          a[h] = _mm256_mul_ps(d8, _mm256_cvtepi32_ps(_mm256_and_si256(sc, _mm256_set1_epi32(15))));
-          b[h] = _mm256_mul_ps(dm8, _mm256_cvtepi32_ps(_mm256_srli_epi32(sc, 4)));
+          const I sc = W::U8I(C + 512 + 8 * (2 * j + h), gs);
+          a[h] = W::Mul(d8, W::Cvt(W::And(sc, W::Set32(15))));
+          b[h] = W::Mul(dm8, W::Cvt(W::Srl32(sc, 4)));
         }
       }
-      __m256i w[8];  // w[4h + p]: elements 16h + 4p + 0..3 of each row
-      const __m256i hb = kThree ? Load32(C + 512 + 32 * j) : _mm256_setzero_si256();
+      I w[8];  // w[4h + p]: elements 16h + 4p + 0..3 of each row
+      const I hb = kThree ? W::Ld(C + 512 + 32 * j, gs) : W::Zero();
       for (int h = 0; h < 2; ++h) {
-        const __m256i v = Load32(C + 64 * j + 32 * h);
+        const I v = W::Ld(C + 64 * j + 32 * h, gs);
         for (int p = 0; p < 4; ++p) {
-          w[4 * h + p] = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * p)), m3);
-          if constexpr (kThree) w[4 * h + p] = _mm256_or_si256(w[4 * h + p], BitTo(hb, 4 * h + p, 2));
+          w[4 * h + p] = W::And(W::Srl16(v, 2 * p), m3);
+          if constexpr (kThree) w[4 * h + p] = W::Or(w[4 * h + p], BitTo<W>(hb, 4 * h + p, 2));
         }
       }
       for (int t = 0; t < MT; ++t) {
         const int8_t* xb = X.q + (m0 + t) * X.cols + s * 256 + 32 * j;
         const int32_t* xs = xs16 + (m0 + t) * n16 + s * 16 + 2 * j;
-        const __m256 dx = _mm256_set1_ps(X.d[(m0 + t) * nb + 8 * s + j]);
+        const F dx = W::Set1(X.d[(m0 + t) * nb + 8 * s + j]);
         for (int h = 0; h < 2; ++h) {
-          __m256i sum = _mm256_setzero_si256();
-          for (int p = 0; p < 4; ++p) sum = AccDot(sum, w[4 * h + p], Bcast4(xb + 16 * h + 4 * p));
-          if constexpr (kThree) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(4 * xs[h]));
-          acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(a[h], dx), acc[t]);
-          if constexpr (!kThree)
-            accm[t] = _mm256_fnmadd_ps(b[h], _mm256_mul_ps(dx, _mm256_set1_ps(float(xs[h]))), accm[t]);
+          I sum = W::Zero();
+          for (int p = 0; p < 4; ++p) sum = W::Dot(sum, w[4 * h + p], W::Bc4(xb + 16 * h + 4 * p));
+          if constexpr (kThree) sum = W::Sub32(sum, W::Set32(4 * xs[h]));
+          acc[t] = W::Fma(W::Cvt(sum), W::Mul(a[h], dx), acc[t]);
+          if constexpr (!kThree) accm[t] = W::Fnma(b[h], W::Mul(dx, W::Set1(float(xs[h]))), accm[t]);
         }
       }
     }
   }
-  for (int t = 0; t < MT; ++t) io[2 * t] = acc[t], io[2 * t + 1] = accm[t];
+  for (int t = 0; t < MT; ++t) W::Out(acc[t], io0, io1, 2 * t), W::Out(accm[t], io0, io1, 2 * t + 1);
 }
 
 // Float weights (kE: 0 f32, 1 f16, 2 bf16) on the float activations X.x. Per unit of 32 columns
@@ -374,9 +490,65 @@ HWY_INLINE void TileF(const uint8_t* G, int64_t gstride, int64_t u0, int64_t u1,
   }
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Eight values of each of two groups (p, p + gs) in one 512-bit vector (group p low).
+template <int kE>
+HWY_INLINE __m512 LoadF8x2(const uint8_t* p, int64_t gs) {
+  if constexpr (kE == 0) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(reinterpret_cast<const float*>(p))),
+                              _mm256_loadu_ps(reinterpret_cast<const float*>(p + gs)), 1);
+  } else if constexpr (kE == 1) {
+    return W2::Half8(p, gs);
+  } else {
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + gs)), 1);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+  }
+}
+
+// TileF<kE, MT, 2> with both groups in one 512-bit vector: each lane does what TileF's does (the
+// same FMAs into the same two partial sums, added into the total in the same order).
+template <int kE, int MT>
+HWY_INLINE void TileF2(const uint8_t* G, int64_t gstride, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
+                       __m256* io0, __m256* io1) {
+  constexpr int64_t kEs = kE == 0 ? 4 : 2, kChunk = 32 * 8 * kEs;
+  __m512 acc[MT];
+  for (int t = 0; t < MT; ++t) acc[t] = W2::In(io0, io1, t);
+  for (int64_t u = u0; u < u1; ++u) {
+    const uint8_t* C = G + u * kChunk;
+    for (int q = 0; q < 2; ++q)
+      for (int64_t k = 0; k < kChunk; k += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(C + q * gstride + 4 * kChunk + k), _MM_HINT_T0);
+    __m512 part[MT][2];
+    for (int t = 0; t < MT; ++t) part[t][0] = part[t][1] = _mm512_setzero_ps();
+    for (int c0 = 0; c0 < 32; c0 += 2) {
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512 w = LoadF8x2<kE>(C + (c0 + h) * 8 * kEs, gstride);
+#pragma GCC unroll 4
+        for (int t = 0; t < MT; ++t)
+          part[t][h] = _mm512_fmadd_ps(w, _mm512_set1_ps(X.x[(m0 + t) * X.cols + 32 * u + c0 + h]), part[t][h]);
+      }
+    }
+    for (int t = 0; t < MT; ++t) acc[t] = _mm512_add_ps(acc[t], _mm512_add_ps(part[t][0], part[t][1]));
+  }
+  for (int t = 0; t < MT; ++t) W2::Out(acc[t], io0, io1, t);
+}
+#endif
+
 template <int kE, int NG>
 HWY_INLINE void TileFN(int64_t mt, const uint8_t* G, int64_t gstride, int64_t u0, int64_t u1, const QuantizedRows& X,
                        int64_t m0, __m256* io0, __m256* io1) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (NG == 2) {
+    switch (mt) {
+      case 4: return TileF2<kE, 4>(G, gstride, u0, u1, X, m0, io0, io1);
+      case 3: return TileF2<kE, 3>(G, gstride, u0, u1, X, m0, io0, io1);
+      case 2: return TileF2<kE, 2>(G, gstride, u0, u1, X, m0, io0, io1);
+      default: return TileF2<kE, 1>(G, gstride, u0, u1, X, m0, io0, io1);
+    }
+  }
+#endif
   switch (mt) {
     case 4: return TileF<kE, 4, NG>(G, gstride, u0, u1, X, m0, io0, io1);
     case 3: return TileF<kE, 3, NG>(G, gstride, u0, u1, X, m0, io0, io1);
@@ -429,55 +601,57 @@ void GroupsF(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows&
   }
 }
 
-// The formats: chunk bytes, units per column step (256 columns) and the tile for 1..4 rows.
-// kSums16: whether the tiles read the 16-element activation sums.
+// The formats: chunk bytes, units per column step (256 columns) and the tile for 1..4 rows of
+// one group (W1) or, where kWide, of two (W2). kSums16: whether the tiles read the 16-element
+// activation sums.
 template <K32 K>
 struct Fmt32 {
   static constexpr int64_t kChunk = int64_t(Chunk32<K>()), kStep = 8;
-  static constexpr bool kSums16 = false;
-  template <int MT>
-  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t*,
-                              int64_t m0, __m256* io, bool pf) {
-    Tile32<K, MT>(G, u0, u1, X, m0, io, pf);
+  // q8_0 in 512 bits needs VNNI: its biased activations (up to 255) would saturate vpmaddubsw.
+  static constexpr bool kSums16 = false, kWide = K != K32::Q8_0 || HWY_TARGET == HWY_AVX3_DL;
+  template <class W, int MT>
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X,
+                              const int32_t*, int64_t m0, __m256* io0, __m256* io1, bool pf) {
+    Tile32<W, K, MT>(G, gs, u0, u1, X, m0, io0, io1, pf);
   }
 };
 template <bool kFive>
 struct FmtQ4K {
   static constexpr int64_t kChunk = kFive ? int64_t(kQ5KChunk) : int64_t(kQ4KChunk), kStep = 1;
-  static constexpr bool kSums16 = false;
-  template <int MT>
-  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t*,
-                              int64_t m0, __m256* io, bool pf) {
-    TileQ4K<kFive, MT>(G, u0, u1, X, m0, io, pf);
+  static constexpr bool kSums16 = false, kWide = true;
+  template <class W, int MT>
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X,
+                              const int32_t*, int64_t m0, __m256* io0, __m256* io1, bool pf) {
+    TileQ4K<W, kFive, MT>(G, gs, u0, u1, X, m0, io0, io1, pf);
   }
 };
 struct FmtQ6K {
   static constexpr int64_t kChunk = int64_t(kQ6KChunk), kStep = 1;
-  static constexpr bool kSums16 = true;
-  template <int MT>
-  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
-                              int64_t m0, __m256* io, bool pf) {
-    TileQ6K<MT>(G, u0, u1, X, xs16, m0, io, pf);
+  static constexpr bool kSums16 = true, kWide = true;
+  template <class W, int MT>
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X,
+                              const int32_t* xs16, int64_t m0, __m256* io0, __m256* io1, bool pf) {
+    TileQ6K<W, MT>(G, gs, u0, u1, X, xs16, m0, io0, io1, pf);
   }
 };
 template <bool kThree>
 struct FmtQ23K {
   static constexpr int64_t kChunk = kThree ? int64_t(kQ3KChunk) : int64_t(kQ2KChunk), kStep = 1;
-  static constexpr bool kSums16 = true;
-  template <int MT>
-  static HWY_INLINE void Tile(const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X, const int32_t* xs16,
-                              int64_t m0, __m256* io, bool pf) {
-    TileQ23K<kThree, MT>(G, u0, u1, X, xs16, m0, io, pf);
+  static constexpr bool kSums16 = true, kWide = true;
+  template <class W, int MT>
+  static HWY_INLINE void Tile(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X,
+                              const int32_t* xs16, int64_t m0, __m256* io0, __m256* io1, bool pf) {
+    TileQ23K<W, kThree, MT>(G, gs, u0, u1, X, xs16, m0, io0, io1, pf);
   }
 };
-template <class F>
-HWY_INLINE void TileN(int64_t mt, const uint8_t* G, int64_t u0, int64_t u1, const QuantizedRows& X,
-                      const int32_t* xs16, int64_t m0, __m256* io, bool pf) {
+template <class F, class W>
+HWY_INLINE void TileN(int64_t mt, const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X,
+                      const int32_t* xs16, int64_t m0, __m256* io0, __m256* io1, bool pf) {
   switch (mt) {
-    case 4: return F::template Tile<4>(G, u0, u1, X, xs16, m0, io, pf);
-    case 3: return F::template Tile<3>(G, u0, u1, X, xs16, m0, io, pf);
-    case 2: return F::template Tile<2>(G, u0, u1, X, xs16, m0, io, pf);
-    default: return F::template Tile<1>(G, u0, u1, X, xs16, m0, io, pf);
+    case 4: return F::template Tile<W, 4>(G, gs, u0, u1, X, xs16, m0, io0, io1, pf);
+    case 3: return F::template Tile<W, 3>(G, gs, u0, u1, X, xs16, m0, io0, io1, pf);
+    case 2: return F::template Tile<W, 2>(G, gs, u0, u1, X, xs16, m0, io0, io1, pf);
+    default: return F::template Tile<W, 1>(G, gs, u0, u1, X, xs16, m0, io0, io1, pf);
   }
 }
 
@@ -509,50 +683,63 @@ HWY_INLINE void StoreRows(const __m256* io, int64_t n, int64_t m0, int64_t g, in
   }
 }
 
-template <class F>
-void Groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy, bool pf) {
-  const int64_t nu = P.cols / unit_cols(P.type), M = X.M;
+// Groups [g0, g1) of one part, one at a time (W1) or two at a time (W2: a part starts at an even
+// group; an odd last one runs alone).
+template <class F, class W>
+void GroupsW(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, const int32_t* xs16, float* y,
+             int64_t ldy, bool pf) {
+  const int64_t nu = P.cols / unit_cols(P.type), M = X.M, gs = nu * F::kChunk;
   const uint8_t* base = P.data.data();
-  __m256 io[2 * kPackedDecodeRows];
-  const int32_t* xs16 = nullptr;
-  if constexpr (F::kSums16) {
-    thread_local std::vector<int32_t> sums;  // [M, cols / 16], reused across calls of this thread
-    sums.resize(size_t(M * (X.cols / 16)));
-    Sums16(X, sums.data());
-    xs16 = sums.data();
-  }
-  if (M <= kPackedDecodeRows) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const uint8_t* G = base + g * nu * F::kChunk;
-      for (int64_t i = 0; i < 2 * M; ++i) io[i] = _mm256_setzero_ps();
+  __m256 io[2][2 * kPackedDecodeRows];
+  for (int64_t g = g0; g < g1;) {
+    if (W::kGroups == 2 && g + 1 == g1) return GroupsW<F, W1>(P, g, g1, X, xs16, y, ldy, pf);
+    const uint8_t* G = base + g * gs;
+    if (M <= kPackedDecodeRows) {
+      for (int q = 0; q < W::kGroups; ++q)
+        for (int64_t i = 0; i < 2 * M; ++i) io[q][i] = _mm256_setzero_ps();
       if (M <= 4) {
-        TileN<F>(M, G, 0, nu, X, xs16, 0, io, pf);
+        TileN<F, W>(M, G, gs, 0, nu, X, xs16, 0, io[0], io[1], pf);
       } else {
         // Batched decode: a step of the group's columns is read from memory once, then from L1
         // by each 4-row tile.
         for (int64_t u0 = 0; u0 < nu; u0 += F::kStep) {
           const int64_t u1 = std::min(nu, u0 + F::kStep);
           for (int64_t m0 = 0; m0 < M; m0 += 4)
-            TileN<F>(std::min<int64_t>(4, M - m0), G, u0, u1, X, xs16, m0, io + 2 * m0, pf);
+            TileN<F, W>(std::min<int64_t>(4, M - m0), G, gs, u0, u1, X, xs16, m0, io[0] + 2 * m0, io[1] + 2 * m0,
+                        pf);
         }
       }
-      StoreRows(io, M, 0, g, P.rows, y, ldy);
-    }
-    return;
-  }
-  // Prefill: panels of activation rows, each against the groups of this part in turn.
-  for (int64_t p0 = 0; p0 < M; p0 += kPackedPanelRows) {
-    const int64_t p1 = std::min(M, p0 + kPackedPanelRows);
-    for (int64_t g = g0; g < g1; ++g) {
-      const uint8_t* G = base + g * nu * F::kChunk;
-      for (int64_t m0 = p0; m0 < p1; m0 += 4) {
-        const int64_t mt = std::min<int64_t>(4, p1 - m0);
-        for (int64_t i = 0; i < 2 * mt; ++i) io[i] = _mm256_setzero_ps();
-        TileN<F>(mt, G, 0, nu, X, xs16, m0, io, pf);
-        StoreRows(io, mt, m0, g, P.rows, y, ldy);
+      for (int q = 0; q < W::kGroups; ++q) StoreRows(io[q], M, 0, g + q, P.rows, y, ldy);
+    } else {
+      // Prefill: panels of activation rows, each against the groups of this part in turn.
+      for (int64_t p0 = 0; p0 < M; p0 += kPackedPanelRows) {
+        const int64_t p1 = std::min(M, p0 + kPackedPanelRows);
+        for (int64_t m0 = p0; m0 < p1; m0 += 4) {
+          const int64_t mt = std::min<int64_t>(4, p1 - m0);
+          for (int q = 0; q < W::kGroups; ++q)
+            for (int64_t i = 0; i < 2 * mt; ++i) io[q][i] = _mm256_setzero_ps();
+          TileN<F, W>(mt, G, gs, 0, nu, X, xs16, m0, io[0], io[1], pf);
+          for (int q = 0; q < W::kGroups; ++q) StoreRows(io[q], mt, m0, g + q, P.rows, y, ldy);
+        }
       }
     }
+    g += W::kGroups;
   }
+}
+
+template <class F>
+void Groups(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy, bool pf) {
+  const int32_t* xs16 = nullptr;
+  if constexpr (F::kSums16) {
+    thread_local std::vector<int32_t> sums;  // [M, cols / 16], reused across calls of this thread
+    sums.resize(size_t(X.M * (X.cols / 16)));
+    Sums16(X, sums.data());
+    xs16 = sums.data();
+  }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if constexpr (F::kWide) return GroupsW<F, W2>(P, g0, g1, X, xs16, y, ldy, pf);
+#endif
+  GroupsW<F, W1>(P, g0, g1, X, xs16, y, ldy, pf);
 }
 
 void PackedGroupsImpl(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y, int64_t ldy,
@@ -594,9 +781,6 @@ HWY_EXPORT(PackedGroupsImpl);
 
 void packed_groups_kernel(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows& X, float* y,
                           int64_t ldy) {
-  // Prefill rows on AMX tiles where the CPU has them (the same sums in the same order).
-  if (X.M > kPackedDecodeRows && cpu_tuning().amx && amx_supports(P.type) && amx_available())
-    return amx_groups(P, g0, g1, X, y, ldy);
   HWY_DYNAMIC_DISPATCH(PackedGroupsImpl)(P, g0, g1, X, y, ldy, cpu_tuning().weight_prefetch);
 }
 

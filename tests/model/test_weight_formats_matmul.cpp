@@ -26,7 +26,6 @@
 #include "core/thread_pool.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
-#include "model/matmul_amx.h"
 #include "model/matmul_kernels.h"
 #include "model/matmul_packed.h"
 #include "model/weight_formats.h"
@@ -379,48 +378,6 @@ TEST(PackedWeights, RowResultIndependentOfBatchThreadsAndTarget) {
     }
   }
   vq::set_num_threads(2);
-}
-
-// The AMX prefill kernel (model/matmul_amx.h, q8_0) against each row multiplied alone (the AVX
-// kernels' one-row tile), bit for bit: through its scalar model of the tile instructions on any
-// AVX2 CPU, and on the real tiles where this CPU has them. Rows fill groups of 8 and one of 5;
-// activation tiles of 16 rows, the last overlapping the one before (M 17, 33, 70: two panels).
-TEST(PackedWeights, AmxKernelEqualsAvxRowsBitForBit) {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
-    GTEST_SKIP() << "no AVX2 / FMA / F16C: the AMX kernel's tile model does not run here";
-  const int64_t rows = 45;
-  int checked = 0;
-  for (GGMLType t : kPackedTypes) {
-    if (!vq::amx_supports(t)) continue;
-    const int64_t cols = packed_test_cols(t);
-    const auto W = make_weights(t, rows, cols, true, 91);
-    const vq::PackedWeight P = vq::pack_weight(t, W.data(), rows, cols);
-    const auto x = random_x(70 * cols, 17);
-    vq::set_num_threads(1);
-    std::vector<float> ref;  // [70, rows]: each row alone
-    for (int64_t m = 0; m < 70; ++m) {
-      vq::ActivationBuffer ab;
-      std::vector<float> y(static_cast<size_t>(rows));
-      vq::matmul_packed(P, ab.quantize(x.data() + m * cols, 1, cols), y.data());
-      ref.insert(ref.end(), y.begin(), y.end());
-    }
-    vq::set_num_threads(2);
-    for (int64_t M : {17, 33, 70}) {
-      vq::ActivationBuffer ab;
-      const vq::QuantizedRows& X = ab.quantize(x.data(), M, cols);
-      std::vector<float> y(static_cast<size_t>(M * rows), -1.0f);
-      vq::amx_groups_emulated(P, 0, (rows + 7) / 8, X, y.data(), rows);
-      EXPECT_TRUE(std::equal(y.begin(), y.end(), ref.begin())) << vq::ggml_type_name(t) << " M=" << M << " (tile model)";
-      if (vq::amx_available()) {
-        std::fill(y.begin(), y.end(), -1.0f);
-        vq::amx_groups(P, 0, (rows + 7) / 8, X, y.data(), rows);
-        EXPECT_TRUE(std::equal(y.begin(), y.end(), ref.begin())) << vq::ggml_type_name(t) << " M=" << M << " (AMX)";
-      }
-    }
-    ++checked;
-  }
-  EXPECT_EQ(checked, 1);  // q8_0
-  if (!vq::amx_available()) std::printf("[ note ] no AMX on this CPU: the real tiles were not run (the tile model was)\n");
 }
 
 TEST(PackedWeights, OddShapes) {
