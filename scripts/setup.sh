@@ -10,7 +10,8 @@ SUDO=""
 pkgs=(build-essential cmake ninja-build pkg-config git unzip ca-certificates
       libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
       libxxhash-dev libeigen3-dev clang libclang-rt-dev python3 python3-venv python3-pip python3-dev
-      jargon-text python3-doc libzmq3-dev libmsgpack-cxx-dev libhiredis-dev redis-server)
+      jargon-text python3-doc libzmq3-dev libmsgpack-cxx-dev libhiredis-dev redis-server
+      g++-aarch64-linux-gnu)  # scripts/check_aarch64.sh: the Arm targets keep compiling
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

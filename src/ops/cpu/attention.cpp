@@ -6,6 +6,7 @@
 // Paged tiles prefetch their block's values and the next block's keys (decode at batch > 1 and
 // long contexts read the blocks from memory: SmolLM2 geometry, 4096 tokens, one thread, 11.8 ->
 // 6.4 ms per token; bench/kv_attend).
+#include "ops/cpu/no_sve_targets.h"  // first: before any Highway header
 #include "ops/cpu/attention.h"
 
 #include <algorithm>

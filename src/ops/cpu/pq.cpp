@@ -2,6 +2,7 @@
 // holds R sub-vectors x C vectors of L centroids of partial distances in registers, walks the
 // codebook once per R sub-vectors, and keeps a per-lane running min/argmin in registers; the
 // L lanes are reduced once per sub-vector at the end.
+#include "ops/cpu/no_sve_targets.h"  // first: before any Highway header
 #include "ops/cpu/pq.h"
 
 #include <algorithm>

@@ -13,6 +13,7 @@
 // - Softmax is online per block on the [token][KH heads] score tile, vectorised 16 lanes wide.
 // - Values are decoded in registers: per token, a centroid (broadcast) times the block's softmax
 //   weights of the KH heads (expanded by one permute) is KH * sub_dim / lanes FMAs per sub-space.
+#include "ops/cpu/no_sve_targets.h"  // first: before any Highway header
 #include "ops/cpu/pq_attention.h"
 
 #include <algorithm>
