@@ -305,19 +305,10 @@ def _decode(fwd, m, ids, cache, steps, positions):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-@pytest.mark.parametrize("spec", ["fp16", "vecinfer:d4b8"])
-def test_compiled_decode_is_one_graph_and_matches_eager(device, spec, calib_file):
-    """torch.compile of a decode step: the attention is one opaque op (veloxquant::attend), so the
-    step is a single graph with no break, a fresh cache and later steps reuse it (no recompile per
-    token or per cache), and its logits are the eager ones (same kernels, same pool)."""
-    _gpu_or_skip(device)
-    if spec != "fp16" and device == "cpu":
-        spec = "q8_0"  # the CPU store's coded methods; VecInfer's codes run on the device
+def _check_compiled_decode(device, kind, spec, calib, n_ids):
     from torch._dynamo.utils import counters
-    m = tiny("llama", device)
-    calib = calib_file if "vecinfer" in spec else None
-    ids = torch.randint(0, 320, (2, 37), device=device)
+    m = tiny(kind, device, layers=1 if calib else 2)  # the calibration fixture's model has 1 layer
+    ids = torch.randint(0, 320, (2, n_ids), device=device)
     ref = _decode(m, m, ids, vqt.cache(m, spec, calib=calib), 6, True)
     torch._dynamo.reset()
     counters.clear()
@@ -333,6 +324,27 @@ def test_compiled_decode_is_one_graph_and_matches_eager(device, spec, calib_file
     assert not counters["graph_break"], dict(counters["graph_break"])
     # one graph with position ids, one without (the model then computes them from the cache's length)
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("spec", ["fp16", "vecinfer:d4b8"])
+def test_compiled_decode_is_one_graph_and_matches_eager(device, spec, calib_file):
+    """torch.compile of a decode step: the attention is one opaque op (veloxquant::attend), so the
+    step is a single graph with no break, a fresh cache and later steps reuse it (no recompile per
+    token or per cache), and its logits are the eager ones (same kernels, same pool)."""
+    _gpu_or_skip(device)
+    if spec != "fp16" and device == "cpu":
+        spec = "q8_0"  # the CPU store's coded methods; VecInfer's codes run on the device
+    _check_compiled_decode(device, "llama", spec, calib_file if "vecinfer" in spec else None, 37)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "mistral"])
+def test_compiled_decode_other_architectures(device, kind):
+    """The same for Qwen2 (q/k/v bias), Qwen3 (q/k norms) and Mistral, whose 48-token sliding window
+    the prompt and the decode steps cross (the pool's per-layer window under compile)."""
+    _gpu_or_skip(device)
+    _check_compiled_decode(device, kind, "fp16", None, 45)
 
 
 def test_generate_compiled(tmp_path):
