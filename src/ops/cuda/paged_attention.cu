@@ -563,7 +563,10 @@ PagedDecodeChoice paged_attention_choose(const PagedAttnParams& p, int sms) {
   c.why_not = paged_attention_unsupported_reason(p);
   if (!c.why_not.empty()) return c;
   c.supported = true;
-  const int64_t units = int64_t(std::max(p.rows, 1)) * p.n_kv_heads;
+  // The decode kernels' units: a step's prefill-tile rows (decode_rows) are the prefill kernel's,
+  // so a mixed step splits its decode rows as a decode step of those rows alone would.
+  const int decode_rows = p.decode_rows >= 0 && p.decode_rows < p.rows ? p.decode_rows : p.rows;
+  const int64_t units = int64_t(std::max(decode_rows, 1)) * p.n_kv_heads;
   c.dense_variant = g_forced_dense_variant >= 0 ? g_forced_dense_variant : 0;
   if (p.rule.coded) {
     c.coded = paged_attention_uses_lut(p) ? PQAttnKernel::lut : PQAttnKernel::gather_mma;

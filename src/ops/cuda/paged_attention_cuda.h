@@ -187,6 +187,7 @@ struct PagedAttnParams {
 //     (all query heads of a KV head in one block), dense_splits chosen so that rows * n_kv_heads
 //     * dense_splits blocks fill whole waves of the GPU;
 //   coded part: the LUT kernel where it takes the presets, else gather-mma.
+// rows here are the decode kernels' rows (decode_rows when a step also holds prefill tiles).
 struct PagedDecodeChoice {
   bool supported = false;
   std::string why_not;  // "" when supported
