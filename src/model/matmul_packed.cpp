@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/env.h"
@@ -119,6 +120,10 @@ struct W1 {
   static HWY_INLINE I Xor(I a, I b) { return _mm256_xor_si256(a, b); }
   static HWY_INLINE I Bc4(const int8_t* p) { return Bcast4(p); }
   static HWY_INLINE I Dot(I sum, I u, I s) { return AccDot(sum, u, s); }
+  static constexpr bool kVnni = HWY_TARGET == HWY_AVX3_DL;
+  static HWY_INLINE I Pairs16(I u, I s) { return _mm256_maddubs_epi16(u, s); }
+  static HWY_INLINE I Add16(I a, I b) { return _mm256_add_epi16(a, b); }
+  static HWY_INLINE I Widen(I sum, I p) { return _mm256_add_epi32(sum, _mm256_madd_epi16(p, _mm256_set1_epi16(1))); }
   static HWY_INLINE I Zero() { return _mm256_setzero_si256(); }
   static HWY_INLINE F ZeroF() { return _mm256_setzero_ps(); }
   static HWY_INLINE F Cvt(I a) { return _mm256_cvtepi32_ps(a); }
@@ -168,6 +173,10 @@ struct W2 {
     return _mm512_set1_epi32(v);
   }
   static HWY_INLINE I Dot(I sum, I u, I s) { return AccDot512(sum, u, s); }
+  static constexpr bool kVnni = HWY_TARGET == HWY_AVX3_DL;
+  static HWY_INLINE I Pairs16(I u, I s) { return _mm512_maddubs_epi16(u, s); }
+  static HWY_INLINE I Add16(I a, I b) { return _mm512_add_epi16(a, b); }
+  static HWY_INLINE I Widen(I sum, I p) { return _mm512_add_epi32(sum, _mm512_madd_epi16(p, _mm512_set1_epi16(1))); }
   static HWY_INLINE I Zero() { return _mm512_setzero_si512(); }
   static HWY_INLINE F ZeroF() { return _mm512_setzero_ps(); }
   static HWY_INLINE F Cvt(I a) { return _mm512_cvtepi32_ps(a); }
@@ -195,6 +204,33 @@ struct W2 {
   }
 };
 #endif
+
+// sum + the u8 x s8 dot products of the kN pairs (u, s) = pair(k), k < kN. With VNNI, one vpdpbusd
+// per pair. Without (AVX2, AVX-512 without VNNI) each pair's products are summed in pairs
+// (vpmaddubsw) and kRun such results added in 16 bits before one widening (vpmaddwd) into sum:
+// the same integers while kRun * 2 * max(u) * 128 < 32768 (the caller's bound: kRun 8 for 4-bit
+// codes, 4 for 5-bit, 2 for 6-bit, 1 for 8-bit), and a third of the multiply-port work for kRun 8.
+template <class W, int kN, int kRun, class Pair>
+HWY_INLINE typename W::I DotRun(typename W::I sum, Pair&& pair) {
+  static_assert(kN % kRun == 0, "runs of equal length");
+  if constexpr (W::kVnni || kRun == 1) {
+    for (int k = 0; k < kN; ++k) {
+      const auto [u, x] = pair(k);
+      sum = W::Dot(sum, u, x);
+    }
+  } else {
+    for (int k0 = 0; k0 < kN; k0 += kRun) {
+      const auto [u0, x0] = pair(k0);
+      typename W::I p = W::Pairs16(u0, x0);
+      for (int k = k0 + 1; k < k0 + kRun; ++k) {
+        const auto [u, x] = pair(k);
+        p = W::Add16(p, W::Pairs16(u, x));
+      }
+      sum = W::Widen(sum, p);
+    }
+  }
+  return sum;
+}
 
 template <class W, K32 K, int MT>
 HWY_INLINE void Tile32(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, const QuantizedRows& X, int64_t m0,
@@ -247,14 +283,12 @@ HWY_INLINE void Tile32(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, con
     for (int t = 0; t < MT; ++t) {
       const int8_t* xb = X.q + (m0 + t) * X.cols + 32 * u;
       I sum = W::Zero();
-      for (int k = 0; k < 8; ++k) {
-        if constexpr (kBiased)
-          sum = W::Dot(sum, W::Xor(W::Bc4(xb + 4 * k), W::Set8(char(0x80))), w[k]);
-        else if constexpr (K == K32::Q8_0)
-          sum = W::Dot(sum, aw[k], W::Sign8(W::Bc4(xb + 4 * k), w[k]));
-        else
-          sum = W::Dot(sum, w[k], W::Bc4(xb + 4 * k));
-      }
+      if constexpr (kBiased)
+        sum = DotRun<W, 8, 1>(sum, [&](int k) { return std::pair{W::Xor(W::Bc4(xb + 4 * k), W::Set8(char(0x80))), w[k]}; });
+      else if constexpr (K == K32::Q8_0)
+        sum = DotRun<W, 8, 1>(sum, [&](int k) { return std::pair{aw[k], W::Sign8(W::Bc4(xb + 4 * k), w[k])}; });
+      else  // codes 0..15 (0..31 with the fifth bit)
+        sum = DotRun<W, 8, kFive ? 4 : 8>(sum, [&](int k) { return std::pair{w[k], W::Bc4(xb + 4 * k)}; });
       if constexpr (kBiased) sum = W::Sub32(sum, corr);
       const int64_t bi = (m0 + t) * nb + u;
       acc[t] = W::Fma(W::Cvt(sum), W::Mul(a8, W::Set1(X.d[bi])), acc[t]);
@@ -298,11 +332,9 @@ HWY_INLINE void TileQ4K(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, co
       }
       for (int t = 0; t < MT; ++t) {
         const int8_t* xb = X.q + (m0 + t) * X.cols + s * 256 + 32 * j;
-        I sum = W::Zero();
-        for (int c = 0; c < 4; ++c) {
-          sum = W::Dot(sum, lo[c], W::Bc4(xb + 8 * c));
-          sum = W::Dot(sum, hi[c], W::Bc4(xb + 8 * c + 4));
-        }
+        const I sum = DotRun<W, 8, kFive ? 4 : 8>(W::Zero(), [&](int k) {  // codes 0..15 (0..31: Q5_K)
+          return std::pair{(k & 1) ? hi[k >> 1] : lo[k >> 1], W::Bc4(xb + 4 * k)};
+        });
         const int64_t bi = (m0 + t) * nb + 8 * s + j;
         acc[t] = W::Fma(W::Cvt(sum), W::Mul(a8, W::Set1(X.d[bi])), acc[t]);
         accm[t] = W::Fnma(b8, W::Set1(X.s[bi]), accm[t]);
@@ -355,13 +387,9 @@ HWY_INLINE void TileQ6K(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, co
       for (int t = 0; t < MT; ++t) {
         const int8_t* xb = X.q + (m0 + t) * X.cols + s * 256 + 32 * j;
         const int32_t* xs = xs16 + (m0 + t) * n16 + s * 16 + 2 * j;
-        I sum0 = W::Zero(), sum1 = W::Zero();
-        for (int c = 0; c < 2; ++c) {
-          sum0 = W::Dot(sum0, w[2 * c], W::Bc4(xb + 8 * c));
-          sum0 = W::Dot(sum0, w[2 * c + 1], W::Bc4(xb + 8 * c + 4));
-          sum1 = W::Dot(sum1, w[2 * c + 4], W::Bc4(xb + 8 * c + 16));
-          sum1 = W::Dot(sum1, w[2 * c + 5], W::Bc4(xb + 8 * c + 20));
-        }
+        // codes 0..63: runs of 2
+        I sum0 = DotRun<W, 4, 2>(W::Zero(), [&](int k) { return std::pair{w[k], W::Bc4(xb + 4 * k)}; });
+        I sum1 = DotRun<W, 4, 2>(W::Zero(), [&](int k) { return std::pair{w[k + 4], W::Bc4(xb + 16 + 4 * k)}; });
         sum0 = W::Sub32(sum0, W::Set32(32 * xs[0]));
         sum1 = W::Sub32(sum1, W::Set32(32 * xs[1]));
         const F dx = W::Set1(X.d[(m0 + t) * nb + 8 * s + j]);
@@ -420,8 +448,9 @@ HWY_INLINE void TileQ23K(const uint8_t* G, int64_t gs, int64_t u0, int64_t u1, c
         const int32_t* xs = xs16 + (m0 + t) * n16 + s * 16 + 2 * j;
         const F dx = W::Set1(X.d[(m0 + t) * nb + 8 * s + j]);
         for (int h = 0; h < 2; ++h) {
-          I sum = W::Zero();
-          for (int p = 0; p < 4; ++p) sum = W::Dot(sum, w[4 * h + p], W::Bc4(xb + 16 * h + 4 * p));
+          I sum = DotRun<W, 4, 4>(W::Zero(), [&](int p) {  // codes 0..3 (0..7: Q3_K)
+            return std::pair{w[4 * h + p], W::Bc4(xb + 16 * h + 4 * p)};
+          });
           if constexpr (kThree) sum = W::Sub32(sum, W::Set32(4 * xs[h]));
           acc[t] = W::Fma(W::Cvt(sum), W::Mul(a[h], dx), acc[t]);
           if constexpr (!kThree) accm[t] = W::Fnma(b[h], W::Mul(dx, W::Set1(float(xs[h]))), accm[t]);

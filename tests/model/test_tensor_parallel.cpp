@@ -185,15 +185,14 @@ TEST_P(TPForwardCases, SplitLogitsEqualUnsplit) {
       // Only the order of the sums differs (one dot product over all columns vs the ranks'
       // partial dots added in rank order): with float weights, float rounding at every position
       // (measured <= 3e-7), whatever the cache. With quantized weights each product quantizes its
-      // input rows to int8, and a last-bit change can flip one code: with an fp32 cache only a
-      // position after its last KV append sees it (the last layer's MLP, the output head;
-      // measured 1-2 positions of 64 moved by 3e-3..5e-3); an fp16 or VecInfer cache can turn
-      // a last-bit change of a key into one fp16 step or another centroid, which later positions
-      // read (measured on q4_K: 12-35 positions, up to 9.4e-3; a wrong split moves every
-      // position by O(1)).
-      const bool exact_cache = std::string(kv) == "fp32";
-      if (float_weights || exact_cache) {
-        EXPECT_LE(off, float_weights ? 0 : 2) << c.name << " " << kv << " tp " << tp;
+      // input rows to int8, and a last-bit change can flip one code; a flip at position p of an
+      // early layer changes the K/V that p writes to the later layers, which every later position
+      // reads, whatever the cache. How many positions move is then a matter of where the first
+      // flip lands (measured on q4_K: 1-2 of 64 on an AVX-512 host, 28 on an AVX2 host with an
+      // fp32 cache; 12-48 with fp16 or VecInfer), so only the size is bounded: flips move logits
+      // by up to ~1e-2 of the largest, a wrong split by O(1).
+      if (float_weights) {
+        EXPECT_EQ(off, 0) << c.name << " " << kv << " tp " << tp;
       }
       EXPECT_LT(worst, float_weights ? 1e-5 : 2e-2) << c.name << " " << kv << " tp " << tp;
     }
