@@ -35,4 +35,14 @@ std::string cpu_vendor() {
 #endif
 }
 
+bool cpu_has_avx512f() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (b >> 16) & 1u;
+#else
+  return false;
+#endif
+}
+
 }  // namespace vq

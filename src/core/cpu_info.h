@@ -10,4 +10,7 @@ std::string cpu_model_name();
 // The x86 CPUID vendor string ("GenuineIntel", "AuthenticAMD", ...); "" on other architectures.
 std::string cpu_vendor();
 
+// Whether CPUID reports AVX-512 Foundation (leaf 7, EBX bit 16); false on other architectures.
+bool cpu_has_avx512f();
+
 }  // namespace vq

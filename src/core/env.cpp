@@ -66,7 +66,7 @@ const std::vector<EnvVar>& env_vars() {
       {"VQ_CODED_ATTN_KERNEL", "auto or gather_mma", "auto", "src/kvcache/kv_store_device.cpp",
        "gather_mma forces the gather-mma split kernel for every coded layer (benchmarks compare it with the "
        "automatic choice)."},
-      {"VQ_CPU_WEIGHT_PREFETCH", "0 or 1", "1 on Intel CPUs, 0 on others", "src/model/matmul_packed.cpp",
+      {"VQ_CPU_WEIGHT_PREFETCH", "0 or 1", "0 on AMD CPUs with AVX-512 (Zen 4, 5), 1 on others", "src/model/matmul_packed.cpp",
        "Software prefetch of the weight stream in the CPU's one-row (decode) weight products (CpuTuning)."},
       {"VQ_CACHE_DIR", "a folder", "$XDG_CACHE_HOME/veloxquant, else $HOME/.cache/veloxquant", "src/core/cache_dir.cpp",
        "Where first-use calibrations and fetched models are kept."},
@@ -120,7 +120,8 @@ bool env_switch(const char* name, bool fallback) {
 
 CpuTuning read_cpu_tuning() {
   CpuTuning t;
-  t.weight_prefetch = env_switch("VQ_CPU_WEIGHT_PREFETCH", cpu_vendor() == "GenuineIntel");
+  t.weight_prefetch =
+      env_switch("VQ_CPU_WEIGHT_PREFETCH", !(cpu_vendor() == "AuthenticAMD" && cpu_has_avx512f()));
   return t;
 }
 

@@ -42,9 +42,11 @@ std::string env_doc_markdown();
 // override.
 struct CpuTuning {
   // VQ_CPU_WEIGHT_PREFETCH: the one-row (decode) weight products request their weight stream a
-  // few chunks ahead in software (products of 2+ rows always do). Default: on for Intel CPUs, off
-  // for others. Measured (docs/BENCHMARKS.md, issue 22): Intel Xeon (Emerald Rapids, 2 vCPUs)
-  // Qwen2.5-1.5B's q4_K/q6_K layer 6.6 -> 11.9 GB/s per thread; AMD Zen 4 q6_K 59-72 -> 33-40 GFLOP/s.
+  // few chunks ahead in software (products of 2+ rows always do). Default: off for AMD CPUs with
+  // AVX-512 (Zen 4 and later), on for others. Measured (docs/BENCHMARKS.md, issue 22): Intel Xeon
+  // (Emerald Rapids, 2 vCPUs) Qwen2.5-1.5B's q4_K/q6_K layer 6.6 -> 11.9 GB/s per thread; AMD
+  // Zen 4 q6_K 59-72 -> 33-40 GFLOP/s (worse); AMD Zen 3 (EPYC, 2 vCPUs, no AVX-512)
+  // Qwen2.5-1.5B decode 14.6-17.5 -> 26.1-28.8 tokens/s.
   bool weight_prefetch = true;
 };
 // The defaults for this CPU with the environment's overrides, read now (throws naming a bad value).

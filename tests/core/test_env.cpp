@@ -107,11 +107,12 @@ TEST(EnvRegistry, GpuTuningDefaultsAndOverrides) {
   for (const char* n : names) unsetenv(n);
 }
 
-// CpuTuning: the weight prefetch defaults by the CPU's vendor; VQ_CPU_WEIGHT_PREFETCH overrides it
-// either way; a bad value is one error naming the variable.
+// CpuTuning: the weight prefetch defaults by the CPU (off on AMD with AVX-512, Zen 4 and later);
+// VQ_CPU_WEIGHT_PREFETCH overrides it either way; a bad value is one error naming the variable.
 TEST(EnvRegistry, CpuTuningDefaultsAndOverrides) {
   unsetenv("VQ_CPU_WEIGHT_PREFETCH");
-  EXPECT_EQ(read_cpu_tuning().weight_prefetch, cpu_vendor() == "GenuineIntel") << "vendor " << cpu_vendor();
+  EXPECT_EQ(read_cpu_tuning().weight_prefetch, !(cpu_vendor() == "AuthenticAMD" && cpu_has_avx512f()))
+      << "vendor " << cpu_vendor() << ", avx512f " << cpu_has_avx512f();
   setenv("VQ_CPU_WEIGHT_PREFETCH", "0", 1);
   EXPECT_FALSE(read_cpu_tuning().weight_prefetch);
   setenv("VQ_CPU_WEIGHT_PREFETCH", "1", 1);
@@ -128,6 +129,21 @@ TEST(CpuInfo, VendorIsCpuidsString) {
   EXPECT_EQ(cpu_vendor().size(), 12u) << cpu_vendor();
 #else
   EXPECT_EQ(cpu_vendor(), "");
+#endif
+}
+
+// AVX-512 Foundation as CPUID reports it agrees with the kernel's flags in /proc/cpuinfo.
+TEST(CpuInfo, Avx512fAgreesWithProcCpuinfo) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__)
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  bool found = false, flag = false;
+  while (!found && std::getline(f, line))
+    if (line.rfind("flags", 0) == 0) found = true, flag = (line + " ").find(" avx512f ") != std::string::npos;
+  if (!found) GTEST_SKIP() << "no flags line in /proc/cpuinfo";
+  EXPECT_EQ(cpu_has_avx512f(), flag);
+#else
+  EXPECT_FALSE(cpu_has_avx512f());
 #endif
 }
 
