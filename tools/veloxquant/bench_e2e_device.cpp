@@ -410,6 +410,8 @@ void run_e2e_device(const E2EDeviceArgs& a) {
         std::vector<double> dt;
         bool fits = true;
         size_t kv_bytes = 0;
+        const std::string ps = env_or_empty("VQ_PROFILE_STEP");
+        const bool profile_decode = !ps.empty() && ps.rfind("itl-", 0) != 0;
         try {
           for (int i = 0; i < a.warmup + a.steps; ++i) {
             for (int b = 0; b < B; ++b)
@@ -421,8 +423,7 @@ void run_e2e_device(const E2EDeviceArgs& a) {
             }
             // VQ_PROFILE_STEP=1: the first timed step of the first row is the region a profiler
             // started with --profile-from-start off records (ncu: one decode step's kernels).
-            const std::string ps = env_or_empty("VQ_PROFILE_STEP");
-            const bool prof = i == a.warmup && !profiled && !ps.empty() && ps.rfind("itl-", 0) != 0;
+            const bool prof = i == a.warmup && !profiled && profile_decode;
             if (prof) cuda::profiler_range(true);
             const auto t0 = Clock::now();
             fwd.step(entries.data(), B);

@@ -558,15 +558,21 @@ std::string paged_attention_unsupported_reason(const PagedAttnParams& p) {
   return {};
 }
 
+// The rows the decode kernels cover (PagedAttnParams::decode_rows).
+PagedAttnParams decode_part(const PagedAttnParams& p) {
+  PagedAttnParams d = p;
+  if (p.decode_rows >= 0 && p.decode_rows < p.rows) d.rows = p.decode_rows;
+  return d;
+}
+
 PagedDecodeChoice paged_attention_choose(const PagedAttnParams& p, int sms) {
   PagedDecodeChoice c;
   c.why_not = paged_attention_unsupported_reason(p);
   if (!c.why_not.empty()) return c;
   c.supported = true;
-  // The decode kernels' units: a step's prefill-tile rows (decode_rows) are the prefill kernel's,
-  // so a mixed step splits its decode rows as a decode step of those rows alone would.
-  const int decode_rows = p.decode_rows >= 0 && p.decode_rows < p.rows ? p.decode_rows : p.rows;
-  const int64_t units = int64_t(std::max(decode_rows, 1)) * p.n_kv_heads;
+  // The decode kernels' units: a step's prefill-tile rows (past decode_rows) are the prefill
+  // kernel's, so a mixed step splits its decode rows as a decode step of those rows alone would.
+  const int64_t units = int64_t(std::max(decode_part(p).rows, 1)) * p.n_kv_heads;
   c.dense_variant = g_forced_dense_variant >= 0 ? g_forced_dense_variant : 0;
   if (p.rule.coded) {
     c.coded = paged_attention_uses_lut(p) ? PQAttnKernel::lut : PQAttnKernel::gather_mma;
@@ -602,12 +608,6 @@ void paged_attention_plan(PagedAttnParams& p) {
   p.prefill_splits = p.n_tiles > 0 ? detail::prefill_key_splits(p.n_tiles, p.n_kv_heads, p.tile_rows, sms) : 0;
 }
 
-// The rows the decode kernels cover (PagedAttnParams::decode_rows).
-PagedAttnParams decode_part(const PagedAttnParams& p) {
-  PagedAttnParams d = p;
-  if (p.decode_rows >= 0 && p.decode_rows < p.rows) d.rows = p.decode_rows;
-  return d;
-}
 
 size_t paged_attention_workspace_bytes(const PagedAttnParams& a) {
   const PagedAttnParams p = decode_part(a);
