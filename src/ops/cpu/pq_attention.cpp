@@ -286,6 +286,37 @@ HWY_INLINE void ValuesPass(const float* cb, int64_t book_stride, int j0, const C
     }
   }
 }
+
+// The same pass with the heads in the lanes, for targets whose vector is exactly KH floats (KH = 8
+// on AVX2): accumulator (u, e) holds dim e of sub-space j0 + u for the KH heads, so a token's
+// weights are one load (no permutes) and each centroid element is a broadcast load, SD FMAs per
+// sub-space.
+template <int KH, int SD, int VJ, class CT>
+HWY_INLINE void ValuesPassHeadLanes(const float* cb, int64_t book_stride, int j0, const CT* const* rows, int nb,
+                                    const float* P, int D, float* acc) {
+  const hn::FixedTag<float, KH> df;
+  using V = hn::Vec<decltype(df)>;
+  V accv[VJ][SD];
+  for (int u = 0; u < VJ; ++u)
+    for (int e = 0; e < SD; ++e) accv[u][e] = hn::Zero(df);
+  const float* book0 = cb + int64_t(j0) * book_stride;
+  for (int t = 0; t < nb; ++t) {
+    const CT* c = rows[t] + j0;
+    const V w = hn::Load(df, P + t * KH);
+    for (int u = 0; u < VJ; ++u) {
+      const float* cent = book0 + u * book_stride + size_t(c[u]) * SD;
+      for (int e = 0; e < SD; ++e) accv[u][e] = hn::MulAdd(hn::Set(df, cent[e]), w, accv[u][e]);
+    }
+  }
+  alignas(64) float tmp[SD][KH];  // tmp: [SD, KH heads] one sub-space of the accumulators
+  for (int u = 0; u < VJ; ++u) {
+    for (int e = 0; e < SD; ++e) hn::Store(accv[u][e], df, tmp[e]);
+    for (int h = 0; h < KH; ++h) {
+      float* dst = acc + int64_t(h) * D + (j0 + u) * SD;
+      for (int e = 0; e < SD; ++e) dst[e] += tmp[e][h];
+    }
+  }
+}
 #endif
 
 // True when the register path covers this value sub-dim on this target.
@@ -307,6 +338,13 @@ HWY_INLINE void Values(const float* cb, int64_t book_stride, int nvs, const CT* 
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (RegisterValues<KH, SD>()) {
     constexpr int N = int(hn::MaxLanes(hn::ScalableTag<float>()));
+    if constexpr (N == KH && KH == 8) {  // AVX2 with 8-head entries: heads in the lanes
+      constexpr int VJ = SD >= 8 ? 1 : 8 / SD;  // 8 accumulators of 16 registers
+      int j0 = 0;
+      for (; j0 + VJ <= nvs; j0 += VJ) ValuesPassHeadLanes<KH, SD, VJ>(cb, book_stride, j0, rows, nb, P, D, acc);
+      for (; j0 < nvs; ++j0) ValuesPassHeadLanes<KH, SD, 1>(cb, book_stride, j0, rows, nb, P, D, acc);
+      return;
+    }
     constexpr int NV = KH * SD / N;
     constexpr int ACC = KH == 4 ? 4 : 16;
     constexpr int VJ = NV >= ACC ? 1 : ACC / NV;  // sub-spaces per pass: <= ACC accumulators
