@@ -1140,31 +1140,41 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 
-// Grid (n_tiles, n_kv_heads), 256 threads: each (row, dim) of a tile combines the key splits'
-// partials by log-sum-exp (base 2) and writes the normalised output as the kernel would.
+// Grid (n_tiles, n_kv_heads, rows_per_tile / 8), 256 threads: warp w combines row
+// blockIdx.z * 8 + w of a tile over the key splits' partials by log-sum-exp (base 2) and writes
+// the normalised output as the kernel would. Lane z (< ksplits <= 32) reads split z's max and sum
+// and the warp reduces them; then each lane adds its dims over the splits (coalesced). Rows spread
+// over many blocks: a small chunk beside decode rows has few (tile, KV head) pairs (one block per
+// pair read 8 splits x 128 rows in ~100 us on an H100, the largest kernel of a mixed step).
 __global__ void __launch_bounds__(256) prefill_merge_kernel(PrefillParams p, int rows_per_tile) {
   const PagedPrefillTile tile = p.tiles[blockIdx.x];
   const int kh = blockIdx.y, G = p.group, D = p.D, P = rows_per_tile / G;
-  const float* base = p.part + (int64_t(blockIdx.x) * p.n_kv_heads + kh) * p.ksplits * rows_per_tile * (2 + D);
-  for (int i = threadIdx.x; i < rows_per_tile * D; i += blockDim.x) {
-    const int m = i / D, d = i % D, pi = m / G, hg = m % G;
-    if (pi >= tile.n_pos || pi >= P) continue;
-    float M = -INFINITY;
-    for (int z = 0; z < p.ksplits; ++z) M = fmaxf(M, base[(int64_t(z) * rows_per_tile + m) * (2 + D)]);
-    float L = 0.f, acc = 0.f;
-    if (M != -INFINITY) {
-      for (int z = 0; z < p.ksplits; ++z) {
-        const float* rec = base + (int64_t(z) * rows_per_tile + m) * (2 + D);
-        if (rec[0] == -INFINITY) continue;
-        const float w = exp2f(rec[0] - M);
-        L = fmaf(w, rec[1], L);
-        acc = fmaf(w, rec[2 + d], acc);
-      }
+  const int lane = int(threadIdx.x & 31), m = int(blockIdx.z) * 8 + int(threadIdx.x >> 5);
+  const int pi = m / G, hg = m % G;
+  if (m >= rows_per_tile || pi >= tile.n_pos || pi >= P) return;  // whole warps
+  const int64_t stride = int64_t(rows_per_tile) * (2 + D);  // floats from one split's rows to the next's
+  const float* rec = p.part + (int64_t(blockIdx.x) * p.n_kv_heads + kh) * p.ksplits * stride + int64_t(m) * (2 + D);
+  float mz = -INFINITY, lz = 0.f;
+  if (lane < p.ksplits) {
+    mz = rec[lane * stride];
+    lz = rec[lane * stride + 1];
+  }
+  float M = mz;
+  for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+  const float w = M == -INFINITY || mz == -INFINITY ? 0.f : exp2f(mz - M);  // a split with no key: 0
+  float L = w * lz;
+  for (int off = 16; off > 0; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
+  const int64_t at = int64_t(tile.row0 + pi) * p.out_stride + (int64_t(kh) * G + hg) * D;
+  for (int d0 = 0; d0 < D; d0 += 32) {  // D is a multiple of 32: every lane runs every pass
+    const int d = d0 + lane;
+    float acc = 0.f;
+    for (int z = 0; z < p.ksplits; ++z) {
+      const float wz = __shfl_sync(0xffffffffu, w, z);
+      if (wz != 0.f) acc = fmaf(wz, rec[z * stride + 2 + d], acc);
     }
     const float v = L > 0.f ? acc / L : 0.f;
-    const int64_t at = int64_t(tile.row0 + pi) * p.out_stride + (int64_t(kh) * G + hg) * D + d;
-    if (p.out_type == ElemType::f16) static_cast<__half*>(p.out)[at] = __float2half_rn(v);
-    else static_cast<float*>(p.out)[at] = v;
+    if (p.out_type == ElemType::f16) static_cast<__half*>(p.out)[at + d] = __float2half_rn(v);
+    else static_cast<float*>(p.out)[at + d] = v;
   }
 }
 
@@ -1210,7 +1220,7 @@ void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
   prefill_kernel<D, W, NB, WG><<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 32 * W, smem, st>>>(pp);
   VQ_CUDA_LAUNCHED("prefill_kernel");
   if (pp.ksplits > 1) {
-    prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H)), 256, 0, st>>>(pp, 16 * W);
+    prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H), unsigned(2 * W)), 256, 0, st>>>(pp, 16 * W);
     VQ_CUDA_LAUNCHED("prefill_merge_kernel");
   }
 }
@@ -1329,7 +1339,7 @@ bool launch_ws(const PrefillParams& pp, const WsMaps& maps, int n_tiles, int H, 
       <<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 384, size_t(o.total), st>>>(pp, o, maps);
   VQ_CUDA_LAUNCHED("prefill_ws_kernel");
   if (pp.ksplits > 1) {
-    prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H)), 256, 0, st>>>(pp, 128);
+    prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H), 16u), 256, 0, st>>>(pp, 128);
     VQ_CUDA_LAUNCHED("prefill_merge_kernel");
   }
   return true;
@@ -1426,6 +1436,7 @@ void launch_prefill(const PagedAttnParams& a, float* part, cudaStream_t st) {
   pp.ksplits = a.prefill_splits > 0 ? a.prefill_splits : 1;
   pp.part = part;
   VQ_CHECK(pp.ksplits == 1 || part, "cuda::paged_attention prefill: {} key splits need a workspace", pp.ksplits);
+  VQ_CHECK(pp.ksplits <= 32, "cuda::paged_attention prefill: {} key splits (the merge takes at most 32)", pp.ksplits);
   pp.out_type = a.out_type;
   pp.out = a.out;
   pp.out_stride = a.out_stride ? a.out_stride : int64_t(pp.n_q_heads) * a.head_dim;
