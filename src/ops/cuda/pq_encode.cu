@@ -30,6 +30,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPad = 4;  // floats of padding per x row: lanes on consecutive rows hit different banks
+constexpr int kSubGroup = 8;  // sub-spaces per block with EncodeParams::sub_groups > 1
 
 struct EncodeParams {
   int64_t n_tokens;
@@ -52,16 +53,19 @@ struct EncodeParams {
   const int* n_jobs;
   int64_t x_job_offset, code_job_offset;
   int grid_jobs;  // grid z: max_jobs in the batched mode, else 1
+  // Sub-space groups: grid x = token tiles x sub_groups; block x % sub_groups codes sub-spaces
+  // [8 g, 8 g + 8) of its tile (8 sub-spaces end on a byte boundary at any width), staging only
+  // their books. 1: every sub-space in one block. Few tokens (a pool block) spread this way.
+  int sub_groups;
   // Keys of a calibration with the rotated key mean (batched mode): token t of a job is at position
   // jobs[z].pos0 + t and is coded as x - R(p_b) mu (key_mean_cuda.h). km.n_pairs == 0: none.
   KeyMeanDevice km;
   int64_t pos0;
 };
 
-// The job's view of the arguments (unchanged outside the batched mode); false: no such job.
-__device__ __forceinline__ bool job_params(EncodeParams& p) {
-  if (!p.jobs) return true;
-  const int z = blockIdx.z;
+// Job z's view of the arguments (unchanged outside the batched mode); false: no such job.
+__device__ __forceinline__ bool job_params(EncodeParams& p, int z) {
+  if (!p.jobs) return z == 0;
   if (z >= *p.n_jobs) return false;
   p.x = p.jobs[z].dense + p.x_job_offset;
   p.packed = p.jobs[z].coded + p.code_job_offset;
@@ -150,103 +154,139 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(EncodeParams p0) {
   constexpr int TT = 32 * R;
   extern __shared__ __align__(16) float smem[];
   EncodeParams p = p0;
-  if (!job_params(p)) return;
+  if (!job_params(p, int(blockIdx.z))) return;
   const int h = blockIdx.y;
-  const int64_t t0 = int64_t(blockIdx.x) * TT;
+  const int grp = int(blockIdx.x) % p.sub_groups;
+  const int64_t t0 = int64_t(blockIdx.x / p.sub_groups) * TT;
   const int tt = int(p.n_tokens - t0 < TT ? p.n_tokens - t0 : TT);
   const int ldx = p.head_dim + kPad;
-  const int book_floats = p.books * p.K * DS;
-  // smem: s_x [TT, ldx] f32 | s_book [books, K, DS] f32 | s_cn [books, K] f32 | s_codes [TT, n_sub] u16
+  // this block's sub-spaces [s0, s1) and the books it stages (the first staged one is book b0)
+  const int s0 = p.sub_groups > 1 ? grp * kSubGroup : 0, s1 = p.sub_groups > 1 ? min(p.n_sub, s0 + kSubGroup) : p.n_sub;
+  const int b0 = p.books > 1 ? s0 : 0, n_books = p.books > 1 ? s1 - s0 : 1;
+  const int book_floats = n_books * p.K * DS;
+  // smem: s_x [TT, ldx] f32 | s_book [n_books, K, DS] f32 | s_cn [n_books, K] f32 | s_codes [TT, n_sub] u16
   float* s_x = smem;
   float* s_book = s_x + TT * ldx;
   float* s_cn = s_book + book_floats;
-  uint16_t* s_codes = reinterpret_cast<uint16_t*>(s_cn + p.books * p.K);
+  uint16_t* s_codes = reinterpret_cast<uint16_t*>(s_cn + n_books * p.K);
 
-  // Stage this head's codebook(s), then |c|^2, while the tile's vectors are transformed.
-  const float* g_book = p.codebooks + int64_t(h) * book_floats;
+  // Stage this head's codebook(s), then |c|^2, while the first job's vectors are transformed; the
+  // block's later jobs (grid z strides over the batched mode's jobs) reuse them.
+  const float* g_book = p.codebooks + (int64_t(h) * p.books + b0) * p.K * DS;
   if ((reinterpret_cast<uintptr_t>(g_book) & 15) == 0) {
     for (int i = threadIdx.x; i < book_floats / 4; i += kThreads)
       reinterpret_cast<float4*>(s_book)[i] = __ldg(reinterpret_cast<const float4*>(g_book) + i);
   } else {
     for (int i = threadIdx.x; i < book_floats; i += kThreads) s_book[i] = __ldg(g_book + i);
   }
-  if (p.hblock) transform_rows_warp(p, h, t0, tt, s_x, ldx);
-  else load_rows_plain(p, h, t0, tt, s_x, ldx);
-  __syncthreads();
-  if (p.map_t) map_rows_smem(p, h, tt, s_x, ldx);
-  for (int c = threadIdx.x; c < p.books * p.K; c += kThreads) {
-    const float* cp = s_book + c * DS;
-    float n = 0.0f;
+  for (int z = int(blockIdx.z); job_params(p, z); z += int(gridDim.z)) {
+    if (p.hblock) transform_rows_warp(p, h, t0, tt, s_x, ldx);
+    else load_rows_plain(p, h, t0, tt, s_x, ldx);
+    __syncthreads();
+    if (p.map_t) map_rows_smem(p, h, tt, s_x, ldx);
+    if (z == int(blockIdx.z))
+      for (int c = threadIdx.x; c < n_books * p.K; c += kThreads) {
+        const float* cp = s_book + c * DS;
+        float n = 0.0f;
 #pragma unroll
-    for (int e = 0; e < DS; ++e) n = fmaf(cp[e], cp[e], n);
-    s_cn[c] = n;
-  }
-  __syncthreads();
+        for (int e = 0; e < DS; ++e) n = fmaf(cp[e], cp[e], n);
+        s_cn[c] = n;
+      }
+    __syncthreads();
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int sub = warp; sub < p.n_sub; sub += kWarps) {
-    const int bk = p.books > 1 ? sub : 0;
-    const float* book = s_book + bk * p.K * DS;
-    const float* cn = s_cn + bk * p.K;
-    float x2[R][DS];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int t = lane + 32 * r;
-      const float* xp = s_x + (t < tt ? t : 0) * ldx + sub * DS;
-#pragma unroll
-      for (int e = 0; e < DS; e += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(xp + e);
-        x2[r][e] = -2.0f * v.x, x2[r][e + 1] = -2.0f * v.y, x2[r][e + 2] = -2.0f * v.z, x2[r][e + 3] = -2.0f * v.w;
-      }
-    }
-    float best[R];
-    uint32_t best_code[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) best[r] = INFINITY, best_code[r] = 0;
-#pragma unroll 2
-    for (int c = 0; c < p.K; ++c) {
-      float cc[DS];
-#pragma unroll
-      for (int e = 0; e < DS; e += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(book + c * DS + e);
-        cc[e] = v.x, cc[e + 1] = v.y, cc[e + 2] = v.z, cc[e + 3] = v.w;
-      }
-      const float n = cn[c];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int sub = s0 + warp; sub < s1; sub += kWarps) {
+      const int bk = p.books > 1 ? sub - b0 : 0;
+      const float* book = s_book + bk * p.K * DS;
+      const float* cn = s_cn + bk * p.K;
+      float x2[R][DS];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        float acc = n;
+        const int t = lane + 32 * r;
+        const float* xp = s_x + (t < tt ? t : 0) * ldx + sub * DS;
 #pragma unroll
-        for (int e = 0; e < DS; ++e) acc = fmaf(x2[r][e], cc[e], acc);
-        // Exact running argmin (FSETP + 2 SEL). NaN never compares below; ties keep the lower index.
-        const bool lt = acc < best[r];
-        best[r] = lt ? acc : best[r];
-        best_code[r] = lt ? uint32_t(c) : best_code[r];
+        for (int e = 0; e < DS; e += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(xp + e);
+          x2[r][e] = -2.0f * v.x, x2[r][e + 1] = -2.0f * v.y, x2[r][e + 2] = -2.0f * v.z, x2[r][e + 3] = -2.0f * v.w;
+        }
+      }
+      // NCH independent argmin chains per token (chain k scans centroids k, k + NCH, ... in order),
+      // merged below as the one in-order scan would: a lower distance wins, a tie keeps the lower
+      // index. Few tokens per lane (R = 1: pool blocks) are otherwise one dependent chain per lane.
+      constexpr int NCH = R >= 4 ? 1 : 4 / R;
+      float best[R][NCH];
+      uint32_t best_code[R][NCH];
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int k = 0; k < NCH; ++k) best[r][k] = INFINITY, best_code[r][k] = uint32_t(k);
+      auto visit = [&](int c, int k) {
+        float cc[DS];
+#pragma unroll
+        for (int e = 0; e < DS; e += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(book + c * DS + e);
+          cc[e] = v.x, cc[e + 1] = v.y, cc[e + 2] = v.z, cc[e + 3] = v.w;
+        }
+        const float n = cn[c];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float acc = n;
+#pragma unroll
+          for (int e = 0; e < DS; ++e) acc = fmaf(x2[r][e], cc[e], acc);
+          // Exact running argmin (FSETP + 2 SEL). NaN never compares below; ties keep the lower index.
+          const bool lt = acc < best[r][k];
+          best[r][k] = lt ? acc : best[r][k];
+          best_code[r][k] = lt ? uint32_t(c) : best_code[r][k];
+        }
+      };
+      int c0 = 0;
+#pragma unroll 2
+      for (; c0 + NCH <= p.K; c0 += NCH)
+#pragma unroll
+        for (int k = 0; k < NCH; ++k) visit(c0 + k, k);
+      for (int k = 0; c0 + k < p.K; ++k) visit(c0 + k, k);  // K < NCH
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int k = 1; k < NCH; ++k) {
+          // chain k never updated (K <= k, or every distance NaN) keeps INFINITY and loses every tie
+          // to chain 0, whose untouched code is 0, as the single scan would give
+          const bool lt = best[r][k] < best[r][0] || (best[r][k] == best[r][0] && best_code[r][k] < best_code[r][0]);
+          best[r][0] = lt ? best[r][k] : best[r][0];
+          best_code[r][0] = lt ? best_code[r][k] : best_code[r][0];
+        }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int t = lane + 32 * r;
+        if (t < tt) s_codes[t * p.n_sub + sub] = uint16_t(best_code[r][0]);
       }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int t = lane + 32 * r;
-      if (t < tt) s_codes[t * p.n_sub + sub] = uint16_t(best_code[r]);
-    }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  if (p.codes16) {
-    for (int i = threadIdx.x; i < tt * p.n_sub; i += kThreads) p.codes16[t0 * p.n_sub + i] = s_codes[i];
-    return;
-  }
-  // Bit-pack: thread per (token, byte).
-  for (int i = threadIdx.x; i < tt * p.row_bytes; i += kThreads) {
-    const int r = i / p.row_bytes, bi = i - r * p.row_bytes;
-    const uint16_t* cr = s_codes + r * p.n_sub;
-    const int lo = 8 * bi;
-    uint32_t v = 0;
-    for (int j = lo / p.bits; j < p.n_sub && j * p.bits < lo + 8; ++j) {
-      const int off = j * p.bits - lo;
-      const uint32_t c = cr[j];
-      v |= off >= 0 ? (c << off) : (c >> (-off));
+    if (p.codes16) {
+      const int ns = s1 - s0;
+      for (int i = threadIdx.x; i < tt * ns; i += kThreads) {
+        const int r = i / ns, j = s0 + i % ns;
+        p.codes16[(t0 + r) * p.n_sub + j] = s_codes[r * p.n_sub + j];
+      }
+      __syncthreads();
+      continue;
     }
-    p.packed[int64_t(h) * p.code_head_stride + (t0 + r) * p.code_token_stride + bi] = uint8_t(v & 0xffu);
+    // Bit-pack: thread per (token, byte) of this block's bytes [by0, by1) of a row.
+    const int by0 = s0 * p.bits / 8, by1 = s1 == p.n_sub ? p.row_bytes : s1 * p.bits / 8, nby = by1 - by0;
+    for (int i = threadIdx.x; i < tt * nby; i += kThreads) {
+      const int r = i / nby, bi = by0 + i % nby;
+      const uint16_t* cr = s_codes + r * p.n_sub;
+      const int lo = 8 * bi;
+      uint32_t v = 0;
+      for (int j = lo / p.bits; j < p.n_sub && j * p.bits < lo + 8; ++j) {
+        const int off = j * p.bits - lo;
+        const uint32_t c = cr[j];
+        v |= off >= 0 ? (c << off) : (c >> (-off));
+      }
+      p.packed[int64_t(h) * p.code_head_stride + (t0 + r) * p.code_token_stride + bi] = uint8_t(v & 0xffu);
+    }
+    __syncthreads();  // every code of this job packed before the next one's rows overwrite s_x, s_codes
   }
 }
 
@@ -255,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(EncodeParams p0) {
 // With the Hadamard rotation (head_dim <= 256) the row is transformed in the thread first.
 __global__ void encode_generic_kernel(EncodeParams p0, int DS) {
   EncodeParams p = p0;
-  if (!job_params(p)) return;
+  if (!job_params(p, int(blockIdx.z))) return;
   const int h = blockIdx.y;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < p.n_tokens;
        t += int64_t(gridDim.x) * blockDim.x) {
@@ -346,8 +386,8 @@ int max_smem_per_block() {
 
 size_t fast_smem_bytes(const EncodeParams& p, int DS, int R) {
   const size_t tt = 32 * size_t(R);
-  return tt * (p.head_dim + kPad) * 4 + size_t(p.books) * p.K * DS * 4 + size_t(p.books) * p.K * 4 +
-         tt * p.n_sub * 2 + 16;
+  const size_t books = p.books > 1 && p.sub_groups > 1 ? size_t(std::min(p.n_sub, kSubGroup)) : size_t(p.books);
+  return tt * (p.head_dim + kPad) * 4 + books * p.K * DS * 4 + books * p.K * 4 + tt * p.n_sub * 2 + 16;
 }
 
 template <int DS, int R>
@@ -356,7 +396,13 @@ bool try_launch(const EncodeParams& p, cudaStream_t st) {
   if (smem > size_t(max_smem_per_block())) return false;
   auto k = encode_kernel<DS, R>;
   detail::ensure_smem_attr(k, smem);
-  const dim3 grid(unsigned((p.n_tokens + 32 * R - 1) / (32 * R)), unsigned(p.n_heads), unsigned(p.grid_jobs));
+  const int64_t tiles = (p.n_tokens + 32 * R - 1) / (32 * R);
+  // Batched mode: grid z strides over the jobs (their count is on the device); about four blocks
+  // per SM in all, not one per possible job (most of max_jobs are empty in a decode step, and each
+  // empty block still takes its shared memory).
+  int64_t gz = p.grid_jobs;
+  if (p.jobs) gz = std::clamp<int64_t>(4 * device_sm_count() / std::max<int64_t>(1, tiles * p.sub_groups * p.n_heads), 1, gz);
+  const dim3 grid(unsigned(tiles * p.sub_groups), unsigned(p.n_heads), unsigned(gz));
   k<<<grid, kThreads, smem, st>>>(p);
   VQ_CUDA_LAUNCHED("encode_kernel");
   return true;
@@ -365,8 +411,11 @@ bool try_launch(const EncodeParams& p, cudaStream_t st) {
 // R = 8 sub-vectors per thread amortises centroid loads best, but only when it still gives
 // two blocks per SM; otherwise R = 4 (more, smaller blocks), then 2 (shared memory).
 template <int DS>
-bool try_fast(const EncodeParams& p, cudaStream_t st) {
-  if (p.jobs && p.n_tokens <= 32) return try_launch<DS, 1>(p, st);  // pool blocks of 32 tokens
+bool try_fast(EncodeParams p, cudaStream_t st) {
+  if (p.jobs && p.n_tokens <= 32) {  // pool blocks of 32 tokens: few blocks, so sub-spaces in groups
+    p.sub_groups = (p.n_sub + kSubGroup - 1) / kSubGroup;
+    return try_launch<DS, 1>(p, st);
+  }
   if constexpr (DS <= 8) {
     const int64_t blocks8 = (p.n_tokens + 255) / 256 * p.n_heads;
     if (blocks8 >= 2 * device_sm_count() && try_launch<DS, 8>(p, st)) return true;
@@ -380,6 +429,7 @@ void launch_encode(EncodeParams p, int DS, cudaStream_t st) {
   if (p.n_tokens == 0) return;
   VQ_CHECK(p.n_tokens <= int64_t(65535) * 1024 * 64, "CUDA pq encode: n = {} too large", p.n_tokens);
   VQ_CHECK(p.n_heads >= 1 && p.n_heads <= 65535, "CUDA pq encode: n_heads = {} out of range", p.n_heads);
+  p.sub_groups = 1;
   bool done = false;
   if (DS == 4) done = try_fast<4>(p, st);
   else if (DS == 8) done = try_fast<8>(p, st);
