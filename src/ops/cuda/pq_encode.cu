@@ -1,6 +1,8 @@
 // Fused nearest-centroid encoder (see pq.h). Design and measured variants: docs/CUDA_NOTES.md.
 //
-// One block = one head x a tile of TT = 32*R tokens, 256 threads (8 warps).
+// One block = one head x a tile of TT = 32*R tokens (x a group of 8 sub-spaces for pool blocks of
+// 32 tokens: EncodeParams::sub_groups), 256 threads (8 warps); in the batched mode grid z strides
+// over the step's jobs.
 //  phase 1: the tile's vectors are loaded (f32/f16/bf16), smoothed and Walsh-Hadamard rotated
 //           (one warp per token, butterflies across lanes by shuffles) into shared memory, or
 //           with the learned key transform mapped by a dense head_dim x head_dim matrix there;
