@@ -338,19 +338,19 @@ HWY_INLINE void Values(const float* cb, int64_t book_stride, int nvs, const CT* 
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (RegisterValues<KH, SD>()) {
     constexpr int N = int(hn::MaxLanes(hn::ScalableTag<float>()));
-    if constexpr (N == KH && KH == 8) {  // AVX2 with 8-head entries: heads in the lanes
-      constexpr int VJ = SD >= 8 ? 1 : 8 / SD;  // 8 accumulators of 16 registers
-      int j0 = 0;
-      for (; j0 + VJ <= nvs; j0 += VJ) ValuesPassHeadLanes<KH, SD, VJ>(cb, book_stride, j0, rows, nb, P, D, acc);
-      for (; j0 < nvs; ++j0) ValuesPassHeadLanes<KH, SD, 1>(cb, book_stride, j0, rows, nb, P, D, acc);
-      return;
-    }
-    constexpr int NV = KH * SD / N;
-    constexpr int ACC = KH == 4 ? 4 : 16;
-    constexpr int VJ = NV >= ACC ? 1 : ACC / NV;  // sub-spaces per pass: <= ACC accumulators
+    // AVX2 with 8-head entries: heads in the lanes, 8 accumulators of 16 registers; otherwise heads
+    // x dims in the lanes, <= ACC accumulators
+    constexpr bool kHeadLanes = N == KH && KH == 8;
+    constexpr int NV = KH * SD / N, ACC = KH == 4 ? 4 : 16;
+    constexpr int VJ = kHeadLanes ? (SD >= 8 ? 1 : 8 / SD) : (NV >= ACC ? 1 : ACC / NV);  // sub-spaces per pass
+    auto pass = [&](int j0, auto vj) {
+      constexpr int J = decltype(vj)::value;
+      if constexpr (kHeadLanes) ValuesPassHeadLanes<KH, SD, J>(cb, book_stride, j0, rows, nb, P, D, acc);
+      else ValuesPass<KH, SD, J>(cb, book_stride, j0, rows, nb, P, D, acc);
+    };
     int j0 = 0;
-    for (; j0 + VJ <= nvs; j0 += VJ) ValuesPass<KH, SD, VJ>(cb, book_stride, j0, rows, nb, P, D, acc);
-    for (; j0 < nvs; ++j0) ValuesPass<KH, SD, 1>(cb, book_stride, j0, rows, nb, P, D, acc);
+    for (; j0 + VJ <= nvs; j0 += VJ) pass(j0, std::integral_constant<int, VJ>{});
+    for (; j0 < nvs; ++j0) pass(j0, std::integral_constant<int, 1>{});
   }
 #else
   (void)cb, (void)book_stride, (void)nvs, (void)rows, (void)nb, (void)P, (void)D, (void)acc;

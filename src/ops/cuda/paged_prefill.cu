@@ -1178,6 +1178,14 @@ __global__ void __launch_bounds__(256) prefill_merge_kernel(PrefillParams p, int
   }
 }
 
+// prefill_merge_kernel over tiles of rows_per_tile rows, when the keys were split.
+void launch_merge(const PrefillParams& pp, int rows_per_tile, int n_tiles, int H, cudaStream_t st) {
+  if (pp.ksplits <= 1) return;
+  prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H), unsigned((rows_per_tile + 7) / 8)), 256, 0, st>>>(
+      pp, rows_per_tile);
+  VQ_CUDA_LAUNCHED("prefill_merge_kernel");
+}
+
 // The step's decoded past (PrefillScratch): block (slot, KV head) decodes the slot's code block,
 // K and V rows, into fp16 [32][D] each, token-major (the layout of a tile's decoded pass). 8-bit
 // codes with rows of whole 32-bit words only (launch_prefill checks): the fast path of decode_rows,
@@ -1219,10 +1227,7 @@ void launch(PrefillParams pp, int n_tiles, int H, cudaStream_t st) {
   detail::ensure_smem_attr(prefill_kernel<D, W, NB, WG>, smem);
   prefill_kernel<D, W, NB, WG><<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 32 * W, smem, st>>>(pp);
   VQ_CUDA_LAUNCHED("prefill_kernel");
-  if (pp.ksplits > 1) {
-    prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H), unsigned(2 * W)), 256, 0, st>>>(pp, 16 * W);
-    VQ_CUDA_LAUNCHED("prefill_merge_kernel");
-  }
+  launch_merge(pp, 16 * W, n_tiles, H, st);
 }
 
 // The wgmma form of the kernel (WG = true) where it was built and runs: an sm_90 device and a
@@ -1338,10 +1343,7 @@ bool launch_ws(const PrefillParams& pp, const WsMaps& maps, int n_tiles, int H, 
   prefill_ws_kernel<D, NB, NST, OV>
       <<<dim3(unsigned(n_tiles), unsigned(H), unsigned(pp.ksplits)), 384, size_t(o.total), st>>>(pp, o, maps);
   VQ_CUDA_LAUNCHED("prefill_ws_kernel");
-  if (pp.ksplits > 1) {
-    prefill_merge_kernel<<<dim3(unsigned(n_tiles), unsigned(H), 16u), 256, 0, st>>>(pp, 128);
-    VQ_CUDA_LAUNCHED("prefill_merge_kernel");
-  }
+  launch_merge(pp, 128, n_tiles, H, st);
   return true;
 }
 
