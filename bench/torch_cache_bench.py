@@ -1,7 +1,9 @@
 """Decode speed, KV memory and KL of transformers caches on one GPU: fp16 (DynamicCache + SDPA,
 StaticCache), HF QuantizedCache (quanto / HQQ, 2 and 4 bits) and veloxquant.torch; a method
 suffixed "+c" runs its decode steps through torch.compile (mode reduce-overhead), e.g. static+c
-(HF's static compiled cache) beside vq:vecinfer:d4b8+c.
+(HF's static compiled cache) beside vq:vecinfer:d4b8+c. "nokv" (no cache at all: each decode step
+attends over its own token only) is the floor of any cache's step: the weights and everything but
+reading the past, e.g. nokv+c beside static+c.
 
     python bench/torch_cache_bench.py --geometry llama-3.1-8b --ctx 4096,32768 --batch 1,8 \
         --methods fp16,static+c,quanto4,quanto2,hqq4,hqq2,vq:vecinfer:d4b8,vq:vecinfer:d4b8+c --steps 16 --budget-s 400
@@ -133,13 +135,19 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
         from transformers import StaticCache
         model.set_attn_implementation("sdpa")
         cache = StaticCache(config=model.config, max_cache_len=ctx + steps + 8)  # 3 compiled warm-up steps + the timed ones
+    elif method == "nokv":  # the step's floor: no past to read (no prefill either)
+        model.set_attn_implementation("sdpa")
+        cache = None
     else:
         cache = make_cache(method, model, vqt, calib)
     t0 = time.time()
-    for i in range(0, ctx, chunk):  # chunked prefill: every cache takes it, and memory stays bounded
+    out = None
+    nxt = ids[:, -1:]
+    for i in range(0, ctx if cache is not None else 0, chunk):  # chunked prefill: every cache takes it, and memory stays bounded
         cp = torch.arange(i, min(ctx, i + chunk), device=DEV) if method == "static" else None
         out = model(ids[:, i:i + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1, cache_position=cp)
-    nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+    if out is not None:
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
     sync()
     r["prefill_s"] = round(time.time() - t0, 3)
     pos = ctx
@@ -148,8 +156,8 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
 
     def step(tok, pos):
         cp = torch.tensor([pos], device=DEV)
-        o = fwd(input_ids=tok, past_key_values=cache, use_cache=True,
-                cache_position=cp if method == "static" or compiled else None)
+        o = fwd(input_ids=tok, past_key_values=cache, use_cache=cache is not None,
+                cache_position=cp if method in ("static", "nokv") or compiled else None)
         return o.logits[:, -1].argmax(-1, keepdim=True)
 
     t2 = time.time()

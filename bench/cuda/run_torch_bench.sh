@@ -4,7 +4,8 @@
 # $TX/libveloxquant_torch.so.xz (or unpacked in $T), the Debian libraries it links in $P/lib.
 #   CTX=32768 BATCH=1 METHODS=static+c,vq:vecinfer:d4b8+c,vq:vecinfer:d4b8 bash bench/cuda/run_torch_bench.sh
 # static+c: HF's StaticCache with the decode step under torch.compile (mode reduce-overhead);
-# vq:SPEC+c: veloxquant.torch's cache the same way; without +c, eager.
+# vq:SPEC+c: veloxquant.torch's cache the same way; without +c, eager. nokv+c: the compiled model
+# with no cache (the step's floor). hqq4/hqq2: HF's QuantizedCache (carry the wheels, below).
 set -uo pipefail
 P=${VQ_PREBUILT:-.gpubin-d}
 T=${VQ_TORCH_PREBUILT:-.gpubin-t}
@@ -16,6 +17,14 @@ root=$(mktemp -d)
 mkdir -p "$root/veloxquant"
 cp python/veloxquant/torch.py "$root/veloxquant/"
 : > "$root/veloxquant/__init__.py"
+# Wheels carried in $TX/wheels (HF QuantizedCache's HQQ backend and what it imports: pip download
+# --no-deps hqq termcolor einops accelerate) are installed beside it, each only where the machine lacks it.
+if ls "$TX"/wheels/*.whl > /dev/null 2>&1; then
+  for w in "$TX"/wheels/*.whl; do
+    mod=$(basename "$w" | cut -d- -f1)
+    python3 -c "import $mod" 2> /dev/null || python3 -m pip install -q --no-deps --no-index --target "$root" "$w"
+  done
+fi
 export PYTHONPATH=$root VQ_TORCH_LIB=$PWD/$T/libveloxquant_torch.so LD_LIBRARY_PATH=$PWD/$P/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import torch, transformers, torch._inductor.config as c; print('torch', torch.__version__, 'transformers', transformers.__version__, 'graph_partition', getattr(c, 'graph_partition', None))"
