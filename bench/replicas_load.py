@@ -170,6 +170,10 @@ def run_config(a, n, policy, store, scenario, run_dir):
             "prefix_hit_rate": h / q if q else float("nan"),
             "store_bytes": delta("vq_prefix_store_fetched_bytes_total") + delta("vq_prefix_store_written_bytes_total"),
             "store_hits": delta("vq_prefix_store_hits_total"),
+            # each replica's share of the generated tokens (load balance: the slowest replica sets the wall)
+            "replica_gen_share": [round((af.get("vllm:generation_tokens_total", 0) -
+                                         bf.get("vllm:generation_tokens_total", 0)) / max(1, gen), 3)
+                                  for af, bf in zip(after, before)],
             "failures": failures[:3],
         }
     finally:
