@@ -34,10 +34,8 @@ cp "$RP/p2/redis-server" "$R/redis-server.real" && chmod +x "$R/redis-server.rea
 printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/lib exec %s/veloxquant.real "$@"\n' "$R" "$R" > "$R/bin/veloxquant"
 printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s/redis-server.real "$@"\n' "$PWD/$RP/p2/rlib" "$R" > "$R/bin/redis-server"
 chmod +x "$R/bin/veloxquant" "$R/bin/redis-server"
-for w in "$RP"/p2/*.whl "$RP"/p2/extra/*.whl; do
-  mod=$(basename "$w" | cut -d- -f1)
-  PYTHONPATH=$R/py python3 -c "import $mod" 2> /dev/null || python3 -m pip install -q --no-deps --no-index --target "$R/py" "$w"
-done
+. "$(dirname "$0")/carried_wheels.sh"
+install_missing_wheels "$R/py" "$RP"/p2/*.whl "$RP"/p2/extra/*.whl
 # the launcher imports the Python mini load balancer, whose imports may be missing here; the
 # Rust router does not use it
 sed -i 's/^from sglang_router.mini_lb import MiniLoadBalancer$/try:\n    from sglang_router.mini_lb import MiniLoadBalancer\nexcept Exception:  # noqa: BLE001\n    MiniLoadBalancer = None/' \

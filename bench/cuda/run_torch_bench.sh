@@ -19,12 +19,8 @@ cp python/veloxquant/torch.py "$root/veloxquant/"
 : > "$root/veloxquant/__init__.py"
 # Wheels carried in $TX/wheels (HF QuantizedCache's HQQ backend and what it imports: pip download
 # --no-deps hqq termcolor einops accelerate) are installed beside it, each only where the machine lacks it.
-if ls "$TX"/wheels/*.whl > /dev/null 2>&1; then
-  for w in "$TX"/wheels/*.whl; do
-    mod=$(basename "$w" | cut -d- -f1)
-    python3 -c "import $mod" 2> /dev/null || python3 -m pip install -q --no-deps --no-index --target "$root" "$w"
-  done
-fi
+. "$(dirname "$0")/carried_wheels.sh"
+install_missing_wheels "$root" "$TX"/wheels/*.whl
 export PYTHONPATH=$root VQ_TORCH_LIB=$PWD/$T/libveloxquant_torch.so LD_LIBRARY_PATH=$PWD/$P/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import torch, transformers, torch._inductor.config as c; print('torch', torch.__version__, 'transformers', transformers.__version__, 'graph_partition', getattr(c, 'graph_partition', None))"
