@@ -356,18 +356,28 @@ struct MergeParams {
   int64_t out_stride;
 };
 
-// Grid (n_q_heads, rows), 128 threads (2 dims each): the valid partials of both kinds combined
-// by log-sum-exp, normalised. A row with no keys gets zeros. Two passes over the partials (their
-// max, then the weighted sums) whose loads do not depend on each other: unrolled, many are in
-// flight at once. (One online pass made a chain of dependent L2 round trips, one per partial:
-// 38 us for the 132 partials of an fp16 layer at B=1, 4K; docs/CUDA_NOTES.md section 5.)
-__global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
+// Grid (n_q_heads, rows), kMergeThreads threads: the valid partials of both kinds combined by
+// log-sum-exp, normalised. A row with no keys gets zeros. Every load is independent of the others,
+// so the merge is two rounds of L2 loads, not a chain: thread i loads partial i's (m, l) and a block
+// max and sum over shared memory give the weights; then thread (group g, lane j) loads the 4 dims
+// 4j..4j+3 of o from the partials g, g + G, ... (G = 4 * kMergeThreads / D groups, 16-byte loads,
+// all in flight at once) and the groups' sums meet in shared memory. (The online form made one
+// dependent L2 round trip per partial: 38 us for the 132 partials of an fp16 layer at B=1, 4K; the
+// two-pass form after it still walked ceil(n/32) + ceil(n/16) rounds: docs/CUDA_NOTES.md section 5.)
+constexpr int kMergeThreads = 256;
+constexpr int kMergeMaxParts = 2 * kMergeThreads;  // (m, l) of two partials per thread
+
+__global__ void __launch_bounds__(kMergeThreads) paged_merge_kernel(MergeParams p) {
+  constexpr int T = kMergeThreads;
+  __shared__ float sw[kMergeMaxParts];  // weight of partial i: exp2(m_i - M), 0 for an empty split
+  __shared__ float red[T / 32];         // per-warp max, then sum
+  __shared__ float4 so[T];              // per-group sums of o: [group][D / 4]
   pdl_wait();  // launched with PDL (pdl.cuh)
   pdl_trigger();
   const int qh = blockIdx.x, b = blockIdx.y;
   if (p.row_skip && p.row_skip[b]) return;  // the prefill kernel writes this row
   const int kh = qh / p.group, gl = qh % p.group, t8 = gl / kTile8, hh = gl % kTile8;
-  const int D = p.D;
+  const int D = p.D, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t pstride = 2 * kTile8 + kTile8 * D;
   const int pos = p.pos[b];
   // The splits that hold tokens are a prefix of each kind: nc coded, nd dense.
@@ -385,36 +395,64 @@ __global__ void __launch_bounds__(128) paged_merge_kernel(MergeParams p) {
   const float* cbase = p.coded_part + ((int64_t(b) * p.n_kv_heads + kh) * p.tiles8 + t8) * p.coded_splits * pstride;
   const float* dbase = p.dense_part + ((int64_t(b) * p.n_kv_heads + kh) * p.tiles8 + t8) * p.dense_splits * pstride;
   auto part = [&](int i) { return i < nc ? cbase + i * pstride : dbase + (i - nc) * pstride; };
-  const int n = nc + nd;
-  float M = -INFINITY;
-#pragma unroll 32
-  for (int i = 0; i < n; ++i) M = fmaxf(M, part(i)[hh]);
-  const int d0 = threadIdx.x, d1 = threadIdx.x + 128;
-  float L = 0.f, o0 = 0.f, o1 = 0.f;
-  if (M != -INFINITY) {
-#pragma unroll 16
-    for (int i = 0; i < n; ++i) {
-      const float* q = part(i);
-      const float m = q[hh];
-      const bool live = m != -INFINITY;  // a split whose tokens were all masked: skipped
-      const float w = exp2f(m - M);
-      const float l = q[kTile8 + hh];
-      const float v0 = d0 < D ? q[2 * kTile8 + hh * D + d0] : 0.f;
-      const float v1 = d1 < D ? q[2 * kTile8 + hh * D + d1] : 0.f;
-      L = live ? fmaf(w, l, L) : L;
-      o0 = live ? fmaf(w, v0, o0) : o0;
-      o1 = live ? fmaf(w, v1, o1) : o1;
-    }
-  }
-  const float inv = L > 0.f ? 1.0f / L : 0.f;
-  const float o[2] = {o0, o1};
+  const int n = nc + nd;  // <= kMergeMaxParts (paged_attention_device)
+  // ---- round 1: (m, l) of partials tid and tid + T; M = the block's max ----
+  float mi[2], li[2];
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    const int d = threadIdx.x + k * 128;
-    if (d >= D) continue;
-    const int64_t i = int64_t(b) * p.out_stride + int64_t(qh) * D + d;
-    if (p.out_type == ElemType::f16) static_cast<__half*>(p.out)[i] = __float2half_rn(o[k] * inv);
-    else static_cast<float*>(p.out)[i] = o[k] * inv;
+    const int i = tid + k * T;
+    mi[k] = i < n ? part(i)[hh] : -INFINITY;
+    li[k] = i < n ? part(i)[kTile8 + hh] : 0.f;
+  }
+  float M = fmaxf(mi[0], mi[1]);
+#pragma unroll
+  for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if (lane == 0) red[warp] = M;
+  __syncthreads();
+  M = red[0];
+#pragma unroll
+  for (int w = 1; w < T / 32; ++w) M = fmaxf(M, red[w]);
+  // Weights (a split whose tokens were all masked has m = -inf: weight 0) and L = sum w l.
+  float L = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int i = tid + k * T;
+    const float w = (M != -INFINITY && mi[k] != -INFINITY) ? exp2f(mi[k] - M) : 0.f;
+    if (i < n) sw[i] = w;
+    L = fmaf(w, li[k], L);
+  }
+#pragma unroll
+  for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+  __syncthreads();  // every thread has read the max out of red before it holds the sums
+  if (lane == 0) red[warp] = L;
+  __syncthreads();  // sw and red complete
+  L = 0.f;
+#pragma unroll
+  for (int w = 0; w < T / 32; ++w) L += red[w];
+  // ---- round 2: thread (group g, lane j) sums w_i o_i[4j..4j+3] over i = g, g + G, ... ----
+  const int lanes = D / 4, G = T / lanes, g = tid / lanes, j = tid % lanes;  // D in {64, 128, 256}
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int i = g; i < n; i += G) {
+    const float w = sw[i];
+    const float4 v = reinterpret_cast<const float4*>(part(i) + 2 * kTile8 + hh * D)[j];
+    if (w != 0.f) {  // an empty split's o may hold anything
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
+    }
+  }
+  so[tid] = acc;
+  __syncthreads();
+  if (tid < D) {
+    const int jj = tid / 4, c = tid % 4;
+    float o = 0.f;
+    for (int k = 0; k < G; ++k) o += reinterpret_cast<const float*>(&so[k * lanes + jj])[c];
+    const float inv = L > 0.f ? 1.0f / L : 0.f;
+    const int64_t i = int64_t(b) * p.out_stride + int64_t(qh) * D + tid;
+    if (p.out_type == ElemType::f16) static_cast<__half*>(p.out)[i] = __float2half_rn(o * inv);
+    else static_cast<float*>(p.out)[i] = o * inv;
   }
 }
 
@@ -644,6 +682,8 @@ void check_paged_attention(const PagedAttnParams& p) {
            "cuda::paged_attention: prefill tiles of {} rows (64 or 128: paged_prefill_tile_rows)", p.tile_rows);
   VQ_CHECK(!p.key_bias.values || (p.rule.coded && p.key_bias.row_off && p.key_bias.row_nseg),
            "cuda::paged_attention: key_bias on a layer without codes, or without its row offsets");
+  VQ_CHECK(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0,
+           "cuda::paged_attention: the workspace must be 16-byte aligned (the merge reads partials as float4)");
   const size_t need = paged_attention_workspace_bytes(p);
   VQ_CHECK(p.workspace_bytes >= need && (need == 0 || p.workspace),
            "cuda::paged_attention: workspace of {} bytes is smaller than the {} needed", p.workspace_bytes, need);
@@ -715,8 +755,11 @@ void paged_attention_device(const PagedAttnParams& all, void* stream) {
   mp.out_type = p.out_type;
   mp.out = p.out;
   mp.out_stride = p.out_stride ? p.out_stride : int64_t(dp.n_q_heads) * p.head_dim;
-  launch_pdl("paged_merge_kernel", paged_merge_kernel, dim3(unsigned(dp.n_q_heads), unsigned(p.rows)), dim3(128), 0, st,
-             mp);
+  VQ_CHECK(mp.coded_splits + mp.dense_splits <= kMergeMaxParts,
+           "cuda::paged_attention: {} coded + {} dense splits (the merge takes {})", mp.coded_splits, mp.dense_splits,
+           kMergeMaxParts);
+  launch_pdl("paged_merge_kernel", paged_merge_kernel, dim3(unsigned(dp.n_q_heads), unsigned(p.rows)),
+             dim3(kMergeThreads), 0, st, mp);
   if (p.n_tiles > 0)
     detail::launch_prefill(all, dense_part + part_floats(p, p.dense_splits), st);  // after the decode partials
 }
