@@ -6,7 +6,19 @@
 # static+c: HF's StaticCache with the decode step under torch.compile (mode reduce-overhead);
 # vq:SPEC+c: veloxquant.torch's cache the same way; without +c, eager. nokv+c: the compiled model
 # with no cache (the step's floor). hqq4/hqq2: HF's QuantizedCache (carry the wheels, below).
+# A real model that exceeds one call's carry travels in parts, one call each, while the machine
+# stays warm (split -b 58m -d -a 2 FILE part.; sha256sum FILE > SHA256):
+#   STASH=.gpubin-q/part.00 bash bench/cuda/run_torch_bench.sh     (copies the part to /root/vqmodel)
+#   GGUF=/root/vqmodel/model.gguf SHA=.gpubin-q/SHA256 EXTRA="--calib F --kl-text ids.txt" CTX=4096 ...
+# joins the parts into GGUF (checked against SHA) and passes --gguf GGUF; EXTRA goes to the bench.
 set -uo pipefail
+if [ -n "${STASH:-}" ]; then mkdir -p /root/vqmodel && cp "$STASH" /root/vqmodel/ && ls /root/vqmodel | wc -l; exit; fi
+if [ -n "${GGUF:-}" ] && [ ! -s "$GGUF" ]; then
+  cat /root/vqmodel/part.* > "$GGUF.tmp" && mv "$GGUF.tmp" "$GGUF"
+  if [ -n "${SHA:-}" ]; then
+    [ "$(sha256sum < "$GGUF" | cut -d' ' -f1)" = "$(cut -d' ' -f1 "$SHA")" ] || { echo "run_torch_bench: $GGUF does not match $SHA (a part missing?)"; rm -f "$GGUF"; exit 3; }
+  fi
+fi
 P=${VQ_PREBUILT:-.gpubin-d}
 T=${VQ_TORCH_PREBUILT:-.gpubin-t}
 TX=${VQ_TORCH_PACKED:-.gpubin-tx}
@@ -26,4 +38,4 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import torch, transformers, torch._inductor.config as c; print('torch', torch.__version__, 'transformers', transformers.__version__, 'graph_partition', getattr(c, 'graph_partition', None))"
 timeout "${LIMIT_S:-540}" python3 bench/torch_cache_bench.py --geometry "${GEO:-llama-3.1-8b}" --ctx "${CTX:-4096,32768}" \
   --batch "${BATCH:-1}" --methods "${METHODS:-static+c,vq:vecinfer:d4b8+c,vq:vecinfer:d4b8}" --steps "${STEPS:-16}" \
-  --case-s "${CASE_S:-200}" --budget-s "${BUDGET:-500}" --out "$O/rows.json" 2>&1 | grep -v -i warn | tail -25
+  --case-s "${CASE_S:-200}" --budget-s "${BUDGET:-500}" --out "$O/rows.json" ${GGUF:+--gguf "$GGUF"} ${EXTRA:-} 2>&1 | grep -v -i warn | tail -25
