@@ -1,6 +1,7 @@
 """Decode speed, KV memory and KL of transformers caches on one GPU: fp16 (DynamicCache + SDPA,
 StaticCache), HF QuantizedCache (quanto / HQQ, 2 and 4 bits) and veloxquant.torch; a method
-suffixed "+c" runs its decode steps through torch.compile (mode reduce-overhead), e.g. static+c
+suffixed "+c" runs its decode steps through torch.compile (mode reduce-overhead; "+cd": the default
+mode, no CUDA graphs), e.g. static+c
 (HF's static compiled cache) beside vq:vecinfer:d4b8+c. "nokv" (no cache at all: each decode step
 attends over its own token only) is the floor of any cache's step: the weights and everything but
 reading the past, e.g. nokv+c beside static+c.
@@ -107,11 +108,11 @@ def sync():
 _COMPILED = {}
 
 
-def compiled_forward(model):
-    """One torch.compile'd forward per model (its guards tell the caches apart)."""
-    if id(model) not in _COMPILED:
-        _COMPILED[id(model)] = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    return _COMPILED[id(model)]
+def compiled_forward(model, mode="reduce-overhead"):
+    """One torch.compile'd forward per (model, mode) (its guards tell the caches apart)."""
+    if (id(model), mode) not in _COMPILED:
+        _COMPILED[(id(model), mode)] = torch.compile(model.forward, mode=mode, fullgraph=True)
+    return _COMPILED[(id(model), mode)]
 
 
 @torch.no_grad()
@@ -129,8 +130,10 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
     r = {"method": method, "batch": B, "ctx": ctx}
     # "<method>+c": the decode steps through torch.compile (mode reduce-overhead: CUDA graphs; the
     # veloxquant op is tagged cudagraph-unsafe, so its graphs are split around it); prefill eager
-    compiled = method.endswith("+c")
-    method = method[:-2] if compiled else method
+    # "<method>+cd": compiled in torch.compile's default mode (no CUDA graphs: every kernel launched)
+    mode = "default" if method.endswith("+cd") else "reduce-overhead"
+    compiled = method.endswith("+c") or method.endswith("+cd")
+    method = method[:method.rindex("+")] if compiled else method
     if method == "static":
         from transformers import StaticCache
         model.set_attn_implementation("sdpa")
@@ -152,7 +155,7 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
     r["prefill_s"] = round(time.time() - t0, 3)
     pos = ctx
 
-    fwd = compiled_forward(model) if compiled else model
+    fwd = compiled_forward(model, mode) if compiled else model
 
     def step(tok, pos):
         cp = torch.tensor([pos], device=DEV)
@@ -255,7 +258,7 @@ def main():
     if not calib and any("vecinfer" in m for m in args.methods.split(",")):
         c = model.config
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        spec = [m[3:].removesuffix("+c") for m in args.methods.split(",") if "vecinfer" in m][0]
+        spec = [m[3:].split("+")[0] for m in args.methods.split(",") if "vecinfer" in m][0]
         calib = vqt.random_calibration(spec, c.num_hidden_layers, c.num_key_value_heads, hd, "/tmp/bench_random.vqcal")
     rows = []
     for ctx in [int(x) for x in args.ctx.split(",") if x and x != "none"]:
@@ -288,7 +291,7 @@ def main():
         ids = ids[:, :args.kl_tokens].to(DEV)
         ref, _ = kl_case(model, vqt, "fp16", ids, calib, n0=args.kl_prefill)
         for method in args.methods.split(","):
-            if method in ("fp16", "static") or method.endswith("+c") or time.time() > deadline:
+            if method in ("fp16", "static") or "+c" in method or time.time() > deadline:
                 continue
             try:
                 _, kl = kl_case(model, vqt, method, ids, calib, ref, n0=args.kl_prefill)
