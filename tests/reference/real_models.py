@@ -80,3 +80,21 @@ def greedy_gaps(ref_rows: np.ndarray, chosen) -> tuple[int, float]:
     best = ref_rows.argmax(axis=1)
     gaps = ref_rows.max(axis=1) - ref_rows[np.arange(len(chosen)), chosen]
     return int(np.sum(best == chosen)), float(gaps.max())
+
+
+def blame(ours: np.ndarray, theirs: np.ndarray, exact: np.ndarray, ours_name: str = "C++",
+          theirs_name: str = "llama.cpp", factor: float = 4.0, tol: float = 3e-3) -> str:
+    """Which side of a failed comparison is the wrong one, judged by an exact reference's logits
+    of the same rows: each side's distance to it is 1 - mean cosine; a side past `tol` (the parity
+    tests' 1 - 0.997: int8-rounded products sit at 0.4-1.9e-3 from exact) and `factor` times
+    farther than the other is named. Returns one sentence with both agreements."""
+    a, b = agreement(ours, exact), agreement(theirs, exact)
+    da, db = 1.0 - a.cos_mean, 1.0 - b.cos_mean
+    both = f"{ours_name} vs exact: {a}; {theirs_name} vs exact: {b}"
+    if db > tol and db >= factor * max(da, 1e-9):
+        return f"{theirs_name} is the side far from the exact reference ({both})"
+    if da > tol and da >= factor * max(db, 1e-9):
+        return f"{ours_name} is the side far from the exact reference ({both})"
+    if da > tol and db > tol:
+        return f"both sides are far from the exact reference ({both})"
+    return f"neither side is far from the exact reference: the gap is their own rounding ({both})"
