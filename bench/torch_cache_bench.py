@@ -106,6 +106,14 @@ def sync():
 
 
 _COMPILED = {}
+_COMPILE_MODES = {"+c": "reduce-overhead", "+cd": "default"}
+
+
+def split_method(method):
+    """"vq:vecinfer:d4b8+c" -> ("vq:vecinfer:d4b8", "reduce-overhead"); no suffix: (method, None)."""
+    base, plus, suffix = method.rpartition("+")
+    mode = _COMPILE_MODES.get(plus + suffix) if plus else None
+    return (base, mode) if mode else (method, None)
 
 
 def compiled_forward(model, mode="reduce-overhead"):
@@ -131,9 +139,8 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
     # "<method>+c": the decode steps through torch.compile (mode reduce-overhead: CUDA graphs; the
     # veloxquant op is tagged cudagraph-unsafe, so its graphs are split around it); prefill eager
     # "<method>+cd": compiled in torch.compile's default mode (no CUDA graphs: every kernel launched)
-    mode = "default" if method.endswith("+cd") else "reduce-overhead"
-    compiled = method.endswith("+c") or method.endswith("+cd")
-    method = method[:method.rindex("+")] if compiled else method
+    method, mode = split_method(method)
+    compiled = mode is not None
     if method == "static":
         from transformers import StaticCache
         model.set_attn_implementation("sdpa")
@@ -258,7 +265,7 @@ def main():
     if not calib and any("vecinfer" in m for m in args.methods.split(",")):
         c = model.config
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        spec = [m[3:].split("+")[0] for m in args.methods.split(",") if "vecinfer" in m][0]
+        spec = [split_method(m)[0][3:] for m in args.methods.split(",") if "vecinfer" in m][0]
         calib = vqt.random_calibration(spec, c.num_hidden_layers, c.num_key_value_heads, hd, "/tmp/bench_random.vqcal")
     rows = []
     for ctx in [int(x) for x in args.ctx.split(",") if x and x != "none"]:
@@ -291,7 +298,7 @@ def main():
         ids = ids[:, :args.kl_tokens].to(DEV)
         ref, _ = kl_case(model, vqt, "fp16", ids, calib, n0=args.kl_prefill)
         for method in args.methods.split(","):
-            if method in ("fp16", "static") or "+c" in method or time.time() > deadline:
+            if method in ("fp16", "static") or split_method(method)[1] or time.time() > deadline:
                 continue
             try:
                 _, kl = kl_case(model, vqt, method, ids, calib, ref, n0=args.kl_prefill)

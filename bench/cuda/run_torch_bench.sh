@@ -6,19 +6,15 @@
 # static+c: HF's StaticCache with the decode step under torch.compile (mode reduce-overhead);
 # vq:SPEC+c: veloxquant.torch's cache the same way; without +c, eager. nokv+c: the compiled model
 # with no cache (the step's floor). hqq4/hqq2: HF's QuantizedCache (carry the wheels, below).
-# A real model that exceeds one call's carry travels in parts, one call each, while the machine
-# stays warm (split -b 58m -d -a 2 FILE part.; sha256sum FILE > SHA256):
+# A real model that exceeds one call's carry travels in parts (bench/cuda/carried_parts.sh), one call
+# each while the machine stays warm:
 #   STASH=.gpubin-q/part.00 bash bench/cuda/run_torch_bench.sh     (copies the part to /root/vqmodel)
 #   GGUF=/root/vqmodel/model.gguf SHA=.gpubin-q/SHA256 EXTRA="--calib F --kl-text ids.txt" CTX=4096 ...
 # joins the parts into GGUF (checked against SHA) and passes --gguf GGUF; EXTRA goes to the bench.
 set -uo pipefail
-if [ -n "${STASH:-}" ]; then mkdir -p /root/vqmodel && cp "$STASH" /root/vqmodel/ && ls /root/vqmodel | wc -l; exit; fi
-if [ -n "${GGUF:-}" ] && [ ! -s "$GGUF" ]; then
-  cat /root/vqmodel/part.* > "$GGUF.tmp" && mv "$GGUF.tmp" "$GGUF"
-  if [ -n "${SHA:-}" ]; then
-    [ "$(sha256sum < "$GGUF" | cut -d' ' -f1)" = "$(cut -d' ' -f1 "$SHA")" ] || { echo "run_torch_bench: $GGUF does not match $SHA (a part missing?)"; rm -f "$GGUF"; exit 3; }
-  fi
-fi
+. "$(dirname "$0")/carried_parts.sh"
+if [ -n "${STASH:-}" ]; then stash_part "$STASH" /root/vqmodel; exit; fi
+if [ -n "${GGUF:-}" ]; then join_parts /root/vqmodel "$GGUF" "${SHA:-}" || exit 3; fi
 P=${VQ_PREBUILT:-.gpubin-d}
 T=${VQ_TORCH_PREBUILT:-.gpubin-t}
 TX=${VQ_TORCH_PACKED:-.gpubin-tx}
