@@ -368,7 +368,9 @@ TEST(PagedDecodeChoice, SupportsTheSweepShapesAndNamesWhatItRefuses) {
       ASSERT_TRUE(a.supported && m.supported) << a.why_not << m.why_not;
       EXPECT_EQ(m.dense_splits, a.dense_splits) << decode << " decode rows, coded " << coded;
       EXPECT_EQ(m.coded_splits, a.coded_splits) << decode << " decode rows, coded " << coded;
-      if (decode == 8 && !coded) EXPECT_GT(m.dense_splits, 1);
+      if (decode == 8 && !coded) {
+        EXPECT_GT(m.dense_splits, 1);
+      }
     }
   const cuda::PagedDecodeChoice g17 = cuda::paged_attention_choose(params(1, 2, 17, 128), 132);
   EXPECT_FALSE(g17.supported);
@@ -381,6 +383,31 @@ TEST(PagedDecodeChoice, SupportsTheSweepShapesAndNamesWhatItRefuses) {
   EXPECT_NE(cuda::paged_attention_unsupported_reason(odd).find("block_tokens = 48"), std::string::npos);
   cuda::PagedAttnParams plan_me = params(1, 2, 17, 128);
   EXPECT_THROW(cuda::paged_attention_plan(plan_me), Error);
+}
+
+// The merge reads partials as float4: a workspace that is not 16-byte aligned is refused by name
+// (host-side check, no GPU needed).
+TEST(PagedDecodeChoice, RefusesAMisalignedWorkspace) {
+  cuda::PagedAttnParams p{};
+  p.rows = 1, p.decode_rows = 1, p.n_kv_heads = 2, p.group = 4, p.head_dim = 128;
+  cuda::paged_attention_plan(p);
+  alignas(16) static uint8_t dummy[64];
+  std::vector<float> ws(cuda::paged_attention_workspace_bytes(p) / sizeof(float) + 8);
+  p.pos = reinterpret_cast<const int32_t*>(dummy);
+  p.dense_tables = reinterpret_cast<const uint8_t* const* const*>(dummy);
+  p.q = reinterpret_cast<const float*>(dummy);
+  p.out = dummy;
+  const uintptr_t base = (reinterpret_cast<uintptr_t>(ws.data()) + 15) / 16 * 16;
+  p.workspace = reinterpret_cast<void*>(base);
+  p.workspace_bytes = ws.size() * sizeof(float) - 16;
+  EXPECT_NO_THROW(cuda::check_paged_attention(p));
+  p.workspace = reinterpret_cast<void*>(base + 4);
+  try {
+    cuda::check_paged_attention(p);
+    ADD_FAILURE() << "a workspace at a 4-byte offset was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
