@@ -1,7 +1,8 @@
 """Decode speed, KV memory and KL of transformers caches on one GPU: fp16 (DynamicCache + SDPA,
 StaticCache), HF QuantizedCache (quanto / HQQ, 2 and 4 bits) and veloxquant.torch; a method
 suffixed "+c" runs its decode steps through torch.compile (mode reduce-overhead; "+cd": the default
-mode, no CUDA graphs), e.g. static+c
+mode, no CUDA graphs; "+cg": reduce-overhead with veloxquant's cache sized up front, max_batch_size
+and max_cache_len as StaticCache's, so that its attention runs inside the CUDA graphs), e.g. static+c
 (HF's static compiled cache) beside vq:vecinfer:d4b8+c. "nokv" (no cache at all: each decode step
 attends over its own token only) is the floor of any cache's step: the weights and everything but
 reading the past, e.g. nokv+c beside static+c.
@@ -73,7 +74,7 @@ def make_model(args):
     return m.eval()
 
 
-def make_cache(name, model, vqt, calib):
+def make_cache(name, model, vqt, calib, sized=None):
     from transformers import DynamicCache, QuantizedCache, StaticCache
     if name == "fp16":
         model.set_attn_implementation("sdpa")
@@ -86,7 +87,9 @@ def make_cache(name, model, vqt, calib):
                               axis_key=0 if backend == "quanto" else 1, axis_value=0 if backend == "quanto" else 1)
     if name.startswith("vq:"):
         spec = name[3:]
-        return vqt.cache(model, spec, calib=calib if "vecinfer" in spec else None, gguf_channel_order=GGUF_ORDER)
+        b, n = sized if sized else (None, None)
+        return vqt.cache(model, spec, calib=calib if "vecinfer" in spec else None, gguf_channel_order=GGUF_ORDER,
+                         max_batch_size=b, max_cache_len=n)
     raise ValueError(name)
 
 
@@ -106,7 +109,7 @@ def sync():
 
 
 _COMPILED = {}
-_COMPILE_MODES = {"+c": "reduce-overhead", "+cd": "default"}
+_COMPILE_MODES = {"+c": "reduce-overhead", "+cd": "default", "+cg": "reduce-overhead"}
 
 
 def split_method(method):
@@ -139,6 +142,7 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
     # "<method>+c": the decode steps through torch.compile (mode reduce-overhead: CUDA graphs; the
     # veloxquant op is tagged cudagraph-unsafe, so its graphs are split around it); prefill eager
     # "<method>+cd": compiled in torch.compile's default mode (no CUDA graphs: every kernel launched)
+    sized = (B, ctx + steps + 8) if method.endswith("+cg") else None  # 3 warm-up steps + the timed ones
     method, mode = split_method(method)
     compiled = mode is not None
     if method == "static":
@@ -149,7 +153,7 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
         model.set_attn_implementation("sdpa")
         cache = None
     else:
-        cache = make_cache(method, model, vqt, calib)
+        cache = make_cache(method, model, vqt, calib, sized)
     t0 = time.time()
     out = None
     nxt = ids[:, -1:]

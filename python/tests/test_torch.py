@@ -362,3 +362,97 @@ def test_generate_compiled(tmp_path):
         ref = sdpa(m).generate(ids, **kw)
         got = m.generate(ids, past_key_values=vqt.cache(m, "fp16"), compile_config=cc, **kw)
     assert torch.equal(got, ref)
+
+
+def _turns(fwd, m, cache, prompts, steps):
+    """Each prompt prefilled eagerly (several tokens: veloxquant::attend), then `steps` greedy decode
+    steps through `fwd` (positions from the cache's length); the logits of every decode step."""
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            r = m(ids, past_key_values=cache, use_cache=True)
+            nxt = r.logits[:, -1].argmax(-1, keepdim=True)
+            for _ in range(steps):
+                r = fwd(input_ids=nxt, past_key_values=cache, use_cache=True)
+                out.append(r.logits[:, -1].float())
+                nxt = r.logits[:, -1].argmax(-1, keepdim=True)
+    return torch.stack(out)
+
+
+def _sized_setup(device, spec, calib_file):
+    if spec != "fp16" and device == "cpu":
+        spec = "q8_0"
+    calib = calib_file if "vecinfer" in spec else None
+    m = tiny("llama", device, layers=1 if calib else 2)
+    if device == "cuda":  # the attention inside the CUDA graphs (veloxquant::attend_decode)
+        fwd = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
+    else:
+        fwd = torch.compile(m.forward, backend="aot_eager", fullgraph=True)
+    return m, fwd, spec, calib
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("spec", ["fp16", "vecinfer:d4b8"])
+def test_sized_cache_decodes_in_cuda_graphs(device, spec, calib_file):
+    """A cache sized up front (max_batch_size, max_cache_len) decodes through the graph-safe ops: a
+    compiled step (CUDA graphs on the GPU) gives the eager logits of an unsized cache over two turns
+    (the second prompt's prefill between decode steps runs on the store's other descriptor set),
+    across block boundaries (encodes inside the graph), for a second cache after the first (its own
+    anchor: graphs recorded again, not another cache's replayed), and for two caches stepped in turn."""
+    _gpu_or_skip(device)
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    m, fwd, spec, calib = _sized_setup(device, spec, calib_file)
+    g = torch.Generator().manual_seed(5)
+    P = [torch.randint(0, 320, (2, n), generator=g).to(device) for n in (37, 21)]
+    Q = [torch.randint(0, 320, (2, n), generator=g).to(device) for n in (29, 40)]
+    tol = 2e-2 if device == "cuda" else 1e-4
+    for prompts in (P, Q):  # one cache after another
+        ref = _turns(m, m, vqt.cache(m, spec, calib=calib), prompts, 40)
+        c = vqt.cache(m, spec, calib=calib, max_batch_size=2, max_cache_len=160)
+        got = _turns(fwd, m, c, prompts, 40)
+        assert (got - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+        assert c.seq_lengths() == [sum(p.shape[1] for p in prompts) + 80] * 2
+    # two caches stepped in turn (two conversations): each step replays its own cache's graph
+    refs = [_turns(m, m, vqt.cache(m, spec, calib=calib), [p], 12) for p in (P[0], Q[0])]
+    caches = [vqt.cache(m, spec, calib=calib, max_batch_size=2, max_cache_len=64) for _ in range(2)]
+    outs, nxt = [[], []], [None, None]
+    with torch.no_grad():
+        for i, p in enumerate((P[0], Q[0])):
+            nxt[i] = m(p, past_key_values=caches[i], use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(12):
+            for i in range(2):
+                r = fwd(input_ids=nxt[i], past_key_values=caches[i], use_cache=True)
+                outs[i].append(r.logits[:, -1].float())
+                nxt[i] = r.logits[:, -1].argmax(-1, keepdim=True)
+    for i in range(2):
+        got = torch.stack(outs[i])
+        assert (got - refs[i]).abs().max().item() < tol * max(1.0, refs[i].abs().max().item()), i
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    if device == "cuda":
+        assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_sized_cache_refusals(device):
+    """Past max_cache_len or max_batch_size a step is refused naming the limit, and the cache is
+    left as it was (the tokens it held still decode)."""
+    _gpu_or_skip(device)
+    m = tiny("llama", device)
+    ids = torch.randint(0, 320, (2, 30), device=device)
+    c = vqt.cache(m, "fp16", max_batch_size=2, max_cache_len=32)
+    with torch.no_grad():
+        m(ids, past_key_values=c, use_cache=True)
+        nxt = ids[:, -1:]
+        for _ in range(2):
+            m(nxt, past_key_values=c, use_cache=True)
+        with pytest.raises(vqt.Error, match="max_cache_len 32"):
+            m(nxt, past_key_values=c, use_cache=True)
+        assert c.seq_lengths() == [32, 32]
+        with pytest.raises(vqt.Error, match="max_batch_size 1"):
+            m(ids[:, :4].repeat(1, 1), past_key_values=vqt.cache(m, "fp16", max_batch_size=1, max_cache_len=64),
+              use_cache=True)
+    with pytest.raises(ValueError, match="go together"):
+        vqt.cache(m, "fp16", max_cache_len=64)

@@ -9,6 +9,15 @@
 //   vqt_layer(h, layer, q, k, v, out)   for layer 0 .. n_layers-1 in order: the rows' keys and
 //                                       values appended, then attention of their queries;
 // the last layer ends the step (forms no later query reads are released).
+// A decode step under CUDA graphs (veloxquant.torch's compiled decode, which a graph replays without
+// running any host code per layer) is split the other way:
+//   vqt_reserve(h, max_batch, max_len)  once: the device buffers a decode step's launches read are
+//                                       sized for good (KVStoreDevice::reserve_fixed);
+//   vqt_begin_graph(h, n_batch, stream) every row gets one token; all the step's host work (blocks,
+//                                       tables, descriptors, the fix-up) happens here, and the last
+//                                       graph step is ended first (after its work on `stream`);
+//   vqt_layer_graph(h, layer, ...)      launches only: no host state read or written, so that a
+//                                       captured call stays right when replayed.
 // Rows of q/k/v/out: the step's tokens, batch row by batch row (row b's n_new[b] tokens in
 // position order), q [rows, n_heads, head_dim], k/v [rows, n_kv_heads, head_dim] f32, keys after
 // RoPE; out [rows, n_heads, head_dim] f32 (or f16 on the device).
@@ -61,8 +70,13 @@ struct Handle {
   std::vector<int> step_n;
   std::vector<int64_t> step_pos0;
   int next_layer = -1;  // -1: no step open
+  bool graph_open = false;     // a vqt_begin_graph step whose layers may still be running
+  int max_batch = 0;           // vqt_reserve (0: none)
+  int64_t max_len = 0;
 #ifdef VQ_HAVE_CUDA
   std::unique_ptr<vq::cuda::Event> into, back;  // torch's stream -> the store's stream -> torch's
+  std::unique_ptr<vq::cuda::Event> done;        // the host waits for the caller's stream
+  void* last_stream = nullptr;                  // the caller's stream of the last graph step
 #endif
   std::string name;
 
@@ -74,6 +88,19 @@ struct Handle {
     for (size_t b = 0; b < seqs.size(); ++b)
       if (step_n[b] > 0) store->trim(seqs[b]);
     next_layer = -1;
+  }
+  // Ends an open graph step: its launches (on the caller's stream, maybe replayed from a graph)
+  // are waited for, then the step's forms no later query reads are released.
+  void close_graph() {
+    if (!graph_open) return;
+#ifdef VQ_HAVE_CUDA
+    if (device) {
+      done->record(last_stream);
+      done->synchronize();
+    }
+#endif
+    graph_open = false;
+    end_step();
   }
 };
 
@@ -130,6 +157,7 @@ VQT_API void* vqt_create(int n_layers, int n_heads, int n_kv_heads, int head_dim
       opt.device = vq::KVDevice::cuda;
       h->into = std::make_unique<vq::cuda::Event>();
       h->back = std::make_unique<vq::cuda::Event>();
+      h->done = std::make_unique<vq::cuda::Event>();
 #else
       VQ_CHECK(false, "veloxquant.torch: device 'cuda' asked for, but this build has no CUDA backend");
 #endif
@@ -150,6 +178,7 @@ VQT_API void vqt_destroy(void* h) {
 #ifdef VQ_HAVE_CUDA
   if (p->device) {
     try {
+      p->close_graph();
       p->store->device().synchronize();
     } catch (...) {
     }
@@ -180,6 +209,7 @@ VQT_API int vqt_reset(void* h, int n) {
     Handle* p = H(h);
     VQ_CHECK(n >= 0, "veloxquant.torch: batch {} must be >= 0", n);
     VQ_CHECK(p->next_layer < 0, "veloxquant.torch: reset inside a forward (layer {} expected next)", p->next_layer);
+    p->close_graph();
 #ifdef VQ_HAVE_CUDA
     if (p->device) p->store->device().synchronize();
 #endif
@@ -194,6 +224,7 @@ VQT_API int vqt_select(void* h, int n, const int64_t* src, int64_t keep) {
   return guarded([&] {
     Handle* p = H(h);
     VQ_CHECK(p->next_layer < 0, "veloxquant.torch: reorder inside a forward (layer {} expected next)", p->next_layer);
+    p->close_graph();
 #ifdef VQ_HAVE_CUDA
     if (p->device) p->store->device().synchronize();
 #endif
@@ -209,45 +240,169 @@ VQT_API int vqt_select(void* h, int n, const int64_t* src, int64_t keep) {
   });
 }
 
+namespace {
+
+// A step's host work (vqt_begin, vqt_begin_graph): blocks for every row's new tokens, and on the
+// device the step's descriptors uploaded and the fix-up launched on the store's stream.
+void begin_step(Handle* p, int n_batch, const int* n_new) {
+  VQ_CHECK(n_batch == int(p->seqs.size()), "veloxquant.torch: a step of {} rows, the cache holds {} sequences",
+           n_batch, p->seqs.size());
+  VQ_CHECK(p->next_layer < 0, "veloxquant.torch: a new forward began before layer {} of the last one ran",
+           p->next_layer);
+  VQ_CHECK(p->max_batch == 0 || n_batch <= p->max_batch,
+           "veloxquant.torch: a forward of batch {}, the cache was sized for max_batch_size {}", n_batch, p->max_batch);
+  p->close_graph();
+  std::vector<int> n(n_new, n_new + n_batch);
+  std::vector<int64_t> pos0(static_cast<size_t>(n_batch));
+  std::vector<int64_t> counts;
+  for (int b = 0; b < n_batch; ++b) {
+    VQ_CHECK(n[size_t(b)] >= 0, "veloxquant.torch: row {}: {} new tokens", b, n[size_t(b)]);
+    pos0[size_t(b)] = p->seqs[size_t(b)].size();
+    VQ_CHECK(p->max_len == 0 || pos0[size_t(b)] + n[size_t(b)] <= p->max_len,
+             "veloxquant.torch: row {} would hold {} tokens, past the cache's max_cache_len {}", b,
+             pos0[size_t(b)] + n[size_t(b)], p->max_len);
+    if (n[size_t(b)] > 0) p->store->blocks_for_append(p->seqs[size_t(b)], n[size_t(b)], counts);
+  }
+  if (!p->store->pool().can_allocate(counts))
+    throw vq::KVPoolExhausted("veloxquant.torch: the KV pool budget cannot hold this step");
+  p->step_n = std::move(n);
+  p->step_pos0 = std::move(pos0);
+#ifdef VQ_HAVE_CUDA
+  if (p->device) {
+    vq::KVStoreDevice& dev = p->store->device();
+    dev.synchronize();  // the descriptors of the last step are no longer read
+    p->store->pool().reserve(counts);
+    dev.begin_step();
+    try {
+      for (int b = 0; b < n_batch; ++b)
+        if (p->step_n[size_t(b)] > 0)
+          for (int l = 0; l < p->n_layers; ++l) p->store->append_blocks(p->seqs[size_t(b)], l, p->step_n[size_t(b)]);
+      for (int b = 0; b < n_batch; ++b)
+        if (p->step_n[size_t(b)] > 0) dev.add_rows(p->seqs[size_t(b)], p->step_pos0[size_t(b)], p->step_n[size_t(b)]);
+    } catch (...) {
+      dev.finish_step();
+      throw;
+    }
+    dev.finish_step();
+    dev.launch_fixup();
+  }
+#endif
+}
+
+// The cpu attention of one layer over the open step's rows (vqt_layer, vqt_layer_graph).
+void layer_cpu(Handle* p, int layer, const float* q, const float* k, const float* v, float* out, float scale) {
+  const int HD = p->geo.n_kv_heads * p->geo.head_dim, QD = p->geo.n_heads * p->geo.head_dim;
+  std::vector<vq::AttnEntry> ents;
+  int64_t row = 0;
+  for (size_t b = 0; b < p->seqs.size(); ++b) {
+    const int n = p->step_n[b];
+    if (n == 0) continue;
+    p->store->append(p->seqs[b], layer, k + row * HD, v + row * HD, n);
+    vq::AttnEntry e;
+    e.seq = &p->seqs[b];
+    e.pos0 = p->step_pos0[b];
+    e.n_q = n;
+    e.q = q + row * QD;
+    e.out = out + row * QD;
+    ents.push_back(e);
+    row += n;
+  }
+  p->store->attend(layer, ents.data(), int(ents.size()), scale);
+}
+
+#ifdef VQ_HAVE_CUDA
+// One layer's launches on the store's stream, ordered after and before the caller's `stream`.
+void layer_device(Handle* p, int layer, const float* q, const float* k, const float* v, void* out, int out_f16,
+                  float scale, void* stream) {
+  const int HD = p->geo.n_kv_heads * p->geo.head_dim, QD = p->geo.n_heads * p->geo.head_dim;
+  vq::KVStoreDevice& dev = p->store->device();
+  void* st = dev.stream();
+  p->into->record(stream);
+  p->into->wait(st);
+  dev.launch_append(layer, k, HD, v, HD);
+  dev.launch_encode(layer);
+  dev.launch_attend(layer, q, QD, scale, out_f16 ? vq::cuda::ElemType::f16 : vq::cuda::ElemType::f32, out, QD);
+  p->back->record(st);
+  p->back->wait(stream);
+}
+#endif
+
+}  // namespace
+
 // Opens a step: row b gets n_new[b] tokens (n_batch must equal the batch size).
 VQT_API int vqt_begin(void* h, int n_batch, const int* n_new) {
   return guarded([&] {
     Handle* p = H(h);
-    VQ_CHECK(n_batch == int(p->seqs.size()), "veloxquant.torch: a step of {} rows, the cache holds {} sequences",
-             n_batch, p->seqs.size());
-    VQ_CHECK(p->next_layer < 0, "veloxquant.torch: a new forward began before layer {} of the last one ran",
-             p->next_layer);
-    p->step_n.assign(n_new, n_new + n_batch);
-    p->step_pos0.resize(size_t(n_batch));
-    std::vector<int64_t> counts;
-    for (int b = 0; b < n_batch; ++b) {
-      VQ_CHECK(n_new[b] >= 0, "veloxquant.torch: row {}: {} new tokens", b, n_new[b]);
-      p->step_pos0[size_t(b)] = p->seqs[size_t(b)].size();
-      if (n_new[b] > 0) p->store->blocks_for_append(p->seqs[size_t(b)], n_new[b], counts);
-    }
-    if (!p->store->pool().can_allocate(counts))
-      throw vq::KVPoolExhausted("veloxquant.torch: the KV pool budget cannot hold this step");
+    begin_step(p, n_batch, n_new);
+    p->next_layer = 0;
+  });
+}
+
+// Sizes the cache for decode steps under CUDA graphs: at most max_batch sequences of at most max_len
+// tokens each (later steps past max_len are refused, naming it). Once, before the first step.
+VQT_API int vqt_reserve(void* h, int max_batch, int64_t max_len) {
+  return guarded([&] {
+    Handle* p = H(h);
+    VQ_CHECK(p->max_len == 0, "veloxquant.torch: the cache's sizes were set already");
+    VQ_CHECK(p->next_layer < 0 && !p->graph_open, "veloxquant.torch: vqt_reserve inside a forward");
+    VQ_CHECK(max_batch >= 1 && max_batch <= 65535, "veloxquant.torch: max_batch_size {} must be in 1..65535",
+             max_batch);
+    VQ_CHECK(max_len >= 1 && max_len < int64_t(INT32_MAX), "veloxquant.torch: max_cache_len {} must be in 1..{}",
+             max_len, INT32_MAX - 1);
+    for (size_t b = 0; b < p->seqs.size(); ++b)
+      VQ_CHECK(p->seqs[b].size() <= max_len, "veloxquant.torch: row {} holds {} tokens, past max_cache_len {}", b,
+               p->seqs[b].size(), max_len);
+#ifdef VQ_HAVE_CUDA
+    if (p->device) p->store->device().reserve_fixed(max_batch, max_len - 1);
+#endif
+    p->max_batch = max_batch;
+    p->max_len = max_len;
+  });
+}
+
+// Opens a decode step for CUDA graphs: every row gets one token. stream: the caller's cudaStream_t,
+// on which the step's vqt_layer_graph launches run (after the fix-up launched here).
+VQT_API int vqt_begin_graph(void* h, int n_batch, void* stream) {
+  return guarded([&] {
+    Handle* p = H(h);
+    VQ_CHECK(p->max_len > 0, "veloxquant.torch: a graph step needs the cache's sizes (vqt_reserve first)");
+    const std::vector<int> ones(size_t(std::max(n_batch, 0)), 1);
+    begin_step(p, n_batch, ones.data());
 #ifdef VQ_HAVE_CUDA
     if (p->device) {
       vq::KVStoreDevice& dev = p->store->device();
-      dev.synchronize();  // the descriptors of the last step are no longer read
-      p->store->pool().reserve(counts);
-      dev.begin_step();
-      try {
-        for (int b = 0; b < n_batch; ++b)
-          if (n_new[b] > 0)
-            for (int l = 0; l < p->n_layers; ++l) p->store->append_blocks(p->seqs[size_t(b)], l, n_new[b]);
-        for (int b = 0; b < n_batch; ++b)
-          if (n_new[b] > 0) dev.add_rows(p->seqs[size_t(b)], p->step_pos0[size_t(b)], n_new[b]);
-      } catch (...) {
-        dev.finish_step();
-        throw;
+      if (!dev.step_in_fixed_slot()) {
+        p->end_step();
+        VQ_FAIL("veloxquant.torch: this decode step needs more than the buffers sized for max_batch_size {} (internal "
+                "error)", p->max_batch);
       }
-      dev.finish_step();
-      dev.launch_fixup();
+      p->back->record(dev.stream());  // the layers' launches after the fix-up
+      p->back->wait(stream);
+      p->last_stream = stream;
     }
 #endif
-    p->next_layer = 0;
+    (void)stream;
+    p->graph_open = true;
+  });
+}
+
+// One layer of the open graph step: launches only (device), or the cpu store's append and
+// attention. q, k, v, out, out_f16, scale, stream: as vqt_layer.
+VQT_API int vqt_layer_graph(void* h, int layer, const float* q, const float* k, const float* v, void* out,
+                            int out_f16, float scale, void* stream) {
+  return guarded([&] {
+    Handle* p = H(h);
+    VQ_CHECK(p->graph_open, "veloxquant.torch: layer {} outside a graph step (vqt_begin_graph first)", layer);
+    VQ_CHECK(layer >= 0 && layer < p->n_layers, "veloxquant.torch: layer {} of {}", layer, p->n_layers);
+#ifdef VQ_HAVE_CUDA
+    if (p->device) {
+      layer_device(p, layer, q, k, v, out, out_f16, scale, stream);
+      return;
+    }
+#endif
+    VQ_CHECK(!out_f16, "veloxquant.torch: f16 output is a device feature (cpu attention writes f32)");
+    (void)stream;
+    layer_cpu(p, layer, q, k, v, static_cast<float*>(out), scale);
   });
 }
 
@@ -261,42 +416,15 @@ VQT_API int vqt_layer(void* h, int layer, const float* q, const float* k, const 
     VQ_CHECK(p->next_layer >= 0, "veloxquant.torch: layer {} outside a forward (vqt_begin first)", layer);
     VQ_CHECK(layer == p->next_layer, "veloxquant.torch: layer {} ran, layer {} was expected next", layer,
              p->next_layer);
-    const int HD = p->geo.n_kv_heads * p->geo.head_dim, QD = p->geo.n_heads * p->geo.head_dim;
-    const int nb = int(p->seqs.size());
-    bool done = false;
 #ifdef VQ_HAVE_CUDA
     if (p->device) {
-      vq::KVStoreDevice& dev = p->store->device();
-      void* st = dev.stream();
-      p->into->record(stream);
-      p->into->wait(st);
-      dev.launch_append(layer, k, HD, v, HD);
-      dev.launch_encode(layer);
-      dev.launch_attend(layer, q, QD, scale, out_f16 ? vq::cuda::ElemType::f16 : vq::cuda::ElemType::f32, out, QD);
-      p->back->record(st);
-      p->back->wait(stream);
-      done = true;
-    }
+      layer_device(p, layer, q, k, v, out, out_f16, scale, stream);
+    } else
 #endif
-    if (!done) {
+    {
       VQ_CHECK(!out_f16, "veloxquant.torch: f16 output is a device feature (cpu attention writes f32)");
       (void)stream;
-      std::vector<vq::AttnEntry> ents;
-      int64_t row = 0;
-      for (int b = 0; b < nb; ++b) {
-        const int n = p->step_n[size_t(b)];
-        if (n == 0) continue;
-        p->store->append(p->seqs[size_t(b)], layer, k + row * HD, v + row * HD, n);
-        vq::AttnEntry e;
-        e.seq = &p->seqs[size_t(b)];
-        e.pos0 = p->step_pos0[size_t(b)];
-        e.n_q = n;
-        e.q = q + row * QD;
-        e.out = static_cast<float*>(out) + row * QD;
-        ents.push_back(e);
-        row += n;
-      }
-      p->store->attend(layer, ents.data(), int(ents.size()), scale);
+      layer_cpu(p, layer, q, k, v, static_cast<float*>(out), scale);
     }
     p->next_layer = layer + 1;
     if (p->next_layer == p->n_layers) p->end_step();

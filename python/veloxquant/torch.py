@@ -24,6 +24,14 @@ single graph, later steps and fresh caches reuse it, and ``generate`` compiles i
 for this cache (``is_compileable``). The op is tagged cudagraph-unsafe, so with mode
 "reduce-overhead" inductor's graph partition CUDA-graphs the rest of each layer around it.
 
+A cache sized up front (``max_batch_size`` and ``max_cache_len``, as transformers' StaticCache) runs
+its decode steps inside those CUDA graphs instead: one cudagraph-unsafe op per step
+(``veloxquant::begin_decode``: the step's host work, at the first layer) and per layer an op with no
+host work at all (``veloxquant::attend_decode``: launches on fixed device buffers, replayable). Each
+such cache carries an "anchor", a one-element device tensor at an address no other cache ever gets,
+marked as a static input: a new cache changes it, which makes inductor record the graphs again
+instead of replaying another cache's launches. Prefill steps (several tokens) take the first op.
+
 The native part is ``libveloxquant_torch.so`` (python/torch_bridge), a C ABI loaded with
 ctypes: it needs neither torch's nor Python's headers, so one build serves any torch and any
 Python. ``VQ_TORCH_LIB`` names another copy (read once, at import).
@@ -73,6 +81,9 @@ def _load_library():
         "vqt_select": (I, [P, I, P, I64]),
         "vqt_begin": (I, [P, I, P]),
         "vqt_layer": (I, [P, I, P, P, P, P, I, F, P]),
+        "vqt_reserve": (I, [P, I, I64]),
+        "vqt_begin_graph": (I, [P, I, P]),
+        "vqt_layer_graph": (I, [P, I, P, P, P, P, I, F, P]),
         "vqt_abort_step": (None, [P]),
         "vqt_memory": (I64, [P, I]),
         "vqt_train_calibration": (I, [S, I, I, I, P, P, I64, I, I, P, P, I, I, P, I, I, S, S]),
@@ -166,10 +177,10 @@ class VeloxQuantLayer(CacheLayerMixin):
         return self._n + query_length, 0
 
     def get_max_length(self) -> int:
-        return -1
+        return self._owner.max_cache_len or -1
 
     def get_max_cache_shape(self) -> int:
-        return -1
+        return self._owner.max_cache_len or -1
 
     # Batch-wide operations act on the whole pool at once: the cache does them (once), and a
     # layer-level call forwards to it.
@@ -204,9 +215,12 @@ class VeloxQuantCache(Cache):
     """
 
     def __init__(self, n_layers, n_heads, n_kv_heads, head_dim, spec="fp16", calib=None, device="cpu",
-                 budget_mib=0, sliding_windows=None, gguf_channel_order=False):
+                 budget_mib=0, sliding_windows=None, gguf_channel_order=False, max_batch_size=None,
+                 max_cache_len=None):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"veloxquant.torch: device '{device}' must be 'cpu' or 'cuda'")
+        if (max_batch_size is None) != (max_cache_len is None):
+            raise ValueError("veloxquant.torch: max_batch_size and max_cache_len go together (both or neither)")
         windows = None
         if sliding_windows is not None:
             if len(sliding_windows) != n_layers:
@@ -234,11 +248,22 @@ class VeloxQuantCache(Cache):
         self._len_t = torch.zeros((), dtype=torch.int64, device="cuda" if device == "cuda" else "cpu")
         _caches[_next_handle] = weakref.ref(self)
         super().__init__(layers=[VeloxQuantLayer(self, i) for i in range(n_layers)])
+        # Sized up front: decode steps through the graph-safe ops (see the module's docstring).
+        self.max_batch_size = self.max_cache_len = None
+        self._anchor = None
+        if max_cache_len is not None:
+            _check(_lib.vqt_reserve(self._h, int(max_batch_size), int(max_cache_len)))
+            self.max_batch_size, self.max_cache_len = int(max_batch_size), int(max_cache_len)
+            self._anchor = _new_anchor("cuda" if device == "cuda" else "cpu")
+            _anchored[self._anchor.data_ptr()] = weakref.ref(self)
 
     def __del__(self):
         hid = getattr(self, "_hid", None)
         if hid is not None and _caches is not None:
             _caches.pop(hid, None)
+        anchor = getattr(self, "_anchor", None)
+        if anchor is not None and _anchored is not None:
+            _anchored.pop(anchor.data_ptr(), None)
         h = getattr(self, "_h", None)
         if h is not None and _lib is not None:
             _lib.vqt_destroy(h)
@@ -347,10 +372,46 @@ class VeloxQuantCache(Cache):
         if attention_mask is not None and attention_mask.dim() != 2:
             raise Error("veloxquant.torch: a 4D attention mask was given; the veloxquant attention takes the "
                         "2D padding mask only")
-        out = torch.ops.veloxquant.attend(self._rows_of(query, True), self._rows_of(key, True),
-                                          self._rows_of(value, False), mask, self._handle, layer.layer_idx, B, T,
-                                          float(scaling), out_f16)
+        if self._anchor is not None and T == 1:  # a decode step of a cache sized up front
+            step = torch.ops.veloxquant.begin_decode(self._anchor, B) if layer.layer_idx == 0 else None
+            out = torch.ops.veloxquant.attend_decode(self._rows_of(query, True), self._rows_of(key, True),
+                                                     self._rows_of(value, False), step, self._anchor,
+                                                     layer.layer_idx, B, float(scaling), out_f16)
+        else:
+            out = torch.ops.veloxquant.attend(self._rows_of(query, True), self._rows_of(key, True),
+                                              self._rows_of(value, False), mask, self._handle, layer.layer_idx, B,
+                                              T, float(scaling), out_f16)
         return out.view(B, T, Hq, D).to(query.dtype)
+
+    def _begin_decode(self, batch, device):
+        """Eager body of veloxquant::begin_decode: a decode step's host work (every row one token)."""
+        if self._rows is not None:
+            raise Error(f"veloxquant.torch: a decode step began while layer {self._next_layer} of the last "
+                        "forward was expected")
+        if _lib.vqt_batch(self._h) == 0 or self.layers[0]._n == 0 and _lib.vqt_batch(self._h) != batch:
+            _check(_lib.vqt_reset(self._h, batch))
+        if _lib.vqt_batch(self._h) != batch:
+            raise Error(f"veloxquant.torch: a forward of batch {batch}, the cache holds {_lib.vqt_batch(self._h)} "
+                        "sequences (reset() it, or reorder/select with the generation's indices)")
+        dev = self.device_kind == "cuda"
+        if dev != (device.type == "cuda"):
+            raise Error(f"veloxquant.torch: a {self.device_kind} cache got tensors on {device}")
+        stream = torch.cuda.current_stream(device).cuda_stream if dev else 0
+        _check(_lib.vqt_begin_graph(self._h, batch, ctypes.c_void_p(stream)))
+        for layer in self.layers:
+            layer._n += 1
+
+    def _attend_decode_rows(self, layer_idx, q, k, v, scaling, out_f16):
+        """Eager body of veloxquant::attend_decode: one layer's launches (or the cpu store's work),
+        nothing else on the host, so that a CUDA graph may record it once and replay it."""
+        out = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float16 if out_f16 else torch.float32,
+                          device=q.device)
+        stream = torch.cuda.current_stream(q.device).cuda_stream if q.device.type == "cuda" else 0
+        _check(_lib.vqt_layer_graph(self._h, layer_idx, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                    1 if out_f16 else 0, float(scaling), ctypes.c_void_p(stream)))
+        if layer_idx == len(self.layers) - 1:
+            self._len_t.add_(1)  # on the device, in the graph: replays advance it too
+        return out
 
     def _attend_rows(self, layer_idx, q, k, v, attention_mask, batch, q_len, scaling, out_f16):
         """Eager body of veloxquant::attend: the step's bookkeeping (layer 0 opens it), the pads
@@ -415,6 +476,61 @@ def _attend_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask
 @_attend_op.register_fake
 def _attend_fake(q, k, v, attention_mask, handle, layer, batch, q_len, scaling, out_f16):
     return q.new_empty((batch * q_len, q.shape[1]), dtype=torch.float16 if out_f16 else torch.float32)
+
+
+# Caches sized up front, by their anchor's address. Anchors are slices of blocks that are never
+# freed, so no two caches of a process ever share an address (a captured graph records it).
+_anchored = {}
+_anchor_blocks = {}  # device -> [block tensor, next free slot]
+_anchor_keep = []    # every block ever made (a freed block's addresses could come back)
+_ANCHOR_BLOCK = 4096
+
+
+def _new_anchor(device):
+    blk = _anchor_blocks.get(device)
+    if blk is None or blk[1] == _ANCHOR_BLOCK:
+        blk = _anchor_blocks[device] = [torch.zeros(_ANCHOR_BLOCK, dtype=torch.int32, device=device), 0]
+        _anchor_keep.append(blk[0])
+    a = blk[0][blk[1]:blk[1] + 1]
+    blk[1] += 1
+    # unguarded: a new address makes inductor's CUDA graphs record again (no recompile)
+    torch._dynamo.mark_static_address(a, guard=False)
+    return a
+
+
+def _anchored_cache(anchor):
+    ref = _anchored.get(anchor.data_ptr())
+    c = ref() if ref is not None else None
+    if c is None:
+        raise Error("veloxquant.torch: no cache owns this anchor (the cache was deleted, or a compiled graph "
+                    "copied its anchor instead of taking it as a static input)")
+    return c
+
+
+@torch.library.custom_op("veloxquant::begin_decode", mutates_args=(), tags=_OP_TAGS)
+def _begin_decode_op(anchor: torch.Tensor, batch: int) -> torch.Tensor:
+    """A decode step of a cache sized up front (one token per row): all of the step's host work
+    (blocks, tables, descriptors, the fix-up). Tagged cudagraph-unsafe: it runs at every step."""
+    _anchored_cache(anchor)._begin_decode(batch, anchor.device)
+    return anchor.new_empty((0,))
+
+
+@_begin_decode_op.register_fake
+def _begin_decode_fake(anchor, batch):
+    return anchor.new_empty((0,))
+
+
+@torch.library.custom_op("veloxquant::attend_decode", mutates_args=())
+def _attend_decode_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: torch.Tensor | None,
+                      anchor: torch.Tensor, layer: int, batch: int, scaling: float, out_f16: bool) -> torch.Tensor:
+    """One layer's attention in a decode step opened by veloxquant::begin_decode (``step``, its
+    output, orders the first layer after it): launches only, so CUDA graphs may capture it."""
+    return _anchored_cache(anchor)._attend_decode_rows(layer, q, k, v, scaling, out_f16)
+
+
+@_attend_decode_op.register_fake
+def _attend_decode_fake(q, k, v, step, anchor, layer, batch, scaling, out_f16):
+    return q.new_empty((batch, q.shape[1]), dtype=torch.float16 if out_f16 else torch.float32)
 
 
 def _to_gguf_order(x):
@@ -500,7 +616,7 @@ def _geometry(config):
 
 
 def cache(model, spec="fp16", calib=None, device=None, budget_mib=0, set_attention=True,
-          gguf_channel_order=False) -> VeloxQuantCache:
+          gguf_channel_order=False, max_batch_size=None, max_cache_len=None) -> VeloxQuantCache:
     """A VeloxQuantCache for a transformers model (llama / qwen2 / qwen3 / mistral family) and
     the model's attention switched to "veloxquant" (set_attention=False: leave it; then call
     ``model.set_attn_implementation("veloxquant")`` yourself). device: default where the model's
@@ -511,12 +627,16 @@ def cache(model, spec="fp16", calib=None, device=None, budget_mib=0, set_attenti
     written by ``veloxquant calibrate`` on a llama/mistral GGUF fits the model transformers loads
     from that GGUF only with gguf_channel_order=True (transformers un-interleaves those models'
     q/k channels; measured on SmolLM2: KL 0.81 without, 0.08 with). qwen2/qwen3 GGUFs keep one
-    order (leave it False)."""
+    order (leave it False).
+
+    max_batch_size, max_cache_len: size the cache up front, as transformers' StaticCache, for decode
+    steps under torch.compile(mode="reduce-overhead"): the attention then runs inside the CUDA
+    graphs (see the module's docstring); rows past max_cache_len tokens are refused."""
     n_layers, n_heads, n_kv, head_dim, windows = _geometry(model.config)
     if device is None:
         device = "cuda" if next(model.parameters()).device.type == "cuda" else "cpu"
     c = VeloxQuantCache(n_layers, n_heads, n_kv, head_dim, spec, calib, device, budget_mib, windows,
-                        gguf_channel_order)
+                        gguf_channel_order, max_batch_size, max_cache_len)
     if set_attention and getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
         model.set_attn_implementation(ATTN_NAME)
     return c

@@ -75,6 +75,8 @@ int KVStoreDevice::rows() const { VQ_NO_CUDA; }
 bool KVStoreDevice::step_has_fixups() const { VQ_NO_CUDA; }
 bool KVStoreDevice::step_has_encodes() const { VQ_NO_CUDA; }
 uint64_t KVStoreDevice::layout_version() const { VQ_NO_CUDA; }
+void KVStoreDevice::reserve_fixed(int, int64_t) { VQ_NO_CUDA; }
+bool KVStoreDevice::step_in_fixed_slot() const { VQ_NO_CUDA; }
 bool KVStoreDevice::step_prefill_scratch() const { VQ_NO_CUDA; }
 const int32_t* KVStoreDevice::positions() const { VQ_NO_CUDA; }
 void KVStoreDevice::launch_fixup() { VQ_NO_CUDA; }
@@ -177,6 +179,19 @@ struct DevTable {
   std::vector<Pending> pending;  // entries set since the last upload
 };
 
+// A step's descriptor layout and the buffers sized with it (Impl::layout, size_workspace,
+// plan_key_mean): what a captured launch holds the addresses of. Impl keeps the current one in its
+// own fields and, once reserve_fixed() has sized one for the caller's largest decode step, the
+// other one here (KVStoreDevice::reserve_fixed).
+struct DescSlot {
+  int rows_cap = 0, seq_cap = 0, jobs_cap = 0, upd_cap = 0, copy_cap = 0, tiles_cap = 0;
+  size_t o_pos = 0, o_rowseq = 0, o_dtab = 0, o_ctab = 0, o_njobs = 0, o_jobs = 0, o_nupd = 0, o_upd = 0, o_ncopy = 0,
+         o_copy = 0, o_skip = 0, o_tiles = 0, o_boff = 0, o_bnseg = 0, o_scr_n = 0, o_scr_seqs = 0, o_scr_slot0 = 0,
+         total = 0;
+  cuda::PinnedBuffer host;
+  cuda::DeviceBuffer dev, qcode, work, kbias;
+};
+
 }  // namespace
 
 struct KVStoreDevice::Impl {
@@ -232,6 +247,13 @@ struct KVStoreDevice::Impl {
   cuda::PinnedBuffer host;
   cuda::DeviceBuffer dev;
   uint64_t version = 0;
+  // reserve_fixed: the fields above (caps, offsets, host, dev) and qcode / work / kbias are slot 0,
+  // sized once and never grown again, whenever a step fits it; a step that does not runs in slot 1
+  // (parked here while slot 0 is current, and the other way round), which grows as before.
+  bool fixed = false;
+  int cur_slot = 0;
+  DescSlot parked;
+  int64_t fixed_max_pos = -1;  // key-mean tables sized to this position (reserve_fixed)
 
   // scratch
   cuda::DeviceBuffer qcode, work, kbuf, vbuf, qbuf, obuf;
@@ -373,11 +395,47 @@ struct KVStoreDevice::Impl {
     return p;
   }
 
-  // The attention workspace for `rows` rows (the largest any layer needs), grown outside graph
-  // capture: finish_step calls it, launch_attend only reads it.
-  void size_workspace(int rows) {
+  // Makes slot `to` current (reserve_fixed); the addresses of the step's buffers change, so version too.
+  void use_slot(int to) {
+    if (to == cur_slot) return;
+    DescSlot& o = parked;
+    std::swap(rows_cap, o.rows_cap), std::swap(seq_cap, o.seq_cap), std::swap(jobs_cap, o.jobs_cap);
+    std::swap(upd_cap, o.upd_cap), std::swap(copy_cap, o.copy_cap), std::swap(tiles_cap, o.tiles_cap);
+    std::swap(o_pos, o.o_pos), std::swap(o_rowseq, o.o_rowseq), std::swap(o_dtab, o.o_dtab);
+    std::swap(o_ctab, o.o_ctab), std::swap(o_njobs, o.o_njobs), std::swap(o_jobs, o.o_jobs);
+    std::swap(o_nupd, o.o_nupd), std::swap(o_upd, o.o_upd), std::swap(o_ncopy, o.o_ncopy);
+    std::swap(o_copy, o.o_copy), std::swap(o_skip, o.o_skip), std::swap(o_tiles, o.o_tiles);
+    std::swap(o_boff, o.o_boff), std::swap(o_bnseg, o.o_bnseg), std::swap(o_scr_n, o.o_scr_n);
+    std::swap(o_scr_seqs, o.o_scr_seqs), std::swap(o_scr_slot0, o.o_scr_slot0), std::swap(total, o.total);
+    std::swap(host, o.host), std::swap(dev, o.dev), std::swap(qcode, o.qcode), std::swap(work, o.work);
+    std::swap(kbias, o.kbias);
+    cur_slot = to;
+    ++version;
+  }
+
+  // Whether the open step fits slot 0 as reserve_fixed sized it (the step's counts, its key-mean terms).
+  bool fits_slot0(int rows, int seqs, int njobs, int nupd, int ncopy, int ntiles, int64_t kb_terms) const {
+    const bool here = cur_slot == 0;
+    const DescSlot& o = parked;
+    rows = std::max(rows, 1), seqs = std::max(seqs, 1);
+    return rows <= (here ? rows_cap : o.rows_cap) && seqs <= (here ? seq_cap : o.seq_cap) &&
+           njobs <= (here ? jobs_cap : o.jobs_cap) && nupd <= (here ? upd_cap : o.upd_cap) &&
+           ncopy <= (here ? copy_cap : o.copy_cap) && ntiles <= (here ? tiles_cap : o.tiles_cap) &&
+           (km_rules.empty() || key_bias_bytes(kb_terms) <= (here ? kbias : o.kbias).size()) &&
+           workspace_need(rows) <= (here ? work : o.work).size();
+  }
+
+  // The attention workspace the current step's `rows` rows need (the largest any layer needs).
+  size_t workspace_need(int rows) const {
     size_t need = 0;
     for (int l = 0; l < L; ++l) need = std::max(need, cuda::paged_attention_workspace_bytes(attn_params(l, rows)));
+    return need;
+  }
+
+  // The attention workspace for `rows` rows, grown outside graph capture: finish_step calls it,
+  // launch_attend only reads it.
+  void size_workspace(int rows) {
+    const size_t need = workspace_need(rows);
     if (need > work.size()) {
       work = cuda::DeviceBuffer(need + need / 4);
       ++version;
@@ -439,31 +497,49 @@ struct KVStoreDevice::Impl {
   // The rotated key mean's part of a step (finish_step): each row's score terms (as many
   // segments per query head as its widest coded range over the layers), the terms' buffer, and the
   // (cos, sin) tables up to the step's last position (or the last encoded block's).
-  void plan_key_mean(int64_t max_pos) {
-    if (km_rules.empty()) return;
+  // The score terms of a row at position pos (per query head): the segments of its widest coded
+  // range over the layers with a key mean.
+  int64_t key_mean_segments(int64_t pos) const {
+    int64_t n = 0;
+    for (const cuda::PagedRule& rule : km_rules) {
+      const cuda::PagedRanges g = cuda::paged_ranges(rule, pos);
+      constexpr int lt = cuda::kKeyMeanSegmentLog2;
+      if (g.code_hi > g.code_lo) n = std::max<int64_t>(n, ((g.code_hi - 1) >> lt) - (g.code_lo >> lt) + 1);
+    }
+    return n;
+  }
+  static size_t key_bias_bytes(int64_t terms) { return size_t(std::max<int64_t>(terms, 1)) * sizeof(float); }
+
+  // The rows' score-term offsets (row_boff, row_bnseg) and the (cos, sin) tables up to max_pos;
+  // returns the step's terms (kbias is sized by grow_key_bias, once the step's slot is known).
+  int64_t plan_key_mean(int64_t max_pos) {
+    if (km_rules.empty()) return 0;
     const int rows = int(row_pos.size());
     row_boff.resize(size_t(rows));
     row_bnseg.resize(size_t(rows));
     int64_t total = 0;
     for (int r = 0; r < rows; ++r) {
-      int64_t n = 0;
-      for (const cuda::PagedRule& rule : km_rules) {
-        const cuda::PagedRanges g = cuda::paged_ranges(rule, row_pos[size_t(r)]);
-        constexpr int lt = cuda::kKeyMeanSegmentLog2;
-        if (g.code_hi > g.code_lo) n = std::max<int64_t>(n, ((g.code_hi - 1) >> lt) - (g.code_lo >> lt) + 1);
-      }
+      const int64_t n = key_mean_segments(row_pos[size_t(r)]);
       row_boff[size_t(r)] = total;
       row_bnseg[size_t(r)] = int32_t(n);
       total += n * HQ;
     }
-    const size_t bytes = size_t(std::max<int64_t>(total, 1)) * sizeof(float);
+    grow_key_mean_tables(max_pos);
+    return total;
+  }
+  void grow_key_bias(int64_t terms) {
+    const size_t bytes = key_bias_bytes(terms);
     if (bytes > kbias.size()) {
       kbias = cuda::DeviceBuffer(bytes + bytes / 4);
       ++version;
     }
+  }
+  void grow_key_mean_tables(int64_t max_pos) {
     const int64_t need_segs = (max_pos >> cuda::kKeyMeanSegmentLog2) + 1;
     for (KeyMeanTable& t : km_tables) {
       if (t.segs >= need_segs) continue;
+      VQ_CHECK(!fixed, "kv store (cuda): position {} is past the {} positions the cache was sized for "
+               "(reserve_fixed: max_cache_len)", max_pos, fixed_max_pos + 1);
       const int64_t segs = std::max<int64_t>(need_segs * 2, 4096 >> cuda::kKeyMeanSegmentLog2);
       const size_t np = t.freqs.size();
       std::vector<float> cs(size_t(segs) * np * 2);
@@ -699,16 +775,22 @@ bool KVStoreDevice::finish_step() {
   int njobs = 0;
   for (const auto& j : m.jobs) njobs = std::max(njobs, int(j.size()));
   const uint64_t v0 = m.version;
+  int64_t kb_terms = 0;
   if (!m.km_rules.empty()) {
     int64_t max_pos = 0;
     for (int32_t p : m.row_pos) max_pos = std::max<int64_t>(max_pos, p);
     for (const auto& lj : m.jobs)
       for (const cuda::BlockEncodeJob& j : lj) max_pos = std::max<int64_t>(max_pos, int64_t(j.pos0) + m.B - 1);
-    m.plan_key_mean(max_pos);
+    kb_terms = m.plan_key_mean(max_pos);
   }
-  m.layout(std::max(rows, 1), std::max(seqs, 1), njobs, int(m.updates.size()), int(m.copies.size()),
-           int(m.tiles.size()));
+  const int nupd = int(m.updates.size()), ncopy = int(m.copies.size()), ntiles = int(m.tiles.size());
+  if (m.fixed) m.use_slot(m.fits_slot0(rows, seqs, njobs, nupd, ncopy, ntiles, kb_terms) ? 0 : 1);
+  const uint64_t v_slot = m.version;
+  if (!m.km_rules.empty()) m.grow_key_bias(kb_terms);
+  m.layout(std::max(rows, 1), std::max(seqs, 1), njobs, nupd, ncopy, ntiles);
   m.size_workspace(std::max(rows, 1));
+  VQ_CHECK(!m.fixed || m.cur_slot != 0 || m.version == v_slot,
+           "kv store (cuda): the fixed descriptor slot grew (internal error)");
   m.plan_scratch();
   // descriptors
   std::memcpy(m.hptr<int32_t>(m.o_pos), m.row_pos.data(), size_t(rows) * 4);
@@ -753,6 +835,31 @@ bool KVStoreDevice::step_has_encodes() const {
   return false;
 }
 uint64_t KVStoreDevice::layout_version() const { return impl_->version; }
+bool KVStoreDevice::step_in_fixed_slot() const { return impl_->fixed && impl_->cur_slot == 0; }
+
+void KVStoreDevice::reserve_fixed(int rows, int64_t max_pos) {
+  Impl& m = *impl_;
+  VQ_CHECK(!m.open, "kv store (cuda): reserve_fixed inside a step");
+  VQ_CHECK(!m.fixed, "kv store (cuda): reserve_fixed was called already (its sizes hold for the store's life)");
+  VQ_CHECK(rows >= 1 && rows <= 65535, "kv store (cuda): reserve_fixed for {} rows (1..65535)", rows);
+  VQ_CHECK(max_pos >= 0 && max_pos < int64_t(INT32_MAX), "kv store (cuda): reserve_fixed to position {}", max_pos);
+  m.stream.synchronize();
+  // A decode step: one row per sequence, at most one block per row and layer leaving the window,
+  // table entries (new dense and coded blocks, released ones) and copy-on-write copies per
+  // (sequence, layer) bounded as below.
+  m.tiles.clear();
+  m.decode_rows = rows;
+  m.layout(rows, rows, rows, m.L * rows * 4 + 64, m.L * rows * 2 + 8, 0);
+  m.size_workspace(rows);
+  if (!m.km_rules.empty()) {
+    int64_t segs = m.key_mean_segments(max_pos);
+    for (int64_t p = 0; p < max_pos; p += m.B) segs = std::max(segs, m.key_mean_segments(p));
+    m.grow_key_bias(int64_t(rows) * segs * m.HQ);
+    m.grow_key_mean_tables(max_pos + m.B);
+  }
+  m.fixed = true;
+  m.fixed_max_pos = max_pos;
+}
 bool KVStoreDevice::step_prefill_scratch() const { return impl_->scr_on; }
 const int32_t* KVStoreDevice::positions() const { return impl_->dptr<int32_t>(impl_->o_pos); }
 

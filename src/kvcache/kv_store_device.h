@@ -68,6 +68,15 @@ class KVStoreDevice {
   bool step_has_fixups() const;
   bool step_has_encodes() const;
   uint64_t layout_version() const;
+  // For a caller that captures the launches of its decode steps once and cannot re-capture on a
+  // layout_version change (veloxquant.torch under torch.compile's CUDA graphs): sizes the
+  // descriptors and the step buffers (query codes, attention workspace, key-mean terms and tables)
+  // for decode steps of up to `rows` rows (one per sequence) at positions up to max_pos, once. From
+  // then on every step that fits those sizes runs on exactly those addresses (step_in_fixed_slot);
+  // a larger step (a prefill) runs on a second set, which grows as before, and never moves the
+  // first. With a rotated key mean, positions past max_pos are refused (the tables would move).
+  void reserve_fixed(int rows, int64_t max_pos);
+  bool step_in_fixed_slot() const;
   // Whether the step's coded prefill tiles read the past decoded once (GpuTuning::prefill_scratch_mib).
   bool step_prefill_scratch() const;
   const int32_t* positions() const;  // [rows] device

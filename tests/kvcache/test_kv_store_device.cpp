@@ -334,6 +334,68 @@ TEST(DeviceStore, PrefillScratchEqualsPerTileDecoding) {
     }
 }
 
+// reserve_fixed (a caller that captures its decode launches once: veloxquant.torch under CUDA
+// graphs): every step that fits the sizes runs on the same descriptor addresses, before and after
+// larger steps (prefill chunks, on the second set), with outputs bit for bit those of a store
+// without it; with a rotated key mean, a step whose positions would move the key-mean tables past
+// what was reserved is refused by name.
+TEST(DeviceStore, FixedSlotKeepsDecodeAddressesAndOutputs) {
+  VQ_SKIP_WITHOUT_GPU();
+  const Case cases[] = {{"fp16", 8, 2, 64, "fp16"},
+                        {"shared", 8, 2, 128, "vecinfer:d4b8,r=32,gran=shared"},
+                        {"kmean", 12, 2, 128, "vecinfer:d4b8,r=32", 0, 75, true}};
+  for (const Case& c : cases) {
+    const KVSpec spec = spec_for(c, 2);
+    auto a = make_store(c, spec, KVDevice::cuda), b = make_store(c, spec, KVDevice::cuda);
+    b->device().reserve_fixed(2, 511);
+    EXPECT_THROW(b->device().reserve_fixed(2, 511), Error) << c.name;
+    std::mt19937 rng(11);
+    SeqKV sa[2] = {a->new_sequence(), a->new_sequence()}, sb[2] = {b->new_sequence(), b->new_sequence()};
+    const size_t kvrow = size_t(c.H) * c.D, qrow = size_t(c.HQ) * c.D;
+    const int32_t* decode_pos = nullptr;
+    int decode_steps = 0;
+    for (int n : {70, 1, 1, 40, 1, 1, 1, 100, 1, 1}) {
+      for (int r = 0; r < 2; ++r)
+        for (int l = 0; l < 2; ++l) {
+          const auto k = randn(size_t(n) * kvrow, rng), v = randn(size_t(n) * kvrow, rng);
+          a->append(sa[r], l, k.data(), v.data(), n);
+          b->append(sb[r], l, k.data(), v.data(), n);
+          EXPECT_EQ(b->device().step_in_fixed_slot(), n == 1) << c.name << " append of " << n;
+        }
+      const auto q = randn(size_t(2 * n) * qrow, rng);
+      std::vector<float> oa(q.size(), NAN), ob(q.size(), NAN);
+      AttnEntry ea[2], eb[2];
+      for (int r = 0; r < 2; ++r) {
+        ea[r] = {&sa[r], sa[r].size() - n, n, q.data() + size_t(r * n) * qrow, oa.data() + size_t(r * n) * qrow};
+        eb[r] = {&sb[r], sb[r].size() - n, n, q.data() + size_t(r * n) * qrow, ob.data() + size_t(r * n) * qrow};
+      }
+      for (int l = 0; l < 2; ++l) {
+        a->attend(l, ea, 2, 0.125f);
+        b->attend(l, eb, 2, 0.125f);
+        ASSERT_EQ(b->device().step_in_fixed_slot(), n == 1) << c.name << " attention of " << n;
+        if (n == 1) {
+          if (!decode_pos) decode_pos = b->device().positions();
+          EXPECT_EQ(b->device().positions(), decode_pos) << c.name << ": a decode step's descriptors moved";
+          ++decode_steps;
+        }
+        ASSERT_EQ(std::memcmp(oa.data(), ob.data(), oa.size() * 4), 0)
+            << c.name << ": " << n << " rows at " << sa[0].size() - n << ", layer " << l;
+      }
+    }
+    EXPECT_EQ(decode_steps, 14) << c.name;
+    if (c.key_mean) {  // the tables hold 4096 positions (grown in steps of 4096): a chunk past them is refused
+      const int n = 4000;
+      const auto k = randn(size_t(n) * kvrow, rng), v = randn(size_t(n) * kvrow, rng);
+      try {
+        b->append(sb[0], 0, k.data(), v.data(), n);
+        ADD_FAILURE() << c.name << ": a chunk past the reserved positions was taken";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("sized for"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 TEST(DeviceStore, RefusesMethodsWithoutDeviceKernels) {
   for (const char* s : {"kivi2", "fp32"}) {
     const KVSpec spec{parse_kv_cache_spec(s), nullptr};

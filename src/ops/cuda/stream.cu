@@ -120,6 +120,7 @@ Event::~Event() {
 }
 
 void Event::record(void* stream) { VQ_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e_), as_stream(stream))); }
+void Event::synchronize() const { VQ_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e_))); }
 void Event::wait(void* stream) const {
   VQ_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), static_cast<cudaEvent_t>(e_), 0));
 }

@@ -81,6 +81,7 @@ class Event {
   Event& operator=(const Event&) = delete;
   void record(void* stream);
   void wait(void* stream) const;
+  void synchronize() const;  // the host waits for what preceded the last record()
   void* handle() const { return e_; }
 
  private:
