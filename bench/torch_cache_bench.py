@@ -35,6 +35,10 @@ GEOMETRIES = {
     # hidden, layers, heads, kv heads, head_dim, intermediate, vocab, rope theta
     "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                          head_dim=128, intermediate_size=14336, vocab_size=128256, rope_theta=500000.0),
+    # Qwen2.5(-Coder)-1.5B: the Qwen2 architecture (q/k/v bias), 6 query heads per KV head, tied embeddings
+    "qwen2.5-1.5b": dict(arch="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, head_dim=128, intermediate_size=8960, vocab_size=151936,
+                         rope_theta=1000000.0, tie_word_embeddings=True),
     "tiny": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
                  intermediate_size=1024, vocab_size=1000, rope_theta=10000.0),
 }
@@ -55,18 +59,20 @@ def load_vqt():
 
 
 def make_model(args):
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     if args.gguf:
         d, f = os.path.split(args.gguf)
         m = AutoModelForCausalLM.from_pretrained(d or ".", gguf_file=f,
                                                  dtype=torch.float16 if DEV == "cuda" else torch.float32)
         return m.to(DEV).eval()
-    cfg = LlamaConfig(max_position_embeddings=131072, **GEOMETRIES[args.geometry])
+    geo = dict(GEOMETRIES[args.geometry])
+    qwen2 = geo.pop("arch", "llama") == "qwen2"
+    cfg = (Qwen2Config if qwen2 else LlamaConfig)(max_position_embeddings=131072, **geo)
     torch.manual_seed(0)
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float16 if DEV == "cuda" else torch.float32)
     with torch.device(DEV):
-        m = LlamaForCausalLM(cfg)
+        m = (Qwen2ForCausalLM if qwen2 else LlamaForCausalLM)(cfg)
     torch.set_default_dtype(old)
     with torch.no_grad():  # random weights of a realistic scale (transformers' init is slow on 8B)
         for p in m.parameters():
