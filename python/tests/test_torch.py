@@ -347,9 +347,11 @@ def test_compiled_decode_other_architectures(device, kind):
     _check_compiled_decode(device, kind, "fp16", None, 45)
 
 
-def test_generate_compiled(tmp_path):
+@pytest.mark.parametrize("sized", [False, True])
+def test_generate_compiled(tmp_path, sized):
     """generate() with a compile config (transformers compiles the decode steps when the cache says
-    it is compileable): the same tokens as SDPA's, left padding included."""
+    it is compileable): the same tokens as SDPA's, left padding included; sized: a cache sized up
+    front (its decode steps through the graph-safe ops)."""
     from transformers.generation.configuration_utils import CompileConfig
     m = tiny("llama", "cpu")
     ids = torch.randint(0, 320, (2, 24))
@@ -360,7 +362,8 @@ def test_generate_compiled(tmp_path):
     kw = dict(max_new_tokens=10, pad_token_id=0, do_sample=False, attention_mask=mask)
     with torch.no_grad():
         ref = sdpa(m).generate(ids, **kw)
-        got = m.generate(ids, past_key_values=vqt.cache(m, "fp16"), compile_config=cc, **kw)
+        size = dict(max_batch_size=2, max_cache_len=40) if sized else {}
+        got = m.generate(ids, past_key_values=vqt.cache(m, "fp16", **size), compile_config=cc, **kw)
     assert torch.equal(got, ref)
 
 
