@@ -2,7 +2,8 @@
 StaticCache), HF QuantizedCache (quanto / HQQ, 2 and 4 bits) and veloxquant.torch; a method
 suffixed "+c" runs its decode steps through torch.compile (mode reduce-overhead; "+cd": the default
 mode, no CUDA graphs; "+cg": reduce-overhead with veloxquant's cache sized up front, max_batch_size
-and max_cache_len as StaticCache's, so that its attention runs inside the CUDA graphs), e.g. static+c
+and max_cache_len as StaticCache's, and graph_decode=True, so that its attention runs inside the
+CUDA graphs, coded methods included), e.g. static+c
 (HF's static compiled cache) beside vq:vecinfer:d4b8+c. "nokv" (no cache at all: each decode step
 attends over its own token only) is the floor of any cache's step: the weights and everything but
 reading the past, e.g. nokv+c beside static+c.
@@ -95,7 +96,7 @@ def make_cache(name, model, vqt, calib, sized=None):
         spec = name[3:]
         b, n = sized if sized else (None, None)
         return vqt.cache(model, spec, calib=calib if "vecinfer" in spec else None, gguf_channel_order=GGUF_ORDER,
-                         max_batch_size=b, max_cache_len=n)
+                         max_batch_size=b, max_cache_len=n, graph_decode=True if sized else None)
     raise ValueError(name)
 
 

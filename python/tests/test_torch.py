@@ -367,19 +367,32 @@ def test_generate_compiled(tmp_path, sized):
     assert torch.equal(got, ref)
 
 
-def _turns(fwd, m, cache, prompts, steps):
-    """Each prompt prefilled eagerly (several tokens: veloxquant::attend), then `steps` greedy decode
-    steps through `fwd` (positions from the cache's length); the logits of every decode step."""
+def _turns(fwd, m, cache, prompts, tokens):
+    """Each prompt prefilled eagerly (several tokens: veloxquant::attend), then its decode steps
+    through `fwd` fed the given tokens (teacher forcing: every cache sees the same inputs, so a
+    near-tie of two logits cannot send two runs down different texts); positions from the cache's
+    length. The logits of every decode step."""
     out = []
     with torch.no_grad():
-        for ids in prompts:
-            r = m(ids, past_key_values=cache, use_cache=True)
-            nxt = r.logits[:, -1].argmax(-1, keepdim=True)
-            for _ in range(steps):
-                r = fwd(input_ids=nxt, past_key_values=cache, use_cache=True)
+        for ids, toks in zip(prompts, tokens):
+            m(ids, past_key_values=cache, use_cache=True)
+            for t in toks:
+                r = fwd(input_ids=t, past_key_values=cache, use_cache=True)
                 out.append(r.logits[:, -1].float())
-                nxt = r.logits[:, -1].argmax(-1, keepdim=True)
     return torch.stack(out)
+
+
+def _close(got, ref, coded, device):
+    """fp16: the eager logits within rounding. A coded cache under another compilation: its keys
+    may round to another code now and then (the method's own error), so most rows agree closely
+    and the top token almost always; launches reading another step's or cache's state would not."""
+    scale = max(1.0, ref.abs().max().item())
+    if not coded:
+        tol = 2e-2 if device == "cuda" else 1e-4
+        return (got - ref).abs().max().item() < tol * scale
+    per_step = (got - ref).abs().amax(dim=(1, 2))
+    agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    return per_step.median().item() < 0.05 * scale and agree >= 0.9
 
 
 def _sized_setup(device, spec, calib_file):
@@ -397,45 +410,57 @@ def _sized_setup(device, spec, calib_file):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("spec", ["fp16", "vecinfer:d4b8"])
 def test_sized_cache_decodes_in_cuda_graphs(device, spec, calib_file):
-    """A cache sized up front (max_batch_size, max_cache_len) decodes through the graph-safe ops: a
-    compiled step (CUDA graphs on the GPU) gives the eager logits of an unsized cache over two turns
-    (the second prompt's prefill between decode steps runs on the store's other descriptor set),
-    across block boundaries (encodes inside the graph), for a second cache after the first (its own
-    anchor: graphs recorded again, not another cache's replayed), and for two caches stepped in turn."""
+    """A cache sized up front (max_batch_size, max_cache_len) decodes through the graph-safe ops
+    (graph_decode=True: coded methods too, which the default leaves out on the GPU until this case
+    passes there): a compiled step (CUDA graphs on the GPU) gives the eager logits of an unsized cache
+    over two turns (the second prompt's prefill between decode steps runs on the store's other
+    descriptor set), across block boundaries (encodes inside the graph), for a second cache after the
+    first (its own anchor: graphs recorded again, not another cache's replayed), and for two caches
+    stepped in turn."""
     _gpu_or_skip(device)
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
     m, fwd, spec, calib = _sized_setup(device, spec, calib_file)
+    coded = spec.startswith("vecinfer")
     g = torch.Generator().manual_seed(5)
-    P = [torch.randint(0, 320, (2, n), generator=g).to(device) for n in (37, 21)]
-    Q = [torch.randint(0, 320, (2, n), generator=g).to(device) for n in (29, 40)]
-    tol = 2e-2 if device == "cuda" else 1e-4
-    for prompts in (P, Q):  # one cache after another
-        ref = _turns(m, m, vqt.cache(m, spec, calib=calib), prompts, 40)
-        c = vqt.cache(m, spec, calib=calib, max_batch_size=2, max_cache_len=160)
-        got = _turns(fwd, m, c, prompts, 40)
-        assert (got - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
-        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    rnd = lambda *shape: torch.randint(0, 320, shape, generator=g).to(device)  # noqa: E731
+    P, Q = [rnd(2, 37), rnd(2, 21)], [rnd(2, 29), rnd(2, 40)]
+    TP, TQ = [[rnd(2, 1) for _ in range(40)] for _ in P], [[rnd(2, 1) for _ in range(40)] for _ in Q]
+    size = dict(max_batch_size=2, max_cache_len=160, graph_decode=True)
+    for prompts, toks in ((P, TP), (Q, TQ)):  # one cache after another
+        ref = _turns(m, m, vqt.cache(m, spec, calib=calib), prompts, toks)
+        c = vqt.cache(m, spec, calib=calib, **size)
+        assert c._anchor is not None
+        got = _turns(fwd, m, c, prompts, toks)
+        assert _close(got, ref, coded, device), (got - ref).abs().amax(dim=(1, 2)).tolist()
         assert c.seq_lengths() == [sum(p.shape[1] for p in prompts) + 80] * 2
     # two caches stepped in turn (two conversations): each step replays its own cache's graph
-    refs = [_turns(m, m, vqt.cache(m, spec, calib=calib), [p], 12) for p in (P[0], Q[0])]
-    caches = [vqt.cache(m, spec, calib=calib, max_batch_size=2, max_cache_len=64) for _ in range(2)]
-    outs, nxt = [[], []], [None, None]
+    refs = [_turns(m, m, vqt.cache(m, spec, calib=calib), [p], [t]) for p, t in ((P[0], TP[0]), (Q[0], TQ[0]))]
+    caches = [vqt.cache(m, spec, calib=calib, **size) for _ in range(2)]
+    outs = [[], []]
     with torch.no_grad():
         for i, p in enumerate((P[0], Q[0])):
-            nxt[i] = m(p, past_key_values=caches[i], use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-        for _ in range(12):
-            for i in range(2):
-                r = fwd(input_ids=nxt[i], past_key_values=caches[i], use_cache=True)
-                outs[i].append(r.logits[:, -1].float())
-                nxt[i] = r.logits[:, -1].argmax(-1, keepdim=True)
+            m(p, past_key_values=caches[i], use_cache=True)
+        for j in range(40):
+            for i, t in enumerate((TP[0], TQ[0])):
+                outs[i].append(fwd(input_ids=t[j], past_key_values=caches[i], use_cache=True).logits[:, -1].float())
     for i in range(2):
-        got = torch.stack(outs[i])
-        assert (got - refs[i]).abs().max().item() < tol * max(1.0, refs[i].abs().max().item()), i
+        assert _close(torch.stack(outs[i]), refs[i], coded, device), i
     assert not counters["graph_break"], dict(counters["graph_break"])
     if device == "cuda":
         assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+def test_graph_decode_default():
+    """Sized caches take the graph-safe ops where they are verified: the CPU store (every method)
+    and fp16 on the GPU; graph_decode=False keeps the cudagraph-unsafe op; unsized caches cannot."""
+    m = tiny("llama", "cpu")
+    assert vqt.cache(m, "q8_0", max_batch_size=1, max_cache_len=64)._anchor is not None
+    assert vqt.cache(m, "q8_0", max_batch_size=1, max_cache_len=64, graph_decode=False)._anchor is None
+    assert vqt.cache(m, "q8_0")._anchor is None
+    with pytest.raises(ValueError, match="sized up front"):
+        vqt.cache(m, "q8_0", graph_decode=True)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

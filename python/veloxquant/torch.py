@@ -177,10 +177,10 @@ class VeloxQuantLayer(CacheLayerMixin):
         return self._n + query_length, 0
 
     def get_max_length(self) -> int:
-        return self._owner.max_cache_len or -1
+        return self._owner._max_len or -1
 
     def get_max_cache_shape(self) -> int:
-        return self._owner.max_cache_len or -1
+        return self._owner._max_len or -1
 
     # Batch-wide operations act on the whole pool at once: the cache does them (once), and a
     # layer-level call forwards to it.
@@ -216,7 +216,7 @@ class VeloxQuantCache(Cache):
 
     def __init__(self, n_layers, n_heads, n_kv_heads, head_dim, spec="fp16", calib=None, device="cpu",
                  budget_mib=0, sliding_windows=None, gguf_channel_order=False, max_batch_size=None,
-                 max_cache_len=None):
+                 max_cache_len=None, graph_decode=None):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"veloxquant.torch: device '{device}' must be 'cpu' or 'cuda'")
         if (max_batch_size is None) != (max_cache_len is None):
@@ -249,13 +249,19 @@ class VeloxQuantCache(Cache):
         _caches[_next_handle] = weakref.ref(self)
         super().__init__(layers=[VeloxQuantLayer(self, i) for i in range(n_layers)])
         # Sized up front: decode steps through the graph-safe ops (see the module's docstring).
-        self.max_batch_size = self.max_cache_len = None
+        self._max_batch = self._max_len = None
         self._anchor = None
         if max_cache_len is not None:
             _check(_lib.vqt_reserve(self._h, int(max_batch_size), int(max_cache_len)))
-            self.max_batch_size, self.max_cache_len = int(max_batch_size), int(max_cache_len)
-            self._anchor = _new_anchor("cuda" if device == "cuda" else "cpu")
-            _anchored[self._anchor.data_ptr()] = weakref.ref(self)
+            self._max_batch, self._max_len = int(max_batch_size), int(max_cache_len)
+            if graph_decode is None:  # where it is verified (see cache())
+                graph_decode = device == "cpu" or self.spec == "fp16"
+            if graph_decode:
+                self._anchor = _new_anchor("cuda" if device == "cuda" else "cpu")
+                _anchored[self._anchor.data_ptr()] = weakref.ref(self)
+        elif graph_decode:
+            raise ValueError("veloxquant.torch: graph_decode needs the cache sized up front (max_batch_size, "
+                             "max_cache_len)")
 
     def __del__(self):
         hid = getattr(self, "_hid", None)
@@ -616,7 +622,7 @@ def _geometry(config):
 
 
 def cache(model, spec="fp16", calib=None, device=None, budget_mib=0, set_attention=True,
-          gguf_channel_order=False, max_batch_size=None, max_cache_len=None) -> VeloxQuantCache:
+          gguf_channel_order=False, max_batch_size=None, max_cache_len=None, graph_decode=None) -> VeloxQuantCache:
     """A VeloxQuantCache for a transformers model (llama / qwen2 / qwen3 / mistral family) and
     the model's attention switched to "veloxquant" (set_attention=False: leave it; then call
     ``model.set_attn_implementation("veloxquant")`` yourself). device: default where the model's
@@ -631,12 +637,16 @@ def cache(model, spec="fp16", calib=None, device=None, budget_mib=0, set_attenti
 
     max_batch_size, max_cache_len: size the cache up front, as transformers' StaticCache, for decode
     steps under torch.compile(mode="reduce-overhead"): the attention then runs inside the CUDA
-    graphs (see the module's docstring); rows past max_cache_len tokens are refused."""
+    graphs (see the module's docstring); rows past max_cache_len tokens are refused.
+    graph_decode (sized caches): None (default) runs decode steps through the graph-safe ops where
+    that is verified: fp16 on the GPU, every method on the CPU; coded methods on the GPU keep the
+    cudagraph-unsafe op until their GPU test passes (docs/CUDA_NOTES.md 9a); True: graph-safe ops
+    for any method, False: never."""
     n_layers, n_heads, n_kv, head_dim, windows = _geometry(model.config)
     if device is None:
         device = "cuda" if next(model.parameters()).device.type == "cuda" else "cpu"
     c = VeloxQuantCache(n_layers, n_heads, n_kv, head_dim, spec, calib, device, budget_mib, windows,
-                        gguf_channel_order, max_batch_size, max_cache_len)
+                        gguf_channel_order, max_batch_size, max_cache_len, graph_decode)
     if set_attention and getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
         model.set_attn_implementation(ATTN_NAME)
     return c
