@@ -497,8 +497,7 @@ struct KVStoreDevice::Impl {
   // The rotated key mean's part of a step (finish_step): each row's score terms (as many
   // segments per query head as its widest coded range over the layers), the terms' buffer, and the
   // (cos, sin) tables up to the step's last position (or the last encoded block's).
-  // The score terms of a row at position pos (per query head): the segments of its widest coded
-  // range over the layers with a key mean.
+  // key_mean_segments: the score terms of a row at position pos, per query head.
   int64_t key_mean_segments(int64_t pos) const {
     int64_t n = 0;
     for (const cuda::PagedRule& rule : km_rules) {

@@ -23,6 +23,11 @@
 #include "gpu_test.h"
 #include "test_util.h"
 
+#ifdef VQ_HAVE_CUDA
+#include "ops/cuda/device.h"
+#include "ops/cuda/stream_cuda.h"
+#endif
+
 
 namespace vq {
 namespace {
@@ -395,6 +400,103 @@ TEST(DeviceStore, FixedSlotKeepsDecodeAddressesAndOutputs) {
     }
   }
 }
+
+#ifdef VQ_HAVE_CUDA
+// The step as veloxquant.torch's graph-safe ops run it (python/torch_bridge): the host work of a
+// step (blocks, rows, descriptors, fix-up) eagerly, then every layer's append, encode and attention
+// from device q/k/v in one go. A store with reserve_fixed captures the first decode step's launches
+// into one CUDA graph and replays that graph for every later decode step, across prefill chunks and
+// block boundaries (encodes inside the graph); a store without it runs each step eagerly. Their
+// outputs must be bit-equal: the captured launches may hold no per-step host state.
+struct GraphStepRun {
+  KVStore& st;
+  SeqKV seqs[2];
+  cuda::DeviceBuffer k, v, q, out;
+  cuda::Graph graph;
+  GraphStepRun(KVStore& s) : st(s), seqs{s.new_sequence(), s.new_sequence()} {}
+
+  // One step of n tokens per row: returns the attention outputs of the last layer, [2n][HQ*D].
+  std::vector<float> step(int n, const std::vector<float>& hk, const std::vector<float>& hv,
+                          const std::vector<float>& hq, bool replay, int layers) {
+    KVStoreDevice& dev = st.device();
+    const KVGeometry g = st.geometry();
+    const int64_t HD = int64_t(g.n_kv_heads) * g.head_dim, QD = int64_t(g.n_heads) * g.head_dim;
+    if (k.size() < hk.size() * 4) k = cuda::DeviceBuffer(hk.size() * 4), v = cuda::DeviceBuffer(hk.size() * 4);
+    if (q.size() < hq.size() * 4) q = cuda::DeviceBuffer(hq.size() * 4), out = cuda::DeviceBuffer(hq.size() * 4);
+    k.upload(hk.data(), hk.size() * 4);
+    v.upload(hv.data(), hv.size() * 4);
+    q.upload(hq.data(), hq.size() * 4);
+    dev.synchronize();
+    std::vector<int64_t> counts;
+    int64_t pos0[2];
+    for (int b = 0; b < 2; ++b) pos0[b] = seqs[b].size(), st.blocks_for_append(seqs[b], n, counts);
+    st.pool().reserve(counts);
+    dev.begin_step();
+    for (int b = 0; b < 2; ++b)
+      for (int l = 0; l < layers; ++l) st.append_blocks(seqs[b], l, n);
+    for (int b = 0; b < 2; ++b) dev.add_rows(seqs[b], pos0[b], n);
+    dev.finish_step();
+    dev.launch_fixup();
+    auto launches = [&] {
+      for (int l = 0; l < layers; ++l) {
+        dev.launch_append(l, k.as<float>(), HD, v.as<float>(), HD);
+        dev.launch_encode(l);
+        dev.launch_attend(l, q.as<float>(), QD, 0.125f, cuda::ElemType::f32, out.as<float>(), QD);
+      }
+    };
+    if (!replay) {
+      launches();
+    } else {
+      if (!graph.valid()) {
+        graph.begin_capture(dev.stream());
+        launches();
+        graph.end_capture(dev.stream());
+      }
+      graph.launch(dev.stream());
+    }
+    dev.synchronize();
+    std::vector<float> o(hq.size());
+    out.download(o.data(), o.size() * 4);
+    for (int b = 0; b < 2; ++b) st.trim(seqs[b]);
+    return o;
+  }
+};
+
+TEST(DeviceStore, FixedSlotDecodeReplaysFromOneGraph) {
+  VQ_SKIP_WITHOUT_GPU();
+  const Case cases[] = {{"fp16", 8, 2, 64, "fp16"},
+                        {"d4b8", 8, 2, 64, "vecinfer:d4b8,r=32"},
+                        {"d4b8_shared_g6", 12, 2, 128, "vecinfer:d4b8,r=32,gran=shared"},
+                        {"d4b8_kmean_learned", 8, 2, 64, "vecinfer:d4b8,r=32", 0, 75, true, true},
+                        {"d4b8_kmean_g6", 12, 2, 128, "vecinfer:d4b8,r=32", 0, 75, true}};
+  for (const Case& c : cases) {
+    const KVSpec spec = spec_for(c, 2);
+    auto a = make_store(c, spec, KVDevice::cuda), b = make_store(c, spec, KVDevice::cuda);
+    b->device().reserve_fixed(2, 1023);
+    GraphStepRun ra(*a), rb(*b);
+    std::mt19937 rng(17);
+    const size_t kvrow = size_t(c.H) * c.D, qrow = size_t(c.HQ) * c.D;
+    int step = 0;
+    // 37-token prompts, 40 decode steps, a 21-token chunk, 40 more: block boundaries at 64, 96, 128
+    std::vector<int> plan = {37};
+    for (int i = 0; i < 40; ++i) plan.push_back(1);
+    plan.push_back(21);
+    for (int i = 0; i < 40; ++i) plan.push_back(1);
+    for (int n : plan) {
+      const auto hk = randn(size_t(2 * n) * kvrow, rng), hv = randn(size_t(2 * n) * kvrow, rng);
+      const auto hq = randn(size_t(2 * n) * qrow, rng);
+      const std::vector<float> oa = ra.step(n, hk, hv, hq, false, 2);
+      const std::vector<float> ob = rb.step(n, hk, hv, hq, n == 1, 2);
+      EXPECT_EQ(b->device().step_in_fixed_slot(), n == 1) << c.name << " step " << step;
+      for (float x : ob) ASSERT_TRUE(std::isfinite(x)) << c.name << " step " << step;
+      ASSERT_EQ(std::memcmp(oa.data(), ob.data(), oa.size() * 4), 0)
+          << c.name << ": step " << step << " (" << n << " rows each, positions from " << ra.seqs[0].size() - n
+          << "): the replayed graph's outputs differ from the eager step's";
+      ++step;
+    }
+  }
+}
+#endif
 
 TEST(DeviceStore, RefusesMethodsWithoutDeviceKernels) {
   for (const char* s : {"kivi2", "fp32"}) {
