@@ -337,14 +337,19 @@ class VeloxQuantCache(Cache):
         self._set_lengths(keep)
 
     # ---- a forward
-    def _begin(self, batch, q_len, attention_mask):
-        """Layer 0 of a forward: the step's rows. Left padding (a 2D mask whose new part starts
-        with zeros) leaves the pads out of the pool."""
+    def _take_batch(self, batch):
+        """A forward of `batch` rows: an empty cache takes that many sequences; a filled one must
+        hold as many."""
         if _lib.vqt_batch(self._h) == 0 or self.layers[0]._n == 0 and _lib.vqt_batch(self._h) != batch:
             _check(_lib.vqt_reset(self._h, batch))
         if _lib.vqt_batch(self._h) != batch:
             raise Error(f"veloxquant.torch: a forward of batch {batch}, the cache holds {_lib.vqt_batch(self._h)} "
                         "sequences (reset() it, or reorder/select with the generation's indices)")
+
+    def _begin(self, batch, q_len, attention_mask):
+        """Layer 0 of a forward: the step's rows. Left padding (a 2D mask whose new part starts
+        with zeros) leaves the pads out of the pool."""
+        self._take_batch(batch)
         counts, idx = [q_len] * batch, None
         if q_len > 1 and attention_mask is not None and attention_mask.dim() == 2:
             new = attention_mask[:, -q_len:].to(torch.bool)
@@ -394,11 +399,7 @@ class VeloxQuantCache(Cache):
         if self._rows is not None:
             raise Error(f"veloxquant.torch: a decode step began while layer {self._next_layer} of the last "
                         "forward was expected")
-        if _lib.vqt_batch(self._h) == 0 or self.layers[0]._n == 0 and _lib.vqt_batch(self._h) != batch:
-            _check(_lib.vqt_reset(self._h, batch))
-        if _lib.vqt_batch(self._h) != batch:
-            raise Error(f"veloxquant.torch: a forward of batch {batch}, the cache holds {_lib.vqt_batch(self._h)} "
-                        "sequences (reset() it, or reorder/select with the generation's indices)")
+        self._take_batch(batch)
         dev = self.device_kind == "cuda"
         if dev != (device.type == "cuda"):
             raise Error(f"veloxquant.torch: a {self.device_kind} cache got tensors on {device}")

@@ -179,10 +179,10 @@ struct DevTable {
   std::vector<Pending> pending;  // entries set since the last upload
 };
 
-// A step's descriptor layout and the buffers sized with it (Impl::layout, size_workspace,
-// plan_key_mean): what a captured launch holds the addresses of. Impl keeps the current one in its
-// own fields and, once reserve_fixed() has sized one for the caller's largest decode step, the
-// other one here (KVStoreDevice::reserve_fixed).
+// A step's descriptor layout (byte offsets into host / dev) and the buffers sized with it
+// (Impl::layout, grow_workspace, grow_key_bias): what a captured launch holds the addresses of. Impl
+// is the current one; once reserve_fixed() has sized one for the caller's largest decode step, the
+// other one waits in Impl::parked.
 struct DescSlot {
   int rows_cap = 0, seq_cap = 0, jobs_cap = 0, upd_cap = 0, copy_cap = 0, tiles_cap = 0;
   size_t o_pos = 0, o_rowseq = 0, o_dtab = 0, o_ctab = 0, o_njobs = 0, o_jobs = 0, o_nupd = 0, o_upd = 0, o_ncopy = 0,
@@ -194,7 +194,7 @@ struct DescSlot {
 
 }  // namespace
 
-struct KVStoreDevice::Impl {
+struct KVStoreDevice::Impl : DescSlot {
   KVStore& st;
   cuda::Stream stream;
   cuda::Stream side;         // the dense split kernel of coded layers (attn_fork_enabled)
@@ -206,7 +206,7 @@ struct KVStoreDevice::Impl {
   std::vector<cuda::PagedRule> km_rules;  // the distinct rules of layers with a key mean
   std::vector<int64_t> row_boff;          // the open step's rows: their first score term, count per head
   std::vector<int32_t> row_bnseg;
-  cuda::DeviceBuffer kbias;               // the step's score terms (PagedKeyBias::values)
+  // kbias (DescSlot): the step's score terms (PagedKeyBias::values)
   std::vector<cuda::PagedRule> rules;
   bool rotate = false;             // q4_0h: rows, queries and outputs through the Walsh-Hadamard rotation
   cuda::DeviceBuffer ones;         // [H * D] 1.0f: the rotation's query transform (no smoothing)
@@ -239,24 +239,18 @@ struct KVStoreDevice::Impl {
   std::vector<int32_t> scr_n, scr_seqs;       // per rule: entries, [seq_cap][4] entries
   std::vector<int64_t> scr_slot0;             // per rule: [seq_cap]
 
-  // descriptor layout (byte offsets into host / dev)
-  int rows_cap = 0, seq_cap = 0, jobs_cap = 0, upd_cap = 0, copy_cap = 0, tiles_cap = 0;
-  size_t o_pos = 0, o_rowseq = 0, o_dtab = 0, o_ctab = 0, o_njobs = 0, o_jobs = 0, o_nupd = 0, o_upd = 0, o_ncopy = 0,
-         o_copy = 0, o_skip = 0, o_tiles = 0, o_boff = 0, o_bnseg = 0, o_scr_n = 0, o_scr_seqs = 0, o_scr_slot0 = 0,
-         total = 0;
-  cuda::PinnedBuffer host;
-  cuda::DeviceBuffer dev;
+  // the descriptor layout, host, dev, qcode, work and kbias: DescSlot
   uint64_t version = 0;
-  // reserve_fixed: the fields above (caps, offsets, host, dev) and qcode / work / kbias are slot 0,
-  // sized once and never grown again, whenever a step fits it; a step that does not runs in slot 1
-  // (parked here while slot 0 is current, and the other way round), which grows as before.
+  // reserve_fixed: this Impl's DescSlot is slot 0, sized once and never grown again, whenever a step
+  // fits it; a step that does not runs in slot 1 (parked here while slot 0 is current, and the
+  // other way round), which grows as before.
   bool fixed = false;
   int cur_slot = 0;
   DescSlot parked;
   int64_t fixed_max_pos = -1;  // key-mean tables sized to this position (reserve_fixed)
 
   // scratch
-  cuda::DeviceBuffer qcode, work, kbuf, vbuf, qbuf, obuf;
+  cuda::DeviceBuffer kbuf, vbuf, qbuf, obuf;
 
   explicit Impl(KVStore& s) : st(s) {}
 
@@ -398,31 +392,19 @@ struct KVStoreDevice::Impl {
   // Makes slot `to` current (reserve_fixed); the addresses of the step's buffers change, so version too.
   void use_slot(int to) {
     if (to == cur_slot) return;
-    DescSlot& o = parked;
-    std::swap(rows_cap, o.rows_cap), std::swap(seq_cap, o.seq_cap), std::swap(jobs_cap, o.jobs_cap);
-    std::swap(upd_cap, o.upd_cap), std::swap(copy_cap, o.copy_cap), std::swap(tiles_cap, o.tiles_cap);
-    std::swap(o_pos, o.o_pos), std::swap(o_rowseq, o.o_rowseq), std::swap(o_dtab, o.o_dtab);
-    std::swap(o_ctab, o.o_ctab), std::swap(o_njobs, o.o_njobs), std::swap(o_jobs, o.o_jobs);
-    std::swap(o_nupd, o.o_nupd), std::swap(o_upd, o.o_upd), std::swap(o_ncopy, o.o_ncopy);
-    std::swap(o_copy, o.o_copy), std::swap(o_skip, o.o_skip), std::swap(o_tiles, o.o_tiles);
-    std::swap(o_boff, o.o_boff), std::swap(o_bnseg, o.o_bnseg), std::swap(o_scr_n, o.o_scr_n);
-    std::swap(o_scr_seqs, o.o_scr_seqs), std::swap(o_scr_slot0, o.o_scr_slot0), std::swap(total, o.total);
-    std::swap(host, o.host), std::swap(dev, o.dev), std::swap(qcode, o.qcode), std::swap(work, o.work);
-    std::swap(kbias, o.kbias);
+    std::swap(static_cast<DescSlot&>(*this), parked);
     cur_slot = to;
     ++version;
   }
 
-  // Whether the open step fits slot 0 as reserve_fixed sized it (the step's counts, its key-mean terms).
-  bool fits_slot0(int rows, int seqs, int njobs, int nupd, int ncopy, int ntiles, int64_t kb_terms) const {
-    const bool here = cur_slot == 0;
-    const DescSlot& o = parked;
-    rows = std::max(rows, 1), seqs = std::max(seqs, 1);
-    return rows <= (here ? rows_cap : o.rows_cap) && seqs <= (here ? seq_cap : o.seq_cap) &&
-           njobs <= (here ? jobs_cap : o.jobs_cap) && nupd <= (here ? upd_cap : o.upd_cap) &&
-           ncopy <= (here ? copy_cap : o.copy_cap) && ntiles <= (here ? tiles_cap : o.tiles_cap) &&
-           (km_rules.empty() || key_bias_bytes(kb_terms) <= (here ? kbias : o.kbias).size()) &&
-           workspace_need(rows) <= (here ? work : o.work).size();
+  // Whether the open step fits slot 0 as reserve_fixed sized it (the step's counts, its key-mean
+  // terms, the attention workspace it needs).
+  bool fits_slot0(int rows, int seqs, int njobs, int nupd, int ncopy, int ntiles, int64_t kb_terms,
+                  size_t workspace) const {
+    const DescSlot& f = cur_slot == 0 ? static_cast<const DescSlot&>(*this) : parked;
+    return std::max(rows, 1) <= f.rows_cap && std::max(seqs, 1) <= f.seq_cap && njobs <= f.jobs_cap &&
+           nupd <= f.upd_cap && ncopy <= f.copy_cap && ntiles <= f.tiles_cap &&
+           (km_rules.empty() || key_bias_bytes(kb_terms) <= f.kbias.size()) && workspace <= f.work.size();
   }
 
   // The attention workspace the current step's `rows` rows need (the largest any layer needs).
@@ -432,10 +414,9 @@ struct KVStoreDevice::Impl {
     return need;
   }
 
-  // The attention workspace for `rows` rows, grown outside graph capture: finish_step calls it,
-  // launch_attend only reads it.
-  void size_workspace(int rows) {
-    const size_t need = workspace_need(rows);
+  // The attention workspace grown to `need` bytes (workspace_need) outside graph capture:
+  // finish_step calls it, launch_attend only reads it.
+  void grow_workspace(size_t need) {
     if (need > work.size()) {
       work = cuda::DeviceBuffer(need + need / 4);
       ++version;
@@ -783,11 +764,12 @@ bool KVStoreDevice::finish_step() {
     kb_terms = m.plan_key_mean(max_pos);
   }
   const int nupd = int(m.updates.size()), ncopy = int(m.copies.size()), ntiles = int(m.tiles.size());
-  if (m.fixed) m.use_slot(m.fits_slot0(rows, seqs, njobs, nupd, ncopy, ntiles, kb_terms) ? 0 : 1);
+  const size_t workspace = m.workspace_need(std::max(rows, 1));
+  if (m.fixed) m.use_slot(m.fits_slot0(rows, seqs, njobs, nupd, ncopy, ntiles, kb_terms, workspace) ? 0 : 1);
   const uint64_t v_slot = m.version;
   if (!m.km_rules.empty()) m.grow_key_bias(kb_terms);
   m.layout(std::max(rows, 1), std::max(seqs, 1), njobs, nupd, ncopy, ntiles);
-  m.size_workspace(std::max(rows, 1));
+  m.grow_workspace(workspace);
   VQ_CHECK(!m.fixed || m.cur_slot != 0 || m.version == v_slot,
            "kv store (cuda): the fixed descriptor slot grew (internal error)");
   m.plan_scratch();
@@ -849,7 +831,7 @@ void KVStoreDevice::reserve_fixed(int rows, int64_t max_pos) {
   m.tiles.clear();
   m.decode_rows = rows;
   m.layout(rows, rows, rows, m.L * rows * 4 + 64, m.L * rows * 2 + 8, 0);
-  m.size_workspace(rows);
+  m.grow_workspace(m.workspace_need(rows));
   if (!m.km_rules.empty()) {
     int64_t segs = m.key_mean_segments(max_pos);
     for (int64_t p = 0; p < max_pos; p += m.B) segs = std::max(segs, m.key_mean_segments(p));
