@@ -484,3 +484,7 @@ def test_sized_cache_refusals(device):
               use_cache=True)
     with pytest.raises(ValueError, match="go together"):
         vqt.cache(m, "fp16", max_cache_len=64)
+    with pytest.raises(vqt.Error, match="max_batch_size 0 must be in 1..65535"):
+        vqt.cache(m, "fp16", max_batch_size=0, max_cache_len=64)
+    with pytest.raises(vqt.Error, match="max_cache_len -5 must be in 1.."):
+        vqt.cache(m, "fp16", max_batch_size=1, max_cache_len=-5)
