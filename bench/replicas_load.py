@@ -148,10 +148,27 @@ def run_config(a, n, policy, store, scenario, run_dir):
                     history = prompt
                 maybe_kill()
 
+        # Load balance: each replica's requests in flight, sampled; the share of the wall it had one or more
+        # (a replica idle at the end while another still works costs aggregate throughput).
+        busy, samples, sampling = [0] * n, [0], threading.Event()
+
+        def sample():
+            while not sampling.wait(0.25):
+                for i, p in enumerate(ports):
+                    try:
+                        busy[i] += metrics(p).get("vllm:num_requests_running", 0) >= 1
+                    except OSError:
+                        pass
+                samples[0] += 1
+
         t0 = time.time()
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         with cf.ThreadPoolExecutor(a.concurrency) as ex:
             list(ex.map(conversation, range(a.conversations)))
         wall = time.time() - t0
+        sampling.set()
+        sampler.join()
         after = [metrics(p) if not (scenario == "kill-replica" and i == 0) else (last[0] or before[0])
                  for i, p in enumerate(ports)]
 
@@ -174,6 +191,7 @@ def run_config(a, n, policy, store, scenario, run_dir):
             "replica_gen_share": [round((af.get("vllm:generation_tokens_total", 0) -
                                          bf.get("vllm:generation_tokens_total", 0)) / max(1, gen), 3)
                                   for af, bf in zip(after, before)],
+            "replica_busy": [round(b / max(1, samples[0]), 3) for b in busy],
             "failures": failures[:3],
         }
     finally:
@@ -228,13 +246,14 @@ def main():
         Path(a.json).write_text(json.dumps(results, indent=1))
     if a.markdown:
         print("| replicas | routing | store | scenario | requests (failed) | gen tok/s | prompt+gen tok/s | "
-              "TTFT p50 (s) | TTFT p99 (s) | prefix-hit rate | store MB moved |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+              "TTFT p50 (s) | TTFT p99 (s) | prefix-hit rate | store MB moved | replicas busy (min / mean) |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in results:
             print(f"| {r['replicas']} | {r['policy']} | {'yes' if r['store'] else 'no'} | {r['scenario']} | "
                   f"{r['requests']} ({r['failed']}) | {r['gen_tok_s']:.1f} | {r['total_tok_s']:.0f} | "
                   f"{r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['prefix_hit_rate']:.3f} | "
-                  f"{r['store_bytes'] / 1e6:.1f} |")
+                  f"{r['store_bytes'] / 1e6:.1f} | {min(r['replica_busy']):.2f} / "
+                  f"{sum(r['replica_busy']) / len(r['replica_busy']):.2f} |")
 
 
 if __name__ == "__main__":
