@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -204,6 +205,10 @@ void Engine::adopt_stored_prefix(Seq& s) {
       return;
     } catch (const KVPoolExhausted&) {
       if (!cache_->evict_one()) break;  // cached prefixes make room, as for a prefill
+    } catch (const Error& e) {  // well-formed entries whose blocks lack a form the point needs
+      std::fprintf(stderr, "veloxquant: a stored prefix of %lld tokens not adopted: %s\n", static_cast<long long>(n),
+                   e.what());
+      break;
     }
   }
   ++stats_.store_not_adopted;

@@ -39,9 +39,12 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
 
 // The same bytes in memory (the shared prefix store's entries, issue 24). seal = false leaves out
 // the trailing SHA-256 (seal_sequence_bytes adds it later, off the engine's thread); `path` only
-// names the sequence in messages.
+// names the sequence in messages. from_block (empty, or one per layer): the blocks of layer l
+// before from_block[l] are written with no form (nothing of them read or copied), as blocks that
+// left a sliding window are; the prefix store's delta entries take them from a parent entry.
 std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
-                                     const KVIdentity& id, bool seal = true, const std::string& path = "sequence");
+                                     const KVIdentity& id, bool seal = true, const std::string& path = "sequence",
+                                     const std::vector<int64_t>& from_block = {});
 void seal_sequence_bytes(std::vector<uint8_t>& bytes);
 // What kv reads: identity, geometry, block sizes, its budget, its coded blocks' finite check (which
 // reads only the spec: the result may be used from another thread while kv lives).
@@ -86,10 +89,11 @@ std::vector<LoadedSequence> adopt_parsed_tp_sequence(std::vector<ParsedSession> 
                                                      const std::vector<SessionExpect>& e, const RankRunner& on_rank = {});
 
 // A sequence's bytes checked by parse_session, kept with their block views (the shared prefix
-// store's fetched entries, handed from an HTTP thread to the engine's).
+// store's fetched entries, handed from an HTTP thread to the engine's): one entry, or the chain of
+// entries a delta entry is assembled from.
 struct StoredPrefix {
-  std::vector<uint8_t> bytes;
-  ParsedSession parsed;  // views into bytes
+  std::vector<std::vector<uint8_t>> parts;
+  ParsedSession parsed;  // views into parts
   SessionExpect expect;
   uint64_t key = 0;      // the store's chain key
 };

@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 #include <hiredis/hiredis.h>
 
+#include <array>
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/sha256.h"
 
 namespace vq {
 
@@ -105,10 +109,44 @@ struct Reply {
 
 }  // namespace
 
+namespace {
+
+constexpr char kEntryMagic[8] = {'V', 'Q', 'K', 'V', 'P', 'F', 'X', '\0'};
+constexpr uint32_t kEntryVersion = 1;
+constexpr size_t kMaxForms = size_t(1) << 14;  // points whose forms are kept for delta entries
+
+template <class T>
+void put(std::vector<uint8_t>& b, T v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  b.insert(b.end(), p, p + sizeof(T));
+}
+
+void put_digest(std::vector<uint8_t>& b) {
+  Sha256 sha;
+  sha.update(b.data(), b.size());
+  const std::array<uint8_t, 32> d = sha.finish();
+  b.insert(b.end(), d.begin(), d.end());
+}
+
+}  // namespace
+
 void PrefixStore::offer(const int32_t* tokens, int64_t n, const SeqKV& s) {
   if (n <= 0 || n % B_ != 0) return;
+  const int64_t d = n / B_;
+  const int L = kv_.n_layers();
+  std::vector<uint64_t> keys(static_cast<size_t>(d));  // keys[k - 1]: the chain key of the first k blocks
   uint64_t key = id_.combined();
-  for (int64_t d = 0; d < n / B_; ++d) key = PrefixCache::chain_key(key, tokens + d * B_, B_);
+  for (int64_t k = 0; k < d; ++k) keys[size_t(k)] = key = PrefixCache::chain_key(key, tokens + k * B_, B_);
+  Forms mine;
+  mine.blocks = d;
+  mine.f.resize(size_t(L) * size_t(d));
+  for (int l = 0; l < L; ++l)
+    for (int64_t j = 0; j < d && j < kv_.n_blocks(s, l); ++j) {
+      const KVStore::BlockIds b = kv_.block_ids(s, l, j);
+      mine.f[size_t(l) * size_t(d) + size_t(j)] = uint8_t((b.dense >= 0 ? 1 : 0) | (b.coded >= 0 ? 2 : 0));
+    }
+  int64_t dp = 0;  // the deepest ancestor point this replica wrote, in blocks
+  std::vector<int64_t> from(size_t(L), 0);
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Written already, a full backlog, or a store known to be down: not worth the copy.
@@ -118,10 +156,31 @@ void PrefixStore::offer(const int32_t* tokens, int64_t n, const SeqKV& s) {
       return;
     }
     written_.insert(key);
+    for (int64_t k = d - 1; k >= 1 && dp == 0; --k) {
+      const auto it = forms_.find(keys[size_t(k - 1)]);
+      if (it == forms_.end() || it->second.blocks != k) continue;
+      dp = k;
+      // Per layer: the blocks before the first whose forms differ between the two points are the
+      // ancestor's as they are.
+      for (int l = 0; l < L; ++l) {
+        int64_t j = 0;
+        while (j < dp && it->second.f[size_t(l) * size_t(dp) + size_t(j)] == mine.f[size_t(l) * size_t(d) + size_t(j)]) ++j;
+        from[size_t(l)] = j;
+      }
+    }
+    if (forms_.size() >= kMaxForms) forms_.clear();  // later points start whole entries again
+    forms_[key] = std::move(mine);
   }
   Pending p;
   p.key = key;
-  p.bytes = encode_sequence(kv_, s, std::vector<int32_t>(tokens, tokens + n), id_, false, key_hex(key));
+  p.envelope.assign(kEntryMagic, kEntryMagic + 8);
+  put<uint32_t>(p.envelope, kEntryVersion);
+  put<uint32_t>(p.envelope, uint32_t(L));
+  put<int64_t>(p.envelope, dp);
+  for (int64_t f : from) put<int64_t>(p.envelope, f);
+  put_digest(p.envelope);
+  p.bytes = encode_sequence(kv_, s, std::vector<int32_t>(tokens, tokens + n), id_, false, key_hex(key),
+                            dp > 0 ? from : std::vector<int64_t>{});
   {
     std::lock_guard<std::mutex> lock(mu_);
     queued_bytes_ += p.bytes.size();
@@ -143,6 +202,9 @@ void PrefixStore::writer() {
     }
     const size_t queued = p.bytes.size();
     seal_sequence_bytes(p.bytes);
+    p.envelope.insert(p.envelope.end(), p.bytes.begin(), p.bytes.end());  // the entry: envelope, session
+    std::vector<uint8_t>().swap(p.bytes);
+    const std::vector<uint8_t>& entry = p.envelope;
     bool stored = false, failed = false, reconnected = false;
     // The write connection's fields are this thread's; offer() reads them under mu_ for a hint only.
     redisContext* c;
@@ -154,7 +216,7 @@ void PrefixStore::writer() {
     }
     if (ensure(c, retry_at, opt_, &reconnected)) {
       const std::string k = key_hex(p.key);
-      Reply r{static_cast<redisReply*>(redisCommand(c, "SET %s %b NX", k.c_str(), p.bytes.data(), p.bytes.size()))};
+      Reply r{static_cast<redisReply*>(redisCommand(c, "SET %s %b NX", k.c_str(), entry.data(), entry.size()))};
       if (!r.r || r.r->type == REDIS_REPLY_ERROR) {
         if (!r.r) drop(c, retry_at, opt_);
         failed = true;
@@ -168,20 +230,28 @@ void PrefixStore::writer() {
       std::lock_guard<std::mutex> lock(mu_);
       write_conn_->c = c;
       write_conn_->retry_at = retry_at;
-      if (reconnected) written_.clear();  // a store that came back may have lost what we wrote
+      if (reconnected && connected_before_) {  // a store that came back may have lost what we wrote
+        written_.clear();
+        forms_.clear();
+      }
+      connected_before_ = connected_before_ || reconnected;
       if (failed) {
         ++stats_.errors;
         stats_.up = false;
         written_.erase(p.key);  // to be written again when the store is back
+        forms_.erase(p.key);    // and not an ancestor of delta entries meanwhile
       } else {
         stats_.up = true;
         written_.insert(p.key);
       }
       if (stored) {
         ++stats_.written;
-        stats_.written_bytes += int64_t(p.bytes.size());
+        stats_.written_bytes += int64_t(entry.size());
       }
-      if (written_.size() > 1000000) written_.clear();
+      if (written_.size() > 1000000) {
+        written_.clear();
+        forms_.clear();
+      }
       queued_bytes_ -= queued;
       writing_ = false;
     }
@@ -193,6 +263,52 @@ void PrefixStore::flush() {
   std::unique_lock<std::mutex> lock(mu_);
   idle_cv_.wait(lock, [this] { return queue_.empty() && !writing_; });
 }
+
+namespace {
+
+// One fetched entry: its bytes, envelope and parsed session (views into bytes).
+struct Link {
+  std::vector<uint8_t> bytes;
+  int64_t dp = 0;
+  std::vector<int64_t> from;
+  ParsedSession parsed;
+};
+
+// Parses an entry of `depth` blocks for the prompt; throws SessionFileError naming `key`.
+void parse_entry(Link& e, int64_t depth, const std::vector<int32_t>& prompt, const std::string& key,
+                 const SessionExpect& expect) {
+  const uint8_t* b = e.bytes.data();
+  const size_t n = e.bytes.size(), head = 8 + 4 + 4 + 8;
+  auto fail = [&](const std::string& why) { throw SessionFileError(fmt::format("prefix store entry {}: {}", key, why)); };
+  if (n < head || std::memcmp(b, kEntryMagic, 8) != 0) fail("not a prefix store entry (no VQKVPFX header)");
+  uint32_t version, layers;
+  std::memcpy(&version, b + 8, 4);
+  std::memcpy(&layers, b + 12, 4);
+  std::memcpy(&e.dp, b + 16, 8);
+  if (version != kEntryVersion) fail(fmt::format("version {} (this build reads {})", version, kEntryVersion));
+  if (layers != expect.n_layers) fail(fmt::format("{} layers in its envelope, the model has {}", layers, expect.n_layers));
+  const size_t env = head + size_t(layers) * 8;
+  if (n < env + kSessionDigestBytes) fail("truncated envelope");
+  Sha256 sha;
+  sha.update(b, env);
+  const std::array<uint8_t, 32> digest = sha.finish();
+  if (std::memcmp(digest.data(), b + env, kSessionDigestBytes) != 0) fail("its envelope fails its SHA-256");
+  if (e.dp < 0 || e.dp >= depth) fail(fmt::format("ancestor of {} blocks for a point of {}", e.dp, depth));
+  e.from.resize(layers);
+  for (uint32_t l = 0; l < layers; ++l) {
+    std::memcpy(&e.from[l], b + head + size_t(l) * 8, 8);
+    if (e.from[l] < 0 || e.from[l] > e.dp)
+      fail(fmt::format("layer {} takes {} blocks from an ancestor of {}", l, e.from[l], e.dp));
+  }
+  const size_t off = env + kSessionDigestBytes;
+  e.parsed = parse_session(b + off, n - off, "prefix store entry " + key, expect);
+  const int64_t toks = depth * int64_t(expect.block_tokens);
+  if (e.parsed.n_kv != toks || int64_t(e.parsed.tokens.size()) != toks ||
+      !std::equal(e.parsed.tokens.begin(), e.parsed.tokens.end(), prompt.begin()))
+    fail(fmt::format("its tokens are not the {} tokens of its chain", toks));
+}
+
+}  // namespace
 
 std::shared_ptr<const StoredPrefix> PrefixStore::fetch(const std::vector<int32_t>& prompt) {
   const int64_t D = std::min<int64_t>((int64_t(prompt.size()) - 1) / B_, opt_.max_lookup_blocks);
@@ -213,11 +329,20 @@ std::shared_ptr<const StoredPrefix> PrefixStore::fetch(const std::vector<int32_t
 
   std::lock_guard<std::mutex> rlock(read_mu_);
   redisContext*& c = read_conn_->c;
+  int64_t fetched = 0;
+  auto count = [&](bool hit, bool refused) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.up = true;
+    stats_.fetched_bytes += fetched;
+    stats_.hits += hit;
+    stats_.refused += refused;
+  };
   auto failed = [&] {
     drop(c, read_conn_->retry_at, opt_);
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.errors;
     stats_.up = false;
+    stats_.fetched_bytes += fetched;
     return nullptr;
   };
   if (!ensure(c, read_conn_->retry_at, opt_, nullptr)) {
@@ -229,48 +354,75 @@ std::shared_ptr<const StoredPrefix> PrefixStore::fetch(const std::vector<int32_t
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.lookups;
   }
-  // Deepest first, in one round trip.
+  // The stored points past the local cache, deepest first, in one round trip.
   for (int64_t d = D; d > local; --d) redisAppendCommand(c, "EXISTS %s", key_hex(keys[size_t(d - 1)]).c_str());
-  int64_t found = 0;
+  std::vector<int64_t> found;
   for (int64_t d = D; d > local; --d) {
     void* raw = nullptr;
     if (redisGetReply(c, &raw) != REDIS_OK || !raw) return failed();
     Reply r{static_cast<redisReply*>(raw)};
-    if (found == 0 && r.r->type == REDIS_REPLY_INTEGER && r.r->integer == 1) found = d;
+    if (r.r->type == REDIS_REPLY_INTEGER && r.r->integer == 1) found.push_back(d);
   }
-  if (found == 0) return nullptr;
-  const std::string key = key_hex(keys[size_t(found - 1)]);
-  Reply r{static_cast<redisReply*>(redisCommand(c, "GET %s", key.c_str()))};
-  if (!r.r) return failed();
-  if (r.r->type != REDIS_REPLY_STRING) return nullptr;  // gone since (evicted)
-  auto sp = std::make_shared<StoredPrefix>();
-  sp->bytes.assign(reinterpret_cast<const uint8_t*>(r.r->str), reinterpret_cast<const uint8_t*>(r.r->str) + r.r->len);
-  sp->expect = expect_;
-  sp->key = keys[size_t(found - 1)];
-  std::string why;
-  try {
-    sp->parsed = parse_session(sp->bytes.data(), sp->bytes.size(), "prefix store entry " + key, expect_);
-    const int64_t n = found * B_;
-    if (sp->parsed.n_kv != n || int64_t(sp->parsed.tokens.size()) != n ||
-        !std::equal(sp->parsed.tokens.begin(), sp->parsed.tokens.end(), prompt.begin()))
-      why = fmt::format("prefix store entry {}: its tokens are not the {} tokens of its chain", key, n);
-  } catch (const Error& e) {
-    why = e.what();
+  // A point's chain of entries down to a whole one, each fetched once; a link that is gone makes
+  // its dependants a miss, and the next deepest point is tried.
+  std::map<int64_t, std::unique_ptr<Link>> links;  // depth -> entry; nullptr: gone
+  int gets = 0;
+  constexpr int kMaxGets = 64;
+  for (const int64_t top : found) {
+    std::vector<Link*> chain;
+    bool broken = false;
+    for (int64_t d = top; d > 0 && !broken;) {
+      auto it = links.find(d);
+      if (it == links.end()) {
+        if (++gets > kMaxGets) return count(false, false), nullptr;
+        const std::string key = key_hex(keys[size_t(d - 1)]);
+        Reply r{static_cast<redisReply*>(redisCommand(c, "GET %s", key.c_str()))};
+        if (!r.r) return failed();
+        std::unique_ptr<Link> e;
+        if (r.r->type == REDIS_REPLY_STRING) {  // else gone (evicted) since
+          e = std::make_unique<Link>();
+          e->bytes.assign(reinterpret_cast<const uint8_t*>(r.r->str), reinterpret_cast<const uint8_t*>(r.r->str) + r.r->len);
+          fetched += int64_t(e->bytes.size());
+          try {
+            parse_entry(*e, d, prompt, key, expect_);
+          } catch (const Error& err) {
+            std::fprintf(stderr, "veloxquant serve: refused %s\n", err.what());
+            count(false, true);
+            Reply del{static_cast<redisReply*>(redisCommand(c, "DEL %s", key.c_str()))};  // a good one replaces it later
+            if (!del.r) drop(c, read_conn_->retry_at, opt_);
+            return nullptr;
+          }
+        }
+        it = links.emplace(d, std::move(e)).first;
+      }
+      if (!it->second) {
+        broken = true;
+        break;
+      }
+      chain.push_back(it->second.get());
+      d = it->second->dp;
+    }
+    if (broken) continue;
+    // Assemble from the whole entry up: each link's blocks before its layer's `from` are its ancestor's.
+    auto sp = std::make_shared<StoredPrefix>();
+    sp->expect = expect_;
+    sp->key = keys[size_t(top - 1)];
+    std::vector<std::vector<ParsedSession::Block>> blocks = chain.back()->parsed.blocks;
+    for (size_t i = chain.size() - 1; i-- > 0;) {
+      std::vector<std::vector<ParsedSession::Block>> up = chain[i]->parsed.blocks;
+      for (size_t l = 0; l < up.size(); ++l)
+        for (int64_t j = 0; j < chain[i]->from[l]; ++j) up[l][size_t(j)] = blocks[l][size_t(j)];
+      blocks = std::move(up);
+    }
+    sp->parsed.n_kv = chain.front()->parsed.n_kv;
+    sp->parsed.tokens = chain.front()->parsed.tokens;
+    sp->parsed.blocks = std::move(blocks);
+    for (Link* e : chain) sp->parts.push_back(std::move(e->bytes));  // the views stay valid: the buffers move
+    count(true, false);
+    return sp;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.up = true;
-    stats_.fetched_bytes += int64_t(sp->bytes.size());
-    if (why.empty()) ++stats_.hits;
-    else ++stats_.refused;
-  }
-  if (!why.empty()) {
-    std::fprintf(stderr, "veloxquant serve: refused %s\n", why.c_str());
-    Reply d{static_cast<redisReply*>(redisCommand(c, "DEL %s", key.c_str()))};  // a good one replaces it later
-    if (!d.r) drop(c, read_conn_->retry_at, opt_);
-    return nullptr;
-  }
-  return sp;
+  count(false, false);
+  return nullptr;
 }
 
 void PrefixStore::blocks_stored(uint64_t, bool, const std::vector<uint64_t>& keys, const std::vector<int32_t>&, int) {

@@ -2,22 +2,35 @@
 // The shared compressed prefix store (issue 24): prefix points written through to Redis, so that a
 // replica that never saw a prefix (or one that restarted) starts from its KV instead of computing it.
 //
-// An entry is one block-aligned prefix point: the session-file bytes (kvcache/seq_file.h) of a
-// sequence of n = d * 32 tokens, the blocks as they are in the pool (codes, scales, the fp16 sinks
-// and window a query at n reads; nothing re-encoded), its token ids, the KV identity (model, spec,
-// calibration checksums) in the header and a SHA-256 of the whole. Its key is the prefix cache's
-// chain key of its d full blocks (kvcache/prefix_cache.h: XXH64 per block seeded by the parent,
-// rooted at the identity): "vqkv:<identity>:<chain key>" in hex.
+// An entry is one block-aligned prefix point of n = d * 32 tokens: an envelope, then the
+// session-file bytes (kvcache/seq_file.h) of the sequence up to the point, the blocks as they are in
+// the pool (codes, scales, the fp16 sinks and window a query at n reads; nothing re-encoded), its
+// token ids and the KV identity (model, spec, calibration checksums) in the header, and a SHA-256.
+// Its key is the prefix cache's chain key of its d full blocks (kvcache/prefix_cache.h: XXH64 per
+// block seeded by the parent, rooted at the identity): "vqkv:<identity>:<chain key>" in hex.
+//
+// Delta entries: a point whose ancestor point (a shorter prefix of the same tokens, dp blocks) this
+// replica wrote holds only what differs from it: per layer, the blocks from the first one whose forms
+// differ at the two points (the ancestor's fp16 window that has been encoded since) or from dp, the
+// blocks before it written with no form. The envelope names dp and each layer's first block:
+//   "VQKVPFX\0" | u32 version (=1) | u32 n_layers | i64 dp (0: a whole entry) | i64 from[n_layers]
+//   | SHA-256 of the envelope's preceding bytes | the session file
+// A conversation's turns then write their new blocks and window, not their whole prefix again, and
+// the store holds each shared prefix once. A reader assembles a point from its chain of entries
+// (deepest first, one GET each), every link checked as below and its tokens the prompt's.
 //
 // Write-through: each new prefill point the engine caches (EngineOptions::on_prefill_point) is
-// copied out on the engine's thread (memcpy only) and queued; a writer thread seals it (SHA-256)
-// and SETs it NX (an entry is never overwritten), unless it wrote that key already.
+// copied out on the engine's thread (memcpy only, of the blocks the entry holds) and queued; a
+// writer thread seals it (SHA-256) and SETs it NX (an entry is never overwritten), unless it wrote
+// that key already.
 // Fetch: on an HTTP thread before a request goes to the engine, the deepest chain key of the prompt
 // past what the local cache holds (its nodes, followed through PrefixCacheListener) is looked up
-// (pipelined EXISTS, then one GET) and the entry parsed like a session file: wrong identity or
-// geometry, a bad hash, truncation, trailing bytes, a non-finite value, token ids that are not the
-// prompt's: refused (counted, deleted from the store, never used). The engine takes a good one into
-// its pool when it still beats the local cache (Engine::adopt_stored_prefix).
+// (pipelined EXISTS, then a GET per link of its chain) and each entry parsed like a session file:
+// wrong identity or geometry, a bad hash, truncation, trailing bytes, a non-finite value, a bad
+// envelope, token ids that are not the prompt's: refused (counted, deleted from the store, never
+// used). A chain whose ancestor is gone (evicted, or its write failed) is a miss at that depth: the
+// next deepest stored point is tried. The engine takes a good one into its pool when it still beats
+// the local cache (Engine::adopt_stored_prefix).
 // Down: a store that does not answer (connect 200 ms, I/O 2 s) is left alone for a second, then
 // retried; meanwhile requests run on the local cache, and no client sees an error.
 #include <atomic>
@@ -28,6 +41,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -105,12 +119,21 @@ class PrefixStore : public PrefixCacheListener {
   std::condition_variable cv_, idle_cv_;
   struct Pending {
     uint64_t key = 0;
-    std::vector<uint8_t> bytes;  // unsealed
+    std::vector<uint8_t> envelope;  // complete
+    std::vector<uint8_t> bytes;     // the session bytes, unsealed
+  };
+  // The block forms (bit 0 dense, bit 1 coded) of a point this replica wrote, [n_layers][blocks]: what
+  // a deeper point of the same chain leaves out of its delta entry.
+  struct Forms {
+    int64_t blocks = 0;
+    std::vector<uint8_t> f;
   };
   std::deque<Pending> queue_;
   size_t queued_bytes_ = 0;
   bool writing_ = false, stop_ = false;
+  bool connected_before_ = false;  // the writer reached the store once (a later connect is a reconnect)
   std::unordered_set<uint64_t> written_;  // chain keys written (or found present) since the last reconnect
+  std::unordered_map<uint64_t, Forms> forms_;  // chain keys written (queued) since the last reconnect
   std::unordered_set<uint64_t> local_;    // chain keys of the local cache's nodes
   PrefixStoreStats stats_;
   std::thread thread_;

@@ -122,7 +122,73 @@ def test_prefix_crosses_servers_and_restarts_through_the_store(store):
     assert max(len(v) for v in ents.values()) < fp16_bytes * 0.6
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "other_spec"])
+PROMPT2 = PROMPT + [3 + (i * 104729) % 40000 for i in range(100)]  # the next turn: 9 full blocks + 12 tokens
+
+
+def test_a_later_turn_writes_a_delta_entry_and_is_assembled_from_its_chain(store, tmp_path):
+    a = serve(store)
+    try:
+        want = generate(a, PROMPT)
+        wait_written(a)
+        want2 = generate(a, PROMPT2)
+        wait_written(a, 2)
+    finally:
+        assert a.stop() == 0
+    ents = store.entries()
+    assert len(ents) == 2
+    # The 288-token point as a whole entry: written by a replica that saw only the second turn.
+    (tmp_path / "whole").mkdir()
+    other = Redis(tmp_path / "whole")
+    w = Server("--kv-cache", KV, "--parallel", "2", "--kv-budget", "64", "--prefix-store", f"redis://127.0.0.1:{other.port}")
+    try:
+        assert generate(w, PROMPT2) == want2
+        wait_written(w)
+    finally:
+        assert w.stop() == 0
+        whole = other.entries()
+        other.kill()
+    assert [len(v) for v in whole.values()] and set(whole) <= set(ents)
+    deep_key = max(whole, key=lambda k: len(whole[k]))
+    shallow_key = next(k for k in ents if k != deep_key)
+    small, big = ents[deep_key], ents[shallow_key]
+    # The delta entry holds the 3 new blocks, the window and the blocks encoded since the first turn,
+    # not the whole prefix again.
+    assert len(small) < len(whole[deep_key]) * 0.7, (len(small), len(whole[deep_key]))
+    # A replica that never saw either turn takes the 288-token point, assembled from both entries.
+    b = serve(store)
+    try:
+        assert generate(b, PROMPT2) == want2, "an assembled point gives the tokens of a recompute"
+        assert metric(b, "vq_prefix_store_hits_total") == 1
+        assert metric(b, "vq_prefix_store_adopted_tokens_total") == 288
+        assert metric(b, "vq_prefix_store_fetched_bytes_total") == len(small) + len(big)
+        assert generate(b, PROMPT) == want
+    finally:
+        assert b.stop() == 0
+    # The ancestor gone (evicted): the deeper point is a miss, not an error, and the output stands.
+    store.client.delete(shallow_key)
+    c = serve(store)
+    try:
+        assert generate(c, PROMPT2) == want2
+        assert metric(c, "vq_prefix_store_hits_total") == 0
+        assert metric(c, "vq_prefix_store_refused_total") == 0
+        assert metric(c, "vq_prefix_store_adopted_total") == 0
+    finally:
+        assert c.stop() == 0
+    # A damaged ancestor: refused (the chain is never used) and deleted.
+    store.client.set(shallow_key, ents[shallow_key][:-7] + b"1234567")
+    store.client.set(deep_key, small)
+    c = serve(store)
+    try:
+        assert generate(c, PROMPT2) == want2
+        assert metric(c, "vq_prefix_store_refused_total") == 1
+        assert metric(c, "vq_prefix_store_hits_total") == 0
+        assert "refused prefix store entry" in "".join(c.log)
+        assert store.client.get(shallow_key) is None
+    finally:
+        assert c.stop() == 0
+
+
+@pytest.mark.parametrize("damage", ["flip", "envelope", "truncate", "other_spec"])
 def test_bad_entries_are_refused_and_never_used(store, damage):
     a = serve(store)
     try:
@@ -134,6 +200,10 @@ def test_bad_entries_are_refused_and_never_used(store, damage):
     if damage == "flip":
         bad = bytearray(val)
         bad[len(bad) // 2] ^= 0x40  # a payload byte: the SHA-256 no longer matches
+        bad = bytes(bad)
+    elif damage == "envelope":
+        bad = bytearray(val)
+        bad[20] ^= 0x01  # the ancestor's depth: the envelope's SHA-256 no longer matches
         bad = bytes(bad)
     elif damage == "truncate":
         bad = val[:len(val) - 1000]
