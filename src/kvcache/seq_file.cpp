@@ -46,13 +46,11 @@ void zero_scalar_tail(uint8_t* blk, int H, int B, size_t block_bytes, int r) {
 
 std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
                                      const KVIdentity& id, bool seal, const std::string& path,
-                                     const std::vector<int64_t>& from_block) {
+                                     const std::function<bool(int, int64_t)>& omit) {
   const int64_t n = s.size();
   VQ_CHECK(int64_t(tokens.size()) >= n, "{}: a session of {} KV tokens needs at least as many token ids (got {})",
            path, n, tokens.size());
-  VQ_CHECK(from_block.empty() || from_block.size() == size_t(kv.n_layers()),
-           "{}: from_block has {} entries for {} layers", path, from_block.size(), kv.n_layers());
-  auto first = [&](int l) { return from_block.empty() ? int64_t(0) : std::max<int64_t>(0, from_block[size_t(l)]); };
+  auto ids = [&](int l, int64_t j) { return omit && omit(l, j) ? KVStore::BlockIds{} : kv.block_ids(s, l, j); };
   const KVGeometry& g = kv.geometry();
   const int B = kv.block_tokens();
   Writer w;
@@ -86,8 +84,8 @@ std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const st
   std::vector<std::vector<uint8_t>> staged;
   std::vector<KVStore::BlockRef> reads;
   for (int l = 0; l < kv.n_layers(); ++l)
-    for (int64_t j = first(l); j < kv.n_blocks(s, l); ++j) {
-      const KVStore::BlockIds b = kv.block_ids(s, l, j);
+    for (int64_t j = 0; j < kv.n_blocks(s, l); ++j) {
+      const KVStore::BlockIds b = ids(l, j);
       if (b.dense >= 0) reads.push_back({l, false, b.dense}), staged.emplace_back(dbytes);
       if (b.coded >= 0) reads.push_back({l, true, b.coded}), staged.emplace_back(kv.coded_block_bytes(l));
     }
@@ -101,11 +99,11 @@ std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const st
     w.put<uint64_t>(cbytes);
     w.put<uint32_t>(uint32_t(nb));
     for (int64_t j = 0; j < nb; ++j) {
-      const KVStore::BlockIds b = j < first(l) ? KVStore::BlockIds{} : kv.block_ids(s, l, j);
+      const KVStore::BlockIds b = ids(l, j);
       w.put<uint8_t>(uint8_t((b.dense >= 0 ? 1 : 0) | (b.coded >= 0 ? 2 : 0)));
     }
-    for (int64_t j = first(l); j < nb; ++j) {
-      const KVStore::BlockIds b = kv.block_ids(s, l, j);
+    for (int64_t j = 0; j < nb; ++j) {
+      const KVStore::BlockIds b = ids(l, j);
       if (b.dense >= 0) {
         std::memcpy(tmp.data(), staged[next++].data(), dbytes);
         const int64_t r = std::min<int64_t>(B, n - j * B);

@@ -39,12 +39,12 @@ void save_sequence(const std::string& path, const KVStore& kv, const SeqKV& s, c
 
 // The same bytes in memory (the shared prefix store's entries, issue 24). seal = false leaves out
 // the trailing SHA-256 (seal_sequence_bytes adds it later, off the engine's thread); `path` only
-// names the sequence in messages. from_block (empty, or one per layer): the blocks of layer l
-// before from_block[l] are written with no form (nothing of them read or copied), as blocks that
-// left a sliding window are; the prefix store's delta entries take them from a parent entry.
+// names the sequence in messages. omit (when set): the blocks (layer, index) it names are written
+// with no form (nothing of them read or copied), as blocks that left a sliding window are; the
+// prefix store's delta entries take them from an ancestor entry.
 std::vector<uint8_t> encode_sequence(const KVStore& kv, const SeqKV& s, const std::vector<int32_t>& tokens,
                                      const KVIdentity& id, bool seal = true, const std::string& path = "sequence",
-                                     const std::vector<int64_t>& from_block = {});
+                                     const std::function<bool(int layer, int64_t block)>& omit = {});
 void seal_sequence_bytes(std::vector<uint8_t>& bytes);
 // What kv reads: identity, geometry, block sizes, its budget, its coded blocks' finite check (which
 // reads only the spec: the result may be used from another thread while kv lives).

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <cstdio>
 
@@ -146,7 +147,8 @@ void PrefixStore::offer(const int32_t* tokens, int64_t n, const SeqKV& s) {
       mine.f[size_t(l) * size_t(d) + size_t(j)] = uint8_t((b.dense >= 0 ? 1 : 0) | (b.coded >= 0 ? 2 : 0));
     }
   int64_t dp = 0;  // the deepest ancestor point this replica wrote, in blocks
-  std::vector<int64_t> from(size_t(L), 0);
+  std::vector<uint8_t> inherit;  // [n_layers][bytes of dp bits]: bit j, block j is the ancestor's
+  size_t row = 0;                // bytes per layer of inherit
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Written already, a full backlog, or a store known to be down: not worth the copy.
@@ -160,13 +162,14 @@ void PrefixStore::offer(const int32_t* tokens, int64_t n, const SeqKV& s) {
       const auto it = forms_.find(keys[size_t(k - 1)]);
       if (it == forms_.end() || it->second.blocks != k) continue;
       dp = k;
-      // Per layer: the blocks before the first whose forms differ between the two points are the
-      // ancestor's as they are.
-      for (int l = 0; l < L; ++l) {
-        int64_t j = 0;
-        while (j < dp && it->second.f[size_t(l) * size_t(dp) + size_t(j)] == mine.f[size_t(l) * size_t(d) + size_t(j)]) ++j;
-        from[size_t(l)] = j;
-      }
+      // A block of the ancestor whose forms are the same at both points is the same bytes (a full
+      // block's KV and codes never change; the fp16 window that has been encoded since differs).
+      row = size_t(dp + 7) / 8;
+      inherit.assign(size_t(L) * row, 0);
+      for (int l = 0; l < L; ++l)
+        for (int64_t j = 0; j < dp; ++j)
+          if (it->second.f[size_t(l) * size_t(dp) + size_t(j)] == mine.f[size_t(l) * size_t(d) + size_t(j)])
+            inherit[size_t(l) * row + size_t(j / 8)] |= uint8_t(1u << (j % 8));
     }
     if (forms_.size() >= kMaxForms) forms_.clear();  // later points start whole entries again
     forms_[key] = std::move(mine);
@@ -177,10 +180,11 @@ void PrefixStore::offer(const int32_t* tokens, int64_t n, const SeqKV& s) {
   put<uint32_t>(p.envelope, kEntryVersion);
   put<uint32_t>(p.envelope, uint32_t(L));
   put<int64_t>(p.envelope, dp);
-  for (int64_t f : from) put<int64_t>(p.envelope, f);
+  p.envelope.insert(p.envelope.end(), inherit.begin(), inherit.end());
   put_digest(p.envelope);
+  auto omit = [&](int l, int64_t j) { return j < dp && (inherit[size_t(l) * row + size_t(j / 8)] >> (j % 8) & 1); };
   p.bytes = encode_sequence(kv_, s, std::vector<int32_t>(tokens, tokens + n), id_, false, key_hex(key),
-                            dp > 0 ? from : std::vector<int64_t>{});
+                            dp > 0 ? std::function<bool(int, int64_t)>(omit) : std::function<bool(int, int64_t)>());
   {
     std::lock_guard<std::mutex> lock(mu_);
     queued_bytes_ += p.bytes.size();
@@ -270,8 +274,10 @@ namespace {
 struct Link {
   std::vector<uint8_t> bytes;
   int64_t dp = 0;
-  std::vector<int64_t> from;
+  size_t row = 0;
+  std::vector<uint8_t> inherit;  // as the envelope: [n_layers][row], bit j of a row: block j is the ancestor's
   ParsedSession parsed;
+  bool inherited(size_t l, int64_t j) const { return j < dp && (inherit[l * row + size_t(j / 8)] >> (j % 8) & 1); }
 };
 
 // Parses an entry of `depth` blocks for the prompt; throws SessionFileError naming `key`.
@@ -287,25 +293,25 @@ void parse_entry(Link& e, int64_t depth, const std::vector<int32_t>& prompt, con
   std::memcpy(&e.dp, b + 16, 8);
   if (version != kEntryVersion) fail(fmt::format("version {} (this build reads {})", version, kEntryVersion));
   if (layers != expect.n_layers) fail(fmt::format("{} layers in its envelope, the model has {}", layers, expect.n_layers));
-  const size_t env = head + size_t(layers) * 8;
+  if (e.dp < 0 || e.dp >= depth) fail(fmt::format("an ancestor of {} blocks for a point of {}", e.dp, depth));
+  e.row = size_t(e.dp + 7) / 8;
+  const size_t env = head + size_t(layers) * e.row;
   if (n < env + kSessionDigestBytes) fail("truncated envelope");
   Sha256 sha;
   sha.update(b, env);
   const std::array<uint8_t, 32> digest = sha.finish();
   if (std::memcmp(digest.data(), b + env, kSessionDigestBytes) != 0) fail("its envelope fails its SHA-256");
-  if (e.dp < 0 || e.dp >= depth) fail(fmt::format("ancestor of {} blocks for a point of {}", e.dp, depth));
-  e.from.resize(layers);
-  for (uint32_t l = 0; l < layers; ++l) {
-    std::memcpy(&e.from[l], b + head + size_t(l) * 8, 8);
-    if (e.from[l] < 0 || e.from[l] > e.dp)
-      fail(fmt::format("layer {} takes {} blocks from an ancestor of {}", l, e.from[l], e.dp));
-  }
+  e.inherit.assign(b + head, b + env);
   const size_t off = env + kSessionDigestBytes;
   e.parsed = parse_session(b + off, n - off, "prefix store entry " + key, expect);
   const int64_t toks = depth * int64_t(expect.block_tokens);
   if (e.parsed.n_kv != toks || int64_t(e.parsed.tokens.size()) != toks ||
       !std::equal(e.parsed.tokens.begin(), e.parsed.tokens.end(), prompt.begin()))
     fail(fmt::format("its tokens are not the {} tokens of its chain", toks));
+  for (size_t l = 0; l < e.parsed.blocks.size(); ++l)
+    for (int64_t j = 0; j < e.dp; ++j)
+      if (e.inherited(l, j) && (e.parsed.blocks[l][size_t(j)].dense || e.parsed.blocks[l][size_t(j)].coded))
+        fail(fmt::format("layer {} block {} is both its own and its ancestor's", l, j));
 }
 
 }  // namespace
@@ -403,7 +409,7 @@ std::shared_ptr<const StoredPrefix> PrefixStore::fetch(const std::vector<int32_t
       d = it->second->dp;
     }
     if (broken) continue;
-    // Assemble from the whole entry up: each link's blocks before its layer's `from` are its ancestor's.
+    // Assemble from the whole entry up: each link's inherited blocks are its ancestor's.
     auto sp = std::make_shared<StoredPrefix>();
     sp->expect = expect_;
     sp->key = keys[size_t(top - 1)];
@@ -411,7 +417,8 @@ std::shared_ptr<const StoredPrefix> PrefixStore::fetch(const std::vector<int32_t
     for (size_t i = chain.size() - 1; i-- > 0;) {
       std::vector<std::vector<ParsedSession::Block>> up = chain[i]->parsed.blocks;
       for (size_t l = 0; l < up.size(); ++l)
-        for (int64_t j = 0; j < chain[i]->from[l]; ++j) up[l][size_t(j)] = blocks[l][size_t(j)];
+        for (int64_t j = 0; j < chain[i]->dp; ++j)
+          if (chain[i]->inherited(l, j)) up[l][size_t(j)] = blocks[l][size_t(j)];
       blocks = std::move(up);
     }
     sp->parsed.n_kv = chain.front()->parsed.n_kv;

@@ -10,15 +10,15 @@
 // block seeded by the parent, rooted at the identity): "vqkv:<identity>:<chain key>" in hex.
 //
 // Delta entries: a point whose ancestor point (a shorter prefix of the same tokens, dp blocks) this
-// replica wrote holds only what differs from it: per layer, the blocks from the first one whose forms
-// differ at the two points (the ancestor's fp16 window that has been encoded since) or from dp, the
-// blocks before it written with no form. The envelope names dp and each layer's first block:
-//   "VQKVPFX\0" | u32 version (=1) | u32 n_layers | i64 dp (0: a whole entry) | i64 from[n_layers]
-//   | SHA-256 of the envelope's preceding bytes | the session file
+// replica wrote holds only what differs from it: the new blocks, and of the ancestor's blocks those
+// whose forms differ at the two points (its fp16 window encoded since, blocks that left a sliding
+// window); the others are written with no form and marked as the ancestor's. The envelope:
+//   "VQKVPFX\0" | u32 version (=1) | u32 n_layers | i64 dp (0: a whole entry)
+//   | per layer, ceil(dp / 8) bytes: bit j set, block j is the ancestor's | SHA-256 of the envelope
+//   | the session file
 // A conversation's turns then write their new blocks and window, not their whole prefix again, and
 // the store holds each shared prefix once. A reader assembles a point from its chain of entries
 // (deepest first, one GET each), every link checked as below and its tokens the prompt's.
-//
 // Write-through: each new prefill point the engine caches (EngineOptions::on_prefill_point) is
 // copied out on the engine's thread (memcpy only, of the blocks the entry holds) and queued; a
 // writer thread seals it (SHA-256) and SETs it NX (an entry is never overwritten), unless it wrote
