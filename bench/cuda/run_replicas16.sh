@@ -31,7 +31,8 @@ sha256sum "$M/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -c1-16
 xz -dc "$R/veloxquant.xz" > "$R/veloxquant.real" && chmod +x "$R/veloxquant.real"
 cp "$RP/p2/redis-server" "$R/redis-server.real" && chmod +x "$R/redis-server.real"
 # wrappers: each binary with its own library path (exec keeps the pid the scripts track)
-printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/lib exec %s/veloxquant.real "$@"\n' "$R" "$R" > "$R/bin/veloxquant"
+CUB=$(dirname "$(find /usr/local/cuda* /usr -name 'libcublas.so.13' 2>/dev/null | head -1)")  # a CUDA build links cuBLAS
+printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/lib:%s exec %s/veloxquant.real "$@"\n' "$R" "$CUB" "$R" > "$R/bin/veloxquant"
 printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s/redis-server.real "$@"\n' "$PWD/$RP/p2/rlib" "$R" > "$R/bin/redis-server"
 chmod +x "$R/bin/veloxquant" "$R/bin/redis-server"
 . "$(dirname "$0")/carried_wheels.sh"
