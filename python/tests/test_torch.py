@@ -452,11 +452,16 @@ def test_sized_cache_decodes_in_cuda_graphs(device, spec, calib_file):
         assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
 
 
-def test_graph_decode_default():
-    """Sized caches take the graph-safe ops where they are verified: the CPU store (every method)
-    and fp16 on the GPU; graph_decode=False keeps the cudagraph-unsafe op; unsized caches cannot."""
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_graph_decode_default(device, calib_file):
+    """Sized caches take the graph-safe ops for every method on either device; graph_decode=False
+    keeps the cudagraph-unsafe op; unsized caches cannot."""
+    _gpu_or_skip(device)
+    m = tiny("llama", device, layers=1)
+    specs = [("fp16", None), ("vecinfer:d4b8", calib_file)] + ([("kivi2", None)] if device == "cpu" else [])
+    for spec, calib in specs:
+        assert vqt.cache(m, spec, calib=calib, max_batch_size=1, max_cache_len=64)._anchor is not None, spec
     m = tiny("llama", "cpu")
-    assert vqt.cache(m, "q8_0", max_batch_size=1, max_cache_len=64)._anchor is not None
     assert vqt.cache(m, "q8_0", max_batch_size=1, max_cache_len=64, graph_decode=False)._anchor is None
     assert vqt.cache(m, "q8_0")._anchor is None
     with pytest.raises(ValueError, match="sized up front"):

@@ -254,9 +254,7 @@ class VeloxQuantCache(Cache):
         if max_cache_len is not None:
             _check(_lib.vqt_reserve(self._h, int(max_batch_size), int(max_cache_len)))
             self._max_batch, self._max_len = int(max_batch_size), int(max_cache_len)
-            if graph_decode is None:  # where it is verified (see cache())
-                graph_decode = device == "cpu" or self.spec == "fp16"
-            if graph_decode:
+            if graph_decode is None or graph_decode:
                 self._anchor = _new_anchor("cuda" if device == "cuda" else "cpu")
                 _anchored[self._anchor.data_ptr()] = weakref.ref(self)
         elif graph_decode:
@@ -639,10 +637,9 @@ def cache(model, spec="fp16", calib=None, device=None, budget_mib=0, set_attenti
     max_batch_size, max_cache_len: size the cache up front, as transformers' StaticCache, for decode
     steps under torch.compile(mode="reduce-overhead"): the attention then runs inside the CUDA
     graphs (see the module's docstring); rows past max_cache_len tokens are refused.
-    graph_decode (sized caches): None (default) runs decode steps through the graph-safe ops where
-    that is verified: fp16 on the GPU, every method on the CPU; coded methods on the GPU keep the
-    cudagraph-unsafe op until their GPU test passes (docs/CUDA_NOTES.md 9a); True: graph-safe ops
-    for any method, False: never."""
+    graph_decode (sized caches): None (default) or True runs decode steps through the graph-safe ops
+    (docs/CUDA_NOTES.md 9a), every method on either device; False keeps the cudagraph-unsafe op (a
+    graph break around every layer's attention). An unsized cache refuses True."""
     n_layers, n_heads, n_kv, head_dim, windows = _geometry(model.config)
     if device is None:
         device = "cuda" if next(model.parameters()).device.type == "cuda" else "cpu"
