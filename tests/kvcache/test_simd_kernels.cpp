@@ -195,7 +195,9 @@ TEST(SimdKernels, VecInferGroupsAndSplitCalls) {
   const Case cases[] = {{1, 64, 4, 8, 4, 8, false},  {3, 128, 4, 8, 4, 8, false}, {5, 64, 4, 8, 4, 8, false},
                         {6, 128, 4, 8, 4, 8, false}, {6, 128, 4, 8, 8, 8, true},  {7, 64, 8, 8, 8, 8, false},
                         {8, 256, 4, 8, 4, 8, false}, {8, 128, 4, 10, 4, 12, false}, {9, 64, 4, 8, 4, 8, false},
-                        {12, 128, 4, 8, 4, 8, false}, {16, 64, 4, 8, 16, 8, false}, {6, 64, 4, 8, 2, 8, false}};
+                        {12, 128, 4, 8, 4, 8, false}, {16, 64, 4, 8, 16, 8, false}, {6, 64, 4, 8, 2, 8, false},
+                        {5, 128, 4, 8, 4, 8, true},  {6, 24, 4, 8, 4, 8, false},  {13, 64, 4, 8, 4, 8, false},
+                        {14, 40, 4, 8, 4, 8, false}, {6, 20, 4, 8, 4, 8, false}};
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     std::mt19937 rng(23);

@@ -13,6 +13,8 @@
 // - Softmax is online per block on the [token][KH heads] score tile, vectorised 16 lanes wide.
 // - Values are decoded in registers: per token, a centroid (broadcast) times the block's softmax
 //   weights of the KH heads (expanded by one permute) is KH * sub_dim / lanes FMAs per sub-space.
+//   On 8-lane targets with 8-head entries holding 5-8 heads, the lanes hold two 4-dim sub-spaces of
+//   one head instead (one FMA per head and sub-space pair, no lanes of padding heads).
 #include "ops/cpu/no_sve_targets.h"  // first: before any Highway header
 #include "ops/cpu/pq_attention.h"
 
@@ -317,6 +319,43 @@ HWY_INLINE void ValuesPassHeadLanes(const float* cb, int64_t book_stride, int j0
     }
   }
 }
+
+// The same sums with the dims in the lanes, for 8-lane targets and the NG = 5..8 heads of an 8-head
+// entry (Qwen2.5-1.5B's 12/2 heads: NG = 6): a vector holds the 8 dims of two 4-dim sub-spaces of one
+// head, so a token costs NG FMAs per sub-space pair (no lanes of absent heads) from one centroid pair
+// load, and NG weight broadcasts per pass of two pairs, where the head lanes pay 8 FMAs and 8
+// broadcasts per sub-space. (At NG = 7, 8 the 2 x NG accumulators spill one or two registers; one
+// pair per pass measured no faster.)
+template <int KH, int NG, int VP, class CT>
+HWY_INLINE void ValuesPassDimLanes(const float* cb, int64_t book_stride, int j0, const CT* const* rows, int nb,
+                                   const float* P, int D, float* acc) {
+  constexpr int SD = 4;
+  const hn::FixedTag<float, KH> df;  // KH = 8: two sub-spaces of 4 dims
+  const hn::FixedTag<float, KH / 2> d4;
+  using V = hn::Vec<decltype(df)>;
+  V accv[VP][NG];
+  for (int p = 0; p < VP; ++p)
+    for (int g = 0; g < NG; ++g) accv[p][g] = hn::Zero(df);
+  const float* book0 = cb + int64_t(j0) * book_stride;
+  for (int t = 0; t < nb; ++t) {
+    const CT* c = rows[t] + j0;
+    V cv[VP];
+    for (int p = 0; p < VP; ++p) {
+      const auto lo = hn::LoadU(d4, book0 + (2 * p) * book_stride + size_t(c[2 * p]) * SD);
+      const auto hi = hn::LoadU(d4, book0 + (2 * p + 1) * book_stride + size_t(c[2 * p + 1]) * SD);
+      cv[p] = hn::Combine(df, hi, lo);
+    }
+    for (int g = 0; g < NG; ++g) {
+      const V w = hn::Set(df, P[t * KH + g]);
+      for (int p = 0; p < VP; ++p) accv[p][g] = hn::MulAdd(cv[p], w, accv[p][g]);
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int p = 0; p < VP; ++p) {
+      float* dst = acc + int64_t(g) * D + (j0 + 2 * p) * SD;
+      hn::StoreU(hn::Add(hn::LoadU(df, dst), accv[p][g]), df, dst);
+    }
+}
 #endif
 
 // True when the register path covers this value sub-dim on this target.
@@ -334,10 +373,26 @@ constexpr bool RegisterValues() {
 // cb + j * book_stride ([2^bits][SD] each).
 template <int KH, int SD, class CT>
 HWY_INLINE void Values(const float* cb, int64_t book_stride, int nvs, const CT* const* rows, int nb, const float* P,
-                       int D, float* acc) {
+                       int D, float* acc, int ng) {
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (RegisterValues<KH, SD>()) {
     constexpr int N = int(hn::MaxLanes(hn::ScalableTag<float>()));
+    if constexpr (N == 8 && KH == 8 && SD == 4) {
+      if (ng >= 5) {  // dims in the lanes: passes of two sub-space pairs, then one pair
+        auto run = [&](auto n) {
+          constexpr int NG = decltype(n)::value;
+          int j0 = 0;
+          for (; j0 + 4 <= nvs; j0 += 4) ValuesPassDimLanes<KH, NG, 2>(cb, book_stride, j0, rows, nb, P, D, acc);
+          for (; j0 + 2 <= nvs; j0 += 2) ValuesPassDimLanes<KH, NG, 1>(cb, book_stride, j0, rows, nb, P, D, acc);
+          for (; j0 < nvs; ++j0) ValuesPassHeadLanes<KH, SD, 1>(cb, book_stride, j0, rows, nb, P, D, acc);
+        };
+        if (ng == 5) run(std::integral_constant<int, 5>{});
+        else if (ng == 6) run(std::integral_constant<int, 6>{});
+        else if (ng == 7) run(std::integral_constant<int, 7>{});
+        else run(std::integral_constant<int, 8>{});
+        return;
+      }
+    }
     // AVX2 with 8-head entries: heads in the lanes, 8 accumulators of 16 registers; otherwise heads
     // x dims in the lanes, <= ACC accumulators
     constexpr bool kHeadLanes = N == KH && KH == 8;
@@ -353,7 +408,7 @@ HWY_INLINE void Values(const float* cb, int64_t book_stride, int nvs, const CT* 
     for (; j0 < nvs; ++j0) pass(j0, std::integral_constant<int, 1>{});
   }
 #else
-  (void)cb, (void)book_stride, (void)nvs, (void)rows, (void)nb, (void)P, (void)D, (void)acc;
+  (void)cb, (void)book_stride, (void)nvs, (void)rows, (void)nb, (void)P, (void)D, (void)acc, (void)ng;
 #endif
 }
 
@@ -394,16 +449,16 @@ void BlockHeads(const PQAttnArgs& a, const float* lut, const KT* const* kc, cons
     std::fill(acc, acc + int64_t(KH) * D, 0.0f);
     switch (a.v_sub_dim) {
       case 4:
-        if constexpr (RegisterValues<KH, 4>()) { Values<KH, 4>(a.v_codebook, vbook, nvs, vc, nb, S, D, acc); break; }
+        if constexpr (RegisterValues<KH, 4>()) { Values<KH, 4>(a.v_codebook, vbook, nvs, vc, nb, S, D, acc, ng); break; }
         [[fallthrough]];
       case 8:
         if constexpr (RegisterValues<KH, 8>()) {
-          if (a.v_sub_dim == 8) { Values<KH, 8>(a.v_codebook, vbook, nvs, vc, nb, S, D, acc); break; }
+          if (a.v_sub_dim == 8) { Values<KH, 8>(a.v_codebook, vbook, nvs, vc, nb, S, D, acc, ng); break; }
         }
         [[fallthrough]];
       case 16:
         if constexpr (RegisterValues<KH, 16>()) {
-          if (a.v_sub_dim == 16) { Values<KH, 16>(a.v_codebook, vbook, nvs, vc, nb, S, D, acc); break; }
+          if (a.v_sub_dim == 16) { Values<KH, 16>(a.v_codebook, vbook, nvs, vc, nb, S, D, acc, ng); break; }
         }
         [[fallthrough]];
       default: ValuesGeneric<KH>(a.v_codebook, vbook, nvs, a.v_sub_dim, vc, nb, S, D, acc); break;
