@@ -254,7 +254,7 @@ class VeloxQuantCache(Cache):
         if max_cache_len is not None:
             _check(_lib.vqt_reserve(self._h, int(max_batch_size), int(max_cache_len)))
             self._max_batch, self._max_len = int(max_batch_size), int(max_cache_len)
-            if graph_decode is None or graph_decode:
+            if graph_decode is not False:  # None (the default) or True
                 self._anchor = _new_anchor("cuda" if device == "cuda" else "cpu")
                 _anchored[self._anchor.data_ptr()] = weakref.ref(self)
         elif graph_decode:

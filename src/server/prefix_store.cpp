@@ -68,10 +68,15 @@ std::string PrefixStore::key_hex(uint64_t chain_key) const {
   return fmt::format("vqkv:{:016x}:{:016x}", id_.combined(), chain_key);
 }
 
-std::string PrefixStore::key_of(const int32_t* tokens, int64_t n_blocks) const {
+std::vector<uint64_t> PrefixStore::chain_keys(const int32_t* tokens, int64_t n_blocks) const {
+  std::vector<uint64_t> keys(static_cast<size_t>(n_blocks));
   uint64_t k = id_.combined();
-  for (int64_t d = 0; d < n_blocks; ++d) k = PrefixCache::chain_key(k, tokens + d * B_, B_);
-  return key_hex(k);
+  for (int64_t d = 0; d < n_blocks; ++d) keys[size_t(d)] = k = PrefixCache::chain_key(k, tokens + d * B_, B_);
+  return keys;
+}
+
+std::string PrefixStore::key_of(const int32_t* tokens, int64_t n_blocks) const {
+  return key_hex(n_blocks > 0 ? chain_keys(tokens, n_blocks).back() : id_.combined());
 }
 
 namespace {
@@ -122,11 +127,9 @@ void put(std::vector<uint8_t>& b, T v) {
   b.insert(b.end(), p, p + sizeof(T));
 }
 
-void put_digest(std::vector<uint8_t>& b) {
-  Sha256 sha;
-  sha.update(b.data(), b.size());
-  const std::array<uint8_t, 32> d = sha.finish();
-  b.insert(b.end(), d.begin(), d.end());
+// Bit j of layer l's row of an entry's inheritance bitmap ([n_layers][row bytes]): block j is the ancestor's.
+bool inherited_bit(const std::vector<uint8_t>& bits, size_t row, size_t l, int64_t j) {
+  return bits[l * row + size_t(j / 8)] >> (j % 8) & 1;
 }
 
 }  // namespace
@@ -135,9 +138,8 @@ void PrefixStore::offer(const int32_t* tokens, int64_t n, const SeqKV& s) {
   if (n <= 0 || n % B_ != 0) return;
   const int64_t d = n / B_;
   const int L = kv_.n_layers();
-  std::vector<uint64_t> keys(static_cast<size_t>(d));  // keys[k - 1]: the chain key of the first k blocks
-  uint64_t key = id_.combined();
-  for (int64_t k = 0; k < d; ++k) keys[size_t(k)] = key = PrefixCache::chain_key(key, tokens + k * B_, B_);
+  const std::vector<uint64_t> keys = chain_keys(tokens, d);
+  const uint64_t key = keys.back();
   Forms mine;
   mine.blocks = d;
   mine.f.resize(size_t(L) * size_t(d));
@@ -176,13 +178,14 @@ void PrefixStore::offer(const int32_t* tokens, int64_t n, const SeqKV& s) {
   }
   Pending p;
   p.key = key;
+  p.envelope.reserve(24 + inherit.size() + 32);  // (also keeps GCC 12 from a false -Warray-bounds on the inserts)
   p.envelope.assign(kEntryMagic, kEntryMagic + 8);
   put<uint32_t>(p.envelope, kEntryVersion);
   put<uint32_t>(p.envelope, uint32_t(L));
   put<int64_t>(p.envelope, dp);
   p.envelope.insert(p.envelope.end(), inherit.begin(), inherit.end());
-  put_digest(p.envelope);
-  auto omit = [&](int l, int64_t j) { return j < dp && (inherit[size_t(l) * row + size_t(j / 8)] >> (j % 8) & 1); };
+  seal_sequence_bytes(p.envelope);  // the envelope's own SHA-256
+  auto omit = [&](int l, int64_t j) { return j < dp && inherited_bit(inherit, row, size_t(l), j); };
   p.bytes = encode_sequence(kv_, s, std::vector<int32_t>(tokens, tokens + n), id_, false, key_hex(key),
                             dp > 0 ? std::function<bool(int, int64_t)>(omit) : std::function<bool(int, int64_t)>());
   {
@@ -277,7 +280,7 @@ struct Link {
   size_t row = 0;
   std::vector<uint8_t> inherit;  // as the envelope: [n_layers][row], bit j of a row: block j is the ancestor's
   ParsedSession parsed;
-  bool inherited(size_t l, int64_t j) const { return j < dp && (inherit[l * row + size_t(j / 8)] >> (j % 8) & 1); }
+  bool inherited(size_t l, int64_t j) const { return j < dp && inherited_bit(inherit, row, l, j); }
 };
 
 // Parses an entry of `depth` blocks for the prompt; throws SessionFileError naming `key`.
@@ -319,9 +322,7 @@ void parse_entry(Link& e, int64_t depth, const std::vector<int32_t>& prompt, con
 std::shared_ptr<const StoredPrefix> PrefixStore::fetch(const std::vector<int32_t>& prompt) {
   const int64_t D = std::min<int64_t>((int64_t(prompt.size()) - 1) / B_, opt_.max_lookup_blocks);
   if (D <= 0) return nullptr;
-  std::vector<uint64_t> keys(static_cast<size_t>(D));
-  uint64_t k = id_.combined();
-  for (int64_t d = 0; d < D; ++d) keys[size_t(d)] = k = PrefixCache::chain_key(k, prompt.data() + d * B_, B_);
+  const std::vector<uint64_t> keys = chain_keys(prompt.data(), D);
   int64_t local = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -105,6 +105,8 @@ class PrefixStore : public PrefixCacheListener {
  private:
   struct Conn;  // one hiredis connection with its retry clock
   std::string key_hex(uint64_t chain_key) const;
+  // keys[k - 1]: the chain key of tokens' first k full blocks, k = 1..n_blocks.
+  std::vector<uint64_t> chain_keys(const int32_t* tokens, int64_t n_blocks) const;
   void writer();
 
   PrefixStoreOptions opt_;
