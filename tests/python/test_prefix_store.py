@@ -188,7 +188,7 @@ def test_a_later_turn_writes_a_delta_entry_and_is_assembled_from_its_chain(store
         assert c.stop() == 0
 
 
-@pytest.mark.parametrize("damage", ["flip", "envelope", "truncate", "other_spec"])
+@pytest.mark.parametrize("damage", ["flip", "envelope", "bare_session", "truncate", "other_spec"])
 def test_bad_entries_are_refused_and_never_used(store, damage):
     a = serve(store)
     try:
@@ -205,6 +205,8 @@ def test_bad_entries_are_refused_and_never_used(store, damage):
         bad = bytearray(val)
         bad[20] ^= 0x01  # the ancestor's depth: the envelope's SHA-256 no longer matches
         bad = bytes(bad)
+    elif damage == "bare_session":
+        bad = val[24 + 32:]  # the session file without its envelope, as builds before delta entries wrote
     elif damage == "truncate":
         bad = val[:len(val) - 1000]
     else:
