@@ -31,7 +31,14 @@ for spec in ("vecinfer:d4b8", "vecinfer:d4b8,gran=shared", "fp16"):
         fwd = m if mode is None else torch.compile(m.forward, mode=mode, fullgraph=True)
         for sized in (False, True):
             kw = dict(max_batch_size=2, max_cache_len=160, graph_decode=True) if sized else {}
-            got = _turns(fwd, m, vqt.cache(m, spec, calib=c, **kw), P, T)
+            try:
+                got = _turns(fwd, m, vqt.cache(m, spec, calib=c, **kw), P, T)
+            except Exception as e:  # noqa: BLE001  (one case's failure must not hide the others)
+                import traceback
+                tb = traceback.extract_tb(e.__traceback__)
+                print(f"{spec:28s} {name:17s} sized={sized!s:5s} FAILED {type(e).__name__}: {str(e)[:200]} at "
+                      + " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in tb[-6:]), flush=True)
+                continue
             d = (got - ref).abs().amax(dim=(1, 2))
             bad = (d > 0.05).nonzero()
             agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()

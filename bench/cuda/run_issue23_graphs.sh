@@ -27,7 +27,8 @@ if has diag; then
   root=$(mktemp -d); mkdir -p "$root/veloxquant"; cp python/veloxquant/torch.py "$root/veloxquant/"
   : > "$root/veloxquant/__init__.py"
   PYTHONPATH=$root VQ_TORCH_LIB=$PWD/.gpubin-t/libveloxquant_torch.so LD_LIBRARY_PATH=$VQ_PREBUILT/lib:${LD_LIBRARY_PATH:-} \
-    timeout 200 python3 -W ignore bench/cuda/diag_sized.py 2>&1 | grep -v -i warn | tail -20
+    timeout 200 python3 -W ignore bench/cuda/diag_sized.py > "$L/diag.txt" 2>&1
+  grep -v -i warn "$L/diag.txt" | grep -E "sized=|Error|error" | head -40
 fi
 if has bench; then
   GEO=${GEO:-qwen2.5-1.5b} CTX=${CTX:-4096,32768} BATCH=${BATCH:-1} LIMIT_S=${LIMIT_S:-280} BUDGET=${BUDGET:-250} STEPS=${STEPS:-32} \

@@ -31,6 +31,15 @@ inline const Model* smollm2() {
     GTEST_SKIP() << "the default model " << ::vq::default_model_location()                         \
                  << " is absent: run scripts/setup.sh (it installs SmolLM2-135M-Instruct)"
 
+// Minutes of real-model arithmetic that the sanitizer build only slows down (each such test ran
+// 2-5 minutes under ASan on the CI's 2 cores): the release run checks the numbers; under the
+// sanitizers RealActivations.RecordingSeesTheModel still drives the same model code.
+#if defined(__SANITIZE_ADDRESS__)
+#define VQ_SKIP_UNDER_SANITIZER() GTEST_SKIP() << "real-model arithmetic: checked by the release build, not under ASan"
+#else
+#define VQ_SKIP_UNDER_SANITIZER() (void)0
+#endif
+
 // Text of a file ("" when unreadable).
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -12,6 +12,7 @@
 using namespace vq;
 
 TEST(Perplexity, Fp16CacheEqualsFp32Recomputation) {
+  VQ_SKIP_UNDER_SANITIZER();
   VQ_REQUIRE_MODEL(model);
   const std::string text = model_test::eval_text();
   if (text.size() < 4000) GTEST_SKIP() << "python3-doc is not installed (scripts/setup.sh installs it)";

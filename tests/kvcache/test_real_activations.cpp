@@ -173,6 +173,7 @@ TEST(RealActivations, RecordingSeesTheModel) {
 //    1.5 bits per element with codebooks trained on a different text (the Jargon File).
 // Plus the ordering the method is about: VecInfer at 2 bits beats KIVI at 2 bits (+scales).
 TEST(RealActivations, EveryCacheAgreesWithExactAttention) {
+  VQ_SKIP_UNDER_SANITIZER();
   VQ_REQUIRE_ACTIVATIONS(fx);
   struct Case {
     const char* spec;
@@ -201,6 +202,7 @@ TEST(RealActivations, EveryCacheAgreesWithExactAttention) {
 
 // The LUT attention on the codes equals decoding the codes and attending, on real activations.
 TEST(RealActivations, VecInferLutEqualsDequantizedOnRealData) {
+  VQ_SKIP_UNDER_SANITIZER();
   VQ_REQUIRE_ACTIVATIONS(fx);
   KVCacheConfig cfg = parse_kv_cache_spec("vecinfer:d4b8");
   cfg.use_gpu_kernels = GpuKernels::forbid;
