@@ -489,6 +489,11 @@ def test_sized_cache_refusals(device):
               use_cache=True)
     with pytest.raises(ValueError, match="go together"):
         vqt.cache(m, "fp16", max_cache_len=64)
+    # every anchor 64-byte aligned and its own: inductor clones a GPU input that it compiled as
+    # aligned and meets misaligned, and a clone names no cache
+    anchors = [vqt.cache(m, "fp16", max_batch_size=1, max_cache_len=8)._anchor for _ in range(5)]
+    assert all(a.data_ptr() % 64 == 0 for a in anchors), [a.data_ptr() % 64 for a in anchors]
+    assert len({a.data_ptr() for a in anchors}) == 5
     with pytest.raises(vqt.Error, match="max_batch_size 0 must be in 1..65535"):
         vqt.cache(m, "fp16", max_batch_size=0, max_cache_len=64)
     with pytest.raises(vqt.Error, match="max_cache_len -5 must be in 1.."):

@@ -489,6 +489,9 @@ _anchored = {}
 _anchor_blocks = {}  # device -> [block tensor, next free slot]
 _anchor_keep = []    # every block ever made (a freed block's addresses could come back)
 _ANCHOR_BLOCK = 4096
+# Anchors 64 bytes apart: inductor clones a GPU input that it compiled as 16-byte aligned and later
+# meets misaligned (compile_fx's copy_misaligned_inputs), and a cloned anchor names no cache.
+_ANCHOR_STRIDE = 16
 
 
 def _new_anchor(device):
@@ -497,7 +500,7 @@ def _new_anchor(device):
         blk = _anchor_blocks[device] = [torch.zeros(_ANCHOR_BLOCK, dtype=torch.int32, device=device), 0]
         _anchor_keep.append(blk[0])
     a = blk[0][blk[1]:blk[1] + 1]
-    blk[1] += 1
+    blk[1] += _ANCHOR_STRIDE
     # unguarded: a new address makes inductor's CUDA graphs record again (no recompile)
     torch._dynamo.mark_static_address(a, guard=False)
     return a
