@@ -173,6 +173,10 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
     r["prefill_s"] = round(time.time() - t0, 3)
     pos = ctx
 
+    if compiled:  # each case compiles afresh: an earlier case's CUDA-graph pools (or a failure inside
+        # their recording, e.g. out of memory) must not carry into this one
+        _COMPILED.clear()
+        torch._dynamo.reset()
     fwd = compiled_forward(model, mode) if compiled else model
 
     def step(tok, pos):
