@@ -11,5 +11,5 @@ ctest --test-dir build/release --output-on-failure -j "$jobs" -LE fuzz_long
 if [ "${VQ_TEST_PIP:-0}" = 1 ]; then
   CMAKE_BUILD_PARALLEL_LEVEL=$jobs scripts/test_pip.sh
 fi
-scripts/build.sh asan
+scripts/build.sh asan vq_tests  # the GoogleTest executables only: the CLI is not run under the sanitizers
 ctest --test-dir build/asan --output-on-failure -j "$jobs" -LE slow -E '^py_'
