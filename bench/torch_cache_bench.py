@@ -115,7 +115,6 @@ def sync():
         torch.cuda.synchronize()
 
 
-_COMPILED = {}
 _COMPILE_MODES = {"+c": "reduce-overhead", "+cd": "default", "+cg": "reduce-overhead"}
 
 
@@ -127,10 +126,10 @@ def split_method(method):
 
 
 def compiled_forward(model, mode="reduce-overhead"):
-    """One torch.compile'd forward per (model, mode) (its guards tell the caches apart)."""
-    if (id(model), mode) not in _COMPILED:
-        _COMPILED[(id(model), mode)] = torch.compile(model.forward, mode=mode, fullgraph=True)
-    return _COMPILED[(id(model), mode)]
+    """A fresh torch.compile'd forward: each case compiles afresh, so an earlier case's CUDA-graph
+    pools (or a failure inside their recording, e.g. out of memory) do not carry into it."""
+    torch._dynamo.reset()
+    return torch.compile(model.forward, mode=mode, fullgraph=True)
 
 
 @torch.no_grad()
@@ -173,10 +172,6 @@ def run_case(model, vqt, method, B, ctx, steps, calib, chunk=4096):
     r["prefill_s"] = round(time.time() - t0, 3)
     pos = ctx
 
-    if compiled:  # each case compiles afresh: an earlier case's CUDA-graph pools (or a failure inside
-        # their recording, e.g. out of memory) must not carry into this one
-        _COMPILED.clear()
-        torch._dynamo.reset()
     fwd = compiled_forward(model, mode) if compiled else model
 
     def step(tok, pos):

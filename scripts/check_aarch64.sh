@@ -50,8 +50,7 @@ if [ "$all" = 0 ]; then
     more=$({ printf '%s\n' $arch; grep -l -E "#include \"([^\"]*/)?($names)\"" "${hdrs[@]}" | sed 's|.*/||'; } | sort -u)
     [ "$more" = "$arch" ] && break
     arch=$more
-  done
-  names=$(printf '%s\n' $arch | sed 's/\./\\./g' | paste -sd'|')
+  done  # names: the fixed point's
   list=$(printf '%s\n' "$list" | xargs grep -l -E "$pat|#include \"([^\"]*/)?($names)\"")
 fi
 mapfile -t files <<<"$list"

@@ -16,20 +16,21 @@ import veloxquant.torch as vqt  # noqa: E402
 from test_torch import _Tok, _turns, tiny  # noqa: E402
 
 m0 = tiny("llama", "cpu", layers=1)
-calib = vqt.calibrate(m0, _Tok(), " ".join(str(i % 300) for i in range(4096)), "vecinfer:d4b8",
-                      os.path.join(tempfile.mkdtemp(), "t.vqcal"), max_tokens=2048, segment_tokens=1024,
-                      model_name="tiny.gguf")
+
+
+def calibrate(spec):
+    """A calibration file of the spec (its own granularity) from the tiny model."""
+    return vqt.calibrate(m0, _Tok(), " ".join(str(i % 300) for i in range(4096)), spec,
+                         os.path.join(tempfile.mkdtemp(), "t.vqcal"), max_tokens=2048, segment_tokens=1024,
+                         model_name="tiny.gguf")
+
+
 m = tiny("llama", "cuda", layers=1)
 g = torch.Generator().manual_seed(5)
 P = [torch.randint(0, 320, (2, n), generator=g).cuda() for n in (37, 21)]
 T = [[torch.randint(0, 320, (2, 1), generator=g).cuda() for _ in range(40)] for _ in P]
-calibs = {"vecinfer:d4b8": calib}
 for spec in ("vecinfer:d4b8", "vecinfer:d4b8,gran=shared", "fp16"):
-    if spec != "fp16" and spec not in calibs:  # a calibration of the spec's own granularity
-        calibs[spec] = vqt.calibrate(m0, _Tok(), " ".join(str(i % 300) for i in range(4096)), spec,
-                                     os.path.join(tempfile.mkdtemp(), "t.vqcal"), max_tokens=2048,
-                                     segment_tokens=1024, model_name="tiny.gguf")
-    c = calibs.get(spec)
+    c = calibrate(spec) if spec != "fp16" else None
     ref = _turns(m, m, vqt.cache(m, spec, calib=c), P, T)
     for name, mode in (("eager", None), ("compiled-default", "default"), ("compiled-graphs", "reduce-overhead")):
         torch._dynamo.reset()
