@@ -31,6 +31,21 @@ def load_average():
         return "?"
 
 
+def cpu_times():
+    """The machine's (steal, total) jiffies from /proc/stat (zeros where it cannot be read)."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return (f[7] if len(f) > 7 else 0), sum(f)
+    except (OSError, ValueError):
+        return 0, 0
+
+
+def steal_since(t0):
+    """Percent of the machine's CPU time stolen by the hypervisor since cpu_times() gave t0."""
+    s1, n1 = cpu_times()
+    return 100.0 * (s1 - t0[0]) / (n1 - t0[1]) if n1 > t0[1] else 0.0
+
+
 def trained_context(llm):
     """The model's trained context from its GGUF metadata ({arch}.context_length)."""
     md = getattr(llm, "metadata", None) or {}
@@ -129,14 +144,23 @@ def main():
                 calibs = {kv: calibration(a.bin, name, path, kv, Path(a.calib_dir)) for kv in ours_kv}
                 for rep in range(a.reps):
                     for kv, fa in configs:
+                        c0 = cpu_times()
                         pp, tg = bench_llamacpp(path, t, ids, a.decode, 1, kv, fa)
                         lc[(kv, fa)][0].append(pp), lc[(kv, fa)][1].append(tg)
                         print(f"{name} ctx {ctx} t {t} round {rep + 1}: llama.cpp {kv}{'+fa' if fa else ''}: "
-                              f"pp {pp:.1f} tg {tg:.1f}", flush=True)
+                              f"pp {pp:.1f} tg {tg:.1f} (steal {steal_since(c0):.1f}%)", flush=True)
                     for kv in ours_kv:
-                        pp, tg, _ = bench_ours(a.bin, path, t, ids, a.decode, 1, kv, calibs[kv])
+                        c0, st = cpu_times(), []
+                        pp, tg, _ = bench_ours(a.bin, path, t, ids, a.decode, 1, kv, calibs[kv], st)
                         oc[kv][0].append(pp), oc[kv][1].append(tg)
-                        print(f"{name} ctx {ctx} t {t} round {rep + 1}: ours {kv}: pp {pp:.1f} tg {tg:.1f}", flush=True)
+                        # The decode's steps (ms: min / median / max) and the share of its wall time the
+                        # threads ran (CPU-s over threads x wall-s): a slow round with a low share waited
+                        # (the VM or the pool), one with a full share did slower work.
+                        ms = sorted(1e3 * x for x in st[-1].get("decode_step_s", [0.0]))
+                        share = st[-1]["decode_cpu_s"] / (t * st[-1]["decode_s"]) if st[-1]["decode_s"] else 0.0
+                        print(f"{name} ctx {ctx} t {t} round {rep + 1}: ours {kv}: pp {pp:.1f} tg {tg:.1f} "
+                              f"(steps {ms[0]:.1f} / {ms[len(ms) // 2]:.1f} / {ms[-1]:.1f} ms, CPU share "
+                              f"{share:.2f}, steal {steal_since(c0):.1f}%)", flush=True)
                 best_pp = best_tg = (0.0, "")
                 for (kv, fa), (pps, tgs) in lc.items():
                     label = kv + ("+fa" if fa else "")

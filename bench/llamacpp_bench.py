@@ -55,9 +55,10 @@ def bench_llamacpp(model, threads, ids, n_decode, reps):
     return statistics.median(pp), statistics.median(tg), statistics.median(tg_cpu)
 
 
-def bench_ours(binary, model, threads, ids, n_decode, reps, kv, calib=None):
+def bench_ours(binary, model, threads, ids, n_decode, reps, kv, calib=None, stats=None):
     """Our `generate` on the same token ids: medians of prefill and decode tokens/s, and decode tokens per
-    CPU-second. calib: a calibration file for vecinfer caches (None: the default model's first-use one)."""
+    CPU-second. calib: a calibration file for vecinfer caches (None: the default model's first-use one).
+    stats: a list that receives each run's --stats-json (per-step decode times among them)."""
     pp, tg, tg_cpu = [], [], []
     with tempfile.TemporaryDirectory() as d:
         idf = Path(d) / "ids.txt"
@@ -73,6 +74,8 @@ def bench_ours(binary, model, threads, ids, n_decode, reps, kv, calib=None):
             if r.returncode != 0:
                 raise SystemExit(f"bench_ours: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
             s = json.loads(js.read_text())
+            if stats is not None:
+                stats.append(s)
             pp.append(s["prefill_tps"])
             tg.append(s["decode_tps"])
             tg_cpu.append(s["n_decoded"] / s["decode_cpu_s"])

@@ -28,6 +28,9 @@ def gen(tmp_path, name, *args, kv=KV):
 def test_load_session_continues_exactly(tmp_path):
     r, whole = gen(tmp_path, "whole", "--prompt-ids", IDS, "-n", 30)
     assert r.returncode == 0, r.stderr
+    steps = whole["decode_step_s"]  # one wall time per decode step, summing to decode_s
+    assert len(steps) == whole["n_decoded"] == 29 and min(steps) > 0, steps
+    assert abs(sum(steps) - whole["decode_s"]) < 1e-6 * max(1.0, whole["decode_s"]), (sum(steps), whole["decode_s"])
     sess = tmp_path / "s.vqkv"
     r, first = gen(tmp_path, "first", "--prompt-ids", IDS, "-n", 14, "--save-session", sess)
     assert r.returncode == 0, r.stderr

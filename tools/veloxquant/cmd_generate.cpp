@@ -368,6 +368,7 @@ void run_generate(const GenerateOptions& o) {
   check_logits_finite(last, V, n_prompt - 1);
 
   double decode_s = 0.0, decode_cpu_s = 0.0;
+  std::vector<double> step_s;  // wall seconds of each decode step (--stats-json)
   int n_decoded = 0, n_generated = 0;
   std::string stop_reason = "n_predict";
   const std::optional<vx::Tokenizer> tok =
@@ -390,7 +391,8 @@ void run_generate(const GenerateOptions& o) {
     const auto t0 = Clock::now();
     const double c0 = process_cpu_seconds();
     session.forward(std::span<const int32_t>(&next, 1), step.data());
-    decode_s += seconds_since(t0);
+    step_s.push_back(seconds_since(t0));
+    decode_s += step_s.back();
     decode_cpu_s += process_cpu_seconds() - c0;
     ++n_decoded;
     check_logits_finite(step.data(), V, session.pos() - 1);
@@ -421,7 +423,8 @@ void run_generate(const GenerateOptions& o) {
     nlohmann::json j = {{"model", path}, {"threads", vx::num_threads()}, {"kv_cache", kv_name},
                         {"n_prompt", n_prompt}, {"n_generated", n_generated}, {"n_decoded", n_decoded},
                         {"prefill_s", prefill_s}, {"decode_s", decode_s},
-                        {"prefill_cpu_s", prefill_cpu_s}, {"decode_cpu_s", decode_cpu_s}, {"prefill_tps", pp_tps},
+                        {"prefill_cpu_s", prefill_cpu_s}, {"decode_cpu_s", decode_cpu_s}, {"decode_step_s", step_s},
+                        {"prefill_tps", pp_tps},
                         {"decode_tps", tg_tps}, {"kv_bytes", kvb}, {"kv_allocated_bytes", kva}, {"kv_fp16_bytes", kv16},
                         {"kv_codebook_bytes", cb}, {"bits_per_element", bpe}, {"stop", stop_reason}, {"tp", o.tp},
                         {"tokens", std::vector<int32_t>(ids.begin() + n_prompt, ids.end())}};
