@@ -68,7 +68,9 @@ def parse_config(c):
     return kv, bool(fa)
 
 
-def bench_llamacpp(model, threads, ids, n_decode, reps, kv, fa):
+def bench_llamacpp(model, threads, ids, n_decode, reps, kv, fa, share=None):
+    """llama.cpp's prefill and decode tokens/s (medians over reps); share: a list that receives each
+    rep's decode CPU share (process CPU-s over threads x wall-s), as ours is reported."""
     llm = llama_cpp.Llama(model_path=model, n_ctx=len(ids) + n_decode + 8, n_batch=512, n_ubatch=512,
                           n_threads=threads, n_threads_batch=threads, type_k=KV_TYPES[kv], type_v=KV_TYPES[kv],
                           flash_attn=fa, verbose=False)
@@ -78,13 +80,16 @@ def bench_llamacpp(model, threads, ids, n_decode, reps, kv, fa):
         t0 = time.perf_counter()
         llm.eval(ids)
         pp.append(len(ids) / (time.perf_counter() - t0))
-        dt = 0.0
+        dt = dc = 0.0
         tok = ids[-1]
         for _ in range(n_decode):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             llm.eval([tok])
             dt += time.perf_counter() - t0
+            dc += time.process_time() - c0
         tg.append(n_decode / dt)
+        if share is not None:
+            share.append(dc / (threads * dt))
     del llm
     return statistics.median(pp), statistics.median(tg)
 
@@ -144,11 +149,12 @@ def main():
                 calibs = {kv: calibration(a.bin, name, path, kv, Path(a.calib_dir)) for kv in ours_kv}
                 for rep in range(a.reps):
                     for kv, fa in configs:
-                        c0 = cpu_times()
-                        pp, tg = bench_llamacpp(path, t, ids, a.decode, 1, kv, fa)
+                        c0, sh = cpu_times(), []
+                        pp, tg = bench_llamacpp(path, t, ids, a.decode, 1, kv, fa, sh)
                         lc[(kv, fa)][0].append(pp), lc[(kv, fa)][1].append(tg)
                         print(f"{name} ctx {ctx} t {t} round {rep + 1}: llama.cpp {kv}{'+fa' if fa else ''}: "
-                              f"pp {pp:.1f} tg {tg:.1f} (steal {steal_since(c0):.1f}%)", flush=True)
+                              f"pp {pp:.1f} tg {tg:.1f} (CPU share {sh[-1]:.2f}, steal {steal_since(c0):.1f}%)",
+                              flush=True)
                     for kv in ours_kv:
                         c0, st = cpu_times(), []
                         pp, tg, _ = bench_ours(a.bin, path, t, ids, a.decode, 1, kv, calibs[kv], st)
