@@ -162,7 +162,7 @@ def main():
                         # The decode's steps (ms: min / median / max) and the share of its wall time the
                         # threads ran (CPU-s over threads x wall-s): a slow round with a low share waited
                         # (the VM or the pool), one with a full share did slower work.
-                        ms = sorted(1e3 * x for x in st[-1].get("decode_step_s", [0.0]))
+                        ms = sorted(1e3 * x for x in st[-1].get("decode_step_s") or [0.0])
                         share = st[-1]["decode_cpu_s"] / (t * st[-1]["decode_s"]) if st[-1]["decode_s"] else 0.0
                         print(f"{name} ctx {ctx} t {t} round {rep + 1}: ours {kv}: pp {pp:.1f} tg {tg:.1f} "
                               f"(steps {ms[0]:.1f} / {ms[len(ms) // 2]:.1f} / {ms[-1]:.1f} ms, CPU share "
