@@ -12,13 +12,12 @@ import os
 import platform
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
 import llama_cpp
 
 # The peer-bench helpers shared with bench/llamacpp_bench.py (same folder: on sys.path when run as a script).
-from llamacpp_bench import bench_ours, cpu_name, prompt_ids
+from llamacpp_bench import bench_llamacpp, bench_ours, cpu_name, prompt_ids
 
 # GGML type ids of the KV cache types llama.cpp takes (ggml.h).
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
@@ -66,32 +65,6 @@ def parse_config(c):
     if kv != "f16" and not fa:
         raise SystemExit(f"cpu_side_by_side: '{c}': llama.cpp needs flash attention for a quantized V cache")
     return kv, bool(fa)
-
-
-def bench_llamacpp(model, threads, ids, n_decode, reps, kv, fa, share=None):
-    """llama.cpp's prefill and decode tokens/s (medians over reps); share: a list that receives each
-    rep's decode CPU share (process CPU-s over threads x wall-s), as ours is reported."""
-    llm = llama_cpp.Llama(model_path=model, n_ctx=len(ids) + n_decode + 8, n_batch=512, n_ubatch=512,
-                          n_threads=threads, n_threads_batch=threads, type_k=KV_TYPES[kv], type_v=KV_TYPES[kv],
-                          flash_attn=fa, verbose=False)
-    pp, tg = [], []
-    for _ in range(reps):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(ids)
-        pp.append(len(ids) / (time.perf_counter() - t0))
-        dt = dc = 0.0
-        tok = ids[-1]
-        for _ in range(n_decode):
-            t0, c0 = time.perf_counter(), time.process_time()
-            llm.eval([tok])
-            dt += time.perf_counter() - t0
-            dc += time.process_time() - c0
-        tg.append(n_decode / dt)
-        if share is not None:
-            share.append(dc / (threads * dt))
-    del llm
-    return statistics.median(pp), statistics.median(tg)
 
 
 def calibration(binary, name, model, kv, folder):
@@ -149,24 +122,23 @@ def main():
                 calibs = {kv: calibration(a.bin, name, path, kv, Path(a.calib_dir)) for kv in ours_kv}
                 for rep in range(a.reps):
                     for kv, fa in configs:
-                        c0, sh = cpu_times(), []
-                        pp, tg = bench_llamacpp(path, t, ids, a.decode, 1, kv, fa, sh)
+                        # CPU share: the share of the decode's wall time the threads ran (CPU-s over
+                        # threads x wall-s): a slow round with a low share waited (the VM or a thread
+                        # pool), one with a full share did slower work.
+                        c0 = cpu_times()
+                        pp, tg, tg_cpu = bench_llamacpp(path, t, ids, a.decode, 1, KV_TYPES[kv], fa)
                         lc[(kv, fa)][0].append(pp), lc[(kv, fa)][1].append(tg)
                         print(f"{name} ctx {ctx} t {t} round {rep + 1}: llama.cpp {kv}{'+fa' if fa else ''}: "
-                              f"pp {pp:.1f} tg {tg:.1f} (CPU share {sh[-1]:.2f}, steal {steal_since(c0):.1f}%)",
-                              flush=True)
+                              f"pp {pp:.1f} tg {tg:.1f} (CPU share {tg / (t * tg_cpu):.2f}, "
+                              f"steal {steal_since(c0):.1f}%)", flush=True)
                     for kv in ours_kv:
                         c0, st = cpu_times(), []
-                        pp, tg, _ = bench_ours(a.bin, path, t, ids, a.decode, 1, kv, calibs[kv], st)
+                        pp, tg, tg_cpu = bench_ours(a.bin, path, t, ids, a.decode, 1, kv, calibs[kv], st)
                         oc[kv][0].append(pp), oc[kv][1].append(tg)
-                        # The decode's steps (ms: min / median / max) and the share of its wall time the
-                        # threads ran (CPU-s over threads x wall-s): a slow round with a low share waited
-                        # (the VM or the pool), one with a full share did slower work.
-                        ms = sorted(1e3 * x for x in st[-1].get("decode_step_s") or [0.0])
-                        share = st[-1]["decode_cpu_s"] / (t * st[-1]["decode_s"]) if st[-1]["decode_s"] else 0.0
+                        ms = sorted(1e3 * x for x in st[-1].get("decode_step_s") or [0.0])  # the decode's steps
                         print(f"{name} ctx {ctx} t {t} round {rep + 1}: ours {kv}: pp {pp:.1f} tg {tg:.1f} "
                               f"(steps {ms[0]:.1f} / {ms[len(ms) // 2]:.1f} / {ms[-1]:.1f} ms, CPU share "
-                              f"{share:.2f}, steal {steal_since(c0):.1f}%)", flush=True)
+                              f"{tg / (t * tg_cpu):.2f}, steal {steal_since(c0):.1f}%)", flush=True)
                 best_pp = best_tg = (0.0, "")
                 for (kv, fa), (pps, tgs) in lc.items():
                     label = kv + ("+fa" if fa else "")

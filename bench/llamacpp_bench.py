@@ -33,9 +33,12 @@ def prompt_ids(llm, n):
     return ids[:n]
 
 
-def bench_llamacpp(model, threads, ids, n_decode, reps):
+def bench_llamacpp(model, threads, ids, n_decode, reps, kv_type=None, flash_attn=False):
+    """llama.cpp's prefill and decode tokens/s and decode tokens per CPU-second (medians over reps).
+    kv_type: the GGML type id of its KV cache (None: its default, f16); flash_attn: its setting."""
+    kv = {} if kv_type is None else {"type_k": kv_type, "type_v": kv_type}
     llm = llama_cpp.Llama(model_path=model, n_ctx=len(ids) + n_decode + 8, n_batch=512, n_ubatch=512,
-                          n_threads=threads, n_threads_batch=threads, verbose=False)
+                          n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn, verbose=False, **kv)
     pp, tg, tg_cpu = [], [], []
     for _ in range(reps):
         llm.reset()

@@ -4,6 +4,7 @@
 // several through a veloxquant::Engine.
 #include <chrono>
 #include <ctime>
+#include <numeric>
 #include <optional>
 #include <cstdio>
 #include <fstream>
@@ -367,8 +368,8 @@ void run_generate(const GenerateOptions& o) {
   const float* last = logits.data() + size_t(dump ? n_prompt - 1 : 0) * V;
   check_logits_finite(last, V, n_prompt - 1);
 
-  double decode_s = 0.0, decode_cpu_s = 0.0;
-  std::vector<double> step_s;  // wall seconds of each decode step (--stats-json)
+  double decode_cpu_s = 0.0;
+  std::vector<double> step_s;  // wall seconds of each decode step
   int n_decoded = 0, n_generated = 0;
   std::string stop_reason = "n_predict";
   const std::optional<vx::Tokenizer> tok =
@@ -392,13 +393,13 @@ void run_generate(const GenerateOptions& o) {
     const double c0 = process_cpu_seconds();
     session.forward(std::span<const int32_t>(&next, 1), step.data());
     step_s.push_back(seconds_since(t0));
-    decode_s += step_s.back();
     decode_cpu_s += process_cpu_seconds() - c0;
     ++n_decoded;
     check_logits_finite(step.data(), V, session.pos() - 1);
     if (dump) dumped.insert(dumped.end(), step.begin(), step.end());
     last = step.data();
   }
+  const double decode_s = std::accumulate(step_s.begin(), step_s.end(), 0.0);
   if (tty && !o.quiet) std::fputs(terminal.flush().c_str(), stdout);
   if (!o.quiet) std::fputs("\n", stdout);
   std::fflush(stdout);
