@@ -72,11 +72,27 @@ __device__ __forceinline__ void split_half2(float a, float b, uint32_t& hi, uint
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// 2^x on the special-function unit with results below 2^-126 flushed to zero (ex2.approx.ftz):
+// exp2f adds a range test and two predicated multiplies per call to produce such denormals, which
+// softmax weights never need (they round to 0 in the fp16 P and vanish beside the sums).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// How far a score may pass the running reference max before the reference moves (base 2): P stays
+// <= 2^8, exact enough in fp16 (relative rounding unchanged) and in the fp32 sums, and the rescale
+// of the accumulated output is skipped in almost every pass. The partial (m, l, o) stays exact since
+// m is whatever reference was used.
+constexpr float kSoftmaxSlack = 8.f;
+
 // One step of the online softmax (base 2) over S's NS column chunks of 8 (m16n8 accumulator
 // layout: this thread's rows g and g + 8, element 2h + c of a chunk is row h's column 2t + c; the
-// four threads of a row meet by shuffles): S becomes P = exp2(S - max), the running max and sum
-// advance and alpha[h] is the factor row h's accumulated output must take. A row with nothing
-// visible yet (max -inf) keeps P = 0 and alpha = 1.
+// four threads of a row meet by shuffles): S becomes P = exp2(S - reference), the running reference
+// and sum advance and alpha[h] is the factor row h's accumulated output must take (1 unless the
+// reference moved: callers skip the rescale when no row of the warp moved, `any_rescale`). A row
+// with nothing visible yet (reference -inf) keeps P = 0 and alpha = 1.
 template <int NS>
 __device__ __forceinline__ void online_softmax_step(float (&s)[NS][4], float (&m_run)[2], float (&l_run)[2],
                                                     float (&alpha)[2]) {
@@ -87,19 +103,25 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NS][4], float (&m
     for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run[h], mx);
+    const bool move = mx > m_run[h] + kSoftmaxSlack;  // any finite mx when the reference is -inf
+    const float m_new = move ? mx : m_run[h];
     const float mref = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h] = exp2f(m_run[h] - mref);
+    alpha[h] = move ? exp2_ftz(m_run[h] - mref) : 1.f;
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
-      s[n][2 * h] = exp2f(s[n][2 * h] - mref);
-      s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - mref);
+      s[n][2 * h] = exp2_ftz(s[n][2 * h] - mref);
+      s[n][2 * h + 1] = exp2_ftz(s[n][2 * h + 1] - mref);
       sum += s[n][2 * h] + s[n][2 * h + 1];
     }
     l_run[h] = l_run[h] * alpha[h] + sum;
     m_run[h] = m_new;
   }
+}
+// Whether some row of this warp must rescale its output (warp-uniform, so the rescale is skipped
+// without divergence).
+__device__ __forceinline__ bool any_rescale(const float (&alpha)[2]) {
+  return __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);
 }
 
 }  // namespace vq::cuda::ptx

@@ -268,8 +268,10 @@ __global__ void __launch_bounds__(32 * W, 1) dense_mma_kernel(DenseParams p) {
     // ---- online softmax (base 2), rows g and g + 8 ----
     float alpha[2];
     online_softmax_step<NS>(s, m_run, l_run, alpha);
+    if (any_rescale(alpha)) {
 #pragma unroll
-    for (int n = 0; n < NO; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+      for (int n = 0; n < NO; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
     // ---- O += P V: P from the S accumulators, k-steps of 16 tokens ----
 #pragma unroll
     for (int kk = 0; kk < KN / 16; ++kk) {

@@ -246,29 +246,49 @@ size_t prefill_smem_bytes(const PrefillParams& pp) {
 // of the tile reads (hulls over the rows: ce grows with the position, so the first row has the
 // earliest sink / code / window starts and the last row the latest code end).
 struct PassWalk {
+  // The rule by pool block (kB tokens; positions fit in 31 bits): block b is read in form 1 when
+  // b is in [cb_lo, cb_hi), in form 0 when in [sb_lo, sb_hi) (sinks) or >= wb_lo (window), and
+  // never past bl_last (the block of the tile's last position). Set by make(); closed forms, so a
+  // pass's test is a few integer compares (the consumers run it once per pass).
   bool coded;
-  int64_t sink_lo, sink_hi, code_lo, code_hi, win_lo, t_last;
-  int kn;  // keys per pass
+  int bl_last, sb_lo, sb_hi, cb_lo, cb_hi, wb_lo;
+  int kn;       // keys per pass (a multiple of kB)
   int64_t j_end;  // passes at or past it belong to the next key split
-  // Does some row read pool block b (32 tokens) in this form?
-  __device__ __forceinline__ bool block_needed(int64_t b, int form) const {
-    const int64_t u0 = b * kB;
-    if (u0 > t_last) return false;
-    if (form == 1) return coded && u0 < code_hi && u0 + kB > code_lo;
-    const bool sink = coded && u0 < sink_hi && u0 + kB > sink_lo;
-    return sink || u0 + kB > win_lo;
+  // sink [sink_lo, sink_hi), codes [code_lo, code_hi) and window from win_lo, in tokens: block b
+  // (tokens [b kB, b kB + kB)) is needed when it overlaps a range, so the block bounds are the
+  // floor of each start and the ceiling of each end.
+  __device__ __forceinline__ static PassWalk make(bool coded, int64_t sink_lo, int64_t sink_hi, int64_t code_lo,
+                                                  int64_t code_hi, int64_t win_lo, int t_last, int kn) {
+    PassWalk w;
+    w.coded = coded, w.kn = kn, w.j_end = 0;
+    w.bl_last = t_last / kB;
+    w.sb_lo = int(sink_lo / kB), w.sb_hi = int((sink_hi + kB - 1) / kB);
+    w.cb_lo = int(code_lo / kB), w.cb_hi = int((code_hi + kB - 1) / kB);
+    w.wb_lo = int(win_lo / kB);
+    return w;
   }
-  __device__ __forceinline__ bool needed(int64_t j, int form) const {  // pass j: keys [j*kn, (j+1)*kn)
-    for (int64_t b = j * kn / kB; b < (j + 1) * kn / kB; ++b)
-      if (block_needed(b, form)) return true;
-    return false;
+  // Does some row read pool block b (32 tokens) in this form?
+  __device__ __forceinline__ bool block_needed(int64_t b64, int form) const {
+    const int b = int(b64);
+    if (b > bl_last) return false;
+    if (form == 1) return coded && b >= cb_lo && b < cb_hi;
+    return (coded && b >= sb_lo && b < sb_hi) || b >= wb_lo;
+  }
+  __device__ __forceinline__ bool needed(int j, int form) const {  // pass j: blocks [j kn / kB, (j + 1) kn / kB)
+    const int b0 = j * (kn / kB), b1 = min(b0 + kn / kB, bl_last + 1);
+    if (form == 1) return coded && max(b0, cb_lo) < min(b1, cb_hi);
+    return (coded && max(b0, sb_lo) < min(b1, sb_hi)) || max(b0, wb_lo) < b1;
   }
   // The first needed pass at or after (j, form); j = -1 when none is left.
-  __device__ __forceinline__ void seek(int64_t& j, int& form) const {
-    for (; j < j_end && j * kn <= t_last; form = 0, ++j)
+  __device__ __forceinline__ void seek(int64_t& j64, int& form) const {
+    const int jl = min(int(j_end), bl_last / (kn / kB) + 1);  // j kn <= t_last  <=>  j kn / kB <= bl_last
+    for (int j = int(j64); j < jl; form = 0, ++j)
       for (; form < 2; ++form)
-        if (needed(j, form)) return;
-    j = -1;
+        if (needed(j, form)) {
+          j64 = j;
+          return;
+        }
+    j64 = -1;
   }
 };
 
@@ -283,14 +303,12 @@ __device__ __forceinline__ void mask_softmax(float (&s)[NS][4], int form, int64_
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const PagedRanges& rr = rg[h];
-    const int64_t u1 = u0 + KN;
-    const bool full = rvalid[h] && u1 - 1 <= rpos[h] &&
-                      (form ? u0 >= rr.code_lo && u1 <= rr.code_hi
-                            : (u0 >= rr.sink_lo && u1 <= rr.sink_hi) || (u0 >= rr.win_lo && u1 <= rr.win_hi));
-    if (full) continue;
-    const int r = rpos[h], base = int(u0);  // positions fit in 31 bits (kv_store_device.cpp)
+    const int r = rpos[h], base = int(u0), u1 = base + KN;  // positions fit in 31 bits (kv_store_device.cpp)
     const int clo = int(rr.code_lo), chi = int(rr.code_hi), slo = int(rr.sink_lo), shi = int(rr.sink_hi);
     const int wlo = int(rr.win_lo), whi = int(rr.win_hi);
+    const bool full = rvalid[h] && u1 - 1 <= r &&
+                      (form ? base >= clo && u1 <= chi : (base >= slo && u1 <= shi) || (base >= wlo && u1 <= whi));
+    if (full) continue;
 #pragma unroll
     for (int n = 0; n < NS; ++n)
 #pragma unroll
@@ -420,10 +438,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
 
   const int t_first = p.pos[tile.row0], t_last = p.pos[tile.row0 + n_pos - 1];
   const PagedRanges gf = paged_ranges(p.rule, t_first), gl = paged_ranges(p.rule, t_last);
-  PassWalk walk;
-  walk.coded = coded_layer;
-  walk.sink_lo = gf.sink_lo, walk.sink_hi = gf.sink_hi, walk.code_lo = gf.code_lo, walk.code_hi = gl.code_hi;
-  walk.win_lo = gf.win_lo, walk.t_last = t_last, walk.kn = KN;
+  PassWalk walk = PassWalk::make(coded_layer, gf.sink_lo, gf.sink_hi, gf.code_lo, gl.code_hi, gf.win_lo, t_last, KN);
   const int64_t kmin =
       coded_layer ? min(gf.sink_hi > gf.sink_lo ? gf.sink_lo : gf.code_lo, gf.win_lo) : gf.win_lo;
   // This block's passes: the z-th of ksplits equal runs of [kmin / KN, t_last / KN].
@@ -649,8 +664,10 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
     }
     float alpha[2];
     mask_softmax<NS>(s, form, u0, rg, rpos, rvalid, t, m_run, l_run, alpha);
+    if (any_rescale(alpha)) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+      for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
     // ---- O += P V: P from the S accumulators (k-steps of 16 keys) ----
 #if defined(VQ_HAVE_WGMMA)
     if constexpr (WG) {  // m64nDk16 per k-step, P from registers, V [KN][D] MN-major
@@ -817,15 +834,17 @@ __device__ __forceinline__ void regs_up() {
 
 #if defined(VQ_HAVE_WGMMA)
 // Issues S = Q K^T of one warpgroup's 64 rows (query core matrices at qa) over the key tile at ka
-// (WsTiles: TB 1 dense, 0 decoded) as one commit group.
+// (WsTiles: TB 1 dense, 0 decoded) as one commit group. acc = 0: the first k-step overwrites sf
+// (the caller leaves it unset, which saves zeroing its KN / 2 registers every pass), 1: adds to it.
 template <int D, int KN, int TB>
-__device__ __forceinline__ void ws_issue_scores(float (&sf)[KN / 2], uint32_t qa, uint32_t ka) {
+__device__ __forceinline__ void ws_issue_scores(float (&sf)[KN / 2], uint32_t qa, uint32_t ka, int acc) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint64_t da = wg::desc(qa + kk * 256, 128, D * 16), db = WsTiles<D, KN>::kdesc(ka, kk, TB);
-    if constexpr (KN == 128) wg::mma_ss_m64n128<TB>(sf, da, db, 1);
-    else if constexpr (KN == 64) wg::mma_ss_m64n64<TB>(sf, da, db, 1);
-    else wg::mma_ss_m64n32<TB>(sf, da, db, 1);
+    const int a = kk == 0 ? acc : 1;
+    if constexpr (KN == 128) wg::mma_ss_m64n128<TB>(sf, da, db, a);
+    else if constexpr (KN == 64) wg::mma_ss_m64n64<TB>(sf, da, db, a);
+    else wg::mma_ss_m64n32<TB>(sf, da, db, a);
   }
   wg::commit();
 }
@@ -843,10 +862,10 @@ __device__ __forceinline__ void ws_issue_pv(float (&of)[D / 2], const uint32_t (
 }
 // S = Q K^T, waited for.
 template <int D, int KN, int TB>
-__device__ __forceinline__ void ws_scores(float (&sf)[KN / 2], uint32_t qa, uint32_t ka) {
+__device__ __forceinline__ void ws_scores(float (&sf)[KN / 2], uint32_t qa, uint32_t ka, int acc) {
   wg::fence_regs(sf);
   wg::fence();
-  ws_issue_scores<D, KN, TB>(sf, qa, ka);
+  ws_issue_scores<D, KN, TB>(sf, qa, ka, acc);
   wg::wait<0>();
   wg::fence_regs(sf);
 }
@@ -864,11 +883,11 @@ __device__ __forceinline__ void ws_pv(float (&of)[D / 2], const uint32_t (&pa)[K
 // still running (wg::wait<0> ends it). One straight sequence: ptxas serializes wgmma across branches.
 template <int D, int KN, int TB>
 __device__ __forceinline__ void ws_products(float (&sf)[KN / 2], uint32_t qa, uint32_t ka, float (&of)[D / 2],
-                                            const uint32_t (&pa)[KN / 16][4], uint32_t va) {
+                                            const uint32_t (&pa)[KN / 16][4], uint32_t va, int acc) {
   wg::fence_regs(sf);
   wg::fence_regs(of);
   wg::fence();
-  ws_issue_scores<D, KN, TB>(sf, qa, ka);
+  ws_issue_scores<D, KN, TB>(sf, qa, ka, acc);
   ws_issue_pv<D, KN>(of, pa, va);
   wg::wait<1>();
   wg::fence_regs(sf);
@@ -904,10 +923,7 @@ __global__ void __launch_bounds__(384, 1)
 
   const int t_first = p.pos[tile.row0], t_last = p.pos[tile.row0 + n_pos - 1];
   const PagedRanges gf = paged_ranges(p.rule, t_first), gl = paged_ranges(p.rule, t_last);
-  PassWalk walk;
-  walk.coded = coded_layer;
-  walk.sink_lo = gf.sink_lo, walk.sink_hi = gf.sink_hi, walk.code_lo = gf.code_lo, walk.code_hi = gl.code_hi;
-  walk.win_lo = gf.win_lo, walk.t_last = t_last, walk.kn = KN;
+  PassWalk walk = PassWalk::make(coded_layer, gf.sink_lo, gf.sink_hi, gf.code_lo, gl.code_hi, gf.win_lo, t_last, KN);
   const int64_t kmin =
       coded_layer ? min(gf.sink_hi > gf.sink_lo ? gf.sink_lo : gf.code_lo, gf.win_lo) : gf.win_lo;
   const int64_t j_first = kmin / KN, n_passes = int64_t(t_last) / KN - j_first + 1;
@@ -1070,20 +1086,23 @@ __global__ void __launch_bounds__(384, 1)
       const int form = cform;
       const int s = it % NST;
       wsb::wait(full + s, (it / NST) & 1);
-      float sc[NS][4];
-      init_scores<NS, NB>(sc, form == 1 && kb_on ? kbst(s) : nullptr, cw * 16);
+      float sc[NS][4];  // set by the first k-step, or from the key mean's terms
+      const bool kbi = form == 1 && kb_on;
+      if (kbi) init_scores<NS, NB>(sc, kbst(s), cw * 16);
       float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(sc);
       const uint32_t qa = smem_u32(form ? qc : qp) + uint32_t(cwg) * 64 * D * 2, ka = smem_u32(kst(s));
       const uint32_t va = smem_u32(vst(prev_s >= 0 ? prev_s : s));
-      if (form == 0) ws_products<D, KN, 1>(sf, qa, ka, of, pa, va);
-      else ws_products<D, KN, 0>(sf, qa, ka, of, pa, va);
+      if (form == 0) ws_products<D, KN, 1>(sf, qa, ka, of, pa, va, kbi);
+      else ws_products<D, KN, 0>(sf, qa, ka, of, pa, va, kbi);
       float alpha[2];
       mask_softmax<NS>(sc, form, j * KN, rg, rpos, rvalid, t, m_run, l_run, alpha);
       wg::wait<0>();
       wg::fence_regs(of);
       if (prev_s >= 0) wsb::arrive(empty + prev_s);
+      if (any_rescale(alpha)) {
 #pragma unroll
-      for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+        for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+      }
 #pragma unroll
       for (int kk = 0; kk < KN / 16; ++kk) {
         pa[kk][0] = pack_half2(sc[2 * kk][0], sc[2 * kk][1]);
@@ -1106,18 +1125,21 @@ __global__ void __launch_bounds__(384, 1)
     const __half* ks = kst(s);
     const __half* vs = vst(s);
     const int64_t u0 = j * KN;
-    float sc[NS][4];
-    init_scores<NS, NB>(sc, form == 1 && kb_on ? kbst(s) : nullptr, cw * 16);
+    float sc[NS][4];  // set by the first k-step, or from the key mean's terms
+    const bool kbi = form == 1 && kb_on;
+    if (kbi) init_scores<NS, NB>(sc, kbst(s), cw * 16);
     {
       float(&sf)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(sc);
       const uint32_t qa = smem_u32(form ? qc : qp) + uint32_t(cwg) * 64 * D * 2, ka = smem_u32(ks);
-      if (form == 0) ws_scores<D, KN, 1>(sf, qa, ka);  // dense keys
-      else ws_scores<D, KN, 0>(sf, qa, ka);            // decoded keys
+      if (form == 0) ws_scores<D, KN, 1>(sf, qa, ka, kbi);  // dense keys
+      else ws_scores<D, KN, 0>(sf, qa, ka, kbi);            // decoded keys
     }
     float alpha[2];
     mask_softmax<NS>(sc, form, u0, rg, rpos, rvalid, t, m_run, l_run, alpha);
+    if (any_rescale(alpha)) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+      for (int n = 0; n < NT; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
     {
       float(&of)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(o);
       uint32_t a[KN / 16][4];
@@ -1390,11 +1412,21 @@ int prefill_tile_rows(bool coded) { return 16 * prefill_warps(coded); }
 int prefill_key_splits(int n_tiles, int n_kv_heads, int tile_rows, int sms) {
   // One block per (tile, KV head) walks all the keys of its rows: with fewer of them than block
   // slots (two 4-warp blocks per SM, one 8-warp block), split the keys so that about one wave runs.
-  // Large chunks keep one split (no partials, no merge).
+  // Above that, the blocks run in waves of `slots`, the last one partly idle (192 units on 132
+  // slots: two waves for 1.45 waves of work); 2..4 splits are taken when their waves, counted in
+  // whole units' time (ceil(units s / slots) / s), beat the best fewer splits by more than 10% (the
+  // margin pays the partials and the merge). Large chunks keep one split (no partials, no merge).
   const int64_t units = int64_t(n_tiles) * n_kv_heads;
   const int64_t slots = int64_t(sms) * (tile_rows <= 64 ? 2 : 1);
-  if (units <= 0 || units * 2 > slots) return 1;
-  return int(std::min<int64_t>(16, slots / units));
+  if (units <= 0 || slots <= 0) return 1;
+  if (units * 2 <= slots) return int(std::min<int64_t>(16, slots / units));
+  int best = 1;
+  double best_t = double((units + slots - 1) / slots);
+  for (int s = 2; s <= 4; ++s) {
+    const double t = double((units * s + slots - 1) / slots) / s;
+    if (t < 0.9 * best_t) best = s, best_t = t;
+  }
+  return best;
 }
 
 size_t prefill_part_bytes(int n_tiles, int n_kv_heads, int tile_rows, int head_dim, int ksplits) {

@@ -251,9 +251,9 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 2 : 1) split_kernel(Split
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
       const float m_new = fmaxf(m_run[j], mx);  // finite: every tile has >= 1 valid token
-      const float alpha = exp2f(m_run[j] - m_new);  // m_run = -inf -> 0
-      pv[j] = exp2f(sc[j] - m_new);
-      pv[2 + j] = exp2f(sc[2 + j] - m_new);
+      const float alpha = ptx::exp2_ftz(m_run[j] - m_new);  // m_run = -inf -> 0
+      pv[j] = ptx::exp2_ftz(sc[j] - m_new);
+      pv[2 + j] = ptx::exp2_ftz(sc[2 + j] - m_new);
       l_run[j] = l_run[j] * alpha + pv[j] + pv[2 + j];
       m_run[j] = m_new;
 #pragma unroll

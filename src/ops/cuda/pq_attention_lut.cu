@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
 #pragma unroll
       for (int h = 0; h < kH; ++h) {
         const float m_new = fmaxf(m_run[h], mx[h]);
-        alpha[h] = exp2f(m_run[h] - m_new);  // -inf -> 0
+        alpha[h] = ptx::exp2_ftz(m_run[h] - m_new);  // -inf -> 0
         l_run[h] *= alpha[h];
         m_run[h] = m_new;
       }
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(32 * NW, 1) lut_split_kernel(LutParams p) {
     }
 #pragma unroll
     for (int h = 0; h < kH; ++h) {
-      const float pr = exp2f(sc[h] - m_run[h]);
+      const float pr = ptx::exp2_ftz(sc[h] - m_run[h]);
       l_run[h] += pr;
       ps[h * kPRow + lane] = __float2half_rn(pr);
     }
