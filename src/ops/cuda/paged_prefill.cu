@@ -1409,20 +1409,22 @@ void launch_d(const PrefillParams& pp, const PagedAttnParams& a, int w, int n_ti
 
 int prefill_tile_rows(bool coded) { return 16 * prefill_warps(coded); }
 
+// At most this many key splits per (tile, KV head) (the merge takes up to 32: a lane per split).
+constexpr int kPrefillMaxSplits = 16;
+
 int prefill_key_splits(int n_tiles, int n_kv_heads, int tile_rows, int sms) {
-  // One block per (tile, KV head) walks all the keys of its rows: with fewer of them than block
-  // slots (two 4-warp blocks per SM, one 8-warp block), split the keys so that about one wave runs.
-  // Above that, the blocks run in waves of `slots`, the last one partly idle (192 units on 132
-  // slots: two waves for 1.45 waves of work); 2..4 splits are taken when their waves, counted in
-  // whole units' time (ceil(units s / slots) / s), beat the best fewer splits by more than 10% (the
-  // margin pays the partials and the merge). Large chunks keep one split (no partials, no merge).
+  // One block per (tile, KV head) unit walks all the keys of its rows, and the blocks run in waves
+  // of `slots` (two 4-warp blocks per SM, one 8-warp block), the last one partly idle: 50 units ran
+  // on 100 of 132 SMs as 2 splits each, 196 units took 2 waves for 1.48 waves of work. Splitting the
+  // keys s ways takes ceil(units s / slots) waves of 1/s of a unit's work; counts 2..16 are tried in
+  // order and one is taken when it beats the best fewer splits by more than 10% (the margin pays
+  // the partials and their merge). Large chunks keep one split (no partials, no merge).
   const int64_t units = int64_t(n_tiles) * n_kv_heads;
   const int64_t slots = int64_t(sms) * (tile_rows <= 64 ? 2 : 1);
   if (units <= 0 || slots <= 0) return 1;
-  if (units * 2 <= slots) return int(std::min<int64_t>(16, slots / units));
   int best = 1;
   double best_t = double((units + slots - 1) / slots);
-  for (int s = 2; s <= 4; ++s) {
+  for (int s = 2; s <= kPrefillMaxSplits; ++s) {
     const double t = double((units * s + slots - 1) / slots) / s;
     if (t < 0.9 * best_t) best = s, best_t = t;
   }
