@@ -408,7 +408,9 @@ TEST(PagedPrefillSplits, FillTheLastWave) {
         ASSERT_GE(s, 1);
         ASSERT_LE(s, 16);
         const double t = waves(units, slots, s);
-        if (s > 1) EXPECT_LT(t, 0.9 * waves(units, slots, 1)) << tiles << " x " << H << ": " << s;  // splits gain > 10%
+        if (s > 1) {  // splits gain more than 10%
+          EXPECT_LT(t, 0.9 * waves(units, slots, 1)) << tiles << " x " << H << ": " << s;
+        }
         for (int o = 1; o <= 16; ++o)  // within 10% of the best count of 1..16
           EXPECT_GE(waves(units, slots, o), 0.9 * t - 1e-12) << tiles << " x " << H << ": " << s << " vs " << o;
       }
