@@ -134,12 +134,22 @@ __device__ __forceinline__ uint32_t code_of(const uint8_t* row, int i, int bits)
 // centroid of code (k, s) goes to dst[off(k, s*sd + 4x)] in pieces of four halves (`off` maps
 // (row, channel) to a half offset; four consecutive channels from a multiple of 4 must stay
 // contiguous). 8-bit codes: four per 32-bit load.
+// Sub-space s's centroid of code c in a book of 2^bits centroids of sd halves (one book per
+// sub-space when per_sub), as sd / 4 pieces of 8 bytes.
+__device__ __forceinline__ const uint2* centroid_pieces(const __half* book, bool per_sub, int s, int bits, uint32_t c,
+                                                        int sd) {
+  return reinterpret_cast<const uint2*>(book + (((per_sub ? s : 0) << bits) + int(c)) * sd);  // < 2^31: books are small
+}
+// 8-bit codes whose rows can be read four at a time (32-bit loads of four sub-spaces' codes).
+__device__ __forceinline__ bool codes_by_word(int bits, int nsub, int row_bytes) {
+  return bits == 8 && (nsub & 3) == 0 && (row_bytes & 3) == 0;
+}
 template <class Off>
 __device__ __forceinline__ void decode_rows(int rows, const unsigned char* raw, int row_bytes, int bits, int sd,
                                             int nsub, bool per_sub, const __half* book, __half* dst, Off off, int tid,
                                             int nth) {
   const int q4 = sd / 4;  // 8-byte pieces per centroid
-  if (bits == 8 && (nsub & 3) == 0 && (row_bytes & 3) == 0) {
+  if (codes_by_word(bits, nsub, row_bytes)) {
     const int n4 = nsub / 4;
     for (int i = tid; i < rows * n4; i += nth) {
       const int k = i / n4, s0 = (i % n4) * 4;
@@ -147,7 +157,7 @@ __device__ __forceinline__ void decode_rows(int rows, const unsigned char* raw, 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const uint32_t c = (w >> (8 * e)) & 0xffu;
-        const uint2* cen = reinterpret_cast<const uint2*>(book + ((per_sub ? (s0 + e) << 8 : 0) + int(c)) * sd);
+        const uint2* cen = centroid_pieces(book, per_sub, s0 + e, 8, c, sd);
         for (int x = 0; x < q4; ++x) *reinterpret_cast<uint2*>(dst + off(k, (s0 + e) * sd + 4 * x)) = cen[x];
       }
     }
@@ -156,7 +166,7 @@ __device__ __forceinline__ void decode_rows(int rows, const unsigned char* raw, 
   for (int i = tid; i < rows * nsub; i += nth) {
     const int k = i / nsub, s = i % nsub;
     const uint32_t c = code_of(raw + k * row_bytes, s, bits);
-    const uint2* cen = reinterpret_cast<const uint2*>(book + ((int64_t(per_sub ? s : 0) << bits) + c) * sd);
+    const uint2* cen = centroid_pieces(book, per_sub, s, bits, c, sd);
     for (int x = 0; x < q4; ++x) *reinterpret_cast<uint2*>(dst + off(k, s * sd + 4 * x)) = cen[x];
   }
 }
@@ -1218,7 +1228,7 @@ void launch_merge(const PrefillParams& pp, int rows_per_tile, int n_tiles, int H
 // (decode_rows' 8-byte stores, one sub-space each, wrote every sector in four partial writes: the
 // kernel moved 0.6 TB/s). The same halves as decode_rows.
 __device__ __forceinline__ bool scratch_rows_fast(int bits, int sd, int D, int row_bytes) {
-  return bits == 8 && sd == 4 && (D / 4) % 4 == 0 && (row_bytes & 3) == 0;
+  return sd == 4 && codes_by_word(bits, D / 4, row_bytes);
 }
 __device__ __forceinline__ void scratch_rows(const unsigned char* raw, int row_bytes, int nsub, bool per_sub,
                                              const __half* book, __half* dst, int D) {
@@ -1228,8 +1238,7 @@ __device__ __forceinline__ void scratch_rows(const unsigned char* raw, int row_b
     const uint32_t w = *reinterpret_cast<const uint32_t*>(raw + k * row_bytes + s0);
     uint2 c[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      c[e] = *reinterpret_cast<const uint2*>(book + ((per_sub ? (s0 + e) << 8 : 0) + int((w >> (8 * e)) & 0xffu)) * 4);
+    for (int e = 0; e < 4; ++e) c[e] = *centroid_pieces(book, per_sub, s0 + e, 8, (w >> (8 * e)) & 0xffu, 4);
     uint4* out = reinterpret_cast<uint4*>(dst + k * D + s0 * 4);
     out[0] = make_uint4(c[0].x, c[0].y, c[1].x, c[1].y);
     out[1] = make_uint4(c[2].x, c[2].y, c[3].x, c[3].y);
@@ -1437,6 +1446,7 @@ int prefill_tile_rows(bool coded) { return 16 * prefill_warps(coded); }
 
 // At most this many key splits per (tile, KV head) (the merge takes up to 32: a lane per split).
 constexpr int kPrefillMaxSplits = 16;
+static_assert(kPrefillMaxSplits <= 32, "prefill_merge_kernel reads split z's max and sum in lane z");
 
 int prefill_key_splits(int n_tiles, int n_kv_heads, int tile_rows, int sms) {
   // One block per (tile, KV head) unit walks all the keys of its rows, and the blocks run in waves
