@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include <hwy/targets.h>
@@ -223,6 +224,14 @@ TEST(SimdKernels, VecInferGroupsAndSplitCalls) {
       const auto cbt = cpu::transpose_codebook(kcb.data(), kb, c.kbits, c.ksd);
       std::vector<float> lut(cpu::pq_lut_floats(a));
       cpu::pq_build_lut(a, cbt.data(), lut.data());
+      {  // the same table built in parts of its sub-spaces (one query's build split over threads), last part first
+        std::vector<float> parts(lut.size(), std::numeric_limits<float>::quiet_NaN());
+        const int cut[] = {0, nks / 3, nks / 3, nks - 1, nks};  // an empty part among them
+        for (int k = 3; k >= 0; --k) cpu::pq_build_lut_part(a, cbt.data(), parts.data(), cut[k], cut[k + 1]);
+        EXPECT_EQ(0, std::memcmp(parts.data(), lut.data(), lut.size() * sizeof(float)))
+            << hwy::TargetName(target) << " G" << G << " D" << D << ": the table built in parts differs";
+        EXPECT_THROW(cpu::pq_build_lut_part(a, cbt.data(), parts.data(), 1, nks + 1), Error);
+      }
       a.m = m.data(); a.d = d.data(); a.o = o.data();
       for (int t0 : {0, 100, 257}) {
         const int t1 = t0 == 0 ? 100 : (t0 == 100 ? 257 : n);

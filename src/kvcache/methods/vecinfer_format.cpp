@@ -132,12 +132,19 @@ class VecInferFormat final : public CodedFormat {
       }
       if (p->luts.size() < need) p->luts.resize(need);
       p->prebuilt = true;
-      parallel_for(size_t(n_q) * H, [&](size_t b, size_t e, int) {
+      // Each table in parts of its key sub-spaces, so that few tables (one KV head: Gemma 3) still
+      // keep every thread busy: about two parts per thread over all tables.
+      const int nks = D / base_.k_sub_dim, n_tab = n_q * H;
+      const int parts = std::clamp((2 * num_threads() + n_tab - 1) / n_tab, 1, nks);
+      parallel_for(size_t(n_tab) * parts, [&](size_t b, size_t e, int) {
         for (size_t it = b; it < e; ++it) {
-          const int i = int(it / H), h = int(it % H);
+          const int tab = int(it / parts), part = int(it % parts);
+          const int i = tab / H, h = tab % H;
           PQAttnArgs a = base_;
           a.q = p->qt.data() + (size_t(i) * HQ + size_t(h) * G) * D;
-          cpu::pq_build_lut(a, kbook_t_[size_t(h)].data(), p->luts.data() + it * lut_n_);
+          a.v_codebook = vpq_[size_t(h)].codebooks().data();  // requested into L2 during the build
+          cpu::pq_build_lut_part(a, kbook_t_[size_t(h)].data(), p->luts.data() + size_t(tab) * lut_n_,
+                                 nks * part / parts, nks * (part + 1) / parts);
         }
       });
     }

@@ -44,20 +44,70 @@ constexpr int kBlock = 256;  // tokens per softmax step
 // KH = 4, 32 KiB at KH = 8 for 8-bit codes) stays in L1 (2 per pass measured slower for KH = 8).
 constexpr int kKJ = 4;
 
+// Requests the cache lines [i, i + n) of a region of `lines` lines, at most `per_call` a call, in
+// order: a build paces its prefetches over its loop iterations instead of issuing them in bursts
+// (a burst stalls on the miss buffers).
+struct LinePacer {
+  const char* p = nullptr;
+  int64_t lines = 0, next = 0;
+  int per_call = 0;
+  void start(const void* base, size_t bytes, int64_t calls) {
+    p = static_cast<const char*>(base);
+    lines = base ? int64_t((bytes + 63) / 64) : 0;
+    next = 0;
+    per_call = calls > 0 ? int((lines + calls - 1) / calls) : 0;
+  }
+  template <int Locality>
+  HWY_INLINE void step() {
+    for (int k = 0; k < per_call && next < lines; ++k, ++next) __builtin_prefetch(p + next * 64, 0, Locality);
+  }
+};
+
+// Sub-spaces of the key codebook requested ahead of the one being multiplied: a sub-space's
+// products take ~50 ns at 4 heads, a line from DRAM ~100 ns.
+constexpr int kLutBookAhead = 2;
+
+// The tables of key sub-spaces [j0, j1) of every head group (a part of one query's tables, so that
+// one table's build can be split over threads).
 template <int KH>
-void BuildLutT(const PQAttnArgs& a, const float* cbt, float* lut) {
+void BuildLutT(const PQAttnArgs& a, const float* cbt, float* lut, int j0, int j1) {
   const hn::ScalableTag<float> df;
   const int N = int(hn::Lanes(df));
   const int sd = a.k_sub_dim, nks = a.head_dim / sd, K = 1 << a.k_bits;
-  const int n_hg = (a.group + KH - 1) / KH;
+  const int n_hg = (a.group + KH - 1) / KH, nj = j1 - j0;
+  if (nj <= 0) return;
+  // The codebooks are read once per decode step and layer: the step's weights have pushed them out
+  // of every cache level, and their short runs (one sub-space is sd rows of K floats) are too short
+  // for the hardware prefetchers, so a build waited on DRAM for each line (docs/CPU_KV_NOTES.md 4).
+  // The key book's sub-spaces are requested kLutBookAhead ahead into L1, and the value book (when
+  // a.v_codebook is set; the share [j0, j1) of it) into L2 for the attention that follows, both
+  // paced over the products.
+  const size_t kslice = size_t(sd) * K * sizeof(float);
+  const bool kpaced = a.k_books != 1 && K % N == 0;
+  const int64_t iters = int64_t(n_hg) * nj * std::min(KH, a.group) * (K / N);
+  LinePacer kpf, vpf;
+  if (a.v_codebook && K % N == 0) {
+    const size_t vbytes = size_t(a.v_books) * (size_t(1) << a.v_bits) * a.v_sub_dim * sizeof(float);
+    const size_t v0 = vbytes * size_t(j0) / size_t(nks) / 64 * 64, v1 = vbytes * size_t(j1) / size_t(nks);
+    vpf.start(reinterpret_cast<const char*>(a.v_codebook) + v0, v1 - v0, iters);
+  }
+  for (int j = j0; j < (kpaced ? std::min(j0 + kLutBookAhead, j1) : j0 + 1); ++j) {
+    kpf.start(cbt + int64_t(j) * sd * K, kslice, 1);
+    kpf.step<3>();
+  }
   // rows: [KH, K] f32, one head's table of sub-space j before interleaving; quads: [KH / 4][K][4]
   thread_local AlignedBuffer<float> rows_buf, quad_buf;
   if (rows_buf.size() < size_t(KH) * K) rows_buf.resize(size_t(KH) * K);
   if (KH != 4 && quad_buf.size() < size_t(KH) * K) quad_buf.resize(size_t(KH) * K);  // KH = 4 writes dst directly
   float* rows = rows_buf.data();
   for (int hg = 0; hg < n_hg; ++hg) {
-    for (int j = 0; j < nks; ++j) {
+    for (int j = j0; j < j1; ++j) {
       const float* bt = cbt + int64_t(a.k_books == 1 ? 0 : j) * sd * K;  // [sd][K]
+      const int jn = hg * nj + (j - j0) + kLutBookAhead;  // the sub-space requested during this one
+      if (kpaced && jn < n_hg * nj)
+        kpf.start(cbt + int64_t(j0 + jn % nj) * sd * K, kslice, int64_t(std::min(KH, a.group - hg * KH)) * (K / N));
+      else
+        kpf.start(nullptr, 0, 1);
       for (int h = 0; h < KH; ++h) {
         float* out = rows + int64_t(h) * K;
         const int g = hg * KH + h;
@@ -71,6 +121,8 @@ void BuildLutT(const PQAttnArgs& a, const float* cbt, float* lut) {
             auto acc = hn::Mul(hn::Set(df, qj[0]), hn::LoadU(df, bt + c));
             for (int e = 1; e < sd; ++e) acc = hn::MulAdd(hn::Set(df, qj[e]), hn::LoadU(df, bt + int64_t(e) * K + c), acc);
             hn::Store(acc, df, out + c);
+            kpf.step<3>();
+            vpf.step<2>();
           }
         } else {
           for (int c = 0; c < K; ++c) {
@@ -106,9 +158,9 @@ void BuildLutT(const PQAttnArgs& a, const float* cbt, float* lut) {
   }
 }
 
-void BuildLut(const PQAttnArgs& a, const float* cbt, float* lut) {
-  if (cpu::pq_lut_heads(a.group) == 8) BuildLutT<8>(a, cbt, lut);
-  else BuildLutT<4>(a, cbt, lut);
+void BuildLut(const PQAttnArgs& a, const float* cbt, float* lut, int j0, int j1) {
+  if (cpu::pq_lut_heads(a.group) == 8) BuildLutT<8>(a, cbt, lut, j0, j1);
+  else BuildLutT<4>(a, cbt, lut, j0, j1);
 }
 
 // S[t][h] = sum_j LUT[j][code(t, j)][h] for t < nb; code(t, j) = rows[t][j].
@@ -564,7 +616,15 @@ size_t pq_lut_floats(const PQAttnArgs& a) {
   return n_hg * kh * size_t(a.head_dim / a.k_sub_dim) * (size_t(1) << a.k_bits);
 }
 
-void pq_build_lut(const PQAttnArgs& a, const float* cbt, float* lut) { HWY_DYNAMIC_DISPATCH(BuildLut)(a, cbt, lut); }
+void pq_build_lut(const PQAttnArgs& a, const float* cbt, float* lut) {
+  HWY_DYNAMIC_DISPATCH(BuildLut)(a, cbt, lut, 0, a.head_dim / a.k_sub_dim);
+}
+
+void pq_build_lut_part(const PQAttnArgs& a, const float* cbt, float* lut, int j0, int j1) {
+  const int nks = a.head_dim / a.k_sub_dim;
+  VQ_CHECK(0 <= j0 && j0 <= j1 && j1 <= nks, "pq_build_lut_part: sub-spaces [{}, {}) outside [0, {})", j0, j1, nks);
+  HWY_DYNAMIC_DISPATCH(BuildLut)(a, cbt, lut, j0, j1);
+}
 
 void pq_attention_accumulate(const PQAttnArgs& a, const float* lut) {
   if (a.n_tokens > 0) HWY_DYNAMIC_DISPATCH(Accumulate)(a, lut);

@@ -22,8 +22,12 @@ std::vector<float> transpose_codebook(const float* codebook, int books, int bits
 int pq_lut_heads(int group);
 size_t pq_lut_floats(const PQAttnArgs& a);  // ceil(group / KH) * KH * (head_dim / k_sub_dim) * 2^k_bits
 // lut: [ceil(group / KH), head_dim / k_sub_dim, 2^k_bits, KH] f32, KH = pq_lut_heads(group) (lanes
-// of absent heads are 0). k_codebook_t: transpose_codebook(a.k_codebook).
+// of absent heads are 0). k_codebook_t: transpose_codebook(a.k_codebook). With a.v_codebook set, its
+// lines are requested into L2 during the build (the attention on the same head reads them next).
 void pq_build_lut(const PQAttnArgs& a, const float* k_codebook_t, float* lut);
+// The same tables for key sub-spaces [j0, j1) only (entries of other sub-spaces untouched), so that
+// one query's build can be split over threads; the value-book request covers the same share.
+void pq_build_lut_part(const PQAttnArgs& a, const float* k_codebook_t, float* lut, int j0, int j1);
 // Continues the online-softmax state already in a.m, a.d, a.o (empty: -inf, 0, 0) over the
 // a.n_tokens coded tokens, with tables from pq_build_lut.
 void pq_attention_accumulate(const PQAttnArgs& a, const float* lut);
