@@ -6,7 +6,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -112,6 +117,41 @@ std::string sha256_file(const std::string& path) {
   std::fclose(f);
   VQ_CHECK(!err, "{}: read error", path);
   return Sha256::hex(h.finish());
+}
+
+std::string sha256_file_memo(const std::string& path, const std::string& memo_dir) {
+  struct stat st {};
+  VQ_CHECK(::stat(path.c_str(), &st) == 0, "{}: cannot stat: {}", path, std::strerror(errno));
+  // The file's identity as git's index keeps it: a file whose size, change time, modification
+  // time, inode and device all match was not rewritten since it was hashed.
+  const std::string key = std::to_string(st.st_size) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
+                          std::to_string(st.st_mtim.tv_nsec) + " " + std::to_string(st.st_ctim.tv_sec) + "." +
+                          std::to_string(st.st_ctim.tv_nsec) + " " + std::to_string(st.st_ino) + " " +
+                          std::to_string(st.st_dev);
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(path, ec);
+  const std::filesystem::path memo =
+      std::filesystem::path(memo_dir) / ("sha256-" + sha256_hex(abs.string().data(), abs.string().size()).substr(0, 16));
+  {
+    std::ifstream in(memo);
+    std::string k, hex;
+    if (in && std::getline(in, k) && std::getline(in, hex) && k == key && hex.size() == 64 &&
+        hex.find_first_not_of("0123456789abcdef") == std::string::npos)
+      return hex;
+  }
+  const std::string hex = sha256_file(path);
+  // Best effort: a memo that cannot be written costs the next call a hash, nothing else. Written
+  // under a temporary name and renamed, so a reader never sees half a memo.
+  std::filesystem::create_directories(memo_dir, ec);
+  const std::filesystem::path tmp = memo.string() + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << key << "\n" << hex << "\n";
+    if (!out.flush()) ec = std::make_error_code(std::errc::io_error);
+  }
+  if (!ec) std::filesystem::rename(tmp, memo, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+  return hex;
 }
 
 }  // namespace vq

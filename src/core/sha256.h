@@ -25,5 +25,9 @@ class Sha256 {
 std::string sha256_hex(const void* data, size_t n);
 // Hex digest of a file's contents; throws vq::Error naming the path when it cannot be read.
 std::string sha256_file(const std::string& path);
+// The same digest, remembered in memo_dir (one small file per path) with the file's size, times,
+// inode and device: a later call on the unchanged file reads the memo instead of the whole file (a
+// model of several GB takes seconds to hash). Memo write failures only cost the next call a hash.
+std::string sha256_file_memo(const std::string& path, const std::string& memo_dir);
 
 }  // namespace vq

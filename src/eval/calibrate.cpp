@@ -323,8 +323,9 @@ std::string default_calibration_path(const std::string& model_path, const KVCach
   const bool learned = default_key_transform(first_use_calib_config(cfg), tokens, head_dim) == KeyTransform::learned;
   preset += learned ? kCalibRecipe : kCalibRecipeHadamard;
   if (tokens > kFirstUseCalibTokens) preset += "-t" + std::to_string(tokens);
-  const std::string sha = sha256_file(model_path).substr(0, 16);
-  return (std::filesystem::path(cache_dir()) / "calib" / (sha + "-" + preset + ".vqcal")).string();
+  const std::filesystem::path dir = std::filesystem::path(cache_dir()) / "calib";
+  const std::string sha = sha256_file_memo(model_path, (dir / "digests").string()).substr(0, 16);
+  return (dir / (sha + "-" + preset + ".vqcal")).string();
 }
 
 std::string resolve_calibration(const Model& model, const std::string& model_path, bool is_default_model,
