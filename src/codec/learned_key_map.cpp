@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "ops/cpu/map_rows.h"
 
 namespace vq {
 namespace {
@@ -192,15 +193,9 @@ std::vector<float> key_maps_query_side(const float* maps, int n_heads, int D, co
 }
 
 void apply_key_map(const float* M, float* x, int64_t n, int D, int64_t stride) {
-  if (n <= 0) return;
-  Eigen::Map<const RowMatF> m(M, D, D);
-  Eigen::Map<RowMatF, 0, Eigen::OuterStride<>> rows(x, Eigen::Index(n), D, Eigen::OuterStride<>(stride));
-  // The product needs a buffer (it reads x while writing it); one per thread, so that the decode
-  // path (a query head's row per call) does not allocate each time.
-  thread_local RowMatF y;
-  y.resize(Eigen::Index(n), D);
-  y.noalias() = rows * m.transpose();
-  rows = y;
+  // Not a BLAS-style product: its summation order follows the sizes, so a query mapped alone (decode)
+  // and in a chunk (prefill) differed in the last bits; cpu::map_rows gives every row the same bits.
+  cpu::map_rows(M, x, n, D, stride);
 }
 
 }  // namespace vq

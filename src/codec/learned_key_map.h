@@ -36,7 +36,8 @@ std::vector<float> key_map_query_side(const float* M, int D, const char* what);
 // The same for n_heads maps [n_heads, D, D] (one layer's): [n_heads, D, D].
 std::vector<float> key_maps_query_side(const float* maps, int n_heads, int D, const char* what);
 
-// In place: x[t] <- M x[t] for n rows of D floats at a stride of `stride` floats.
+// In place: x[t] <- M x[t] for n rows of D floats at a stride of `stride` floats; a row gets the same
+// bits whatever n and the other rows are (cpu::map_rows), so queries are batch-invariant.
 void apply_key_map(const float* M, float* x, int64_t n, int D, int64_t stride);
 
 // The covariance of n rows of D floats (contiguous): [D, D] row-major, in double.

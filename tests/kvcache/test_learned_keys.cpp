@@ -1,8 +1,11 @@
 // VecInfer with the learned key transform (codec/learned_key_map.h) through the cache: trained by
 // train_calibration, coded and attended by the CPU store, refused where it cannot run.
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -11,6 +14,7 @@
 
 #include "codec/learned_key_map.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "eval/calibrate.h"
 #include "kvcache/calibration_train.h"
 #include "kvcache/factory.h"
@@ -123,6 +127,60 @@ TEST(LearnedKeys, CacheAttentionIsCloserToExactThanSmoothingAndHadamard) {
     EXPECT_LT(learned, 0.8 * had) << spec;
     EXPECT_LT(learned, limit) << spec;
   }
+}
+
+// Batch invariance of the learned map (docs/DETERMINISM.md): a query transformed alone (a decode
+// step) gets the same bits as inside a chunk of 70 tokens (a prefill, split over 2 threads), on every compiled SIMD
+// target and head_dim (one not a multiple of the vector width among them); keys likewise for any
+// token count; and the product is M x within float rounding (against double).
+TEST(LearnedKeys, QueriesAndKeysAreMappedTheSameAloneAndInChunks) {
+  const int saved_threads = num_threads();
+  set_num_threads(2);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (int D : {64, 80, 128, 256}) {
+      std::mt19937 rng{uint32_t(D)};
+      std::normal_distribution<float> nd;
+      const int HQ = 6, H = 2, n = 70;  // 70 rows: the chunk is split over the threads (map_rows)
+      std::vector<float> maps(size_t(H) * D * D), lambda(size_t(H) * D), q(size_t(n) * HQ * D);
+      for (auto& v : maps) v = nd(rng) / std::sqrt(float(D));
+      for (auto& v : lambda) v = 0.5f + std::fabs(nd(rng));
+      for (auto& v : q) v = nd(rng);
+      std::vector<float> chunk = q;
+      transform_queries_mapped(chunk.data(), n, HQ, H, D, lambda.data(), maps.data());
+      std::vector<float> keys = q, key_chunk = q;  // n tokens of HQ "heads" as keys of HQ KV heads
+      std::vector<float> kmaps(size_t(HQ) * D * D), klambda(size_t(HQ) * D);
+      for (int h = 0; h < HQ; ++h) {
+        std::copy(maps.begin() + (h % H) * D * D, maps.begin() + (h % H + 1) * D * D, kmaps.begin() + size_t(h) * D * D);
+        std::copy(lambda.begin() + (h % H) * D, lambda.begin() + (h % H + 1) * D, klambda.begin() + size_t(h) * D);
+      }
+      transform_keys_mapped(key_chunk.data(), n, HQ, D, klambda.data(), kmaps.data());
+      double worst = 0;
+      for (int t = 0; t < n; ++t) {
+        std::vector<float> one(q.begin() + size_t(t) * HQ * D, q.begin() + size_t(t + 1) * HQ * D);
+        transform_queries_mapped(one.data(), 1, HQ, H, D, lambda.data(), maps.data());
+        ASSERT_EQ(0, std::memcmp(one.data(), chunk.data() + size_t(t) * HQ * D, one.size() * sizeof(float)))
+            << hwy::TargetName(target) << " D " << D << ": query " << t << " alone differs from the chunk";
+        std::vector<float> k1(q.begin() + size_t(t) * HQ * D, q.begin() + size_t(t + 1) * HQ * D);
+        transform_keys_mapped(k1.data(), 1, HQ, D, klambda.data(), kmaps.data());
+        ASSERT_EQ(0, std::memcmp(k1.data(), key_chunk.data() + size_t(t) * HQ * D, k1.size() * sizeof(float)))
+            << hwy::TargetName(target) << " D " << D << ": key " << t << " alone differs from the chunk";
+        for (int h = 0; h < HQ; ++h) {  // queries: M (lambda * q)
+          const float* M = maps.data() + size_t(h / (HQ / H)) * D * D;
+          const float* l = lambda.data() + size_t(h / (HQ / H)) * D;
+          const float* x = q.data() + (size_t(t) * HQ + h) * D;
+          for (int r = 0; r < D; ++r) {
+            double e = 0, mag = 0;
+            for (int c = 0; c < D; ++c) e += double(M[size_t(r) * D + c]) * l[c] * x[c], mag += std::fabs(double(M[size_t(r) * D + c]) * l[c] * x[c]);
+            worst = std::max(worst, std::fabs(e - one[size_t(h) * D + r]) / (mag + 1e-30));
+          }
+        }
+      }
+      EXPECT_LT(worst, 1e-5) << hwy::TargetName(target) << " D " << D;
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  set_num_threads(saved_threads);
 }
 
 TEST(LearnedKeys, TrainerRefusesSharedBooksAndMissingQueries) {
