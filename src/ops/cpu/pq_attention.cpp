@@ -26,6 +26,7 @@
 #include "core/bitpack.h"
 #include "core/buffer.h"
 #include "core/error.h"
+#include "ops/cpu/prefetch.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "ops/cpu/pq_attention.cpp"
@@ -43,25 +44,6 @@ constexpr int kBlock = 256;  // tokens per softmax step
 // Key sub-spaces per pass over a block: the pass's LUT slice (4 x 2^bits x KH floats: 16 KiB at
 // KH = 4, 32 KiB at KH = 8 for 8-bit codes) stays in L1 (2 per pass measured slower for KH = 8).
 constexpr int kKJ = 4;
-
-// Requests the cache lines [i, i + n) of a region of `lines` lines, at most `per_call` a call, in
-// order: a build paces its prefetches over its loop iterations instead of issuing them in bursts
-// (a burst stalls on the miss buffers).
-struct LinePacer {
-  const char* p = nullptr;
-  int64_t lines = 0, next = 0;
-  int per_call = 0;
-  void start(const void* base, size_t bytes, int64_t calls) {
-    p = static_cast<const char*>(base);
-    lines = base ? int64_t((bytes + 63) / 64) : 0;
-    next = 0;
-    per_call = calls > 0 ? int((lines + calls - 1) / calls) : 0;
-  }
-  template <int Locality>
-  HWY_INLINE void step() {
-    for (int k = 0; k < per_call && next < lines; ++k, ++next) __builtin_prefetch(p + next * 64, 0, Locality);
-  }
-};
 
 // Sub-spaces of the key codebook requested ahead of the one being multiplied: a sub-space's
 // products take ~50 ns at 4 heads, a line from DRAM ~100 ns.
@@ -84,17 +66,16 @@ void BuildLutT(const PQAttnArgs& a, const float* cbt, float* lut, int j0, int j1
   // paced over the products.
   const size_t kslice = size_t(sd) * K * sizeof(float);
   const bool kpaced = a.k_books != 1 && K % N == 0;
-  const int64_t iters = int64_t(n_hg) * nj * std::min(KH, a.group) * (K / N);
-  LinePacer kpf, vpf;
+  auto bytes_of = [](const float* f) { return reinterpret_cast<const uint8_t*>(f); };
+  cpu::Slices vbook;  // over every products step of the build
   if (a.v_codebook && K % N == 0) {
     const size_t vbytes = size_t(a.v_books) * (size_t(1) << a.v_bits) * a.v_sub_dim * sizeof(float);
     const size_t v0 = vbytes * size_t(j0) / size_t(nks) / 64 * 64, v1 = vbytes * size_t(j1) / size_t(nks);
-    vpf.start(reinterpret_cast<const char*>(a.v_codebook) + v0, v1 - v0, iters);
+    vbook = cpu::Slices(bytes_of(a.v_codebook) + v0, v1 - v0, n_hg * nj * std::min(KH, a.group) * (K / N));
   }
-  for (int j = j0; j < (kpaced ? std::min(j0 + kLutBookAhead, j1) : j0 + 1); ++j) {
-    kpf.start(cbt + int64_t(j) * sd * K, kslice, 1);
-    kpf.step<3>();
-  }
+  int vstep = 0;
+  for (int j = j0; j < (kpaced ? std::min(j0 + kLutBookAhead, j1) : j0 + 1); ++j)
+    cpu::Slices(bytes_of(cbt + int64_t(j) * sd * K), kslice, 1)(0);
   // rows: [KH, K] f32, one head's table of sub-space j before interleaving; quads: [KH / 4][K][4]
   thread_local AlignedBuffer<float> rows_buf, quad_buf;
   if (rows_buf.size() < size_t(KH) * K) rows_buf.resize(size_t(KH) * K);
@@ -104,10 +85,9 @@ void BuildLutT(const PQAttnArgs& a, const float* cbt, float* lut, int j0, int j1
     for (int j = j0; j < j1; ++j) {
       const float* bt = cbt + int64_t(a.k_books == 1 ? 0 : j) * sd * K;  // [sd][K]
       const int jn = hg * nj + (j - j0) + kLutBookAhead;  // the sub-space requested during this one
-      if (kpaced && jn < n_hg * nj)
-        kpf.start(cbt + int64_t(j0 + jn % nj) * sd * K, kslice, int64_t(std::min(KH, a.group - hg * KH)) * (K / N));
-      else
-        kpf.start(nullptr, 0, 1);
+      const cpu::Slices knext(kpaced && jn < n_hg * nj ? bytes_of(cbt + int64_t(j0 + jn % nj) * sd * K) : nullptr,
+                              kslice, std::min(KH, a.group - hg * KH) * (K / N));
+      int kstep = 0;
       for (int h = 0; h < KH; ++h) {
         float* out = rows + int64_t(h) * K;
         const int g = hg * KH + h;
@@ -121,8 +101,8 @@ void BuildLutT(const PQAttnArgs& a, const float* cbt, float* lut, int j0, int j1
             auto acc = hn::Mul(hn::Set(df, qj[0]), hn::LoadU(df, bt + c));
             for (int e = 1; e < sd; ++e) acc = hn::MulAdd(hn::Set(df, qj[e]), hn::LoadU(df, bt + int64_t(e) * K + c), acc);
             hn::Store(acc, df, out + c);
-            kpf.step<3>();
-            vpf.step<2>();
+            knext(kstep++);
+            vbook.request<2>(vstep++);
           }
         } else {
           for (int c = 0; c < K; ++c) {

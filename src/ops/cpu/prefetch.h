@@ -16,10 +16,13 @@ struct Slices {
   Slices() = default;
   Slices(const uint8_t* p_, size_t bytes, int n)
       : p(p_), lines(int((bytes + 63) / 64)), per(n > 0 ? (int((bytes + 63) / 64) + n - 1) / n : 0) {}
-  __attribute__((always_inline)) inline void operator()(int i) const {
+  __attribute__((always_inline)) inline void operator()(int i) const { request<3>(i); }
+  // The same with a cache level (__builtin_prefetch's locality: 3 to L1, 2 to L2).
+  template <int Locality>
+  __attribute__((always_inline)) inline void request(int i) const {
     if (!p) return;
     const int l1 = std::min(lines, (i + 1) * per);
-    for (int l = i * per; l < l1; ++l) __builtin_prefetch(p + int64_t(l) * 64);
+    for (int l = i * per; l < l1; ++l) __builtin_prefetch(p + int64_t(l) * 64, 0, Locality);
   }
 };
 
