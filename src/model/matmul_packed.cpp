@@ -586,6 +586,24 @@ HWY_INLINE void TileFN(int64_t mt, const uint8_t* G, int64_t gstride, int64_t u0
   }
 }
 
+// Decode reads a thread's part group by group. Two groups at a time (W2, the float tiles) are two
+// streams, one per group, and where a pair ends the first stream jumps past the second: with
+// short rows (640 columns of Q8_0 are 5.4 KB per group) the hardware prefetchers lost the streams
+// at every pair, and a thread read its weights at 14 GB/s where a plain read of the same bytes
+// reaches 33 (Zen 4, 1 thread). So while a step of a pair's columns is multiplied, the same share
+// of the part's next pair (the bytes it reads next) is requested into L2: when the next pair
+// starts, its bytes are in flight or there, whatever the row length. The requests go out about
+// 1 KB per group at a time (DecodeStepUnits): bursts of 4 KB and more overflowed the miss queues
+// and lost most of the gain. One group at a time (W1) is a single stream the hardware follows;
+// requesting ahead there was slower (AVX2, q5_0: 73 -> 52 GFLOP/s), so it does not.
+// docs/BENCHMARKS.md, "the weights requested a pair ahead".
+HWY_INLINE void RequestAhead(const uint8_t* p, int64_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63), e = reinterpret_cast<uintptr_t>(p) + uintptr_t(n);
+  for (uintptr_t b = a; b < e; b += 64) _mm_prefetch(reinterpret_cast<const char*>(b), _MM_HINT_T1);
+}
+// Units of `chunk` bytes per decode step of 1..4 rows: about 1 KB of each group.
+constexpr int64_t DecodeStepUnits(int64_t chunk) { return std::max<int64_t>(1, (1024 + chunk / 2) / chunk); }
+
 // The float types' groups, two at a time (a thread's part starts at an even group), with the
 // same three row regimes as Groups below: 1..4 rows one tile, 5..16 column steps, panels.
 template <int kE>
@@ -617,11 +635,17 @@ void GroupsF(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows&
       const uint8_t* G = base + g * gstride;
       for (int64_t q = 0; q < 2; ++q)
         for (int64_t m = p0; m < p1; ++m) io[q][m % kPackedPanelRows] = _mm256_setzero_ps();
-      if (M > 4 && M <= kPackedDecodeRows) {
-        // Batched decode: a step of the groups' columns is read from memory once, then from L1
-        // by each 4-row tile.
-        for (int64_t u0 = 0; u0 < nu; u0 += kStepUnits)
-          for (int64_t m0 = p0; m0 < p1; m0 += 4) tile(ng, std::min<int64_t>(4, p1 - m0), G, u0, std::min(nu, u0 + kStepUnits), m0);
+      if (M <= kPackedDecodeRows) {
+        // Decode: the groups' columns in steps (1..4 rows: one tile per step; batched decode: a
+        // step is read from memory once, then from L1 by each 4-row tile), each step requesting
+        // the same share of the part's next two groups into L2 first (RequestAhead).
+        const int64_t step = M <= 4 ? DecodeStepUnits(kChunk) : kStepUnits;
+        const uint8_t* next = g + 2 < g1 ? G + 2 * gstride : nullptr;
+        for (int64_t u0 = 0; u0 < nu; u0 += step) {
+          const int64_t u1 = std::min(nu, u0 + step);
+          if (next) RequestAhead(next + u0 * 2 * kChunk, (u1 - u0) * 2 * kChunk);
+          for (int64_t m0 = p0; m0 < p1; m0 += 4) tile(ng, std::min<int64_t>(4, p1 - m0), G, u0, u1, m0);
+        }
       } else {
         for (int64_t m0 = p0; m0 < p1; m0 += 4) tile(ng, std::min<int64_t>(4, p1 - m0), G, 0, nu, m0);
       }
@@ -726,17 +750,17 @@ void GroupsW(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows&
     if (M <= kPackedDecodeRows) {
       for (int q = 0; q < W::kGroups; ++q)
         for (int64_t i = 0; i < 2 * M; ++i) io[q][i] = _mm256_setzero_ps();
-      if (M <= 4) {
-        TileN<F, W>(M, G, gs, 0, nu, X, xs16, 0, io[0], io[1], pf);
-      } else {
-        // Batched decode: a step of the group's columns is read from memory once, then from L1
-        // by each 4-row tile.
-        for (int64_t u0 = 0; u0 < nu; u0 += F::kStep) {
-          const int64_t u1 = std::min(nu, u0 + F::kStep);
-          for (int64_t m0 = 0; m0 < M; m0 += 4)
-            TileN<F, W>(std::min<int64_t>(4, M - m0), G, gs, u0, u1, X, xs16, m0, io[0] + 2 * m0, io[1] + 2 * m0,
-                        pf);
-        }
+      // The groups' columns in steps. 1..4 rows: one tile per step. 5..16 rows (batched decode):
+      // a step of F::kStep units is read from memory once, then from L1 by each 4-row tile.
+      // Two groups at a time, each step first requests the same share of the part's next two
+      // into L2 (RequestAhead).
+      const int64_t step = M <= 4 ? DecodeStepUnits(F::kChunk) : F::kStep;
+      const uint8_t* next = g + W::kGroups < g1 ? G + W::kGroups * gs : nullptr;
+      for (int64_t u0 = 0; u0 < nu; u0 += step) {
+        const int64_t u1 = std::min(nu, u0 + step);
+        if (W::kGroups == 2 && next) RequestAhead(next + u0 * W::kGroups * F::kChunk, (u1 - u0) * W::kGroups * F::kChunk);
+        for (int64_t m0 = 0; m0 < M; m0 += 4)
+          TileN<F, W>(std::min<int64_t>(4, M - m0), G, gs, u0, u1, X, xs16, m0, io[0] + 2 * m0, io[1] + 2 * m0, pf);
       }
       for (int q = 0; q < W::kGroups; ++q) StoreRows(io[q], M, 0, g + q, P.rows, y, ldy);
     } else {
