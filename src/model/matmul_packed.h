@@ -70,10 +70,13 @@
 // each activation broadcast and scale step serves 16 rows: 1.2-1.6x the 256-bit kernels at 4+
 // activation rows on an Intel Xeon, 1 thread); an odd last group of a part runs alone in 256
 // bits. Per group (or pair):
-//  - M <= 4 activation rows: one register tile of M rows over all columns;
+//  - M <= 4 activation rows: one register tile of M rows, the columns in steps of ~1 KB of
+//    each group's weights;
 //  - M 5..16 (batched decode): the columns in steps (256 of them), each step's weights decoded
 //    from L1 for every tile of 4 activation rows in turn, so the weights stream from memory
 //    once per product for all rows (the tiles' accumulators stay in L1 between steps);
+//  - in both, a pair's step first requests the same share of the thread's next pair into L2
+//    (`RequestAhead` in matmul_packed.cpp: the pair's two streams lost the hardware prefetchers);
 //  - M > 16 (prefill): tiled GEMM: activation panels of 64 rows (in L2), and per panel each
 //    8-row group (in L1/L2) against every 4-row tile.
 // Every activation row's sums are made in the same order in all three, so a row's output does
