@@ -404,6 +404,41 @@ __device__ __forceinline__ void wg_scores(float (&sf)[KN / 2], uint32_t qa, uint
 }
 #endif
 
+// Query rows m0 .. m0 + kRows - 1 of a tile into shared memory (layout L), fp16, scaled for the
+// base-2 softmax: row m is (position m / G, head m % G), rows of positions n_valid and on zero.
+// Each of kThreads threads (index ti) takes elements ti, ti + kThreads, ... (a warp's 32 loads
+// are consecutive floats), and issues its global loads kBatch at a time before it converts and
+// stores any of them: one load then one store per element made a chain of D / 2 dependent
+// round trips to memory per thread (batched, the 512 x 32K chunk is 3-8% faster, most where the
+// key splits make blocks short: docs/BENCHMARKS.md "the query rows loaded in batches"). The same
+// float operations on each element as before (load, multiply by the scale, round to fp16).
+template <class L, int D, int kRows, int kThreads>
+__device__ __forceinline__ void load_queries(const PrefillParams& p, int64_t row0, int kh, int G, int n_valid,
+                                             bool coded, int m0, int ti, __half* qp, __half* qc) {
+  static_assert(kRows * D % kThreads == 0, "whole elements per thread");
+  constexpr int kPer = kRows * D / kThreads, kBatch = kPer < 16 ? kPer : 16;
+  static_assert(kPer % kBatch == 0, "whole batches");
+  for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+    float vp[kBatch], vc[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = ti + kThreads * (b0 + k), m = m0 + i / D, d = i % D, pi = m / G, hg = m % G;
+      vp[k] = vc[k] = 0.f;
+      if (pi < n_valid) {
+        const int64_t r = row0 + pi;
+        vp[k] = p.q[r * p.q_stride + (int64_t(kh) * G + hg) * D + d];
+        if (coded) vc[k] = p.q_code[(r * p.n_q_heads + int64_t(kh) * G + hg) * D + d];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = ti + kThreads * (b0 + k), m = m0 + i / D, d = i % D;
+      qp[L::q(m, d)] = __float2half_rn(vp[k] * p.qscale);
+      if (coded) qc[L::q(m, d)] = __float2half_rn(vc[k] * kLog2e);
+    }
+  }
+}
+
 template <int D, int W, int NB, bool WG>
 __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(PrefillParams p) {
 #if !defined(VQ_HAVE_WGMMA)
@@ -550,17 +585,7 @@ __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1) prefill_kernel(Prefill
   if (cj >= 0) issue(cj, cform, 0);
 
   // ---- queries: row m = (position m / G, head m % G), fp16, scaled for base-2 softmax ----
-  for (int i = threadIdx.x; i < ROWS * D; i += NTH) {
-    const int m = i / D, d = i % D, pi = m / G, hg = m % G;
-    float vp = 0.f, vc = 0.f;
-    if (pi < n_pos && pi < P) {
-      const int64_t r = tile.row0 + pi;
-      vp = p.q[r * p.q_stride + (int64_t(kh) * G + hg) * D + d] * p.qscale;
-      if (coded_layer) vc = p.q_code[(r * p.n_q_heads + int64_t(kh) * G + hg) * D + d] * kLog2e;
-    }
-    qp[L::q(m, d)] = __float2half_rn(vp);
-    if (coded_layer) qc[L::q(m, d)] = __float2half_rn(vc);
-  }
+  load_queries<L, D, ROWS, NTH>(p, tile.row0, kh, G, min(n_pos, P), coded_layer, 0, threadIdx.x, qp, qc);
   const __half* kbook = nullptr;
   const __half* vbook = nullptr;
   if (coded_layer) {
@@ -1052,17 +1077,7 @@ __global__ void __launch_bounds__(384, 1)
   const int ct = threadIdx.x - 128, cw = ct >> 5, cwg = cw >> 2, lane = ct & 31;
   const int g = lane >> 2, t = lane & 3;
   // This warpgroup's 64 query rows: row m = (position m / G, head m % G), fp16, scaled for base 2.
-  for (int i = ct & 127; i < 64 * D; i += 128) {
-    const int m = cwg * 64 + i / D, d = i % D, pi = m / G, hg = m % G;
-    float vp = 0.f, vc = 0.f;
-    if (pi < n_pos && pi < P) {
-      const int64_t r = tile.row0 + pi;
-      vp = p.q[r * p.q_stride + (int64_t(kh) * G + hg) * D + d] * p.qscale;
-      if (coded_layer) vc = p.q_code[(r * p.n_q_heads + int64_t(kh) * G + hg) * D + d] * kLog2e;
-    }
-    qp[L::q(m, d)] = __float2half_rn(vp);
-    if (coded_layer) qc[L::q(m, d)] = __float2half_rn(vc);
-  }
+  load_queries<L, D, 64, 128>(p, tile.row0, kh, G, min(n_pos, P), coded_layer, cwg * 64, ct & 127, qp, qc);
   wg::fence_proxy_async();
   wsb::named_sync(2 + cwg, 128);
   PagedRanges rg[2];
