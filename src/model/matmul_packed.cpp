@@ -29,6 +29,7 @@
 #include "core/thread_pool.h"
 #include "model/matmul_packed.h"
 #include "model/quant_blocks.h"
+#include "ops/cpu/prefetch.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace vq {
@@ -596,11 +597,8 @@ HWY_INLINE void TileFN(int64_t mt, const uint8_t* G, int64_t gstride, int64_t u0
 // 1 KB per group at a time (DecodeStepUnits): bursts of 4 KB and more overflowed the miss queues
 // and lost most of the gain. One group at a time (W1) is a single stream the hardware follows;
 // requesting ahead there was slower (AVX2, q5_0: 73 -> 52 GFLOP/s), so it does not.
-// docs/BENCHMARKS.md, "the weights requested a pair ahead".
-HWY_INLINE void RequestAhead(const uint8_t* p, int64_t n) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63), e = reinterpret_cast<uintptr_t>(p) + uintptr_t(n);
-  for (uintptr_t b = a; b < e; b += 64) _mm_prefetch(reinterpret_cast<const char*>(b), _MM_HINT_T1);
-}
+// docs/BENCHMARKS.md, "the weights requested a pair ahead". `cpu::Slices` (ops/cpu/prefetch.h)
+// spreads the next pair's lines over the steps, slice s before step s.
 // Units of `chunk` bytes per decode step of 1..4 rows: about 1 KB of each group.
 constexpr int64_t DecodeStepUnits(int64_t chunk) { return std::max<int64_t>(1, (1024 + chunk / 2) / chunk); }
 
@@ -638,12 +636,12 @@ void GroupsF(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows&
       if (M <= kPackedDecodeRows) {
         // Decode: the groups' columns in steps (1..4 rows: one tile per step; batched decode: a
         // step is read from memory once, then from L1 by each 4-row tile), each step requesting
-        // the same share of the part's next two groups into L2 first (RequestAhead).
+        // the same share of the part's next two groups into L2 first (see DecodeStepUnits).
         const int64_t step = M <= 4 ? DecodeStepUnits(kChunk) : kStepUnits;
-        const uint8_t* next = g + 2 < g1 ? G + 2 * gstride : nullptr;
-        for (int64_t u0 = 0; u0 < nu; u0 += step) {
+        const cpu::Slices ahead(g + 2 < g1 ? G + 2 * gstride : nullptr, size_t(2 * gstride), int((nu + step - 1) / step));
+        for (int64_t u0 = 0, s = 0; u0 < nu; u0 += step, ++s) {
           const int64_t u1 = std::min(nu, u0 + step);
-          if (next) RequestAhead(next + u0 * 2 * kChunk, (u1 - u0) * 2 * kChunk);
+          ahead.request<2>(int(s));
           for (int64_t m0 = p0; m0 < p1; m0 += 4) tile(ng, std::min<int64_t>(4, p1 - m0), G, u0, u1, m0);
         }
       } else {
@@ -753,12 +751,13 @@ void GroupsW(const PackedWeight& P, int64_t g0, int64_t g1, const QuantizedRows&
       // The groups' columns in steps. 1..4 rows: one tile per step. 5..16 rows (batched decode):
       // a step of F::kStep units is read from memory once, then from L1 by each 4-row tile.
       // Two groups at a time, each step first requests the same share of the part's next two
-      // into L2 (RequestAhead).
+      // into L2 (see DecodeStepUnits).
       const int64_t step = M <= 4 ? DecodeStepUnits(F::kChunk) : F::kStep;
-      const uint8_t* next = g + W::kGroups < g1 ? G + W::kGroups * gs : nullptr;
-      for (int64_t u0 = 0; u0 < nu; u0 += step) {
+      const cpu::Slices ahead(W::kGroups == 2 && g + 2 < g1 ? G + 2 * gs : nullptr, size_t(2 * gs),
+                              int((nu + step - 1) / step));
+      for (int64_t u0 = 0, s = 0; u0 < nu; u0 += step, ++s) {
         const int64_t u1 = std::min(nu, u0 + step);
-        if (W::kGroups == 2 && next) RequestAhead(next + u0 * W::kGroups * F::kChunk, (u1 - u0) * W::kGroups * F::kChunk);
+        ahead.request<2>(int(s));
         for (int64_t m0 = 0; m0 < M; m0 += 4)
           TileN<F, W>(std::min<int64_t>(4, M - m0), G, gs, u0, u1, X, xs16, m0, io[0] + 2 * m0, io[1] + 2 * m0, pf);
       }

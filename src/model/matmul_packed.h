@@ -76,7 +76,7 @@
 //    from L1 for every tile of 4 activation rows in turn, so the weights stream from memory
 //    once per product for all rows (the tiles' accumulators stay in L1 between steps);
 //  - in both, a pair's step first requests the same share of the thread's next pair into L2
-//    (`RequestAhead` in matmul_packed.cpp: the pair's two streams lost the hardware prefetchers);
+//    (`DecodeStepUnits` in matmul_packed.cpp: the pair's two streams lost the hardware prefetchers);
 //  - M > 16 (prefill): tiled GEMM: activation panels of 64 rows (in L2), and per panel each
 //    8-row group (in L1/L2) against every 4-row tile.
 // Every activation row's sums are made in the same order in all three, so a row's output does
